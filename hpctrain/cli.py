@@ -1,0 +1,56 @@
+"""The ``hpctrain`` command line: one argparse parser, one module per subcommand in hpctrain/commands/.
+
+Subcommand modules import only what their parser needs at top level; heavy imports (torch, numpy, mpi4py)
+happen inside the runtime commands' handlers, so ``hpctrain render`` on a laptop starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from hpctrain import __version__
+from hpctrain.errors import HpctrainError
+
+# Order is the order of `hpctrain --help`.
+COMMAND_MODULES = (
+    "sites",
+    "jobs",
+    "render",
+    "schema",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hpctrain",
+        description="Take a data-parallel training job from a laptop to a supercomputer and back.",
+    )
+    parser.add_argument("--version", action="version", version=f"hpctrain {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"hpctrain.commands.{name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args) or 0)
+    except HpctrainError as exc:
+        print(f"hpctrain: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("hpctrain: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``hpctrain`` subcommand: ``register(subparsers)`` adds its parser and handler."""

@@ -1,0 +1,41 @@
+"""``hpctrain render JOB --site SITE``: the batch script for a job on a site, checked before it is shown."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hpctrain.commands.common_args import add_job_arguments, load_job_from_args
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("render", help="render the batch script of a job for a site")
+    add_job_arguments(parser)
+    parser.add_argument("--run-dir", default=None, help="run directory written into the script "
+                        "(default: <remote_root or ./runs>/<job name>)")
+    parser.add_argument("--python", default=None, help="interpreter on the compute nodes")
+    parser.add_argument("-o", "--output", default=None, help="write the script to this file (atomically)")
+    parser.set_defaults(handler=cmd_render)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hpctrain.config.site import load_site
+    from hpctrain.render import render_script
+
+    job = load_job_from_args(args)
+    site = load_site(args.site)
+    root = site.remote_root or str(Path("runs").resolve())
+    run_dir = args.run_dir or f"{root}/{job.name}"
+    rendered = render_script(job, site, run_dir=run_dir, spec_path=f"{run_dir}/job.yaml", python=args.python)
+    if args.output:
+        out = Path(args.output)
+        tmp = out.with_name(f".{out.name}.tmp")
+        tmp.write_text(rendered.text, encoding="utf-8")
+        tmp.chmod(0o755)
+        tmp.replace(out)
+        print(f"wrote {out}", file=sys.stderr)
+    else:
+        sys.stdout.write(rendered.text)
+    return 0

@@ -1,0 +1,82 @@
+"""Check that a job spec fits its site before anything is rendered or submitted.
+
+Each refusal is a FitError naming the limit: the queue's node or walltime limit, the node's cores,
+threads, GPUs or memory, or a backend the site cannot run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpctrain.config.common import walltime_seconds
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import NodeShape, Queue, SiteProfile
+from hpctrain.errors import ConfigError, FitError
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a job runs once it fits: the queue, its limits, the node shape and the backend."""
+
+    queue_name: str | None
+    queue: Queue | None
+    node: NodeShape
+    backend: str
+    account: str | None
+
+
+def check_fit(job: JobSpec, site: SiteProfile) -> Placement:
+    """The job's placement on the site, or a FitError that says which limit it breaks."""
+    res = job.resources
+    where = f"site {site.name!r}"
+    try:
+        queue_name, queue = site.queue(res.queue)
+    except ConfigError as exc:
+        raise FitError(exc.message, key="resources.queue", hint=exc.hint) from None
+    node = site.node_for(queue_name)
+    assert isinstance(node.cores, int) and isinstance(node.gpus, int) and not isinstance(node.memory_gb, str)
+
+    if site.scheduler == "local" and res.nodes != 1:
+        raise FitError(f"{res.nodes} nodes requested but {where} has no scheduler: it runs on this one machine",
+                       key="resources.nodes", hint="set resources.nodes: 1 or choose a cluster site")
+    if queue is not None:
+        qwhere = f"queue {queue_name!r} of {where}"
+        if res.nodes > queue.max_nodes:
+            raise FitError(f"{res.nodes} nodes requested but {qwhere} allows at most {queue.max_nodes}",
+                           key="resources.nodes", hint="lower --nodes or pick a larger queue")
+        if res.nodes < queue.min_nodes:
+            raise FitError(f"{res.nodes} nodes requested but {qwhere} needs at least {queue.min_nodes}",
+                           key="resources.nodes")
+        if walltime_seconds(res.walltime) > walltime_seconds(queue.max_walltime):
+            raise FitError(f"walltime {res.walltime} is over the limit of {qwhere} ({queue.max_walltime})",
+                           key="resources.walltime", hint="shorten the walltime; checkpoints let the run continue")
+    hw_threads = node.cores * node.threads_per_core
+    wanted = res.ranks_per_node * res.threads_per_rank
+    if wanted > hw_threads:
+        raise FitError(
+            f"{res.ranks_per_node} ranks x {res.threads_per_rank} threads = {wanted} per node, but a node of {where}"
+            f" has {node.cores} cores x {node.threads_per_core} threads = {hw_threads}",
+            key="resources.threads_per_rank", hint="lower ranks_per_node or threads_per_rank")
+    if res.gpus_per_rank > 0 and node.gpus == 0:
+        raise FitError(f"{res.gpus_per_rank} GPUs per rank requested but {where} has no GPUs"
+                       + (f" in queue {queue_name!r}" if queue_name else ""),
+                       key="resources.gpus_per_rank", hint="set gpus_per_rank: 0 or pick a GPU queue")
+    if res.gpus_per_rank * res.ranks_per_node > node.gpus:
+        raise FitError(f"{res.ranks_per_node} ranks x {res.gpus_per_rank} GPUs per node requested but a node of "
+                       f"{where} has {node.gpus}", key="resources.gpus_per_rank")
+    if res.memory_gb is not None and res.memory_gb > node.memory_gb:
+        raise FitError(f"{res.memory_gb} GB per node requested but a node of {where} has {node.memory_gb} GB",
+                       key="resources.memory_gb")
+    account = res.account or site.account
+    if site.account_required and not account:
+        raise FitError(f"{where} needs an account (allocation/project) to charge",
+                       key="resources.account", hint="set resources.account or the site's account")
+
+    backend = job.train.comm_backend
+    if backend == "auto":
+        backend = (queue.comm_backend if queue and queue.comm_backend else None) or site.comm_backend
+        if backend == "nccl" and res.gpus_per_rank == 0:
+            backend = "gloo"  # a CPU-only job on a GPU site: NCCL cannot run, gloo always can
+    if backend == "nccl" and res.gpus_per_rank == 0:
+        raise FitError("comm_backend nccl needs GPUs: set resources.gpus_per_rank", key="train.comm_backend")
+    return Placement(queue_name=queue_name, queue=queue, node=node, backend=backend, account=account)

@@ -1,0 +1,204 @@
+"""Job specs: what to train and at what size, validated by the pydantic models below.
+
+``load_job(path, overrides)`` reads a spec, applies command-line overrides (``--set train.lr=0.01``,
+``--nodes``, ``--walltime``, ``--queue``) and validates the result once.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from hpctrain.config.common import EnvVars, Name, Strict, Walltime, Word
+from hpctrain.config.validation import validate_model
+from hpctrain.config.yamlio import LoadedYaml, load_yaml_file, parse_yaml
+from hpctrain.errors import ConfigError
+
+
+def _named(value: object) -> object:
+    """Let ``optimizer: adam`` stand for ``optimizer: {name: adam}`` (likewise combiner, warmup, decay)."""
+    return {"name": value} if isinstance(value, str) else value
+
+
+def _kinded(value: object) -> object:
+    return {"kind": value} if isinstance(value, str) else value
+
+
+class OptimizerConfig(Strict):
+    name: Literal["sgd", "adam", "lamb"] = "sgd"
+    momentum: float = Field(0.9, ge=0, lt=1)
+    nesterov: bool = False
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+
+
+class WarmupConfig(Strict):
+    kind: Literal["none", "linear", "legw"] = "none"
+    steps: int | None = Field(None, ge=0, description="Warm-up length in steps at the base batch")
+    epochs: float | None = Field(None, ge=0, description="Warm-up length in epochs at the base batch")
+    start_factor: float = Field(0.0, ge=0, le=1, description="LR at step 0 as a fraction of the peak")
+
+
+class DecayConfig(Strict):
+    kind: Literal["none", "cosine", "step", "exponential", "polynomial"] = "none"
+    gamma: float = Field(0.1, gt=0)
+    every_steps: int | None = Field(None, ge=1)
+    power: float = Field(1.0, gt=0)
+    final_lr_factor: float = Field(0.0, ge=0, le=1)
+
+
+class CombinerConfig(Strict):
+    name: Literal["mean", "adasum", "adacomp", "dasgd"] = "mean"
+    compression: Literal["none", "fp16", "bf16"] = "none"
+    bucket_mb: float = Field(4.0, gt=0, description="Fused bucket size in MB")
+    adasum_on: Literal["gradient", "delta"] = Field(
+        "delta", description="Adasum over raw gradients, or over the optimizer's update as Horovod does"
+    )
+    bin_len: dict[Literal["conv", "linear", "other"], int] = Field(
+        default_factory=lambda: {"conv": 50, "linear": 500, "other": 50},
+        description="AdaComp bin length L_T per layer type",
+    )
+    period: int = Field(1, ge=1, description="DaSGD: average every this many steps")
+    delay: int = Field(1, ge=0, description="DaSGD: steps the average stays in flight before it is merged")
+
+
+class TrainConfig(Strict):
+    steps: int = Field(ge=1)
+    batch_per_rank: int = Field(ge=1)
+    optimizer: Annotated[OptimizerConfig, BeforeValidator(_named)] = Field(default_factory=OptimizerConfig)
+    lr: float = Field(gt=0, description="Learning rate of one rank at batch_per_rank (before lr_scaling)")
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    warmup: Annotated[WarmupConfig, BeforeValidator(_kinded)] = Field(default_factory=WarmupConfig)
+    decay: Annotated[DecayConfig, BeforeValidator(_kinded)] = Field(default_factory=DecayConfig)
+    combiner: Annotated[CombinerConfig, BeforeValidator(_named)] = Field(default_factory=CombinerConfig)
+    seed: int = 0
+    log_every: int = Field(10, ge=1)
+    comm_backend: Literal["auto", "mpi", "gloo", "nccl"] = "auto"
+    collective_timeout_s: float = Field(300.0, gt=0, description="Abort when a collective takes longer")
+    grad_clip: float | None = Field(None, gt=0)
+
+
+class ResourcesConfig(Strict):
+    nodes: int = Field(1, ge=1)
+    ranks_per_node: int = Field(1, ge=1)
+    threads_per_rank: int = Field(1, ge=1)
+    gpus_per_rank: int = Field(0, ge=0)
+    walltime: Walltime = "01:00:00"
+    queue: Word | None = None
+    account: Word | None = None
+    memory_gb: float | None = Field(None, gt=0, description="Memory per node to request")
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+
+class CheckpointConfig(Strict):
+    every_steps: int = Field(100, ge=1)
+    dir: str = "checkpoints"
+    keep: int = Field(3, ge=1)
+    max_requeues: int = Field(3, ge=0)
+    signal: Literal["USR1", "USR2", "TERM", "INT", "HUP", "XCPU"] = "USR2"
+    signal_lead_s: int = Field(120, ge=10, description="Seconds before the walltime the warning signal comes")
+
+
+class JobSpec(Strict):
+    name: Name
+    description: str = ""
+    model: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.]*(:[A-Za-z_][A-Za-z0-9_]*)?$")]
+    model_args: dict[str, Any] = Field(default_factory=dict)
+    data: dict[str, Any] = Field(default_factory=dict)
+    train: TrainConfig
+    resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    env: EnvVars = Field(default_factory=dict, description="Extra environment variables for the ranks")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSpec:
+        if self.train.warmup.kind != "none" and self.train.warmup.steps is None and self.train.warmup.epochs is None:
+            raise ValueError("train.warmup needs steps or epochs")
+        return self
+
+    def spec_hash(self) -> str:
+        """Stable short hash of the validated spec (for the run registry)."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Overrides and loading
+
+
+def parse_assignment(text: str) -> tuple[list[str], Any]:
+    """``train.lr=0.01`` → (['train', 'lr'], 0.01); the value is read as a YAML scalar or flow value."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected KEY=VALUE, e.g. train.lr=0.01")
+    key, raw = text.split("=", 1)
+    parts = [p for p in key.strip().split(".")]
+    if not parts or any(not p for p in parts):
+        raise ConfigError(f"--set {text!r}: the key must be dotted names like train.lr")
+    value = parse_yaml(raw, "--set").data if raw.strip() else ""
+    return parts, value
+
+
+def apply_assignment(data: dict[str, Any], parts: list[str], value: Any) -> None:
+    """Set a nested key in raw spec data, creating mappings on the way."""
+    node = data
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {'.'.join(parts)}: {part!r} is not a mapping")
+        node = child
+    node[parts[-1]] = value
+
+
+def load_job(
+    path: str | Path,
+    *,
+    sets: list[str] | tuple[str, ...] = (),
+    nodes: int | None = None,
+    walltime: str | None = None,
+    queue: str | None = None,
+) -> JobSpec:
+    """Load a job spec with command-line overrides applied; every error names the file, line and key."""
+    loaded = load_yaml_file(path)
+    return job_from_loaded(loaded, sets=sets, nodes=nodes, walltime=walltime, queue=queue)
+
+
+def job_from_loaded(
+    loaded: LoadedYaml,
+    *,
+    sets: list[str] | tuple[str, ...] = (),
+    nodes: int | None = None,
+    walltime: str | None = None,
+    queue: str | None = None,
+) -> JobSpec:
+    """Validate parsed spec data after applying overrides."""
+    if not isinstance(loaded.data, dict):
+        raise ConfigError("a job spec must be a mapping of keys", path=loaded.path, line=1)
+    data = copy.deepcopy(loaded.data)
+    assignments = [parse_assignment(s) for s in sets]
+    if nodes is not None:
+        assignments.append((["resources", "nodes"], nodes))
+    if walltime is not None:
+        assignments.append((["resources", "walltime"], walltime))
+    if queue is not None:
+        assignments.append((["resources", "queue"], queue))
+    for parts, value in assignments:
+        apply_assignment(data, parts, value)
+    return validate_model(JobSpec, loaded, data)
+
+
+def dump_job(job: JobSpec) -> str:
+    """The resolved spec as YAML (what a run directory holds and what ``hpctrain run`` reads back)."""
+    import yaml
+
+    return yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False)

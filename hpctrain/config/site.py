@@ -1,0 +1,314 @@
+"""Site profiles: one YAML file per machine, validated by the pydantic models below.
+
+A profile is found by name in ``$HPCTRAIN_SITES``, ``~/.config/hpctrain/sites/`` and the shipped
+``site_configs/``, or given as a path. ``extends`` inherits another profile (deep merge, lists replaced).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, model_validator
+
+from hpctrain.config.common import DirectiveValue, EnvVars, Name, Strict, Walltime, Word
+from hpctrain.config.validation import validate_model
+from hpctrain.config.yamlio import LoadedYaml, load_yaml_file
+from hpctrain.errors import ConfigError
+
+SchedulerName = Literal["slurm", "pbs", "cobalt", "local"]
+LauncherName = Literal["srun", "aprun", "mpiexec", "local"]
+BackendName = Literal["mpi", "gloo", "nccl"]
+_DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_./+:@=,%*-]*$")
+
+
+def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, DirectiveValue]:
+    for key, value in directives.items():
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_-]*$", key):
+            raise ValueError(f"directive name {key!r} must be a plain option name like 'constraint'")
+        if isinstance(value, str) and not _DIRECTIVE_VALUE.match(value):
+            raise ValueError(
+                f"directive {key!r}: value {value!r} may hold only letters, digits and _ . / + : @ = , % * -"
+            )
+    return directives
+
+
+Directives = Annotated[dict[str, DirectiveValue], AfterValidator(_check_directives)]
+
+
+class NodeShape(Strict):
+    """One compute node: what a rank count, thread count and GPU request are checked against."""
+
+    cores: int | Literal["auto"] = Field(description="Physical cores per node usable by jobs ('auto': this machine)")
+    threads_per_core: int = Field(1, ge=1, le=8, description="Hardware threads per core (SMT)")
+    gpus: int | Literal["auto"] = Field(0, description="GPUs (or GPU tiles/GCDs) per node")
+    gpu_kind: Literal["none", "nvidia", "amd", "intel"] = "none"
+    memory_gb: float | Literal["auto"] = Field(description="Main memory per node in GB ('auto': this machine)")
+    hbm_gb: float | None = Field(None, ge=0, description="On-package high-bandwidth memory (e.g. KNL MCDRAM)")
+    cpu: str | None = Field(None, description="Processor model, for documentation")
+
+    @model_validator(mode="after")
+    def _positive(self) -> NodeShape:
+        if isinstance(self.cores, int) and self.cores < 1:
+            raise ValueError("cores must be at least 1")
+        if isinstance(self.gpus, int) and self.gpus < 0:
+            raise ValueError("gpus cannot be negative")
+        if isinstance(self.memory_gb, float | int) and self.memory_gb <= 0:
+            raise ValueError("memory_gb must be positive")
+        if self.gpus not in (0, "auto") and self.gpu_kind == "none":
+            raise ValueError("a node with GPUs needs gpu_kind (nvidia, amd or intel)")
+        return self
+
+    def resolved(self) -> NodeShape:
+        """This shape with 'auto' values read from the machine the code runs on."""
+        cores = os.cpu_count() or 1 if self.cores == "auto" else self.cores
+        memory = _machine_memory_gb() if self.memory_gb == "auto" else self.memory_gb
+        gpus = 0 if self.gpus == "auto" else self.gpus
+        return self.model_copy(update={"cores": cores, "memory_gb": memory, "gpus": gpus})
+
+
+class NodeOverride(Strict):
+    """Per-queue changes to the node shape (e.g. Perlmutter's CPU nodes versus its GPU nodes)."""
+
+    cores: int | None = Field(None, ge=1)
+    threads_per_core: int | None = Field(None, ge=1)
+    gpus: int | None = Field(None, ge=0)
+    gpu_kind: Literal["none", "nvidia", "amd", "intel"] | None = None
+    memory_gb: float | None = Field(None, gt=0)
+    hbm_gb: float | None = None
+    cpu: str | None = None
+
+
+class Queue(Strict):
+    """A queue, partition or QOS with its limits."""
+
+    description: str = ""
+    max_nodes: int = Field(ge=1)
+    min_nodes: int = Field(1, ge=1)
+    max_walltime: Walltime
+    submit_as: Word | None = Field(None, description="Name passed to the scheduler if it differs from the key")
+    node: NodeOverride | None = None
+    directives: Directives = Field(default_factory=dict)
+    comm_backend: BackendName | None = None
+
+
+class Environment(Strict):
+    """How a job's shell is prepared before the launcher runs."""
+
+    modules: list[Word] = Field(default_factory=list, description="Modules loaded with 'module load'")
+    setup: list[str] = Field(
+        default_factory=list, description="Shell lines run as written (trusted: written by the site's admin)"
+    )
+    env: EnvVars = Field(default_factory=dict, description="Environment variables exported (values quoted)")
+    venv: str | None = Field(None, description="Python virtual environment to activate on the compute nodes")
+    python: str | None = Field(None, description="Python interpreter on the compute nodes (default: venv's)")
+
+
+class Network(Strict):
+    """Interconnect figures for the scaling planner."""
+
+    latency_us: float = Field(gt=0)
+    bandwidth_gbps: float = Field(gt=0, description="Injection bandwidth per node, GB/s")
+    topology: str = ""
+
+
+class MPISetup(Strict):
+    """How mpi4py is built against the site's own MPI, and how a job checks it runs on it."""
+
+    modules: list[Word] = Field(default_factory=list)
+    mpicc: str | None = Field(None, description="Compiler wrapper for building mpi4py (e.g. 'cc' on Cray)")
+    expected_library: str | None = Field(
+        None, description="Substring of MPI.Get_library_version() that proves the site's MPI is used"
+    )
+
+
+class SiteProfile(Strict):
+    """A machine: scheduler, launcher, node shape, queues, environment and network."""
+
+    name: Name
+    description: str = ""
+    extends: str | None = None
+    guessed: list[str] = Field(default_factory=list, description="Keys whose values are estimates, not published")
+    scheduler: SchedulerName
+    launcher: LauncherName
+    launcher_args: list[Word] = Field(default_factory=list)
+    cpu_bind: Word | None = Field(None, description="CPU binding for the launcher (srun --cpu-bind, mpiexec)")
+    login_host: str | None = None
+    remote_root: str | None = Field(None, description="Directory on the login node where run directories go")
+    node: NodeShape
+    queues: dict[Word, Queue] = Field(default_factory=dict)
+    default_queue: str | None = None
+    queue_option: Literal["partition", "qos"] = Field(
+        "partition", description="Slurm option carrying the queue name"
+    )
+    account: Word | None = None
+    account_required: bool = False
+    directives: Directives = Field(default_factory=dict)
+    filesystems: list[Word] = Field(default_factory=list, description="PBS '-l filesystems=' entries")
+    environment: Environment = Field(default_factory=Environment)
+    comm_backend: BackendName = "mpi"
+    network: Network | None = None
+    mpi: MPISetup = Field(default_factory=MPISetup)
+    intel_extension: bool = Field(False, description="Use intel-extension-for-pytorch when importable")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SiteProfile:
+        if self.scheduler == "local" and self.launcher not in ("local", "mpiexec"):
+            raise ValueError("a site without scheduler launches with 'local' or 'mpiexec'")
+        if self.default_queue is not None and self.default_queue not in self.queues:
+            raise ValueError(
+                f"default_queue {self.default_queue!r} is not one of the queues: {', '.join(self.queues) or 'none'}"
+            )
+        if self.scheduler != "local" and self.queues and self.default_queue is None:
+            raise ValueError("a site with queues needs default_queue")
+        if self.comm_backend == "nccl" and self.node.gpus == 0:
+            raise ValueError("comm_backend nccl needs GPUs in node.gpus")
+        return self
+
+    def queue(self, name: str | None) -> tuple[str | None, Queue | None]:
+        """The queue a job lands in (its own or the default) and its limits; unknown names are errors."""
+        chosen = name or self.default_queue
+        if chosen is None:
+            return None, None
+        if not self.queues:
+            raise ConfigError(f"site {self.name!r} has no queues, but queue {chosen!r} was asked for",
+                              key="resources.queue", hint="remove resources.queue for this site")
+        if chosen not in self.queues:
+            guess = difflib.get_close_matches(chosen, list(self.queues), n=1)
+            hint = f"did you mean {guess[0]!r}?" if guess else f"queues of {self.name}: {', '.join(self.queues)}"
+            raise ConfigError(f"site {self.name!r} has no queue {chosen!r}", key="resources.queue", hint=hint)
+        return chosen, self.queues[chosen]
+
+    def node_for(self, queue_name: str | None) -> NodeShape:
+        """Node shape in a queue (queue overrides applied, 'auto' resolved)."""
+        node = self.node
+        if queue_name and self.queues.get(queue_name) and self.queues[queue_name].node:
+            update = self.queues[queue_name].node.model_dump(exclude_none=True)
+            node = node.model_copy(update=update)
+        return node.resolved()
+
+
+def _machine_memory_gb() -> float:
+    try:
+        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)
+    except (ValueError, OSError, AttributeError):
+        return 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Finding and loading profiles
+
+
+def shipped_sites_dir() -> Path:
+    """The ``site_configs/`` shipped with hpctrain (repository checkout or installed data files)."""
+    repo = Path(__file__).resolve().parents[2] / "site_configs"
+    if repo.is_dir():
+        return repo
+    return Path(sys.prefix) / "share" / "hpctrain" / "site_configs"
+
+
+def site_search_path() -> list[Path]:
+    """Directories searched for ``NAME.yaml``, first match wins."""
+    dirs = [Path(p).expanduser() for p in os.environ.get("HPCTRAIN_SITES", "").split(os.pathsep) if p]
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
+    dirs.append(config_home / "hpctrain" / "sites")
+    dirs.append(shipped_sites_dir())
+    return dirs
+
+
+def available_sites() -> dict[str, Path]:
+    """Every profile name visible on the search path, mapped to its file (first match wins)."""
+    found: dict[str, Path] = {}
+    for directory in site_search_path():
+        if not directory.is_dir():
+            continue
+        for path in sorted(directory.glob("*.y*ml")):
+            found.setdefault(path.stem, path)
+    return found
+
+
+def locate_site(name_or_path: str) -> Path:
+    """Path of the profile named ``name_or_path`` (or the path itself if it is a file)."""
+    candidate = Path(name_or_path).expanduser()
+    if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
+        if candidate.is_file():
+            return candidate
+        raise ConfigError("site profile file not found", path=name_or_path)
+    sites = available_sites()
+    if name_or_path in sites:
+        return sites[name_or_path]
+    guess = difflib.get_close_matches(name_or_path, list(sites), n=1)
+    hint = f"did you mean {guess[0]!r}?" if guess else "known sites: " + ", ".join(sorted(sites))
+    raise ConfigError(f"no site profile named {name_or_path!r}", hint=hint + "; or give a path to a YAML file")
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` on top of ``base``: mappings merge key by key, everything else is replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _load_raw(path: Path, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], LoadedYaml]:
+    loaded = load_yaml_file(path)
+    if not isinstance(loaded.data, dict):
+        raise ConfigError("a site profile must be a mapping of keys", path=str(path), line=1)
+    parent_name = loaded.data.get("extends")
+    if parent_name is None:
+        return loaded.data, loaded
+    if not isinstance(parent_name, str):
+        raise ConfigError("extends names one site profile", path=str(path), line=loaded.line_of(("extends",)),
+                          key="extends")
+    resolved = str(path.resolve())
+    if resolved in chain:
+        raise ConfigError("profiles extend each other in a cycle", path=str(path), key="extends",
+                          line=loaded.line_of(("extends",)), hint=" -> ".join(chain + (resolved,)))
+    try:
+        parent_path = locate_site(parent_name) if not parent_name.endswith((".yaml", ".yml")) else (
+            (path.parent / parent_name) if not Path(parent_name).is_absolute() else Path(parent_name))
+        if not parent_path.is_file():
+            raise ConfigError("site profile file not found", path=str(parent_path))
+    except ConfigError as exc:
+        raise ConfigError(f"extends {parent_name!r}: {exc}", path=str(path), line=loaded.line_of(("extends",)),
+                          key="extends") from None
+    parent_data, _ = _load_raw(parent_path, chain + (resolved,))
+    return deep_merge(parent_data, loaded.data), loaded
+
+
+def load_site_file(path: str | Path) -> SiteProfile:
+    """Load and validate one profile file, resolving ``extends``."""
+    data, loaded = _load_raw(Path(path))
+    return validate_model(SiteProfile, loaded, data)
+
+
+def load_site(name_or_path: str | None = None) -> SiteProfile:
+    """Load a profile by name or path; ``None`` is the embedded default, ``local``."""
+    if name_or_path is None:
+        name_or_path = "local"
+    try:
+        path = locate_site(name_or_path)
+    except ConfigError:
+        if name_or_path == "local":
+            return embedded_local_site()
+        raise
+    return load_site_file(path)
+
+
+def embedded_local_site() -> SiteProfile:
+    """The default site when no profile file is found: this machine, no scheduler."""
+    return SiteProfile(
+        name="local",
+        description="This machine, no scheduler (embedded default)",
+        scheduler="local",
+        launcher="mpiexec",
+        node=NodeShape(cores="auto", memory_gb="auto"),
+        comm_backend="gloo",
+    )

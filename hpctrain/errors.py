@@ -1,0 +1,95 @@
+"""The one exception family raised for users of hpctrain.
+
+Every error carries enough context (file, line, key, rank) to say what is wrong and how to fix it; the
+CLI prints ``str(error)`` on one line and exits with ``error.exit_code``, never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class HpctrainError(Exception):
+    """Base of every error meant for a user. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, hint: str | None = None) -> None:
+        self.message = message
+        self.hint = hint
+        super().__init__(self.__str__())
+
+    def __str__(self) -> str:
+        return f"{self.message} ({self.hint})" if self.hint else self.message
+
+
+class ConfigError(HpctrainError):
+    """A site profile or job spec is invalid: names the file, line and key."""
+
+    exit_code = 2
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+        hint: str | None = None,
+    ) -> None:
+        self.path = path
+        self.line = line
+        self.key = key
+        super().__init__(message, hint=hint)
+
+    def __str__(self) -> str:
+        where = ""
+        if self.path:
+            where = self.path + (f":{self.line}" if self.line else "") + ": "
+        key = f"{self.key}: " if self.key else ""
+        tail = f"; {self.hint}" if self.hint else ""
+        return f"{where}{key}{self.message}{tail}"
+
+
+class ConfigErrors(ConfigError):
+    """Several configuration errors found in one pass, reported together."""
+
+    def __init__(self, errors: list[ConfigError]) -> None:
+        self.errors = errors
+        first = errors[0]
+        super().__init__(first.message, path=first.path, line=first.line, key=first.key, hint=first.hint)
+
+    def __str__(self) -> str:
+        return "\n".join(ConfigError.__str__(e) for e in self.errors)
+
+
+class FitError(ConfigError):
+    """A job spec does not fit its site: names the limit that is exceeded."""
+
+
+class SchedulerError(HpctrainError):
+    """A scheduler command failed (sbatch refused a script, qstat unreachable, ...)."""
+
+    exit_code = 3
+
+
+class TransportError(HpctrainError):
+    """Running a command on a remote login node failed (unreachable, authentication, disk full)."""
+
+    exit_code = 4
+
+
+class RuntimeFailure(HpctrainError):
+    """The training runtime failed: a dead or stuck rank, a collective timeout, a bad dataset."""
+
+    exit_code = 5
+
+
+class DataError(HpctrainError):
+    """A dataset is missing, malformed or of the wrong type."""
+
+    exit_code = 2
+
+
+class CheckpointError(HpctrainError):
+    """No valid checkpoint could be read, or one could not be written."""
+
+    exit_code = 6
