@@ -1,0 +1,526 @@
+"""FFN flood-fill inference: the canvas that grows one object at a time from seeds, and the segment command.
+
+Mirrors google/ffn ``ffn/inference/inference.py`` (``Canvas``: ``init_seed``, ``is_valid_pos``, ``update_at``,
+``segment_at``, ``segment_all``) and ``ffn/inference/segmentation.py`` (``clear_dust``,
+``make_labels_contiguous``). Positions are (z, y, x); thresholds are probabilities, kept as logits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpctrain.errors import CheckpointError, ConfigError, DataError, RuntimeFailure
+from hpctrain.ffn.movement import FaceMaxMovementPolicy
+from hpctrain.ffn.seeds import make_seeds, within_margin
+
+Position = tuple[int, int, int]
+
+# google/ffn normalises images as (image - image_mean) / image_stddev; 128 / 33 are its FIB-25 defaults.
+DEFAULT_IMAGE_MEAN = 128.0
+DEFAULT_IMAGE_STDDEV = 33.0
+
+
+def logit(p: float) -> float:
+    """log(p / (1 - p)) for 0 < p < 1."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"a probability threshold must lie strictly between 0 and 1, got {p}")
+    return math.log(p / (1.0 - p))
+
+
+def _triple(value: int | Sequence[int], name: str) -> Position:
+    vals = [int(value)] * 3 if isinstance(value, int) else [int(v) for v in value]
+    if len(vals) != 3:
+        raise ValueError(f"{name} must be one int or three (z, y, x), got {value!r}")
+    return (vals[0], vals[1], vals[2])
+
+
+# --------------------------------------------------------------------------- segmentation helpers
+def clear_dust(seg: np.ndarray, min_size: int) -> np.ndarray:
+    """Set objects smaller than ``min_size`` voxels to 0, in place (google/ffn ``clear_dust``)."""
+    if min_size <= 1:
+        return seg
+    ids, sizes = np.unique(seg, return_counts=True)
+    small = ids[(sizes < min_size) & (ids != 0)]
+    if len(small):
+        seg[np.isin(seg, small)] = 0
+    return seg
+
+
+def make_labels_contiguous(seg: np.ndarray) -> np.ndarray:
+    """Renumber ids to 1..N in order of first id, keeping 0 as 0 (``segmentation.make_labels_contiguous``)."""
+    ids, inverse = np.unique(seg, return_inverse=True)
+    new = np.arange(len(ids), dtype=np.int64)
+    if len(ids) and ids[0] != 0:
+        new += 1  # no background present: ids start at 1
+    out = new[inverse].reshape(seg.shape)
+    return out.astype(np.uint32 if out.max(initial=0) < 2**32 else np.uint64)
+
+
+# --------------------------------------------------------------------------- the canvas
+class Canvas:
+    """State of flood-filling one volume: the object logit map (``seed``) and the ``segmentation``.
+
+    ``seed`` holds the current object's logits, NaN where the FOV has not been yet (the reference's
+    convention); NaN is fed to the model as ``logit(pad_value)``. ``segmentation`` holds 0 (empty),
+    -1 (a seed position that failed: too weak or too small) or an object id > 0.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        image: np.ndarray,
+        fov: int | Sequence[int],
+        deltas: int | Sequence[int],
+        *,
+        move_threshold: float = 0.9,
+        segment_threshold: float = 0.6,
+        min_segment_size: int = 1000,
+        init_activation: float = 0.95,
+        pad_value: float = 0.05,
+        min_boundary_dist: int | Sequence[int] = 1,
+        image_mean: float = DEFAULT_IMAGE_MEAN,
+        image_stddev: float = DEFAULT_IMAGE_STDDEV,
+        movement_order: str = "fifo",
+        device: str = "cpu",
+    ) -> None:
+        import torch
+
+        if image.ndim != 3:
+            raise DataError(f"inference image has shape {image.shape}; expected a 3-D (z, y, x) volume")
+        self.fov = _triple(fov, "fov")
+        self.deltas = _triple(deltas, "deltas")
+        if any(s % 2 == 0 or s < 1 for s in self.fov):
+            raise ConfigError(f"fov {self.fov} must be odd sizes", key="model_args.fov")
+        self.margin = tuple(s // 2 for s in self.fov)
+        if any(d < 0 or d > m for d, m in zip(self.deltas, self.margin, strict=True)):
+            raise ConfigError(
+                f"deltas {self.deltas} must lie within 0..fov//2 = {self.margin}",
+                key="model_args.deltas",
+                hint="the move offsets are read on the faces of the predicted FOV",
+            )
+        if image_stddev <= 0:
+            raise ConfigError(f"image_stddev must be > 0, got {image_stddev}", key="image_stddev")
+        self.shape = tuple(int(s) for s in image.shape)
+        if any(s < f for s, f in zip(self.shape, self.fov, strict=True)):
+            raise DataError(f"inference image of shape {self.shape} is smaller than the FOV {self.fov}")
+
+        self.model = model
+        self.device = torch.device(device)
+        self.image = image
+        norm = (image.astype(np.float32) - np.float32(image_mean)) / np.float32(image_stddev)
+        self._image_t = torch.from_numpy(norm).to(self.device)
+        self._input = torch.empty((1, 2, *self.fov), dtype=torch.float32, device=self.device)
+
+        self.move_logit = logit(move_threshold)
+        self.segment_logit = logit(segment_threshold)
+        self.init_logit = logit(init_activation)
+        self.pad_logit = np.float32(logit(pad_value))
+        self.min_segment_size = int(min_segment_size)
+        self.min_boundary_dist = _triple(min_boundary_dist, "min_boundary_dist")
+
+        self.seed = np.full(self.shape, np.nan, dtype=np.float32)
+        self.segmentation = np.zeros(self.shape, dtype=np.int32)
+        self.movement = FaceMaxMovementPolicy(self.deltas, self.move_logit, order=movement_order)
+        self.origins: dict[int, dict[str, Any]] = {}  # id -> seed position, iterations, seconds
+        self.overlaps: dict[int, dict[int, int]] = {}  # id -> {earlier id: voxels above threshold there}
+        self.counters: dict[str, int] = {}
+        self._max_id = 0
+        self._dirty: tuple[np.ndarray, np.ndarray] | None = None  # seed box written since the last reset
+        self._min_pos = np.zeros(3, dtype=np.int64)
+        self._max_pos = np.zeros(3, dtype=np.int64)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def _fov_box(self, pos: Sequence[int]) -> tuple[slice, slice, slice]:
+        z, y, x = (int(p) - m for p, m in zip(pos, self.margin, strict=True))
+        fz, fy, fx = self.fov
+        return (slice(z, z + fz), slice(y, y + fy), slice(x, x + fx))
+
+    def init_seed(self, pos: Position) -> None:
+        """Reset the object map to NaN and put ``logit(init_activation)`` at ``pos`` (``Canvas.init_seed``).
+
+        Only the box written since the last reset is cleared: the rest is still NaN, so this equals the
+        reference's full reset at a fraction of the cost.
+        """
+        if self._dirty is not None:
+            lo, hi = self._dirty
+            self.seed[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]] = np.nan
+        self.seed[pos] = self.init_logit
+        p = np.asarray(pos, dtype=np.int64)
+        self._dirty = (p.copy(), p + 1)
+
+    def is_valid_pos(self, pos: Position, ignore_move_threshold: bool = False) -> bool:
+        """Whether to run the FFN at ``pos`` (``Canvas.is_valid_pos``).
+
+        Requires the object probability there >= move threshold (unless starting an object), the whole FOV
+        inside the volume, and the voxel not yet part of another object.
+        """
+        if not ignore_move_threshold and not self.seed[pos] >= self.move_logit:  # NaN fails too
+            self._count("skip_threshold")
+            return False
+        for p, m, s in zip(pos, self.margin, self.shape, strict=True):
+            if p - m < 0 or p + m >= s:
+                self._count("skip_invalid_pos")
+                return False
+        if self.segmentation[pos] > 0:
+            self._count("skip_invalid_pos")
+            return False
+        return True
+
+    def predict(self, pos: Position, logit_seed: np.ndarray) -> np.ndarray:
+        """Run the model once on the FOV at ``pos`` with ``logit_seed``; returns the logits (z, y, x)."""
+        import torch
+
+        box = self._fov_box(pos)
+        self._input[0, 0].copy_(self._image_t[box])
+        self._input[0, 1].copy_(torch.from_numpy(logit_seed))
+        with torch.inference_mode():
+            out = self.model(self._input)
+        if tuple(out.shape) != (1, 1, *self.fov):
+            raise RuntimeFailure(
+                f"FFN model returned shape {tuple(out.shape)} for an input of {tuple(self._input.shape)}",
+                hint="the model must return (N, 1, Z, Y, X) logits of the input's size ('same' padding)",
+            )
+        return out[0, 0].detach().to("cpu", torch.float32).numpy()
+
+    def update_at(self, pos: Position) -> np.ndarray:
+        """Predict at ``pos`` and write the logits into the object map (``Canvas.update_at``).
+
+        The reference's self-consistency iterations, disconnected-seed bias and self-prediction halting are
+        off by default there and are not implemented here.
+        """
+        box = self._fov_box(pos)
+        logit_seed = self.seed[box].copy()
+        logit_seed[np.isnan(logit_seed)] = self.pad_logit
+        logits = self.predict(pos, logit_seed)
+        self.seed[box] = logits
+        lo = np.array([b.start for b in box], dtype=np.int64)
+        hi = np.array([b.stop for b in box], dtype=np.int64)
+        if self._dirty is None:
+            self._dirty = (lo, hi)
+        else:
+            self._dirty = (np.minimum(self._dirty[0], lo), np.maximum(self._dirty[1], hi))
+        return logits
+
+    def segment_at(self, start: Position) -> int:
+        """Flood one object from ``start`` until the move queue is empty; returns the FFN call count.
+
+        Mirrors ``Canvas.segment_at``: stops early when the seed voxel itself drops below the move threshold.
+        """
+        self.init_seed(start)
+        self.movement.reset(start)
+        self.movement.append(2.0 * self.move_logit, start)  # any score: it is consumed at once
+        self._min_pos = np.asarray(start, dtype=np.int64)
+        self._max_pos = np.asarray(start, dtype=np.int64)
+        iters = 0
+        while True:
+            pos = self.movement.next_position(self.is_valid_pos)
+            if pos is None:
+                break
+            if not self.seed[start] >= self.move_logit:
+                self._count("seed_got_too_weak")
+                break
+            logits = self.update_at(pos)
+            p = np.asarray(pos, dtype=np.int64)
+            self._min_pos = np.minimum(self._min_pos, p)
+            self._max_pos = np.maximum(self._max_pos, p)
+            iters += 1
+            self.movement.update(logits, pos)
+        self._count("ffn_calls", iters)
+        return iters
+
+    def _too_close(self, pos: Position) -> bool:
+        sel = tuple(slice(max(p - d, 0), p + d + 1) for p, d in zip(pos, self.min_boundary_dist, strict=True))
+        return bool(np.any(self.segmentation[sel] > 0))
+
+    def _mark_failed(self, pos: Position) -> None:
+        if self.segmentation[pos] == 0:
+            self.segmentation[pos] = -1
+
+    def segment_all(self, seeds: np.ndarray | Sequence[Sequence[int]]) -> None:
+        """Try to create one object from every seed, in order (``Canvas.segment_all``).
+
+        A seed is skipped when its FOV leaves the volume, when it already lies in an object, or when an
+        object is within ``min_boundary_dist`` of it. After flooding, the object is the voxels of the
+        touched box with probability >= segment threshold that are not yet in another object (earlier
+        objects keep their voxels; the overlap is recorded in ``overlaps``); it is dropped when it has fewer
+        than ``min_segment_size`` such voxels or when the seed voxel itself ended below the move threshold.
+        """
+        for raw in np.asarray(seeds, dtype=np.int64).reshape(-1, 3):
+            pos = (int(raw[0]), int(raw[1]), int(raw[2]))
+            if not self.is_valid_pos(pos, ignore_move_threshold=True):
+                continue
+            if self._too_close(pos):
+                self._count("skip_too_close")
+                self.segmentation[pos] = -1
+                continue
+            t0 = time.perf_counter()
+            iters = self.segment_at(pos)
+            if iters <= 0:
+                continue
+            if not self.seed[pos] >= self.move_logit:
+                self._mark_failed(pos)
+                self._count("failed_weak_seed")
+                continue
+            sel = tuple(
+                slice(max(int(lo) - m, 0), int(hi) + m + 1)
+                for lo, hi, m in zip(self._min_pos, self._max_pos, self.margin, strict=True)
+            )
+            mask = self.seed[sel] >= self.segment_logit
+            seg_box = self.segmentation[sel]  # a view: writes go to the canvas
+            ids, counts = np.unique(seg_box[mask], return_counts=True)
+            overlapped = {int(i): int(c) for i, c in zip(ids, counts, strict=True) if i > 0}
+            mask &= seg_box <= 0
+            size = int(mask.sum())
+            if size < self.min_segment_size:
+                self._mark_failed(pos)
+                self._count("failed_too_small")
+                continue
+            self._max_id += 1
+            while self._max_id in self.origins:
+                self._max_id += 1
+            seg_box[mask] = self._max_id
+            self.overlaps[self._max_id] = overlapped
+            self.origins[self._max_id] = {
+                "seed": pos,
+                "iters": iters,
+                "size": size,
+                "seconds": round(time.perf_counter() - t0, 4),
+            }
+            self._count("voxels_segmented", size)
+
+    def labels(self) -> np.ndarray:
+        """The segmentation as uint32 ids 1..N, 0 for unsegmented voxels (failed-seed markers removed)."""
+        return make_labels_contiguous(np.maximum(self.segmentation, 0))
+
+
+# --------------------------------------------------------------------------- config + drivers
+@dataclass
+class InferenceConfig:
+    """Settings of one segmentation run (the reference's ``InferenceOptions`` plus seed policy and FOV)."""
+
+    fov: tuple[int, int, int] = (33, 33, 33)
+    deltas: tuple[int, int, int] = (8, 8, 8)
+    move_threshold: float = 0.9
+    segment_threshold: float = 0.6
+    min_segment_size: int = 1000
+    init_activation: float = 0.95
+    pad_value: float = 0.05
+    min_boundary_dist: tuple[int, int, int] = (1, 1, 1)
+    seed_policy: str = "peaks"
+    seed_args: dict[str, Any] = field(default_factory=dict)
+    image_mean: float = DEFAULT_IMAGE_MEAN
+    image_stddev: float = DEFAULT_IMAGE_STDDEV
+    movement_order: str = "fifo"
+    device: str = "cpu"
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any], where: str = "inference config") -> InferenceConfig:
+        """Build from a mapping; unknown keys raise ConfigError listing the valid ones."""
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ConfigError(
+                f"unknown inference setting(s) {unknown}", path=where, hint=f"valid keys: {', '.join(names)}"
+            )
+        kwargs = dict(data)
+        for key in ("fov", "deltas", "min_boundary_dist"):
+            if key in kwargs:
+                kwargs[key] = _triple(kwargs[key], key)
+        return cls(**kwargs)
+
+    def canvas_kwargs(self) -> dict[str, Any]:
+        return {
+            "move_threshold": self.move_threshold,
+            "segment_threshold": self.segment_threshold,
+            "min_segment_size": self.min_segment_size,
+            "init_activation": self.init_activation,
+            "pad_value": self.pad_value,
+            "min_boundary_dist": self.min_boundary_dist,
+            "image_mean": self.image_mean,
+            "image_stddev": self.image_stddev,
+            "movement_order": self.movement_order,
+            "device": self.device,
+        }
+
+
+def _as_config(cfg: InferenceConfig | Mapping[str, Any] | None) -> InferenceConfig:
+    if cfg is None:
+        return InferenceConfig()
+    return cfg if isinstance(cfg, InferenceConfig) else InferenceConfig.from_mapping(cfg)
+
+
+def segment_volume(
+    model: Any,
+    image: np.ndarray,
+    cfg: InferenceConfig | Mapping[str, Any] | None = None,
+    *,
+    seeds: np.ndarray | None = None,
+    return_canvas: bool = False,
+) -> np.ndarray | tuple[np.ndarray, Canvas]:
+    """Segment ``image`` with ``model``: seeds from ``cfg.seed_policy`` (or ``seeds``) → canvas → labels."""
+    cfg = _as_config(cfg)
+    model.eval()
+    canvas = Canvas(model, image, cfg.fov, cfg.deltas, **cfg.canvas_kwargs())
+    if seeds is None:
+        seeds = make_seeds(cfg.seed_policy, image, **cfg.seed_args)
+    canvas.segment_all(within_margin(seeds, canvas.shape, canvas.margin))
+    labels = canvas.labels()
+    return (labels, canvas) if return_canvas else labels
+
+
+def _split_h5(path: str | Path, default_dataset: str) -> tuple[Path, str]:
+    text = str(path)
+    for suffix in (".h5:", ".hdf5:", ".hdf:"):
+        at = text.rfind(suffix)
+        if at >= 0:
+            return Path(text[: at + len(suffix) - 1]), text[at + len(suffix) :] or default_dataset
+    return Path(text), default_dataset
+
+
+def _attr_value(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool | np.integer | np.floating):
+        return value
+    if isinstance(value, Sequence) and all(isinstance(v, int | float) for v in value):
+        return np.asarray(value)
+    return json.dumps(value, default=str)
+
+
+def write_segmentation_hdf5(
+    path: str | Path, seg: np.ndarray, attrs: Mapping[str, Any] | None = None, dataset: str = "segmentation"
+) -> Path:
+    """Write ``seg`` to ``path`` (``file.h5`` or ``file.h5:dataset``) atomically, gzip-chunked, with attrs.
+
+    Attribute values that HDF5 cannot hold directly (mappings, mixed lists) are stored as JSON text.
+    """
+    import h5py
+
+    file, name = _split_h5(path, dataset)
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            ds = f.create_dataset(name, data=seg, chunks=True, compression="gzip", compression_opts=1)
+            for key, value in (attrs or {}).items():
+                ds.attrs[key] = _attr_value(value)
+        os.replace(tmp, file)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"could not write segmentation to {file}: {e}", hint="check the output path") from e
+    return file
+
+
+def load_model(
+    checkpoint_path: str | Path, device: str = "cpu"
+) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """Load ``torch.save({'model': state_dict, 'model_args': {...}})``; returns (model, model_args, ckpt).
+
+    A directory is accepted and its newest ``*.pt``/``*.pth`` file used. ``model_args`` keys that
+    ``ConvStack3D`` does not take (``deltas``, ...) are kept for the caller but not passed to it.
+    """
+    import inspect
+
+    import torch
+
+    from hpctrain.ffn.model import ConvStack3D
+
+    path = Path(checkpoint_path)
+    if path.is_dir():
+        files = sorted(
+            (p for p in path.iterdir() if p.suffix in (".pt", ".pth")), key=lambda p: p.stat().st_mtime
+        )
+        if not files:
+            raise CheckpointError(f"checkpoint directory {path} holds no *.pt file", hint="pass the file")
+        path = files[-1]
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist", hint="pass the .pt file training wrote")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises pickle/zip/runtime errors for a bad file
+        raise CheckpointError(f"checkpoint {path} could not be read: {e}") from e
+    if not isinstance(ckpt, Mapping) or "model" not in ckpt or "model_args" not in ckpt:
+        keys = sorted(ckpt) if isinstance(ckpt, Mapping) else type(ckpt).__name__
+        raise CheckpointError(
+            f"checkpoint {path} has {keys}; expected a mapping with 'model' (state_dict) and 'model_args'",
+            hint="save with torch.save({'model': model.state_dict(), 'model_args': {...}}, path)",
+        )
+    model_args = dict(ckpt["model_args"])
+    accepted = set(inspect.signature(ConvStack3D.__init__).parameters) - {"self"}
+    kwargs = {k: v for k, v in model_args.items() if k in accepted}
+    if "fov" in kwargs:
+        kwargs["fov"] = _triple(kwargs["fov"], "model_args.fov")
+    model = ConvStack3D(**kwargs)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint {path} does not match ConvStack3D({kwargs}): {e}") from e
+    model.to(device).eval()
+    return model, model_args, dict(ckpt)
+
+
+def run_segment(
+    checkpoint_path: str | Path,
+    volume_spec: Any,
+    out_path: str | Path,
+    *,
+    config: InferenceConfig | Mapping[str, Any] | None = None,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """`hpctrain segment`: checkpoint + image volume → segmentation HDF5; returns a summary dict.
+
+    FOV and deltas come from the checkpoint's ``model_args`` unless ``config`` sets them; image_mean and
+    image_stddev from the checkpoint (top level or ``model_args``) unless ``config`` sets them.
+    """
+    import torch
+
+    from hpctrain.ffn.volume import load_volume
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    given = dict(config) if isinstance(config, Mapping) else {}
+    cfg = _as_config(config)
+    model, model_args, ckpt = load_model(checkpoint_path, cfg.device)
+    updates: dict[str, Any] = {}
+    for key in ("fov", "deltas"):
+        if key not in given and key in model_args and not isinstance(config, InferenceConfig):
+            updates[key] = _triple(model_args[key], f"model_args.{key}")
+    for key in ("image_mean", "image_stddev"):
+        if key not in given and not isinstance(config, InferenceConfig):
+            value = ckpt.get(key, model_args.get(key))
+            if value is not None:
+                updates[key] = float(value)
+    cfg = dataclasses.replace(cfg, **updates)
+
+    image = np.asarray(load_volume(volume_spec))
+    if image.ndim != 3:
+        raise DataError(f"image {volume_spec} has shape {image.shape}; expected a 3-D (z, y, x) volume")
+    t0 = time.perf_counter()
+    labels, canvas = segment_volume(model, image, cfg, return_canvas=True)
+    seconds = time.perf_counter() - t0
+    attrs = {
+        "checkpoint": str(checkpoint_path),
+        "image": str(volume_spec),
+        "config": dataclasses.asdict(cfg),
+        "model_args": model_args,
+        "seconds": round(seconds, 3),
+    }
+    written = write_segmentation_hdf5(out_path, labels, attrs)
+    return {
+        "out": str(written),
+        "objects": int(labels.max(initial=0)),
+        "segmented_fraction": float((labels > 0).mean()),
+        "ffn_calls": canvas.counters.get("ffn_calls", 0),
+        "seconds": seconds,
+        "counters": dict(canvas.counters),
+    }

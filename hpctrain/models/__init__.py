@@ -1,0 +1,1 @@
+"""Model plug-ins: the registry (``build_task``) and the task contract the runtime trains through."""

@@ -1,0 +1,101 @@
+"""The contract between a model plug-in and the training runtime.
+
+A ``TrainingTask`` owns a model and its rank's share of the data. The runtime calls ``next_batch``,
+``forward_loss`` (then runs backward and reduces gradients itself), and ``observe`` after the optimizer
+step; it never needs to know which model it trains.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What a plug-in needs to build its task: the spec's model/data sections and where it runs."""
+
+    model_args: dict[str, Any]
+    data: dict[str, Any]
+    batch_per_rank: int
+    seed: int
+    rank: int
+    world_size: int
+    run_dir: Path
+    device: torch.device
+
+
+class TrainingTask(ABC):
+    """One rank's model and data stream. Subclasses must be deterministic given seed, rank and position."""
+
+    model: torch.nn.Module
+    sample_unit: str = "samples"
+
+    @property
+    @abstractmethod
+    def samples_per_step(self) -> int:
+        """Samples (FOVs for the FFN) this rank processes per step."""
+
+    @abstractmethod
+    def next_batch(self) -> Any:
+        """The next local batch (advances the data position)."""
+
+    @abstractmethod
+    def forward_loss(self, batch: Any) -> tuple[torch.Tensor, Any]:
+        """Forward pass: the scalar loss (mean over the local batch) and anything ``observe`` needs."""
+
+    def observe(self, batch: Any, aux: Any) -> dict[str, float]:
+        """Called after the optimizer step with the forward's output; returns metrics to log."""
+        return {}
+
+    def evaluate(self) -> dict[str, float]:
+        """Optional held-out evaluation at the end of training (rank 0)."""
+        return {}
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """Data position and any RNG of the data pipeline, for exact resume."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+
+def epoch_order(count: int, seed: int, epoch: int) -> torch.Tensor:
+    """A permutation of ``range(count)`` that depends only on seed and epoch (the same on every rank)."""
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(count, generator=generator)
+
+
+class ShardedIndexStream:
+    """Index batches for one rank: each epoch a global permutation, dealt round-robin so ranks never overlap."""
+
+    def __init__(self, count: int, batch: int, rank: int, world_size: int, seed: int) -> None:
+        if count < batch * world_size:
+            raise ValueError(f"{count} samples cannot fill one step of {world_size} ranks x {batch}")
+        self.count, self.batch, self.rank, self.world, self.seed = count, batch, rank, world_size, seed
+        self.epoch, self.offset = 0, 0
+        self._order = self._shard()
+
+    def _shard(self) -> torch.Tensor:
+        usable = (self.count // (self.batch * self.world)) * self.batch * self.world
+        return epoch_order(self.count, self.seed, self.epoch)[:usable][self.rank :: self.world]
+
+    def next(self) -> torch.Tensor:
+        if self.offset + self.batch > len(self._order):
+            self.epoch, self.offset = self.epoch + 1, 0
+            self._order = self._shard()
+        indices = self._order[self.offset : self.offset + self.batch]
+        self.offset += self.batch
+        return indices
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        self._order = self._shard()

@@ -1,0 +1,315 @@
+"""FFN inference: face-max movement, seed policies, the flood-filling canvas and the segment command.
+
+Stand-in models obey the ConvStack3D contract ((N, 2, Z, Y, X) image + seed logits in, (N, 1, Z, Y, X) logits
+out) and are honest tests of the canvas mechanics; the real ConvStack3D is used for the checkpoint path.
+"""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hpctrain.errors import CheckpointError, ConfigError, RuntimeFailure
+from hpctrain.ffn.evaluate import evaluate_segmentation
+from hpctrain.ffn.inference import (
+    Canvas,
+    InferenceConfig,
+    clear_dust,
+    load_model,
+    logit,
+    make_labels_contiguous,
+    run_segment,
+    segment_volume,
+    write_segmentation_hdf5,
+)
+from hpctrain.ffn.movement import FaceMaxMovementPolicy, face_max_offsets, quantize_position
+from hpctrain.ffn.seeds import grid_seeds, make_seeds, peak_seeds, within_margin
+
+torch.set_num_threads(1)
+
+
+def _centre_distance(shape: tuple[int, ...]) -> torch.Tensor:
+    axes = [torch.arange(d, dtype=torch.float32) - d // 2 for d in shape]
+    zz, yy, xx = torch.meshgrid(*axes, indexing="ij")
+    return (zz**2 + yy**2 + xx**2).sqrt()
+
+
+class OracleModel(nn.Module):
+    """Object = FOV voxels whose image value equals that of the voxels the seed already marks (logit > 0).
+
+    Confidence falls off slightly with the distance from the FOV centre (as a trained FFN's does), so face
+    maxima are unique rather than ties broken at a face corner.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        img, seed = x[:, 0], x[:, 1]
+        conf = 8.0 - 0.05 * _centre_distance(tuple(seed.shape[1:]))
+        out = torch.full_like(seed, -8.0)
+        for n in range(x.shape[0]):
+            marked = seed[n] > 0
+            if bool(marked.any()):
+                value = img[n][marked].median()
+                out[n] = torch.where((img[n] - value).abs() < 1e-3, conf, torch.tensor(-8.0))
+        return out[:, None]
+
+
+class BallModel(nn.Module):
+    """Predicts a ball of ``radius`` around the FOV centre, whatever the input."""
+
+    def __init__(self, radius: float) -> None:
+        super().__init__()
+        self.radius = radius
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = _centre_distance(tuple(x.shape[2:]))
+        out = torch.where(d <= self.radius, 8.0, -8.0)
+        return out.expand(x.shape[0], 1, *x.shape[2:]).clone()
+
+
+class ConstantModel(nn.Module):
+    def __init__(self, value: float, shrink: bool = False) -> None:
+        super().__init__()
+        self.value = value
+        self.shrink = shrink
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.full_like(x[:, :1], self.value)
+        return out[..., 1:] if self.shrink else out
+
+
+def cubes_volume() -> tuple[np.ndarray, np.ndarray]:
+    """8 cubes of 17³ with distinct intensities in a 40³ volume, 2-voxel dark membranes and border."""
+    image = np.zeros((40, 40, 40), np.uint8)
+    labels = np.zeros((40, 40, 40), np.uint32)
+    k = 1
+    for a in (slice(2, 19), slice(21, 38)):
+        for b in (slice(2, 19), slice(21, 38)):
+            for c in (slice(2, 19), slice(21, 38)):
+                image[a, b, c] = 40 + 20 * k
+                labels[a, b, c] = k
+                k += 1
+    return image, labels
+
+
+# --------------------------------------------------------------------------- movement
+def test_face_max_offsets_hand_made_map() -> None:
+    prob = np.zeros((9, 9, 9), np.float64)  # float64 so that 0.90 equals the threshold exactly
+    prob[6, 5, 2] = 0.95  # +z face (z = 4 + 2): face pos (y 5-1, x 2-1) -> rel (1, -2)
+    prob[3, 1, 7] = 0.92  # on both the -y face (y = 4 - 3) and the +x face (x = 4 + 3): one move
+    prob[2, 4, 4] = 0.90  # -z face centre, exactly at the threshold: kept (>=)
+    prob[4, 4, 1] = 0.85  # -x face, below threshold
+    prob[8, 4, 4] = 0.99  # outside the +/- deltas cuboid: never read
+    got = face_max_offsets(prob, (2, 3, 3), 0.9)
+    assert [off for _, off in got] == [(2, 1, -2), (-1, -3, 3), (-2, 0, 0)]
+    assert [s for s, _ in got] == pytest.approx([0.95, 0.92, 0.90])
+
+
+def test_face_max_offsets_zero_delta_axis_and_bad_deltas() -> None:
+    prob = np.full((5, 5, 5), 0.99, np.float32)
+    offsets = [off for _, off in face_max_offsets(prob, (0, 2, 2), 0.5)]
+    assert all(off[0] == 0 for off in offsets) and len(offsets) > 0
+    with pytest.raises(ValueError, match="do not fit"):
+        face_max_offsets(prob, (3, 1, 1), 0.5)
+
+
+def test_quantize_position_centres_start_in_its_cell() -> None:
+    assert quantize_position((10, 10, 10), (10, 10, 10), (4, 4, 4)) == (0, 0, 0)
+    assert quantize_position((8, 11, 12), (10, 10, 10), (4, 4, 4)) == (0, 0, 1)
+    assert quantize_position((7, 10, 10), (10, 10, 10), (4, 4, 4)) == (-1, 0, 0)
+
+
+@pytest.mark.parametrize(("order", "first"), [("fifo", (10, 10, 14)), ("score", (10, 10, 6))])
+def test_movement_policy_order_and_visited_cells(order: str, first: tuple[int, int, int]) -> None:
+    policy = FaceMaxMovementPolicy((2, 2, 2), 0.9, order=order)
+    policy.reset((10, 10, 10))
+    policy.update(np.zeros((5, 5, 5), np.float32), (10, 10, 10))  # marks cell (0, 0, 0); no moves
+    policy.append(0.91, (10, 10, 9))  # same cell as the start: skipped
+    policy.append(0.5, (10, 10, 14))
+    policy.append(0.95, (10, 10, 6))
+    assert policy.next_position(lambda p: True) == first
+    rejected: list[tuple[int, int, int]] = []
+    assert policy.next_position(lambda p: rejected.append(p) or False) is None
+    assert (10, 10, 9) not in rejected and len(rejected) == 1
+
+
+def test_movement_policy_update_queues_absolute_positions() -> None:
+    policy = FaceMaxMovementPolicy((2, 2, 2), 0.9)
+    policy.reset((20, 20, 20))
+    prob = np.zeros((7, 7, 7), np.float32)
+    prob[3, 3, 5] = 0.97
+    policy.update(prob, (20, 20, 20))
+    assert policy.next_position(lambda p: True) == (20, 20, 22)
+
+
+# --------------------------------------------------------------------------- seeds
+def test_peak_seeds_fall_inside_bright_blobs_deterministically() -> None:
+    shape = (40, 48, 48)
+    image = np.full(shape, 40, np.uint8)
+    zz, yy, xx = np.indices(shape)
+    centres = [(12, 14, 14), (26, 34, 14), (20, 24, 34)]
+    blobs = []
+    for c in centres:
+        blob = (zz - c[0]) ** 2 + (yy - c[1]) ** 2 + (xx - c[2]) ** 2 <= 7**2
+        image[blob] = 200
+        blobs.append(blob)
+    seeds = peak_seeds(image)
+    assert seeds.dtype == np.int64 and seeds.shape[1] == 3
+    np.testing.assert_array_equal(seeds, peak_seeds(image))  # same result on a second call
+    assert [tuple(s) for s in seeds] == sorted(tuple(s) for s in seeds)
+    for c, blob in zip(centres, blobs, strict=True):
+        inside = [s for s in seeds if blob[tuple(s)]]
+        assert inside, f"no seed in the blob at {c}"
+        assert min(np.linalg.norm(np.array(s) - c) for s in inside) <= 2.0
+
+
+def test_grid_seeds_and_margin_filter() -> None:
+    got = grid_seeds((4, 4, 4), step=2, offsets=(0, 1))
+    first_pass = [(z, y, x) for z in (0, 2) for y in (0, 2) for x in (0, 2)]
+    second_pass = [(z, y, x) for z in (1, 3) for y in (1, 3) for x in (1, 3)]
+    assert [tuple(s) for s in got] == first_pass + second_pass
+    kept = within_margin(got, (4, 4, 4), (1, 1, 1))
+    assert [tuple(s) for s in kept] == [(2, 2, 2), (1, 1, 1)]
+    with pytest.raises(ValueError, match="unknown seed policy"):
+        make_seeds("random", np.zeros((4, 4, 4)))
+
+
+# --------------------------------------------------------------------------- canvas
+def test_oracle_segments_separable_cubes_exactly() -> None:
+    image, labels = cubes_volume()
+    cfg = InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=100)
+    seg, canvas = segment_volume(OracleModel(), image, cfg, return_canvas=True)
+    m = evaluate_segmentation(seg, labels)
+    assert m["voi_split"] + m["voi_merge"] < 0.05
+    assert m["adapted_rand_error"] < 0.01
+    assert m["n_segments"] == 8 and m["unsegmented_fraction"] == 0.0
+    assert not np.any(seg[labels == 0])  # membranes stay unsegmented
+    assert len(canvas.origins) == 8 and all(o["size"] == 17**3 for o in canvas.origins.values())
+
+
+def test_seeds_in_segmented_voxels_are_skipped() -> None:
+    image, _ = cubes_volume()
+    canvas = Canvas(OracleModel(), image, 9, 3, min_segment_size=100)
+    canvas.segment_all([(10, 10, 10), (12, 12, 12), (10, 10, 29)])
+    assert sorted(canvas.origins) == [1, 2]
+    assert canvas.origins[1]["seed"] == (10, 10, 10) and canvas.origins[2]["seed"] == (10, 10, 29)
+
+
+def test_overlap_keeps_earlier_object_and_is_recorded() -> None:
+    image = np.zeros((30, 30, 30), np.uint8)
+    canvas = Canvas(BallModel(4.0), image, 11, 5, min_segment_size=10)
+    canvas.segment_all([(15, 15, 12), (15, 15, 18)])  # balls of radius 4, centres 6 apart
+    zz, yy, xx = np.indices(image.shape)
+    ball1 = (zz - 15) ** 2 + (yy - 15) ** 2 + (xx - 12) ** 2 <= 16
+    ball2 = (zz - 15) ** 2 + (yy - 15) ** 2 + (xx - 18) ** 2 <= 16
+    seg = canvas.labels()
+    np.testing.assert_array_equal(seg == 1, ball1)
+    np.testing.assert_array_equal(seg == 2, ball2 & ~ball1)
+    assert canvas.overlaps[2] == {1: int((ball1 & ball2).sum())}
+
+
+def test_small_and_weak_objects_are_dropped() -> None:
+    image = np.zeros((20, 20, 20), np.uint8)
+    small = Canvas(BallModel(1.0), image, 7, 2, min_segment_size=10)  # a 7-voxel ball
+    small.segment_all([(10, 10, 10)])
+    assert small.origins == {} and small.segmentation[10, 10, 10] == -1
+    assert small.counters["failed_too_small"] == 1 and small.labels().max() == 0
+    weak = Canvas(ConstantModel(-8.0), image, 7, 2, min_segment_size=1)
+    weak.segment_all([(10, 10, 10), (2, 10, 10)])  # the second is too close to the border: skipped
+    assert weak.counters == {"ffn_calls": 1, "failed_weak_seed": 1, "skip_invalid_pos": 1}
+
+
+def test_canvas_rejects_bad_geometry_and_bad_model_output() -> None:
+    image = np.zeros((20, 20, 20), np.uint8)
+    with pytest.raises(ConfigError, match="deltas"):
+        Canvas(ConstantModel(0.0), image, 7, 4)
+    with pytest.raises(ConfigError, match="odd"):
+        Canvas(ConstantModel(0.0), image, 8, 2)
+    canvas = Canvas(ConstantModel(8.0, shrink=True), image, 7, 2)
+    with pytest.raises(RuntimeFailure, match="returned shape"):
+        canvas.segment_all([(10, 10, 10)])
+
+
+def test_config_from_mapping_lists_valid_keys() -> None:
+    cfg = InferenceConfig.from_mapping({"fov": 9, "deltas": [2, 3, 3]})
+    assert cfg.fov == (9, 9, 9) and cfg.deltas == (2, 3, 3)
+    with pytest.raises(ConfigError, match="valid keys: fov"):
+        InferenceConfig.from_mapping({"move_treshold": 0.8})
+
+
+def test_segmentation_helpers() -> None:
+    seg = np.array([0, 5, 5, 9, 7, 7, 7], np.int64)
+    clear_dust(seg, 2)
+    np.testing.assert_array_equal(seg, [0, 5, 5, 0, 7, 7, 7])
+    np.testing.assert_array_equal(make_labels_contiguous(seg), [0, 1, 1, 0, 2, 2, 2])
+    np.testing.assert_array_equal(make_labels_contiguous(np.array([4, 4, 9])), [1, 1, 2])
+    assert logit(0.5) == 0.0
+
+
+# --------------------------------------------------------------------------- checkpoint + command
+def _save_checkpoint(path, model: nn.Module, model_args: dict) -> None:
+    torch.save({"model": model.state_dict(), "model_args": model_args}, path)
+
+
+def test_run_segment_with_convstack_checkpoint(tmp_path) -> None:
+    from hpctrain.ffn.model import ConvStack3D
+    from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
+
+    torch.manual_seed(0)
+    model_args = {"depth": 2, "features": 4, "fov": [9, 9, 9], "deltas": [3, 3, 3]}
+    model = ConvStack3D(depth=2, features=4, fov=(9, 9, 9))
+    ckpt = tmp_path / "ckpt.pt"
+    _save_checkpoint(ckpt, model, model_args)
+    image, _ = make_synthetic_volume((20, 24, 24), seed=1)
+    write_hdf5(tmp_path / "vol.h5", image, np.zeros_like(image, np.uint32))
+
+    cfg = {"min_segment_size": 5, "seed_policy": "grid", "seed_args": {"step": 6, "offsets": [4]}}
+    summary = run_segment(ckpt, f"{tmp_path / 'vol.h5'}:image", tmp_path / "out" / "seg.h5:seg", config=cfg)
+    with h5py.File(tmp_path / "out" / "seg.h5", "r") as f:
+        written = f["seg"][...]
+        assert f["seg"].attrs["checkpoint"] == str(ckpt)
+        assert '"fov": [9, 9, 9]' in f["seg"].attrs["config"]
+    assert written.shape == image.shape and written.dtype == np.uint32
+    assert summary["objects"] == int(written.max()) and summary["ffn_calls"] > 0
+
+    # Same numbers as running the canvas directly with the same weights and settings.
+    loaded, args, _ = load_model(ckpt)
+    direct = segment_volume(loaded, image, InferenceConfig.from_mapping({**cfg, "fov": 9, "deltas": 3}))
+    np.testing.assert_array_equal(written, direct)
+    assert args["deltas"] == [3, 3, 3]
+
+
+def test_zero_weight_convstack_passes_the_seed_through(tmp_path) -> None:
+    from hpctrain.ffn.model import ConvStack3D
+
+    model = ConvStack3D(depth=1, features=2, fov=(7, 7, 7))
+    for p in model.parameters():
+        nn.init.zeros_(p)
+    image = np.random.default_rng(0).integers(0, 255, (16, 16, 16), dtype=np.uint8)
+    canvas = Canvas(model, image, 7, 2, min_segment_size=1)
+    canvas.segment_all([(8, 8, 8)])
+    # output = seed logits: only the seed voxel is above the segment threshold; no move passes 0.9.
+    assert canvas.counters["ffn_calls"] == 1
+    assert canvas.labels().sum() == 1 and canvas.labels()[8, 8, 8] == 1
+
+
+def test_load_model_errors_name_the_fix(tmp_path) -> None:
+    with pytest.raises(CheckpointError, match="does not exist"):
+        load_model(tmp_path / "missing.pt")
+    bad = tmp_path / "bad.pt"
+    torch.save({"state": {}}, bad)
+    with pytest.raises(CheckpointError, match="'model_args'"):
+        load_model(bad)
+
+
+def test_write_segmentation_hdf5_round_trip(tmp_path) -> None:
+    seg = np.arange(24, dtype=np.uint32).reshape(2, 3, 4)
+    out = write_segmentation_hdf5(tmp_path / "s.h5", seg, {"n": 3, "cfg": {"a": [1, "x"]}, "fov": [9, 9, 9]})
+    with h5py.File(out, "r") as f:
+        np.testing.assert_array_equal(f["segmentation"][...], seg)
+        assert f["segmentation"].attrs["n"] == 3
+        assert f["segmentation"].attrs["cfg"] == '{"a": [1, "x"]}'
+        assert list(f["segmentation"].attrs["fov"]) == [9, 9, 9]
+    assert [p.name for p in tmp_path.iterdir()] == ["s.h5"]  # no temporary left behind
