@@ -1,0 +1,448 @@
+"""FFN training examples with FOV movement, the loss, gradient clipping and per-step metrics.
+
+Mirrors google/ffn ``train.py`` (``define_data_input``, ``fixed_offsets``, ``max_pred_offsets``,
+``get_example``, ``get_batch``), ``ffn/training/mask.py``, ``inputs.soften_labels``, ``augmentation``
+and ``ffn/training/model.py`` (loss, ``max_gradient_entry_mag``). The data-parallel loop is not here: the
+runtime calls ``forward_backward``, reduces gradients, then ``clip_gradients_`` and ``optimizer.step()``.
+All shapes, offsets and coordinates are (z, y, x).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hpctrain.errors import DataError
+from hpctrain.ffn.examples import shard
+from hpctrain.ffn.movement import face_max_offsets
+
+Zyx = tuple[int, int, int]
+
+
+def logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+# --------------------------------------------------------------------------------------------- mask helpers
+
+
+def make_seed(shape: Sequence[int], pad: float = 0.05, seed: float = 0.95) -> np.ndarray:
+    """Seed canvas in logits: ``logit(seed)`` at ``shape // 2``, ``logit(pad)`` elsewhere (mask.make_seed)."""
+    canvas = np.full(tuple(shape), logit(pad), dtype=np.float32)
+    canvas[tuple(np.array(shape) // 2)] = logit(seed)
+    return canvas
+
+
+def _box(shape: Sequence[int], offset: Sequence[int], crop_shape: Sequence[int]) -> tuple[slice, ...]:
+    start = np.array(shape) // 2 - np.array(crop_shape) // 2 + np.array(offset)
+    end = start + np.array(crop_shape)
+    if np.any(start < 0) or np.any(end > np.array(shape)):
+        raise ValueError(
+            f"crop {tuple(crop_shape)} at offset {tuple(offset)} leaves an array of shape {tuple(shape)}"
+        )
+    return tuple(slice(int(s), int(e)) for s, e in zip(start, end, strict=True))
+
+
+def crop(data: np.ndarray, offset: Sequence[int], crop_shape: Sequence[int]) -> np.ndarray:
+    """View of ``crop_shape`` centred ``offset`` away from ``data``'s centre (mask.crop_and_pad, no pad)."""
+    return data[_box(data.shape, offset, crop_shape)]
+
+
+def update_at(canvas: np.ndarray, offset: Sequence[int], new_value: np.ndarray) -> None:
+    """Paste ``new_value`` centred ``offset`` away from ``canvas``'s centre, in place (mask.update_at)."""
+    canvas[_box(canvas.shape, offset, new_value.shape)] = new_value
+
+
+def soften_labels(mask: np.ndarray, softness: float = 0.05) -> np.ndarray:
+    """Boolean object mask -> float32 ``1 - softness`` / ``softness`` (inputs.soften_labels)."""
+    return np.where(mask, np.float32(1.0 - softness), np.float32(softness)).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------- movement policies
+
+
+def fixed_shifts(deltas: Sequence[int], faces_only: bool = False) -> list[Zyx]:
+    """The fixed policy's FOV shifts: all 26 of ``{-d, 0, +d}³ \\ 0`` as google/ffn ``FFNModel.shifts``
+    (x outermost, as the reference loops), or only the 6 face shifts ``±d`` along one axis."""
+    dz, dy, dx = (int(d) for d in deltas)
+    shifts: list[Zyx] = []
+    for sx in (-dx, 0, dx):
+        for sy in (-dy, 0, dy):
+            for sz in (-dz, 0, dz):
+                if (sz, sy, sx) == (0, 0, 0):
+                    continue
+                if faces_only and sum(v != 0 for v in (sz, sy, sx)) != 1:
+                    continue
+                shifts.append((sz, sy, sx))
+    return shifts
+
+
+def fixed_offsets(canvas: np.ndarray, shifts: Sequence[Zyx], threshold: float = 0.9) -> Iterator[Zyx]:
+    """train.py ``fixed_offsets``: the centre, then each shift whose new centre voxel on ``canvas`` (logits)
+    is ``>= logit(threshold)``. Lazy: each shift is tested when reached, so predictions written into the
+    canvas after the previous yield decide the next move."""
+    centre = np.array(canvas.shape) // 2
+    limit = logit(threshold)
+    for off in [(0, 0, 0), *shifts]:
+        if canvas[tuple(centre + np.array(off))] >= limit:
+            yield tuple(int(v) for v in off)  # type: ignore[misc]
+
+
+def max_pred_offsets(
+    canvas: np.ndarray, fov: Sequence[int], deltas: Sequence[int], threshold: float = 0.9
+) -> Iterator[Zyx]:
+    """train.py ``max_pred_offsets`` (policy 'max_pred_moves', as in inference): breadth-first from the
+    centre over face-maximum moves of the current prediction (``movement.face_max_offsets``, i.e.
+    get_scored_move_offsets), each quantised position visited once, never leaving the loaded training box."""
+    fov_r = np.array(fov) // 2
+    box_r = np.array(canvas.shape) // 2
+    d = np.maximum(np.array(deltas), 1)
+    queue: deque[Zyx] = deque([(0, 0, 0)])
+    done: set[Zyx] = set()
+    while queue:
+        offset = queue.popleft()
+        if np.any(np.abs(np.array(offset)) + fov_r > box_r):
+            continue
+        quantized = tuple(int(v) for v in np.array(offset) // d)
+        if quantized in done:
+            continue
+        done.add(quantized)  # type: ignore[arg-type]
+        yield offset
+        current = crop(canvas, offset, fov)
+        moves = face_max_offsets(current, deltas, logit(threshold))  # sorted, best first
+        queue.extend(tuple(int(r + o) for r, o in zip(rel, offset, strict=True)) for _, rel in moves)  # type: ignore[misc]
+
+
+# ------------------------------------------------------------------------------------- examples and batches
+
+
+def load_example(
+    image: Any,
+    labels: Any,
+    centre: Sequence[int],
+    size: Sequence[int],
+    *,
+    image_mean: float = 128.0,
+    image_stddev: float = 33.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Read the training box of ``size`` around ``centre`` -> (normalised image float32, soft labels).
+
+    As train.py ``define_data_input``: labels become the object at the centre voxel (0.95) vs everything
+    else (0.05); a centre on background (label 0) gives an all-0.05 target. Reads only the box.
+    """
+    centre = np.array(centre, dtype=np.int64)
+    size = np.array(size, dtype=np.int64)
+    start = centre - (size - 1) // 2
+    end = start + size
+    if np.any(start < 0) or np.any(end > np.array(labels.shape)):
+        raise DataError(
+            f"training box of size {tuple(size)} around {tuple(centre)} leaves the volume "
+            f"{tuple(labels.shape)}",
+            hint=f"build coordinates with margin >= {tuple(int(v) for v in size // 2)} (fov // 2 + deltas)",
+        )
+    box = tuple(slice(int(s), int(e)) for s, e in zip(start, end, strict=True))
+    lab = np.asarray(labels[box])
+    centre_label = lab[tuple(size // 2)]
+    mask = (lab > 0) & (lab == centre_label)
+    img = (np.asarray(image[box], dtype=np.float32) - image_mean) / image_stddev
+    return img, soften_labels(mask)
+
+
+def permute_and_reflect(
+    arrays: Sequence[np.ndarray],
+    rng: np.random.Generator,
+    permutable_axes: Sequence[int],
+    reflectable_axes: Sequence[int],
+) -> list[np.ndarray]:
+    """augmentation.PermuteAndReflect: one random permutation of ``permutable_axes`` and a coin-flip
+    reflection of each of ``reflectable_axes``, applied identically to every array."""
+    perm = list(range(3))
+    shuffled = rng.permutation(list(permutable_axes)) if permutable_axes else []
+    for src, dst in zip(permutable_axes, shuffled, strict=True):
+        perm[src] = int(dst)
+    flips = [ax for ax in reflectable_axes if rng.random() < 0.5]
+    out = []
+    for a in arrays:
+        a = np.transpose(a, perm)
+        if flips:
+            a = np.flip(a, axis=flips)
+        out.append(np.ascontiguousarray(a))
+    return out
+
+
+@dataclass
+class FovBatch:
+    """One step's batch: (B, 1, Z, Y, X) tensors, and each element's FOV offset from its example centre."""
+
+    image: torch.Tensor
+    seed: torch.Tensor
+    labels: torch.Tensor
+    offsets: list[Zyx]
+
+    def inputs(self) -> torch.Tensor:
+        """The model input (B, 2, Z, Y, X): image then seed logits."""
+        return torch.cat([self.image, self.seed], dim=1)
+
+
+@dataclass
+class _Slot:
+    coord: Zyx
+    image: np.ndarray
+    labels: np.ndarray
+    canvas: np.ndarray
+    offsets: Iterator[Zyx]
+    offset: Zyx | None = None
+
+
+@dataclass
+class VoxelCounts:
+    tp: int = 0
+    fp: int = 0
+    fn: int = 0
+    tn: int = 0
+    examples: int = 0
+
+    def add(self, other: VoxelCounts) -> None:
+        self.tp, self.fp, self.fn, self.tn = (
+            self.tp + other.tp,
+            self.fp + other.fp,
+            self.fn + other.fn,
+            self.tn + other.tn,
+        )
+        self.examples += other.examples
+
+    def metrics(self) -> dict[str, float]:
+        return _prf(self.tp, self.fp, self.fn)
+
+
+@dataclass
+class StreamConfig:
+    """The training-example options of google/ffn ``train.py`` flags, same defaults (FIB-25 image stats)."""
+
+    fov: Zyx = (33, 33, 33)
+    deltas: Zyx = (8, 8, 8)
+    batch_size: int = 4
+    policy: str = "fixed"  # fixed | max_pred_moves   (--fov_policy)
+    faces_only: bool = False  # fixed policy: 6 face shifts instead of the reference's 26
+    fov_moves: int = 1  # --fov_moves (max_pred_moves only; the fixed policy moves once)
+    threshold: float = 0.9  # --threshold: probability needed at a new FOV centre to move there
+    seed_pad: float = 0.05  # --seed_pad
+    shuffle_moves: bool = True  # --shuffle_moves: shuffle the fixed shifts once, at start
+    image_mean: float = 128.0
+    image_stddev: float = 33.0
+    permutable_axes: tuple[int, ...] = (1, 2)  # --permutable_axes (y, x); add 0 for isotropic voxels
+    reflectable_axes: tuple[int, ...] = (0, 1, 2)  # --reflectable_axes
+    eval_threshold: float = 0.5  # probability threshold of the final-mask metrics
+    seed: int = 0
+
+    def training_size(self) -> Zyx:
+        """Box loaded per example: fov + 2·deltas·moves (train_image_size / train_canvas_size)."""
+        moves = self.fov_moves + 1 if self.policy == "max_pred_moves" else 1
+        return tuple(int(f) + 2 * int(d) * moves for f, d in zip(self.fov, self.deltas, strict=True))  # type: ignore[return-value]
+
+
+class ExampleStream:
+    """Per-FOV training batches with the seed update in between: ``next_batch()`` then ``update(logits)``.
+
+    Mirrors train.py ``get_batch``/``get_example``: ``batch_size`` independent example slots, each loading a
+    training box around its next coordinate, starting from a clean seed canvas, and visiting the FOV offsets
+    its movement policy yields; ``update`` pastes the model's logits back into each slot's canvas at the
+    offset just used, so the policy's next decision and the next seed see them. A slot whose policy is
+    exhausted scores its final canvas against its labels (``counts``) and loads the next coordinate. The
+    stream ends when a slot needs a coordinate and ``coords`` has none left.
+    """
+
+    def __init__(
+        self, image: Any, labels: Any, coords: Iterable[Sequence[int]], config: StreamConfig
+    ) -> None:
+        if config.policy not in ("fixed", "max_pred_moves"):
+            raise ValueError(f"policy must be 'fixed' or 'max_pred_moves', got {config.policy!r}")
+        size = config.training_size()
+        for a, b in (
+            (x, y) for i, x in enumerate(config.permutable_axes) for y in config.permutable_axes[i + 1 :]
+        ):
+            if size[a] != size[b]:
+                raise ValueError(
+                    f"permutable axes {a} and {b} need equal fov and deltas, got training box {size}"
+                )
+        self.image = image
+        self.labels = labels
+        self.config = config
+        self.size = size
+        self._coords = iter(coords)
+        self._rng = np.random.default_rng(config.seed)
+        self._shifts = fixed_shifts(config.deltas, config.faces_only)
+        if config.shuffle_moves:
+            self._shifts = [self._shifts[i] for i in self._rng.permutation(len(self._shifts))]
+        self._slots: list[_Slot | None] = [None] * config.batch_size
+        self.counts = VoxelCounts()
+        self.examples_started = 0
+
+    def _new_slot(self) -> _Slot:
+        try:
+            coord = tuple(int(v) for v in next(self._coords))
+        except StopIteration:
+            raise StopIteration from None
+        cfg = self.config
+        img, lab = load_example(
+            self.image,
+            self.labels,
+            coord,
+            self.size,
+            image_mean=cfg.image_mean,
+            image_stddev=cfg.image_stddev,
+        )
+        img, lab = permute_and_reflect([img, lab], self._rng, cfg.permutable_axes, cfg.reflectable_axes)
+        canvas = make_seed(self.size, pad=cfg.seed_pad)
+        if cfg.policy == "fixed":
+            offsets = fixed_offsets(canvas, self._shifts, cfg.threshold)
+        else:
+            offsets = max_pred_offsets(canvas, cfg.fov, cfg.deltas, cfg.threshold)
+        self.examples_started += 1
+        return _Slot(coord, img, lab, canvas, offsets)  # type: ignore[arg-type]
+
+    def _finish(self, slot: _Slot) -> None:
+        counts = _counts(slot.canvas, slot.labels, self.config.eval_threshold)
+        counts.examples = 1
+        self.counts.add(counts)
+
+    def next_batch(self) -> FovBatch:
+        """The next FOV of every slot; raises StopIteration when the coordinates run out."""
+        fov = self.config.fov
+        for i in range(len(self._slots)):
+            while True:
+                slot = self._slots[i]
+                if slot is None:
+                    slot = self._slots[i] = self._new_slot()
+                offset = next(slot.offsets, None)
+                if offset is not None:
+                    slot.offset = offset
+                    break
+                self._finish(slot)
+                self._slots[i] = None
+        slots = [s for s in self._slots if s is not None]
+
+        def stack(get: Any) -> torch.Tensor:
+            return torch.from_numpy(np.stack([get(s) for s in slots])[:, None].copy())
+
+        return FovBatch(
+            image=stack(lambda s: crop(s.image, s.offset, fov)),
+            seed=stack(lambda s: crop(s.canvas, s.offset, fov)),
+            labels=stack(lambda s: crop(s.labels, s.offset, fov)),
+            offsets=[s.offset for s in slots],  # type: ignore[misc]
+        )
+
+    def update(self, logits: torch.Tensor | np.ndarray) -> None:
+        """Write the model's (B, 1, Z, Y, X) logits back into each slot's canvas at its current offset."""
+        values = logits.detach().cpu().numpy() if isinstance(logits, torch.Tensor) else np.asarray(logits)
+        if values.shape[0] != len(self._slots) or values.shape[2:] != tuple(self.config.fov):
+            raise ValueError(
+                f"logits of shape {values.shape} do not match the last batch ({len(self._slots)}, 1, fov)"
+            )
+        for slot, value in zip(self._slots, values, strict=True):
+            assert slot is not None and slot.offset is not None
+            update_at(slot.canvas, slot.offset, value[0].astype(np.float32))
+
+    def __iter__(self) -> Iterator[FovBatch]:
+        while True:
+            try:
+                yield self.next_batch()
+            except StopIteration:
+                return
+
+    def reset_counts(self) -> VoxelCounts:
+        """Return the final-mask counts since the last reset, and start new ones."""
+        counts, self.counts = self.counts, VoxelCounts()
+        return counts
+
+
+def epoch_coordinates(
+    coords: np.ndarray, rank: int, world_size: int, seed: int = 0, start: int = 0
+) -> Iterator[np.ndarray]:
+    """Endless stream of this rank's coordinates, epoch after epoch (``examples.shard``); ``start`` skips
+    that many already consumed (resume after a checkpoint)."""
+    per_rank = len(coords) // max(world_size, 1)
+    epoch, skip = divmod(start, per_rank) if per_rank else (0, 0)
+    while True:
+        part = shard(coords, rank, world_size, epoch, seed)
+        yield from part[skip:]
+        skip = 0
+        epoch += 1
+
+
+# ------------------------------------------------------------------------------------ loss, step, metrics
+
+
+def fov_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean voxel-wise sigmoid cross-entropy (FFNModel.set_up_sigmoid_pixelwise_loss, unit weights)."""
+    return F.binary_cross_entropy_with_logits(logits, labels)
+
+
+def clip_gradients_(model: torch.nn.Module, value: float = 0.7) -> None:
+    """Clip every gradient entry to [-value, value] in place (FFNModel.set_up_optimizer,
+    ``max_gradient_entry_mag=0.7``: ``tf.clip_by_value`` per element, not a norm). Call after the
+    gradient reduction and before ``optimizer.step()``; ``value <= 0`` disables it, as in the reference."""
+    if value <= 0:
+        return
+    for p in model.parameters():
+        if p.grad is not None:
+            p.grad.clamp_(-value, value)
+
+
+def forward_backward(model: torch.nn.Module, batch: FovBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward, loss and backward (gradients accumulate into ``.grad``). Returns (loss, logits), detached."""
+    logits = model(batch.inputs())
+    loss = fov_loss(logits, batch.labels)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"non-finite FFN loss {loss.item()} (offsets {batch.offsets})")
+    loss.backward()
+    return loss.detach(), logits.detach()
+
+
+def train_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: FovBatch, clip: float = 0.7
+) -> dict[str, Any]:
+    """One single-process step: zero grads, forward_backward, clip, step. The caller feeds ``logits`` back
+    with ``ExampleStream.update``. A data-parallel runtime reduces gradients between backward and clip."""
+    optimizer.zero_grad(set_to_none=True)
+    loss, logits = forward_backward(model, batch)
+    clip_gradients_(model, clip)
+    optimizer.step()
+    return {"loss": float(loss), "logits": logits, **voxel_metrics(logits, batch.labels)}
+
+
+def _counts(
+    logits: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, threshold: float
+) -> VoxelCounts:
+    pred = np.asarray(torch.as_tensor(logits).detach().cpu()) >= logit(threshold)
+    true = np.asarray(torch.as_tensor(labels).detach().cpu()) > 0.5
+    return VoxelCounts(
+        tp=int(np.sum(pred & true)),
+        fp=int(np.sum(pred & ~true)),
+        fn=int(np.sum(~pred & true)),
+        tn=int(np.sum(~pred & ~true)),
+    )
+
+
+def _prf(tp: int, fp: int, fn: int) -> dict[str, float]:
+    # An empty prediction of an empty object is perfect, not undefined.
+    precision = tp / (tp + fp) if tp + fp else 1.0
+    recall = tp / (tp + fn) if tp + fn else 1.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    return {"precision": precision, "recall": recall, "f1": f1}
+
+
+def voxel_metrics(
+    logits: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, threshold: float = 0.5
+) -> dict[str, float]:
+    """Voxel precision, recall and F1 of the mask ``sigmoid(logits) >= threshold`` vs ``labels > 0.5``
+    (train.py ``EvalTracker.add_patch``, whose threshold is 0.9). Empty vs empty counts as 1.0."""
+    c = _counts(logits, labels, threshold)
+    return _prf(c.tp, c.fp, c.fn)

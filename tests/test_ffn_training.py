@@ -1,0 +1,214 @@
+"""FFN training examples: movement policies, seed update, labels, augmentation, loss, clipping, a run."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from hpctrain.errors import DataError
+from hpctrain.ffn.examples import build_coordinates, compute_partitions, lom_radius_for
+from hpctrain.ffn.model import ConvStack3D
+from hpctrain.ffn.synthetic import make_synthetic_volume
+from hpctrain.ffn.training import (
+    ExampleStream,
+    StreamConfig,
+    clip_gradients_,
+    epoch_coordinates,
+    fixed_offsets,
+    fixed_shifts,
+    forward_backward,
+    fov_loss,
+    load_example,
+    logit,
+    make_seed,
+    max_pred_offsets,
+    permute_and_reflect,
+    train_step,
+    voxel_metrics,
+)
+
+torch.set_num_threads(1)
+HIGH, LOW = logit(0.95), logit(0.05)
+
+
+def test_fixed_shifts_match_the_reference_order() -> None:
+    shifts = fixed_shifts((1, 2, 3))
+    assert len(shifts) == 26 and len(set(shifts)) == 26
+    # FFNModel.shifts loops dx, dy, dz (x outermost); ours are (z, y, x).
+    assert shifts[:3] == [(-1, -2, -3), (0, -2, -3), (1, -2, -3)]
+    assert sorted(fixed_shifts((1, 2, 3), faces_only=True)) == sorted(
+        [(-1, 0, 0), (1, 0, 0), (0, -2, 0), (0, 2, 0), (0, 0, -3), (0, 0, 3)]
+    )
+
+
+def test_fixed_offsets_on_a_hand_made_canvas_is_lazy() -> None:
+    canvas = np.full((9, 9, 9), LOW, np.float32)
+    canvas[4, 4, 4] = HIGH
+    canvas[6, 4, 4] = logit(0.91)  # just above the 0.9 move threshold
+    canvas[4, 2, 4] = logit(0.89)  # just below
+    canvas[4, 4, 6] = HIGH
+    shifts = [(2, 0, 0), (0, -2, 0), (0, 0, 2), (-2, 0, 0)]
+    assert list(fixed_offsets(canvas.copy(), shifts)) == [(0, 0, 0), (2, 0, 0), (0, 0, 2)]
+    gen = fixed_offsets(canvas, shifts)
+    assert next(gen) == (0, 0, 0)
+    canvas[2, 4, 4] = HIGH  # a prediction written after the first step opens the -z move
+    canvas[4, 4, 6] = LOW  # and closes the +x one
+    assert list(gen) == [(2, 0, 0), (-2, 0, 0)]
+
+
+def test_max_pred_offsets_follows_the_prediction() -> None:
+    fov, deltas = (5, 5, 5), (2, 2, 2)
+    canvas = make_seed((13, 13, 13))  # fov + 4 * deltas: room for two moves
+    gen = max_pred_offsets(canvas, fov, deltas)
+    assert next(gen) == (0, 0, 0)
+    canvas[6, 6, 8] = HIGH  # +x face of the first FOV
+    assert next(gen) == (0, 0, 2)
+    canvas[6, 6, 6] = HIGH  # moving back would revisit the quantised start: skipped
+    canvas[6, 7, 10] = HIGH  # +x face of the second FOV, one voxel off in y
+    assert next(gen) == (0, 1, 4)
+    assert list(gen) == []  # the next +x move would leave the 13³ box
+
+
+def test_load_example_soft_labels_and_bounds() -> None:
+    labels = np.zeros((11, 11, 11), np.uint32)
+    labels[:, :5] = 3
+    labels[:, 6:] = 4
+    image = np.full((11, 11, 11), 161, np.uint8)
+    img, soft = load_example(image, labels, (5, 3, 5), (5, 5, 5), image_mean=128.0, image_stddev=33.0)
+    assert img.shape == soft.shape == (5, 5, 5) and np.allclose(img, 1.0)
+    assert np.all(soft[:, :4] == np.float32(0.95)) and np.all(soft[:, 4:] == np.float32(0.05))  # rows 1..5
+    _, on_membrane = load_example(image, labels, (5, 5, 5), (5, 5, 5))
+    assert np.all(on_membrane == np.float32(0.05))  # centre on label 0: nothing is the object
+    with pytest.raises(DataError, match="margin >= \\(2, 2, 2\\)"):
+        load_example(image, labels, (1, 5, 5), (5, 5, 5))
+
+
+def test_permute_and_reflect_applies_one_transform_to_all() -> None:
+    rng = np.random.default_rng(0)
+    a = np.arange(3 * 4 * 4, dtype=np.float32).reshape(3, 4, 4)
+    seen = set()
+    for _ in range(30):
+        x, y = permute_and_reflect([a, 2 * a], rng, (1, 2), (0, 1, 2))
+        assert np.array_equal(y, 2 * x) and x.shape == (3, 4, 4)
+        assert sorted(x[0].ravel()) == sorted(a[0].ravel()) or sorted(x[0].ravel()) == sorted(a[2].ravel())
+        seen.add(x.tobytes())
+    assert len(seen) > 8  # permutations and reflections both happen
+
+
+def _stream(batch_size: int = 1, **kw: object) -> ExampleStream:
+    labels = np.ones((20, 20, 20), np.uint32)
+    image = np.full((20, 20, 20), 128, np.uint8)
+    cfg = StreamConfig(fov=(5, 5, 5), deltas=(2, 2, 2), batch_size=batch_size, shuffle_moves=False, **kw)
+    return ExampleStream(image, labels, [(10, 10, 10)] * 3, cfg)
+
+
+def test_seed_update_writes_predictions_where_the_fov_was() -> None:
+    stream = _stream()
+    first = stream.next_batch()
+    assert first.offsets == [(0, 0, 0)]
+    assert torch.equal(first.seed[0, 0], torch.from_numpy(make_seed((5, 5, 5))))
+    assert first.inputs().shape == (1, 2, 5, 5, 5)
+    stream.update(torch.full((1, 1, 5, 5, 5), 5.0))
+    second = stream.next_batch()
+    assert second.offsets == [(-2, -2, -2)]  # first of the reference's shifts; its centre now predicted
+    expected = np.full((5, 5, 5), LOW, np.float32)
+    expected[2:, 2:, 2:] = 5.0  # the overlap with the first FOV (canvas 9³, first FOV at 2..6)
+    assert np.array_equal(second.seed[0, 0].numpy(), expected)
+    stream.update(torch.full((1, 1, 5, 5, 5), -5.0))  # canvas[0:5, 0:5, 0:5] = -5
+    # Next shift (0, -2, -2) has its centre (4, 2, 2) at -5 now: skipped. (2, -2, -2): centre (6, 2, 2) = 5.
+    assert stream.next_batch().offsets == [(2, -2, -2)]
+
+
+def test_stream_finishes_examples_and_ends_with_the_coordinates() -> None:
+    stream = _stream(batch_size=2)
+    steps = 0
+    for batch in stream:
+        assert len(batch.offsets) == 2
+        stream.update(torch.full((2, 1, 5, 5, 5), 5.0))  # always "object": every move is valid
+        steps += 1
+    assert steps == 27  # centre + 26 shifts; the third coordinate cannot fill both slots
+    assert stream.counts.examples == 2 and stream.examples_started == 3
+    metrics = stream.counts.metrics()
+    assert metrics["precision"] == 1.0 and metrics["recall"] == 1.0  # whole 9³ canvas predicted, all object
+
+
+def test_epoch_coordinates_resume_where_they_left_off() -> None:
+    coords = np.stack([np.arange(10)] * 3, axis=1)
+    full = list(itertools.islice(epoch_coordinates(coords, 1, 2, seed=3), 12))
+    resumed = list(itertools.islice(epoch_coordinates(coords, 1, 2, seed=3, start=7), 5))
+    assert [c[0] for c in resumed] == [c[0] for c in full[7:12]]
+    first_epoch = {c[0] for c in full[:5]}
+    other_rank = {c[0] for c in itertools.islice(epoch_coordinates(coords, 0, 2, seed=3), 5)}
+    assert first_epoch.isdisjoint(other_rank) and len(first_epoch | other_rank) == 10
+
+
+def test_loss_metrics_and_clipping() -> None:
+    logits = torch.tensor([[2.0, -1.0, 0.5, -3.0]])
+    labels = torch.tensor([[0.95, 0.05, 0.05, 0.95]])
+    p = torch.sigmoid(logits)
+    manual = -(labels * torch.log(p) + (1 - labels) * torch.log(1 - p)).mean()
+    torch.testing.assert_close(fov_loss(logits, labels), manual)
+    # predicted object: voxels 0 and 2; true object: voxels 0 and 3 -> tp 1, fp 1, fn 1
+    assert voxel_metrics(logits, labels) == {"precision": 0.5, "recall": 0.5, "f1": 0.5}
+    # at 0.9 (logit 2.197) nothing is predicted: no false positive, nothing found
+    assert voxel_metrics(logits, labels, threshold=0.9) == {"precision": 1.0, "recall": 0.0, "f1": 0.0}
+    assert voxel_metrics(torch.full((3,), -4.0), torch.full((3,), 0.05))["f1"] == 1.0
+
+    model = torch.nn.Linear(3, 2)
+    model.weight.grad = torch.tensor([[5.0, -0.2, -9.0], [0.7, -0.71, 0.0]])
+    model.bias.grad = None
+    clip_gradients_(model, 0.7)
+    assert torch.equal(model.weight.grad, torch.tensor([[0.7, -0.2, -0.7], [0.7, -0.7, 0.0]]))
+
+
+def test_forward_backward_leaves_the_step_to_the_caller() -> None:
+    torch.manual_seed(0)
+    model = ConvStack3D(depth=1, features=4, fov=(5, 5, 5))
+    stream = _stream()
+    batch = stream.next_batch()
+    before = [p.detach().clone() for p in model.parameters()]
+    loss, logits = forward_backward(model, batch)
+    assert logits.shape == (1, 1, 5, 5, 5) and not logits.requires_grad and loss.ndim == 0
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.timeout(120)
+def test_short_training_lowers_the_loss() -> None:
+    torch.manual_seed(0)
+    image, labels = make_synthetic_volume((40, 56, 56), seed=1)
+    fov, deltas = (17, 17, 17), (4, 4, 4)
+    radius = lom_radius_for(fov, deltas)
+    coords = build_coordinates(compute_partitions(labels, lom_radius=radius, min_size=300), radius, seed=0)
+    cfg = StreamConfig(
+        fov=fov, deltas=deltas, batch_size=2, image_mean=float(image.mean()), image_stddev=float(image.std())
+    )
+    stream = ExampleStream(image, labels, epoch_coordinates(coords, 0, 1, seed=0), cfg)
+    model = ConvStack3D(depth=2, features=16, fov=fov)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(60):
+        batch = stream.next_batch()
+        out = train_step(model, optimizer, batch)
+        stream.update(out["logits"])
+        losses.append(out["loss"])
+        assert set(out) >= {"loss", "logits", "precision", "recall", "f1"}
+    assert np.mean(losses[-15:]) < 0.7 * np.mean(losses[:15])
+    assert stream.counts.examples > 5
+
+
+def test_max_pred_moves_stream_uses_the_larger_box() -> None:
+    labels = np.ones((30, 30, 30), np.uint32)
+    image = np.full((30, 30, 30), 128, np.uint8)
+    cfg = StreamConfig(fov=(5, 5, 5), deltas=(2, 2, 2), batch_size=1, policy="max_pred_moves")
+    assert cfg.training_size() == (13, 13, 13)
+    stream = ExampleStream(image, labels, [(15, 15, 15)], cfg)
+    offsets = []
+    for batch in stream:
+        offsets.append(batch.offsets[0])
+        stream.update(torch.full((1, 1, 5, 5, 5), 5.0))
+    assert offsets[0] == (0, 0, 0) and len(offsets) == len(set(offsets)) > 6
+    assert all(max(abs(v) for v in off) <= 4 for off in offsets)  # FOV stays inside the 13³ box
