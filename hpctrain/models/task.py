@@ -8,7 +8,8 @@ step; it never needs to know which model it trains.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ class TaskContext:
     world_size: int
     run_dir: Path
     device: torch.device
+    barrier: Callable[[], None] = field(default=lambda: None)
 
 
 class TrainingTask(ABC):
@@ -50,6 +52,10 @@ class TrainingTask(ABC):
 
     def observe(self, batch: Any, aux: Any) -> dict[str, float]:
         """Called after the optimizer step with the forward's output; returns metrics to log."""
+        return {}
+
+    def interval_metrics(self) -> dict[str, float]:
+        """Metrics accumulated since the last logging interval (called at each log step, then reset)."""
         return {}
 
     def evaluate(self) -> dict[str, float]:

@@ -1,0 +1,182 @@
+"""The FFN as a training task of the runtime: data preparation once, sharded FOV-movement examples.
+
+Rank 0 prepares the training data into ``RUN_DIR/data/`` (a synthetic volume when the spec asks for one,
+partitions, balanced coordinates) exactly once; every rank then streams its own shard of the coordinates.
+``data`` keys: ``train`` ({synthetic: {shape, seed}} or {image: SPEC, labels: SPEC}), optional
+``coordinates`` (a prepared .npz), ``partitions`` ({thresholds, min_size}), ``margin``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hpctrain.errors import ConfigError, DataError
+from hpctrain.ffn.examples import (
+    DEFAULT_THRESHOLDS,
+    build_coordinates,
+    compute_partitions,
+    lom_radius_for,
+    read_coordinates,
+    write_coordinates,
+)
+from hpctrain.ffn.model import ConvStack3D
+from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
+from hpctrain.ffn.training import (
+    ExampleStream,
+    StreamConfig,
+    clip_gradients_,
+    epoch_coordinates,
+    fov_loss,
+)
+from hpctrain.ffn.volume import load_image_and_labels
+from hpctrain.models.task import TaskContext, TrainingTask
+
+MODEL_KEYS = ("depth", "features", "fov", "deltas")
+GRADIENT_CLIP = 0.7  # google/ffn max_gradient_entry_mag
+
+
+def _triple(value: Any, key: str) -> tuple[int, int, int]:
+    if isinstance(value, int):
+        return (value, value, value)
+    if isinstance(value, (list, tuple)) and len(value) == 3 and all(isinstance(v, int) for v in value):
+        return (int(value[0]), int(value[1]), int(value[2]))
+    raise ConfigError(f"{value!r} is not a size; give one integer or [z, y, x]", key=f"model_args.{key}")
+
+
+def model_config(model_args: dict[str, Any]) -> dict[str, Any]:
+    """ConvStack3D arguments from the spec's model_args (unknown keys are errors)."""
+    unknown = set(model_args) - set(MODEL_KEYS) - {"image_mean", "image_stddev", "clip"}
+    if unknown:
+        raise ConfigError(f"unknown FFN model_args {sorted(unknown)}", key="model_args",
+                          hint="valid: " + ", ".join(MODEL_KEYS))
+    return {"depth": int(model_args.get("depth", 9)), "features": int(model_args.get("features", 32)),
+            "fov": _triple(model_args.get("fov", 33), "fov"), "deltas": _triple(model_args.get("deltas", 8), "deltas")}
+
+
+def prepare_training_data(data: dict[str, Any], fov: tuple[int, int, int], deltas: tuple[int, int, int],
+                          out_dir: Path) -> dict[str, Any]:
+    """Materialise the training volume (if synthetic), partitions and coordinates into ``out_dir`` once.
+
+    Returns the prepared description (volume specs, coordinate file, image statistics), also written to
+    ``out_dir/prepared.json``; a second call reuses it.
+    """
+    manifest = out_dir / "prepared.json"
+    if manifest.exists():
+        return json.loads(manifest.read_text())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    train = data.get("train")
+    if not isinstance(train, dict):
+        raise ConfigError("the FFN needs data.train: {synthetic: {...}} or {image: FILE:DATASET, labels: ...}",
+                          key="data.train")
+    if "synthetic" in train:
+        synth = dict(train["synthetic"])
+        shape = tuple(int(v) for v in synth.pop("shape", (48, 96, 96)))
+        image, labels = make_synthetic_volume(shape, int(synth.pop("seed", 0)), **synth)  # type: ignore[arg-type]
+        path = write_hdf5(out_dir / "train.h5", image, labels)
+        image_spec, labels_spec = f"{path}:image", f"{path}:labels"
+    elif "image" in train and "labels" in train:
+        image_spec, labels_spec = str(train["image"]), str(train["labels"])
+    else:
+        raise ConfigError("data.train needs 'synthetic' or both 'image' and 'labels'", key="data.train")
+    image_vol, labels_vol = load_image_and_labels(image_spec, labels_spec)
+    try:
+        if data.get("coordinates"):
+            coords_path = Path(str(data["coordinates"]))
+            if not coords_path.exists():
+                raise DataError(f"coordinates file {coords_path} does not exist",
+                                hint="remove data.coordinates to have them prepared from the labels")
+        else:
+            options = dict(data.get("partitions", {}))
+            labels_array = labels_vol.read()
+            partitions = compute_partitions(
+                labels_array, thresholds=options.get("thresholds", DEFAULT_THRESHOLDS),
+                lom_radius=lom_radius_for(fov, deltas), min_size=int(options.get("min_size", 1000)))
+            margin = _triple(data.get("margin", [f // 2 + d for f, d in zip(fov, deltas, strict=True)]), "margin")
+            coords = build_coordinates(partitions, margin, seed=int(options.get("seed", 0)))
+            if len(coords) == 0:
+                raise DataError("no training coordinates: the volume is smaller than the FOV plus margins",
+                                hint=f"volume {labels_vol.shape}, fov {fov}, deltas {deltas}")
+            coords_path = write_coordinates(out_dir / "coordinates.npz", coords)
+        sample = image_vol.read().astype(np.float64)
+        prepared = {"image": image_spec, "labels": labels_spec, "coordinates": str(coords_path),
+                    "image_mean": float(sample.mean()), "image_stddev": float(sample.std() or 1.0)}
+    finally:
+        image_vol.close()
+        labels_vol.close()
+    tmp = manifest.with_suffix(".tmp")
+    tmp.write_text(json.dumps(prepared, indent=2))
+    os.replace(tmp, manifest)
+    return prepared
+
+
+class FFNTask(TrainingTask):
+    """One rank's FFN: ConvStack3D plus an ExampleStream over this rank's coordinate shard."""
+
+    sample_unit = "FOVs"
+
+    def __init__(self, ctx: TaskContext) -> None:
+        cfg = model_config(ctx.model_args)
+        self.fov, self.deltas = cfg["fov"], cfg["deltas"]
+        data_dir = ctx.run_dir / "data"
+        if ctx.rank == 0:
+            prepare_training_data(ctx.data, self.fov, self.deltas, data_dir)
+        ctx.barrier()
+        prepared = prepare_training_data(ctx.data, self.fov, self.deltas, data_dir)
+        self.image_mean = float(ctx.model_args.get("image_mean", prepared["image_mean"]))
+        self.image_stddev = float(ctx.model_args.get("image_stddev", prepared["image_stddev"]))
+        self.clip = float(ctx.model_args.get("clip", GRADIENT_CLIP))
+        torch.manual_seed(ctx.seed)
+        self.model = ConvStack3D(depth=cfg["depth"], features=cfg["features"], fov=self.fov)
+        self.model_args = {**cfg, "fov": list(self.fov), "deltas": list(self.deltas),
+                           "image_mean": self.image_mean, "image_stddev": self.image_stddev}
+        self.image, self.labels = load_image_and_labels(prepared["image"], prepared["labels"])
+        self.coords = read_coordinates(prepared["coordinates"])
+        if len(self.coords) < ctx.world_size:
+            raise DataError(f"{len(self.coords)} training coordinates cannot be shared by {ctx.world_size} ranks")
+        self.rank, self.world_size, self.seed = ctx.rank, ctx.world_size, ctx.seed
+        self.batch = ctx.batch_per_rank
+        self._stream_config = StreamConfig(fov=self.fov, deltas=self.deltas, batch_size=self.batch,
+                                           image_mean=self.image_mean, image_stddev=self.image_stddev,
+                                           seed=ctx.seed + ctx.rank)
+        self._open_stream(0)
+
+    def _open_stream(self, consumed: int) -> None:
+        self._consumed_at_open = consumed
+        coords = epoch_coordinates(self.coords, self.rank, self.world_size, self.seed, start=consumed)
+        self.stream = ExampleStream(self.image, self.labels, coords, self._stream_config)
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.batch
+
+    def next_batch(self) -> Any:
+        return self.stream.next_batch()
+
+    def forward_loss(self, batch: Any) -> tuple[torch.Tensor, Any]:
+        logits = self.model(batch.inputs())
+        return fov_loss(logits, batch.labels), logits.detach()
+
+    def clip_gradients(self) -> None:
+        """Per-element clipping as in google/ffn, applied by the runtime after the reduction."""
+        clip_gradients_(self.model, self.clip)
+
+    def observe(self, batch: Any, aux: Any) -> dict[str, float]:
+        self.stream.update(aux)
+        return {}
+
+    def interval_metrics(self) -> dict[str, float]:
+        counts = self.stream.reset_counts()
+        return {**counts.metrics(), "examples": float(counts.examples)}
+
+    def state_dict(self) -> dict[str, Any]:
+        # Examples in flight are not saved: a resumed run restarts at the next unstarted coordinate.
+        return {"coordinates_consumed": self._consumed_at_open + self.stream.examples_started}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._open_stream(int(state["coordinates_consumed"]))
