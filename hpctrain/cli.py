@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "jobs",
     "render",
     "schema",
+    "run",
 )
 
 

@@ -40,17 +40,29 @@ class OptimizerConfig(Strict):
 
 class WarmupConfig(Strict):
     kind: Literal["none", "linear", "legw"] = "none"
-    steps: int | None = Field(None, ge=0, description="Warm-up length in steps at the base batch")
-    epochs: float | None = Field(None, ge=0, description="Warm-up length in epochs at the base batch")
-    start_factor: float = Field(0.0, ge=0, le=1, description="LR at step 0 as a fraction of the peak")
+    steps: int | None = Field(None, ge=0, description="Warm-up length in steps")
+    epochs: float | None = Field(None, ge=0, description="Warm-up length in epochs at the base batch (legw)")
+    start: Literal["zero", "base"] = Field("zero", description="LR at step 0: zero, or the one-rank LR")
 
 
 class DecayConfig(Strict):
     kind: Literal["none", "cosine", "step", "exponential", "polynomial"] = "none"
-    gamma: float = Field(0.1, gt=0)
-    every_steps: int | None = Field(None, ge=1)
-    power: float = Field(1.0, gt=0)
-    final_lr_factor: float = Field(0.0, ge=0, le=1)
+    steps: int | None = Field(None, ge=1, description="cosine/polynomial: decay length (default: to the end)")
+    gamma: float | None = Field(None, gt=0, description="step/exponential: factor per period or per step")
+    every: int | None = Field(None, ge=1, description="step: steps between decays")
+    every_epochs: float | None = Field(None, gt=0, description="step: epochs between decays")
+    power: float | None = Field(None, gt=0, description="polynomial: exponent")
+    min_lr: float | None = Field(None, ge=0, description="cosine/polynomial: final LR")
+
+    @model_validator(mode="after")
+    def _keys_fit_kind(self) -> DecayConfig:
+        allowed = {"none": set(), "cosine": {"steps", "min_lr"}, "step": {"gamma", "every", "every_epochs"},
+                   "exponential": {"gamma"}, "polynomial": {"steps", "min_lr", "power"}}[self.kind]
+        given = {k for k in ("steps", "gamma", "every", "every_epochs", "power", "min_lr") if getattr(self, k) is not None}
+        if given - allowed:
+            raise ValueError(f"decay kind {self.kind!r} takes {sorted(allowed) or 'no other keys'}, "
+                             f"not {sorted(given - allowed)}")
+        return self
 
 
 class CombinerConfig(Strict):
@@ -121,9 +133,18 @@ class JobSpec(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
-        if self.train.warmup.kind != "none" and self.train.warmup.steps is None and self.train.warmup.epochs is None:
-            raise ValueError("train.warmup needs steps or epochs")
+        warm = self.train.warmup
+        if warm.kind != "none" and (warm.steps is None) == (warm.epochs is None):
+            raise ValueError("train.warmup needs exactly one of steps or epochs")
+        if warm.kind == "legw" and self.train.lr_scaling != "sqrt":
+            raise ValueError("LEGW warm-up pairs with lr_scaling: sqrt (You et al.: peak LR grows with sqrt(k))")
         return self
+
+    def schedule_config(self) -> dict[str, Any]:
+        """The ``train`` keys that runtime.schedule.LRSchedule.from_spec reads (only keys the user set)."""
+        return {"lr": self.train.lr, "lr_scaling": self.train.lr_scaling, "steps": self.train.steps,
+                "warmup": self.train.warmup.model_dump(exclude_none=True),
+                "decay": self.train.decay.model_dump(exclude_none=True)}
 
     def spec_hash(self) -> str:
         """Stable short hash of the validated spec (for the run registry)."""

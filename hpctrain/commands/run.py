@@ -1,0 +1,68 @@
+"""``hpctrain run SPEC``: the runtime entry started on every rank by the launcher inside an allocation."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("run", help="train a job spec on the ranks the launcher started")
+    parser.add_argument("spec", help="job spec (the resolved job.yaml of a run directory, or any spec)")
+    parser.add_argument("--run-dir", default=None, help="where metrics and checkpoints go (default: ./runs/NAME)")
+    parser.add_argument("--backend", default="auto", choices=["auto", "mpi", "gloo", "nccl", "none"])
+    parser.add_argument("--check-sync", type=int, default=0, metavar="N",
+                        help="every N steps check that all ranks hold identical parameters")
+    parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")
+    parser.set_defaults(handler=cmd_run)
+
+
+def _rank() -> str:
+    for name in ("RANK", "PMI_RANK", "SLURM_PROCID", "PALS_RANKID", "ALPS_APP_PE", "OMPI_COMM_WORLD_RANK"):
+        if name in os.environ:
+            return os.environ[name]
+    return "0"
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    from hpctrain.config.job import load_job
+    from hpctrain.errors import HpctrainError
+
+    logging.basicConfig(level=logging.INFO, format=f"[rank {_rank()}] %(levelname)s %(name)s: %(message)s")
+    job = load_job(args.spec, sets=args.sets)
+    run_dir = Path(args.run_dir or Path("runs") / job.name)
+    try:
+        from hpctrain.runtime.trainer import EXIT_REQUEUE, train
+
+        outcome = train(job, run_dir, backend=args.backend, check_sync_every=args.check_sync)
+    except HpctrainError as exc:
+        print(f"hpctrain: error: rank {_rank()}: {exc}", file=sys.stderr, flush=True)
+        _abort_others(exc.exit_code)
+        return exc.exit_code
+    except Exception as exc:  # a bug or a library failure on one rank must not leave the others waiting
+        import traceback
+
+        traceback.print_exc()
+        print(f"hpctrain: error: rank {_rank()} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        _abort_others(1)
+        return 1
+    if outcome.stopped_by_signal:
+        print(f"hpctrain: rank {_rank()}: stopped at step {outcome.end_step} after a checkpoint "
+              f"(walltime/preemption signal); exit {EXIT_REQUEUE} asks for a requeue", file=sys.stderr)
+        return EXIT_REQUEUE
+    if _rank() == "0":
+        print(f"hpctrain: training finished at step {outcome.end_step}; parameter checksum "
+              f"{outcome.parameters_checksum:.10e}", file=sys.stderr)
+    return 0
+
+
+def _abort_others(code: int) -> None:
+    """Under MPI, take the whole job down now rather than leave peers blocked in a collective."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized() and mpi.COMM_WORLD.Get_size() > 1:
+        sys.stderr.flush()
+        mpi.COMM_WORLD.Abort(code)

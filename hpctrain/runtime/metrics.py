@@ -1,0 +1,62 @@
+"""Training metrics: a JSONL file per run (rank 0) and a live progress line on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+
+class MetricsLog:
+    """Appends one JSON object per logging interval to ``metrics.jsonl`` and prints a progress line."""
+
+    def __init__(self, path: Path | None, total_steps: int, unit: str, stream: TextIO = sys.stderr) -> None:
+        self.path, self.total, self.unit, self.stream = path, total_steps, unit, stream
+        self._file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - closed in close()
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = {"time": round(time.time(), 3), **record}
+        if self._file:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
+        self.stream.write(progress_line(record, self.total, self.unit) + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = None
+
+
+def progress_line(record: dict[str, Any], total: int, unit: str) -> str:
+    parts = [f"step {record.get('step', '?')}/{total}"]
+    if "loss" in record:
+        parts.append(f"loss {record['loss']:.4f}")
+    if "lr" in record:
+        parts.append(f"lr {record['lr']:.3g}")
+    if "per_rank_rate" in record:
+        parts.append(f"{record['per_rank_rate']:.2f} {unit}/s/rank")
+    for key in ("precision", "recall", "f1", "accuracy"):
+        if key in record:
+            parts.append(f"{key} {record[key]:.3f}")
+    return "  ".join(parts)
+
+
+def read_last_record(path: Path) -> dict[str, Any] | None:
+    """The newest complete record of a metrics file (None when there is none yet)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 65536))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            return json.loads(line)
+        except ValueError:
+            continue
+    return None
