@@ -58,7 +58,8 @@ class DecayConfig(Strict):
     def _keys_fit_kind(self) -> DecayConfig:
         allowed = {"none": set(), "cosine": {"steps", "min_lr"}, "step": {"gamma", "every", "every_epochs"},
                    "exponential": {"gamma"}, "polynomial": {"steps", "min_lr", "power"}}[self.kind]
-        given = {k for k in ("steps", "gamma", "every", "every_epochs", "power", "min_lr") if getattr(self, k) is not None}
+        optional = ("steps", "gamma", "every", "every_epochs", "power", "min_lr")
+        given = {k for k in optional if getattr(self, k) is not None}
         if given - allowed:
             raise ValueError(f"decay kind {self.kind!r} takes {sorted(allowed) or 'no other keys'}, "
                              f"not {sorted(given - allowed)}")

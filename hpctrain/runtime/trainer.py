@@ -213,15 +213,16 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
             step += 1
             loss_sum, loss_count, interval_steps = loss_sum + float(loss.detach()), loss_count + 1, interval_steps + 1
             if step % job.train.log_every == 0 or step == job.train.steps:
-                record = _interval_record(comm, task, step, lr, loss_sum, loss_count,
-                                          interval_steps * task.samples_per_step / (time.perf_counter() - interval_start))
+                rate = interval_steps * task.samples_per_step / (time.perf_counter() - interval_start)
+                record = _interval_record(comm, task, step, lr, loss_sum, loss_count, rate)
                 if rank == 0:
                     metrics.write(record)
                 loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
             if check_sync_every and step % check_sync_every == 0 and exchange.ranks_in_sync:
                 differing = check_sync(model, comm)
                 if differing:
-                    raise RuntimeFailure(f"parameters differ across ranks after step {step}: {', '.join(differing[:5])}")
+                    names = ", ".join(differing[:5])
+                    raise RuntimeFailure(f"parameters differ across ranks after step {step}: {names}")
             if session.due(step) or step == job.train.steps:
                 session.save(step)
             if session.stop_requested():
