@@ -65,7 +65,7 @@ class NodeShape(Strict):
 
     def resolved(self) -> NodeShape:
         """This shape with 'auto' values read from the machine the code runs on."""
-        cores = os.cpu_count() or 1 if self.cores == "auto" else self.cores
+        cores = (os.cpu_count() or 1) if self.cores == "auto" else self.cores
         memory = _machine_memory_gb() if self.memory_gb == "auto" else self.memory_gb
         gpus = 0 if self.gpus == "auto" else self.gpus
         return self.model_copy(update={"cores": cores, "memory_gb": memory, "gpus": gpus})

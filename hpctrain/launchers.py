@@ -1,0 +1,141 @@
+"""Launchers: small pure functions, registered by name, that wrap a command in the parallel launch argv.
+
+Each is ``(command, plan) -> argv`` (Parsl/ReFrame style) and returns a list, never a shell string;
+``render.py`` quotes the list once when it writes the script.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hpctrain.config.site import NodeShape, SiteProfile
+from hpctrain.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How many ranks go where, with which threads, GPUs and binding.
+
+    ``hyperthreads`` is the number of hardware threads per core the job uses (aprun ``-j``);
+    ``cpus_per_rank`` the hardware threads (scheduler "CPUs") reserved per rank, whole cores.
+    """
+
+    nodes: int
+    ranks_per_node: int
+    threads_per_rank: int = 1
+    gpus_per_rank: int = 0
+    cpu_bind: str | None = None
+    extra_args: tuple[str, ...] = ()
+    hyperthreads: int = 1
+    cpus_per_rank: int | None = None
+    gpu_kind: str = "none"
+    python: str = "python3"
+    env: tuple[tuple[str, str], ...] = field(default=())
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.ranks_per_node
+
+    @property
+    def cpus_per_task(self) -> int:
+        return self.cpus_per_rank if self.cpus_per_rank is not None else self.threads_per_rank
+
+
+Launcher = Callable[[list[str], LaunchPlan], list[str]]
+LAUNCHERS: dict[str, Launcher] = {}
+
+
+def register(name: str) -> Callable[[Launcher], Launcher]:
+    """Decorator: make a launcher available under ``name``."""
+
+    def add(fn: Launcher) -> Launcher:
+        LAUNCHERS[name] = fn
+        return fn
+
+    return add
+
+
+def get_launcher(name: str) -> Launcher:
+    """The launcher registered as ``name``; unknown names are a ConfigError listing the known ones."""
+    try:
+        return LAUNCHERS[name]
+    except KeyError:
+        raise ConfigError(f"no launcher named {name!r}", key="launcher",
+                          hint="known launchers: " + ", ".join(sorted(LAUNCHERS))) from None
+
+
+def gpu_wrapper(command: list[str], plan: LaunchPlan) -> list[str]:
+    """``command`` behind ``python -m hpctrain.gpu_affinity`` when ranks need their own GPUs."""
+    if plan.gpus_per_rank <= 0 or plan.gpu_kind == "none":
+        return list(command)
+    return [plan.python, "-m", "hpctrain.gpu_affinity", "--kind", plan.gpu_kind,
+            "--gpus-per-rank", str(plan.gpus_per_rank), "--", *command]
+
+
+@register("srun")
+def srun(command: list[str], plan: LaunchPlan) -> list[str]:
+    """Slurm's srun; GPUs per rank through ``--gpus-per-task`` and ``--gpu-bind=closest``."""
+    argv = ["srun", f"--nodes={plan.nodes}", f"--ntasks={plan.ranks}",
+            f"--ntasks-per-node={plan.ranks_per_node}", f"--cpus-per-task={plan.cpus_per_task}"]
+    if plan.gpus_per_rank > 0:
+        argv += [f"--gpus-per-task={plan.gpus_per_rank}", "--gpu-bind=closest"]
+    if plan.cpu_bind:
+        argv.append(f"--cpu-bind={plan.cpu_bind}")
+    return [*argv, *plan.extra_args, *command]
+
+
+@register("aprun")
+def aprun(command: list[str], plan: LaunchPlan) -> list[str]:
+    """Cray ALPS aprun (Theta): ``-d`` hardware threads per PE, ``-j`` hardware threads used per core."""
+    argv = ["aprun", "-n", str(plan.ranks), "-N", str(plan.ranks_per_node), "-d", str(plan.threads_per_rank),
+            "-j", str(plan.hyperthreads), "-cc", plan.cpu_bind or "depth",
+            "-e", f"OMP_NUM_THREADS={plan.threads_per_rank}"]
+    return [*argv, *plan.extra_args, *command]
+
+
+@register("mpiexec-pals")
+def mpiexec_pals(command: list[str], plan: LaunchPlan) -> list[str]:
+    """HPE Cray PALS mpiexec under PBS Pro (Polaris, Aurora); GPUs through the gpu_affinity wrapper."""
+    argv = ["mpiexec", "-n", str(plan.ranks), "--ppn", str(plan.ranks_per_node),
+            "--depth", str(plan.threads_per_rank), "--cpu-bind", plan.cpu_bind or "depth",
+            "--env", f"OMP_NUM_THREADS={plan.threads_per_rank}"]
+    return [*argv, *plan.extra_args, *gpu_wrapper(command, plan)]
+
+
+@register("mpiexec-hydra")
+def mpiexec_hydra(command: list[str], plan: LaunchPlan) -> list[str]:
+    """MPICH's hydra mpiexec (also the mpich wheel's): ``-n`` ranks, ``-ppn`` per node."""
+    argv = ["mpiexec", "-n", str(plan.ranks), "-ppn", str(plan.ranks_per_node)]
+    if plan.cpu_bind:
+        argv += ["-bind-to", plan.cpu_bind]
+    return [*argv, *plan.extra_args, *gpu_wrapper(command, plan)]
+
+
+@register("local")
+def local(command: list[str], plan: LaunchPlan) -> list[str]:
+    """hpctrain's own launcher for a machine without scheduler (one node, a process per rank)."""
+    if plan.nodes != 1:
+        raise ConfigError(f"the local launcher runs on one machine, not {plan.nodes} nodes", key="resources.nodes")
+    return [plan.python, "-m", "hpctrain.local_launch", "--nprocs", str(plan.ranks), *plan.extra_args,
+            "--", *command]
+
+
+def launcher_name(site: SiteProfile) -> str:
+    """The registered launcher for a site: ``mpiexec`` is PALS under PBS Pro and hydra elsewhere."""
+    if site.launcher == "mpiexec":
+        return "mpiexec-pals" if site.scheduler == "pbs" else "mpiexec-hydra"
+    return site.launcher
+
+
+def hyperthreads_for(node: NodeShape, ranks_per_node: int, threads_per_rank: int) -> int:
+    """Hardware threads per core the job needs: ranks x threads spread over the node's cores (at least 1)."""
+    assert isinstance(node.cores, int)
+    wanted = ranks_per_node * threads_per_rank
+    return max(1, min(node.threads_per_core, -(-wanted // node.cores)))
+
+
+def cpus_per_rank_for(node: NodeShape, threads_per_rank: int, hyperthreads: int) -> int:
+    """Scheduler CPUs (hardware threads) reserved per rank: whole cores, ``hyperthreads`` threads on each."""
+    cores = -(-threads_per_rank // hyperthreads)
+    return cores * node.threads_per_core

@@ -1,0 +1,175 @@
+"""Site profile + job spec -> batch script text (directives, environment, the launch line).
+
+``render_script`` checks the fit first, so an impossible spec is refused before any text is written.
+Scripts are deterministic (no timestamps): the same inputs always give the same bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from hpctrain.config.common import walltime_seconds
+from hpctrain.config.fit import Placement, check_fit
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import SiteProfile
+from hpctrain.errors import ConfigError
+from hpctrain.launchers import (
+    LaunchPlan,
+    cpus_per_rank_for,
+    get_launcher,
+    hyperthreads_for,
+    launcher_name,
+)
+from hpctrain.schedulers.base import RenderOptions, Scheduler, get_scheduler
+from hpctrain.shell import comment, quote, quote_path
+
+TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class RenderedScript:
+    """The script text and what it was made from (the launch argv is the exact list in its launch line)."""
+
+    text: str
+    scheduler: Scheduler
+    placement: Placement
+    launch_argv: list[str]
+
+
+@cache
+def load_template(name: str) -> string.Template:
+    """A template from ``schedulers/templates/`` (``$$`` is a literal ``$``)."""
+    return string.Template((TEMPLATES / name).read_text(encoding="utf-8"))
+
+
+_EMPTY = "\x00empty\x00"
+
+
+def fill(name: str, **values: object) -> str:
+    """Fill a template; a line holding only an empty piece is dropped. A missing value is a KeyError."""
+    text = load_template(name).substitute({k: (str(v) if str(v) else _EMPTY) for k, v in values.items()})
+    return text.replace(_EMPTY + "\n", "").replace(_EMPTY, "")
+
+
+def python_for(site: SiteProfile, python: str | None) -> str:
+    """The interpreter on the compute nodes: the site's, its venv's, the caller's, else ``python3``."""
+    env = site.environment
+    if env.python:
+        return env.python
+    if env.venv:
+        return env.venv.rstrip("/") + "/bin/python"
+    return python or "python3"
+
+
+def launch_plan(job: JobSpec, site: SiteProfile, placement: Placement, python: str) -> LaunchPlan:
+    """The launcher's view of the job on this site's node."""
+    res, node = job.resources, placement.node
+    ht = hyperthreads_for(node, res.ranks_per_node, res.threads_per_rank)
+    return LaunchPlan(
+        nodes=res.nodes, ranks_per_node=res.ranks_per_node, threads_per_rank=res.threads_per_rank,
+        gpus_per_rank=res.gpus_per_rank, cpu_bind=site.cpu_bind, extra_args=tuple(site.launcher_args),
+        hyperthreads=ht, cpus_per_rank=cpus_per_rank_for(node, res.threads_per_rank, ht),
+        gpu_kind=node.gpu_kind, python=python,
+    )
+
+
+def _export(name: str, value: str) -> str:
+    if not _ENV_NAME.match(name):
+        raise ConfigError(f"{name!r} is not a valid environment variable name", key="env")
+    return f"export {name}={quote(value)}"
+
+
+def environment_lines(job: JobSpec, site: SiteProfile, placement: Placement, plan: LaunchPlan,
+                      python: str) -> list[str]:
+    """Modules, site setup, exports, venv activation and the MPI check, in that order."""
+    env = site.environment
+    lines: list[str] = []
+    modules = list(env.modules) + (list(site.mpi.modules) if placement.backend == "mpi" else [])
+    if modules:
+        lines.append("# modules")
+        lines += [f"module load {quote(m)}" for m in modules]
+    if env.setup:
+        lines.append("# site setup: the site admin's own shell lines, run as written")
+        lines += list(env.setup)
+    exported = {**env.env, **job.env}
+    threads = str(plan.threads_per_rank)
+    defaults = {"OMP_NUM_THREADS": threads}
+    if plan.cpu_bind or site.launcher == "aprun":
+        defaults["OMP_PLACES"] = "threads" if plan.hyperthreads > 1 else "cores"
+        defaults["OMP_PROC_BIND"] = "close"
+    defaults.update({"HPCTRAIN_SITE": site.name, "HPCTRAIN_COMM_BACKEND": placement.backend})
+    lines.append("# environment (site, then job, then hpctrain's defaults where neither set one)")
+    lines += [_export(k, v) for k, v in exported.items()]
+    lines += [_export(k, v) for k, v in defaults.items() if k not in exported]
+    if env.venv:
+        lines.append("# Python environment")
+        lines.append(f"source {quote_path(env.venv.rstrip('/') + '/bin/activate')}")
+    if placement.backend == "mpi":
+        lines += mpi_check_lines(python, site.mpi.expected_library)
+    return lines
+
+
+def mpi_check_lines(python: str, expected: str | None) -> list[str]:
+    """Log which MPI library mpi4py loads (without MPI_Init) and warn when it is not the site's."""
+    code = ("import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
+            "print(MPI.Get_library_version().splitlines()[0].strip())")
+    lines = ["# which MPI library mpi4py uses (MPI is not initialised here)",
+             f"mpi_library=$({quote_path(python)} -c {quote(code)} 2>&1) || mpi_library=\"mpi4py failed: "
+             "${mpi_library}\"",
+             'echo "hpctrain: MPI library: ${mpi_library}"']
+    if expected:
+        lines += [f"case \"${{mpi_library}}\" in *{quote(expected)}*) ;; *)",
+                  f"    echo \"hpctrain: WARNING: expected the site's MPI ({quote(expected)}) but mpi4py uses"
+                  " ${mpi_library}; rebuild mpi4py against it (see docs)\" >&2 ;;",
+                  "esac"]
+    return lines
+
+
+def render_script(
+    job: JobSpec,
+    site: SiteProfile,
+    *,
+    run_dir: str,
+    spec_path: str,
+    python: str | None = None,
+    command: list[str] | None = None,
+) -> RenderedScript:
+    """The batch script of ``job`` on ``site``; a FitError when it cannot fit.
+
+    ``command`` replaces the rank command ``PYTHON -m hpctrain run SPEC --run-dir RUN_DIR`` (tests).
+    """
+    placement = check_fit(job, site)
+    scheduler = get_scheduler(site.scheduler)
+    interpreter = python_for(site, python)
+    plan = launch_plan(job, site, placement, interpreter)
+    rank_command = command if command is not None else [
+        interpreter, "-m", "hpctrain", "run", spec_path, "--run-dir", run_dir]
+    launch_argv = get_launcher(launcher_name(site))(list(rank_command), plan)
+
+    options = RenderOptions(run_dir=run_dir, spec_path=spec_path, plan=plan)
+    directives = scheduler.render_directives(job, site, placement, options)
+    ckpt = job.checkpoint
+    header = [f"# hpctrain job {job.name!s} for site {site.name!s} ({scheduler.name}, launcher "
+              f"{launcher_name(site)}, backend {placement.backend}); written by `hpctrain render`"]
+    if job.description:
+        header.append(f"# {comment(job.description)}")
+    timer, timer_stop = "", ""
+    if scheduler.needs_signal_timer:
+        delay = max(walltime_seconds(job.resources.walltime) - ckpt.signal_lead_s, 1)
+        timer = (f"( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep {delay} & wait $!; "
+                 f"kill -s {ckpt.signal} $$ ) &\ntimer_pid=$!")
+        timer_stop = 'kill "${timer_pid}" 2>/dev/null || true'
+    prologue = fill(
+        "prologue.tmpl", run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable,
+        environment="\n".join(environment_lines(job, site, placement, plan, interpreter)),
+    ).rstrip("\n")
+    launch = fill("launch.tmpl", signal=ckpt.signal, timer=timer, timer_stop=timer_stop,
+                  launch_line=" ".join(quote_path(word) for word in launch_argv)).rstrip("\n")
+    text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header),
+                signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s, prologue=prologue, launch=launch)
+    return RenderedScript(text=text, scheduler=scheduler, placement=placement, launch_argv=launch_argv)

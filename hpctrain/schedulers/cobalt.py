@@ -1,0 +1,91 @@
+"""Cobalt back-end (ALCF Theta, retired): ``#COBALT`` directives, ``qsub`` in script mode, ``qstat -l -f``.
+
+Cobalt takes the walltime in minutes (``-t``), node attributes through ``--attrs a=b:c=d``, and writes
+``PREFIX.output``/``.error``/``.cobaltlog`` for ``-O PREFIX``. It has no job arrays and no warning signal.
+"""
+
+from __future__ import annotations
+
+from hpctrain.config.common import walltime_seconds
+from hpctrain.config.fit import Placement
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import SiteProfile
+from hpctrain.config.walltime import format_minutes
+from hpctrain.errors import SchedulerError
+from hpctrain.schedulers import status_parsers as sp
+from hpctrain.schedulers.base import (
+    RenderOptions,
+    Scheduler,
+    check_dependency,
+    check_directive_lines,
+    check_job_id,
+    directive_value,
+    merged_directives,
+    queue_submit_name,
+)
+from hpctrain.shell import directive_word
+
+
+class Cobalt(Scheduler):
+    name = "cobalt"
+    directive_prefix = "#COBALT"
+    template = "cobalt.tmpl"
+    job_id_variable = "COBALT_JOBID"
+    needs_signal_timer = True
+
+    def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
+                          options: RenderOptions) -> list[str]:
+        res = job.resources
+        opts = [f"-n {res.nodes}", f"-t {format_minutes(walltime_seconds(res.walltime))}"]
+        queue = queue_submit_name(placement)
+        if queue:
+            opts.append(f"-q {directive_word(queue, what='queue')}")
+        if placement.account:
+            opts.append(f"-A {directive_word(placement.account, what='account')}")
+        opts.append(f"-O {options.log_path('cobalt')}")
+        opts.append(f"--jobname {directive_word(job.name, what='job name')}")
+        directives = merged_directives(site, placement)
+        attrs = [directive_value(directives.pop("attrs"), key="attrs")] if directives.get("attrs") else []
+        if site.filesystems:
+            attrs.append("filesystems=" + ",".join(directive_word(f, what="filesystem") for f in site.filesystems))
+        if attrs:
+            opts.append(f"--attrs {':'.join(attrs)}")
+        for key, value in directives.items():
+            if value is None or value is False:
+                continue
+            flag = f"-{key}" if len(key) == 1 else f"--{key}"
+            opts.append(flag if value is True else f"{flag} {directive_value(value, key=key)}")
+        return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
+
+    def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
+                    array: str | None = None, hold: bool = False) -> list[str]:
+        if array:
+            raise SchedulerError("Cobalt has no job arrays", hint="submit one job per task instead")
+        argv = ["qsub"]
+        dep = check_dependency(dependency)
+        if dep:
+            if dep[0] not in ("afterok", "afterany"):
+                raise SchedulerError(f"Cobalt dependencies run after success only, not {dep[0]!r}")
+            argv += ["--dependencies", dep[1]]
+        if hold:
+            argv.append("-h")
+        return [*argv, script_path]
+
+    def parse_job_id(self, stdout: str) -> str:
+        # qsub prints the numeric id on its own line (possibly after warnings).
+        for line in reversed(stdout.strip().splitlines()):
+            if line.strip().isdigit():
+                return line.strip()
+        raise SchedulerError(f"no job id in Cobalt qsub output {stdout.strip()[:200]!r}")
+
+    def status_argv(self, job_ids: list[str]) -> list[list[str]]:
+        return [sp.cobalt_qstat_argv([check_job_id(j) for j in job_ids])]
+
+    def parse_status(self, argv_index: int, stdout: str) -> dict[str, sp.JobStatus]:
+        return sp.parse_cobalt_qstat(stdout)
+
+    def cancel_argv(self, job_id: str) -> list[str]:
+        return ["qdel", check_job_id(job_id)]
+
+
+SCHEDULER = Cobalt()

@@ -1,0 +1,97 @@
+"""PBS Pro back-end (Polaris, Aurora): ``#PBS`` directives with ``-l select=``, ``qsub``, ``qstat -F json``.
+
+PBS sends no warning signal before the walltime, so the script starts its own timer (see the template);
+PBS Pro has no requeue for a running job that hpctrain uses, so ``requeue_argv`` is None.
+"""
+
+from __future__ import annotations
+
+from hpctrain.config.fit import Placement
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import SiteProfile
+from hpctrain.errors import SchedulerError
+from hpctrain.schedulers import status_parsers as sp
+from hpctrain.schedulers.base import (
+    RenderOptions,
+    Scheduler,
+    check_dependency,
+    check_directive_lines,
+    check_job_id,
+    directive_value,
+    merged_directives,
+    queue_submit_name,
+)
+from hpctrain.shell import directive_word
+
+# PBS Pro allows job names up to 236 characters (qsub(1B), -N).
+MAX_NAME = 236
+
+
+class PBSPro(Scheduler):
+    name = "pbs"
+    directive_prefix = "#PBS"
+    template = "pbs.tmpl"
+    job_id_variable = "PBS_JOBID"
+    needs_signal_timer = True
+
+    def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
+                          options: RenderOptions) -> list[str]:
+        res, node = job.resources, placement.node
+        assert isinstance(node.cores, int) and isinstance(node.gpus, int)
+        name = directive_word(job.name, what="job name")[:MAX_NAME]
+        chunk = [str(res.nodes), f"ncpus={node.cores * node.threads_per_core}"]
+        if node.gpus > 0:
+            chunk.append(f"ngpus={node.gpus}")
+        if res.memory_gb is not None:
+            chunk.append(f"mem={int(res.memory_gb)}gb")
+        chunk.append(f"mpiprocs={res.ranks_per_node}")
+        chunk.append(f"ompthreads={res.threads_per_rank}")
+        opts = [f"-N {name}", f"-l select={':'.join(chunk)}", f"-l walltime={res.walltime}", "-l place=scatter"]
+        queue = queue_submit_name(placement)
+        if queue:
+            opts.append(f"-q {directive_word(queue, what='queue')}")
+        if placement.account:
+            opts.append(f"-A {directive_word(placement.account, what='account')}")
+        if site.filesystems:
+            opts.append(f"-l filesystems={':'.join(directive_word(f, what='filesystem') for f in site.filesystems)}")
+        opts += [f"-o {options.log_path('pbs.out')}", "-j oe"]
+        for key, value in merged_directives(site, placement).items():
+            if value is None or value is False:
+                continue
+            if len(key) == 1:
+                opts.append(f"-{key}" if value is True else f"-{key} {directive_value(value, key=key)}")
+            else:
+                opts.append(f"-l {key}={directive_value(value, key=key)}")
+        return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
+
+    def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
+                    array: str | None = None, hold: bool = False) -> list[str]:
+        argv = ["qsub"]
+        dep = check_dependency(dependency)
+        if dep:
+            argv += ["-W", f"depend={dep[0]}:{dep[1]}"]
+        if array:
+            argv += ["-J", directive_word(array, what="array range")]
+        if hold:
+            argv += ["-h"]
+        return [*argv, script_path]
+
+    def parse_job_id(self, stdout: str) -> str:
+        # qsub prints the full id, e.g. "1234567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov".
+        for line in reversed(stdout.strip().splitlines()):
+            word = line.strip()
+            if word and word.split(".")[0].rstrip("[]").isdigit():
+                return check_job_id(word)
+        raise SchedulerError(f"no job id in qsub output {stdout.strip()[:200]!r}")
+
+    def status_argv(self, job_ids: list[str]) -> list[list[str]]:
+        return [sp.pbs_qstat_argv([check_job_id(j) for j in job_ids])]
+
+    def parse_status(self, argv_index: int, stdout: str) -> dict[str, sp.JobStatus]:
+        return sp.parse_pbs_qstat_json(stdout)
+
+    def cancel_argv(self, job_id: str) -> list[str]:
+        return ["qdel", check_job_id(job_id)]
+
+
+SCHEDULER = PBSPro()

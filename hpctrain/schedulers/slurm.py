@@ -1,0 +1,103 @@
+"""Slurm back-end: ``#SBATCH`` directives, ``sbatch --parsable``, status through sacct/squeue/scontrol.
+
+Status polling falls back along sacct (slurmdbd), ``sacct -c`` (job-completion file), ``squeue -t all``
+and ``scontrol show job``: real sites differ in which of these work.
+"""
+
+from __future__ import annotations
+
+from hpctrain.config.fit import Placement
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import SiteProfile
+from hpctrain.errors import SchedulerError
+from hpctrain.schedulers import status_parsers as sp
+from hpctrain.schedulers.base import (
+    RenderOptions,
+    Scheduler,
+    check_dependency,
+    check_directive_lines,
+    check_job_id,
+    directive_value,
+    merged_directives,
+    queue_submit_name,
+)
+from hpctrain.shell import directive_word
+
+
+class Slurm(Scheduler):
+    name = "slurm"
+    directive_prefix = "#SBATCH"
+    template = "slurm.tmpl"
+    job_id_variable = "SLURM_JOB_ID"
+
+    def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
+                          options: RenderOptions) -> list[str]:
+        res, plan = job.resources, options.plan
+        opts = [f"--job-name={directive_word(job.name, what='job name')}",
+                f"--nodes={res.nodes}",
+                f"--ntasks-per-node={res.ranks_per_node}",
+                f"--cpus-per-task={plan.cpus_per_task}"]
+        if res.gpus_per_rank > 0:
+            opts.append(f"--gpus-per-task={res.gpus_per_rank}")
+        if res.memory_gb is not None:
+            opts.append(f"--mem={int(res.memory_gb * 1024)}M")
+        opts.append(f"--time={res.walltime}")
+        queue = queue_submit_name(placement)
+        if queue:
+            opts.append(f"--{site.queue_option}={directive_word(queue, what='queue')}")
+        if placement.account:
+            opts.append(f"--account={directive_word(placement.account, what='account')}")
+        opts += [f"--output={options.log_path('slurm-%j.out')}",
+                 f"--error={options.log_path('slurm-%j.out')}",
+                 f"--signal=B:{job.checkpoint.signal}@{job.checkpoint.signal_lead_s}",
+                 "--requeue",
+                 "--open-mode=append"]
+        for key, value in merged_directives(site, placement).items():
+            if value is None or value is False:
+                continue
+            if len(key) == 1:
+                opts.append(f"-{key}" if value is True else f"-{key} {directive_value(value, key=key)}")
+            else:
+                opts.append(f"--{key}" if value is True else f"--{key}={directive_value(value, key=key)}")
+        return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
+
+    def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
+                    array: str | None = None, hold: bool = False) -> list[str]:
+        argv = ["sbatch", "--parsable"]
+        dep = check_dependency(dependency)
+        if dep:
+            argv.append(f"--dependency={dep[0]}:{dep[1]}")
+        if array:
+            argv.append(f"--array={directive_word(array, what='array range')}")
+        if hold:
+            argv.append("--hold")
+        return [*argv, script_path]
+
+    def parse_job_id(self, stdout: str) -> str:
+        # --parsable prints "ID" or "ID;cluster"; without it "Submitted batch job ID".
+        for line in reversed(stdout.strip().splitlines()):
+            word = line.strip().split(";")[0].split()[-1] if line.strip() else ""
+            if word.isdigit():
+                return word
+        raise SchedulerError(f"no job id in sbatch output {stdout.strip()[:200]!r}")
+
+    def test_only_argv(self, script_path: str) -> list[str] | None:
+        return ["sbatch", "--test-only", script_path]
+
+    def status_argv(self, job_ids: list[str]) -> list[list[str]]:
+        ids = [check_job_id(j) for j in job_ids]
+        scontrol = sp.scontrol_argv(ids[0]) if len(ids) == 1 else ["scontrol", "show", "job", "-o"]
+        return [sp.sacct_argv(ids), sp.sacct_completion_argv(ids), sp.squeue_argv(ids), scontrol]
+
+    def parse_status(self, argv_index: int, stdout: str) -> dict[str, sp.JobStatus]:
+        parsers = (sp.parse_sacct, sp.parse_sacct_completion, sp.parse_squeue, sp.parse_scontrol_job)
+        return parsers[argv_index](stdout)
+
+    def cancel_argv(self, job_id: str) -> list[str]:
+        return ["scancel", check_job_id(job_id)]
+
+    def requeue_argv(self, job_id: str) -> list[str] | None:
+        return ["scontrol", "requeue", check_job_id(job_id)]
+
+
+SCHEDULER = Slurm()

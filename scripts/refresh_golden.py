@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Regenerate tests/golden/<job>__<site>.sh: the rendered script of every shipped job on every shipped site.
+
+A combination the site refuses holds ``REFUSED: <message>``. Run after an intended change to rendering:
+``python scripts/refresh_golden.py``; ``git diff tests/golden`` then shows what changed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from hpctrain.config.job import load_job  # noqa: E402
+from hpctrain.config.site import SiteProfile, load_site_file  # noqa: E402
+from hpctrain.errors import ConfigError  # noqa: E402
+from hpctrain.render import render_script  # noqa: E402
+
+GOLDEN = ROOT / "tests" / "golden"
+RUN_DIR = "/RUN_DIR"
+SPEC_PATH = "/RUN_DIR/job.yaml"
+# 'auto' node figures (the local site) are pinned so the files do not depend on the machine.
+PINNED_AUTO = {"cores": 8, "memory_gb": 16.0}
+
+
+def golden_site(name: str) -> SiteProfile:
+    """A shipped profile, read from site_configs/ (not the user's search path), with 'auto' pinned."""
+    site = load_site_file(ROOT / "site_configs" / f"{name}.yaml")
+    pinned = {k: v for k, v in PINNED_AUTO.items() if getattr(site.node, k) == "auto"}
+    if pinned:
+        site = site.model_copy(update={"node": site.node.model_copy(update=pinned)})
+    return site
+
+
+# Variants of shipped jobs, so every site has at least one rendered script: name -> (job, --set overrides).
+VARIANTS = {"ffn-local.account": ("ffn-local", ("resources.account=demo",))}
+
+
+def cases() -> list[tuple[str, str, Path]]:
+    """(job or variant name, site name, golden file) for every shipped job (and variant) x site."""
+    jobs = sorted(p.stem for p in (ROOT / "jobs").glob("*.yaml")) + sorted(VARIANTS)
+    sites = sorted(p.stem for p in (ROOT / "site_configs").glob("*.yaml"))
+    return [(j, s, GOLDEN / f"{j}__{s}.sh") for j in jobs for s in sites]
+
+
+def render_case(job_name: str, site_name: str) -> str:
+    """The golden text of one case: the script, or the refusal message."""
+    base, sets = VARIANTS.get(job_name, (job_name, ()))
+    job = load_job(ROOT / "jobs" / f"{base}.yaml", sets=list(sets))
+    try:
+        return render_script(job, golden_site(site_name), run_dir=RUN_DIR, spec_path=SPEC_PATH).text
+    except ConfigError as exc:
+        return f"REFUSED: {exc}\n"
+
+
+def main() -> int:
+    GOLDEN.mkdir(parents=True, exist_ok=True)
+    wanted = set()
+    changed = 0
+    for job_name, site_name, path in cases():
+        wanted.add(path)
+        text = render_case(job_name, site_name)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+            changed += 1
+            print(f"updated {path.relative_to(ROOT)}")
+    for stale in sorted(set(GOLDEN.glob("*.sh")) - wanted):
+        stale.unlink()
+        print(f"removed {stale.relative_to(ROOT)}")
+    print(f"{len(wanted)} golden files, {changed} changed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+#!/bin/bash
+#SBATCH --job-name=ffn-local
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=2
+#SBATCH --time=00:30:00
+#SBATCH --partition=batch
+#SBATCH --account=demo
+#SBATCH --output=/RUN_DIR/slurm-%j.out
+#SBATCH --error=/RUN_DIR/slurm-%j.out
+#SBATCH --signal=B:USR2@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH -S 8
+#
+# hpctrain job ffn-local for site frontier (slurm, launcher srun, backend gloo); written by `hpctrain render`
+# Small FFN on synthetic EM, 2 ranks on the local machine (the demo)
+# Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
+# launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
+# modules
+module load PrgEnv-gnu
+module load rocm/6.0.0
+module load craype-accel-amd-gfx90a
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export MIOPEN_USER_DB_PATH=/tmp/miopen-cache
+export NCCL_SOCKET_IFNAME=hsn0
+export OMP_NUM_THREADS=1
+export OMP_PLACES=cores
+export OMP_PROC_BIND=close
+export HPCTRAIN_SITE=frontier
+export HPCTRAIN_COMM_BACKEND=gloo
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=2 --cpu-bind=cores "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+exit "${status}"

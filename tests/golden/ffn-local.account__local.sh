@@ -1,0 +1,31 @@
+#!/bin/bash
+# hpctrain job ffn-local for site local (local, launcher local, backend gloo); written by `hpctrain render`
+# Small FFN on synthetic EM, 2 ranks on the local machine (the demo)
+# No scheduler: run this script with bash on this machine. SIGUSR2 sent to it is forwarded to the
+# ranks so they checkpoint (the local controller sends it before a time limit).
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${HPCTRAIN_LOCAL_JOB_ID:-none} starts on $(hostname) at $(date)"
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export OMP_NUM_THREADS=1
+export HPCTRAIN_SITE=local
+export HPCTRAIN_COMM_BACKEND=gloo
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+python3 -m hpctrain.local_launch --nprocs 2 -- python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+exit "${status}"

@@ -1,0 +1,56 @@
+#!/bin/bash
+#PBS -N ffn-local
+#PBS -l select=1:ncpus=64:ngpus=4:mpiprocs=2:ompthreads=1
+#PBS -l walltime=00:30:00
+#PBS -l place=scatter
+#PBS -q debug
+#PBS -A demo
+#PBS -l filesystems=home:eagle
+#PBS -o /RUN_DIR/pbs.out
+#PBS -j oe
+#PBS -k doe
+#
+# hpctrain job ffn-local for site polaris (pbs, launcher mpiexec-pals, backend gloo); written by `hpctrain render`
+# Small FFN on synthetic EM, 2 ranks on the local machine (the demo)
+# PBS Pro sends no warning before the walltime: a timer in this shell raises SIGUSR2 120 s
+# before it, and the launch section forwards the signal to the ranks so they checkpoint.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${PBS_JOBID:-none} starts on $(hostname) at $(date)"
+# modules
+module load conda
+# site setup: the site admin's own shell lines, run as written
+conda activate base
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export NCCL_NET_GDR_LEVEL=PHB
+export NCCL_CROSS_NIC=1
+export NCCL_COLLNET_ENABLE=1
+export OMP_NUM_THREADS=1
+export OMP_PLACES=cores
+export OMP_PROC_BIND=close
+export HPCTRAIN_SITE=polaris
+export HPCTRAIN_COMM_BACKEND=gloo
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 1680 & wait $!; kill -s USR2 $$ ) &
+timer_pid=$!
+mpiexec -n 2 --ppn 2 --depth 1 --cpu-bind depth --env OMP_NUM_THREADS=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+kill "${timer_pid}" 2>/dev/null || true
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+exit "${status}"

@@ -1,0 +1,46 @@
+#!/bin/bash
+#SBATCH --job-name=ffn-local
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=1
+#SBATCH --time=00:30:00
+#SBATCH --partition=debug
+#SBATCH --output=/RUN_DIR/slurm-%j.out
+#SBATCH --error=/RUN_DIR/slurm-%j.out
+#SBATCH --signal=B:USR2@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#
+# hpctrain job ffn-local for site ci-slurm (slurm, launcher srun, backend mpi); written by `hpctrain render`
+# Small FFN on synthetic EM, 2 ranks on the local machine (the demo)
+# Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
+# launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export OMP_NUM_THREADS=1
+export HPCTRAIN_SITE=ci-slurm
+export HPCTRAIN_COMM_BACKEND=mpi
+# which MPI library mpi4py uses (MPI is not initialised here)
+mpi_library=$(python3 -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1) || mpi_library="mpi4py failed: ${mpi_library}"
+echo "hpctrain: MPI library: ${mpi_library}"
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 --mpi=pmi2 python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+exit "${status}"

@@ -1,0 +1,1 @@
+REFUSED: resources.queue: site 'aurora' has no queue 'gpu'; queues of aurora: debug, debug-scaling, prod

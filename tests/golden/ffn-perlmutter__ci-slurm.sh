@@ -1,0 +1,1 @@
+REFUSED: resources.queue: site 'ci-slurm' has no queue 'gpu'; queues of ci-slurm: debug

@@ -1,0 +1,1 @@
+REFUSED: resources.queue: site 'frontier' has no queue 'gpu'; queues of frontier: batch, extended, debug

@@ -1,0 +1,56 @@
+#!/bin/bash
+#SBATCH --job-name=ffn-polaris
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=4
+#SBATCH --cpus-per-task=16
+#SBATCH --gpus-per-task=1
+#SBATCH --time=01:00:00
+#SBATCH --partition=batch
+#SBATCH --account=connectomics
+#SBATCH --output=/RUN_DIR/slurm-%j.out
+#SBATCH --error=/RUN_DIR/slurm-%j.out
+#SBATCH --signal=B:USR2@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH -S 8
+#
+# hpctrain job ffn-polaris for site frontier (slurm, launcher srun, backend nccl); written by `hpctrain render`
+# FIB-25-sized FFN on 2 Polaris nodes (8 A100)
+# Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
+# launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
+# modules
+module load PrgEnv-gnu
+module load rocm/6.0.0
+module load craype-accel-amd-gfx90a
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export MIOPEN_USER_DB_PATH=/tmp/miopen-cache
+export NCCL_SOCKET_IFNAME=hsn0
+export OMP_NUM_THREADS=8
+export OMP_PLACES=cores
+export OMP_PROC_BIND=close
+export HPCTRAIN_SITE=frontier
+export HPCTRAIN_COMM_BACKEND=nccl
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=16 --gpus-per-task=1 --gpu-bind=closest --cpu-bind=cores "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+exit "${status}"

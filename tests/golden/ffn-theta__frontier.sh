@@ -1,0 +1,1 @@
+REFUSED: resources.queue: site 'frontier' has no queue 'default'; queues of frontier: batch, extended, debug

@@ -1,0 +1,59 @@
+#!/bin/bash
+#COBALT -n 128
+#COBALT -t 360
+#COBALT -q default
+#COBALT -A connectomics
+#COBALT -O /RUN_DIR/cobalt
+#COBALT --jobname ffn-theta
+#COBALT --attrs mcdram=cache:numa=quad
+#
+# hpctrain job ffn-theta for site theta (cobalt, launcher aprun, backend mpi); written by `hpctrain render`
+# FIB-25-sized FFN (depth 12, FOV 33^3, deltas 8^3) on 128 Theta nodes
+# Cobalt sends no warning before the walltime: a timer in this shell raises SIGUSR2 300 s
+# before it, and the launch section forwards the signal to the ranks so they checkpoint.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${COBALT_JOBID:-none} starts on $(hostname) at $(date)"
+# modules
+module load datascience/pytorch-1.7
+module load cray-mpich
+# site setup: the site admin's own shell lines, run as written
+module swap PrgEnv-intel PrgEnv-gnu
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export KMP_BLOCKTIME=0
+export KMP_AFFINITY=granularity=fine,compact,1,0
+export OMP_PROC_BIND=spread
+export OMP_NUM_THREADS=128
+export OMP_PLACES=threads
+export HPCTRAIN_SITE=theta
+export HPCTRAIN_COMM_BACKEND=mpi
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# which MPI library mpi4py uses (MPI is not initialised here)
+mpi_library=$("$HOME"/hpctrain-venv/bin/python -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1) || mpi_library="mpi4py failed: ${mpi_library}"
+echo "hpctrain: MPI library: ${mpi_library}"
+case "${mpi_library}" in *'CRAY MPICH'*) ;; *)
+    echo "hpctrain: WARNING: expected the site's MPI ('CRAY MPICH') but mpi4py uses ${mpi_library}; rebuild mpi4py against it (see docs)" >&2 ;;
+esac
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 21300 & wait $!; kill -s USR2 $$ ) &
+timer_pid=$!
+aprun -n 128 -N 1 -d 128 -j 2 -cc depth -e OMP_NUM_THREADS=128 "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+kill "${timer_pid}" 2>/dev/null || true
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+exit "${status}"

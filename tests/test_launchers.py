@@ -1,0 +1,218 @@
+"""Launchers: the argv each builds from a plan, and those argvs run by real srun and hydra mpiexec.
+
+aprun (Cray ALPS) and PBS's PALS mpiexec do not exist here: they are tested against recording stand-ins
+(fake executables that parse the real option grammar, record argv and run the command once per rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.config.site import NodeShape, SiteProfile
+from hpctrain.errors import ConfigError
+from hpctrain.gpu_affinity import local_rank, visible_devices
+from hpctrain.launchers import (
+    LAUNCHERS,
+    LaunchPlan,
+    cpus_per_rank_for,
+    get_launcher,
+    hyperthreads_for,
+    launcher_name,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = ROOT / ".venv" / "bin" / "mpiexec"
+CMD = ["python3", "-m", "hpctrain", "run", "spec.yaml"]
+
+
+def test_registry_has_every_launcher_and_rejects_unknown_names() -> None:
+    assert {"srun", "aprun", "mpiexec-pals", "mpiexec-hydra", "local"} <= set(LAUNCHERS)
+    with pytest.raises(ConfigError, match="known launchers"):
+        get_launcher("mpirun-typo")
+
+
+def test_srun_argv_with_gpus_binding_and_extra_args() -> None:
+    plan = LaunchPlan(nodes=4, ranks_per_node=4, threads_per_rank=16, gpus_per_rank=1, cpu_bind="cores",
+                      extra_args=("--mpi=pmi2",), cpus_per_rank=32)
+    assert get_launcher("srun")(CMD, plan) == [
+        "srun", "--nodes=4", "--ntasks=16", "--ntasks-per-node=4", "--cpus-per-task=32",
+        "--gpus-per-task=1", "--gpu-bind=closest", "--cpu-bind=cores", "--mpi=pmi2", *CMD]
+
+
+def test_srun_argv_cpu_only_has_no_gpu_or_bind_options() -> None:
+    argv = get_launcher("srun")(CMD, LaunchPlan(nodes=1, ranks_per_node=2))
+    assert argv == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=1", *CMD]
+
+
+def test_aprun_theta_one_rank_of_128_threads_uses_two_hardware_threads_per_core() -> None:
+    knl = NodeShape(cores=64, threads_per_core=4, memory_gb=192)
+    ht = hyperthreads_for(knl, ranks_per_node=1, threads_per_rank=128)
+    assert ht == 2
+    plan = LaunchPlan(nodes=128, ranks_per_node=1, threads_per_rank=128, hyperthreads=ht)
+    assert get_launcher("aprun")(CMD, plan) == [
+        "aprun", "-n", "128", "-N", "1", "-d", "128", "-j", "2", "-cc", "depth",
+        "-e", "OMP_NUM_THREADS=128", *CMD]
+
+
+@pytest.mark.parametrize(("rpn", "threads", "ht", "cpus"), [(64, 1, 1, 4), (64, 4, 4, 4), (4, 16, 1, 64),
+                                                            (2, 64, 2, 128)])
+def test_hyperthreads_and_cpus_per_rank_on_knl(rpn: int, threads: int, ht: int, cpus: int) -> None:
+    knl = NodeShape(cores=64, threads_per_core=4, memory_gb=192)
+    assert hyperthreads_for(knl, rpn, threads) == ht
+    assert cpus_per_rank_for(knl, threads, ht) == cpus
+
+
+def test_pals_mpiexec_wraps_gpu_ranks_in_the_affinity_helper() -> None:
+    plan = LaunchPlan(nodes=2, ranks_per_node=4, threads_per_rank=8, gpus_per_rank=1, cpu_bind="depth",
+                      gpu_kind="nvidia", python="/venv/bin/python")
+    assert get_launcher("mpiexec-pals")(CMD, plan) == [
+        "mpiexec", "-n", "8", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth", "--env", "OMP_NUM_THREADS=8",
+        "/venv/bin/python", "-m", "hpctrain.gpu_affinity", "--kind", "nvidia", "--gpus-per-rank", "1", "--", *CMD]
+
+
+def test_hydra_mpiexec_and_local_argv() -> None:
+    plan = LaunchPlan(nodes=1, ranks_per_node=3, python="/usr/bin/python3")
+    assert get_launcher("mpiexec-hydra")(CMD, plan) == ["mpiexec", "-n", "3", "-ppn", "3", *CMD]
+    assert get_launcher("local")(CMD, plan) == [
+        "/usr/bin/python3", "-m", "hpctrain.local_launch", "--nprocs", "3", "--", *CMD]
+    with pytest.raises(ConfigError, match="one machine"):
+        get_launcher("local")(CMD, LaunchPlan(nodes=2, ranks_per_node=1))
+
+
+def test_launcher_name_picks_pals_under_pbs_and_hydra_elsewhere() -> None:
+    node = NodeShape(cores=4, memory_gb=8)
+    pbs = SiteProfile(name="p", scheduler="pbs", launcher="mpiexec", node=node)
+    local = SiteProfile(name="l", scheduler="local", launcher="mpiexec", node=node)
+    assert launcher_name(pbs) == "mpiexec-pals"
+    assert launcher_name(local) == "mpiexec-hydra"
+
+
+def test_gpu_affinity_reads_the_first_local_rank_variable() -> None:
+    assert local_rank({"PALS_LOCAL_RANKID": "3", "SLURM_LOCALID": "1"}) == 3
+    assert local_rank({"MPI_LOCALRANKID": "2"}) == 2
+    assert local_rank({}) == 0
+    assert visible_devices("nvidia", 1, 2) == ("CUDA_VISIBLE_DEVICES", "2,3")
+    assert visible_devices("amd", 3, 1) == ("ROCR_VISIBLE_DEVICES", "3")
+    assert visible_devices("intel", 5, 1) == ("ZE_AFFINITY_MASK", "5")
+
+
+def test_gpu_affinity_module_sets_the_variable_and_execs() -> None:
+    env = {**os.environ, "PALS_LOCAL_RANKID": "1", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "hpctrain.gpu_affinity", "--kind", "amd", "--gpus-per-rank", "2",
+                          "--", "printenv", "ROCR_VISIBLE_DEVICES"], env=env, capture_output=True, text=True,
+                         timeout=30, check=True)
+    assert out.stdout.strip() == "2,3"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Real launchers
+
+
+def _slurm_ready(request: pytest.FixtureRequest) -> None:
+    """Use the shared ``slurm`` fixture when conftest has one, else check sinfo ourselves."""
+    try:
+        request.getfixturevalue("slurm")
+        return
+    except pytest.FixtureLookupError:
+        pass
+    if shutil.which("sinfo") is None:
+        pytest.skip("no Slurm client installed")
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
+    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()):
+        pytest.skip("the single-node Slurm is not up (scripts/ci/slurm.sh start)")
+
+
+@pytest.mark.slurm
+def test_srun_line_starts_the_requested_ranks_inside_salloc(request: pytest.FixtureRequest) -> None:
+    _slurm_ready(request)
+    argv = get_launcher("srun")(["printenv", "SLURM_PROCID"], LaunchPlan(nodes=1, ranks_per_node=2))
+    out = subprocess.run(["salloc", "--nodes=1", "--ntasks=2", "--time=2", "--job-name=hpctrain-test-srun",
+                          *argv], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split()) == ["0", "1"]
+
+
+@pytest.mark.mpi
+def test_hydra_line_runs_with_the_mpich_wheel_and_binds_gpus_per_local_rank() -> None:
+    if not MPIEXEC.exists():
+        pytest.skip("the MPICH wheel's mpiexec is not installed in .venv")
+    plan = LaunchPlan(nodes=1, ranks_per_node=2, gpus_per_rank=1, gpu_kind="nvidia", python=sys.executable)
+    argv = get_launcher("mpiexec-hydra")(["sh", "-c", 'echo "$PMI_RANK:$CUDA_VISIBLE_DEVICES"'], plan)
+    assert argv[0] == "mpiexec"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([str(MPIEXEC), *argv[1:]], capture_output=True, text=True, timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split()) == ["0:0", "1:1"]
+
+
+# Stand-in launcher: parses the options the real one takes (each takes one value), records argv and the
+# environment, then runs the command once per rank with that launcher's rank variables set.
+_STAND_IN = r'''#!{python}
+import json, os, subprocess, sys
+argv = sys.argv[1:]
+valued = set({valued!r})
+i = 0
+opts = {{}}
+while i < len(argv) and argv[i] in valued:
+    opts[argv[i]] = argv[i + 1]
+    i += 2
+command = argv[i:]
+with open({record!r}, "a") as f:
+    f.write(json.dumps({{"argv": sys.argv, "opts": opts, "command": command}}) + "\n")
+total = int(opts["-n"])
+per_node = int(opts.get({ppn!r}, total))
+rc = 0
+for rank in range(total):
+    env = dict(os.environ)
+    env.update({{k: str(v) for k, v in {rank_vars}.items()}})
+    rc |= subprocess.call(command, env=env)
+sys.exit(rc)
+'''
+
+
+def _stand_in(tmp_path: Path, name: str, valued: list[str], ppn: str, rank_vars: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    record = tmp_path / f"{name}.jsonl"
+    exe = bin_dir / name
+    exe.write_text(_STAND_IN.format(python=sys.executable, valued=valued, record=str(record), ppn=ppn,
+                                    rank_vars=rank_vars))
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return record
+
+
+def test_aprun_line_against_a_recording_stand_in(tmp_path: Path) -> None:
+    """Stand-in for Cray aprun: every option before the command must be one aprun takes with a value."""
+    record = _stand_in(tmp_path, "aprun", ["-n", "-N", "-d", "-j", "-cc", "-e"], "-N",
+                       '{"ALPS_APP_PE": rank}')
+    plan = LaunchPlan(nodes=2, ranks_per_node=1, threads_per_rank=4, hyperthreads=2)
+    argv = get_launcher("aprun")(["sh", "-c", 'echo "pe=$ALPS_APP_PE"'], plan)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=True)
+    assert sorted(out.stdout.split()) == ["pe=0", "pe=1"]
+    rec = json.loads(record.read_text().splitlines()[0])
+    assert rec["opts"] == {"-n": "2", "-N": "1", "-d": "4", "-j": "2", "-cc": "depth", "-e": "OMP_NUM_THREADS=4"}
+    assert rec["command"][:2] == ["sh", "-c"]
+
+
+def test_pals_line_against_a_recording_stand_in_gives_each_local_rank_its_gpu(tmp_path: Path) -> None:
+    """Stand-in for HPE PALS mpiexec (PBS Pro): sets PALS_RANKID/PALS_LOCAL_RANKID like the real one."""
+    record = _stand_in(tmp_path, "mpiexec", ["-n", "--ppn", "--depth", "--cpu-bind", "--env"], "--ppn",
+                       '{"PALS_RANKID": rank, "PALS_LOCAL_RANKID": rank % per_node}')
+    plan = LaunchPlan(nodes=2, ranks_per_node=2, threads_per_rank=2, gpus_per_rank=1, gpu_kind="intel",
+                      cpu_bind="depth", python=sys.executable)
+    argv = get_launcher("mpiexec-pals")(["sh", "-c", 'echo "$PALS_RANKID:$ZE_AFFINITY_MASK"'], plan)
+    env = {**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env, check=True)
+    assert sorted(out.stdout.split()) == ["0:0", "1:1", "2:0", "3:1"]
+    rec = json.loads(record.read_text().splitlines()[0])
+    assert rec["opts"]["--ppn"] == "2" and rec["opts"]["--cpu-bind"] == "depth"
+    assert rec["command"][1:3] == ["-m", "hpctrain.gpu_affinity"]
