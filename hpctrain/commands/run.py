@@ -11,7 +11,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("run", help="train a job spec on the ranks the launcher started")
     parser.add_argument("spec", help="job spec (the resolved job.yaml of a run directory, or any spec)")
     parser.add_argument("--run-dir", default=None, help="where metrics and checkpoints go (default: ./runs/NAME)")
-    parser.add_argument("--backend", default="auto", choices=["auto", "mpi", "gloo", "nccl", "none"])
+    parser.add_argument("--backend", default=os.environ.get("HPCTRAIN_COMM_BACKEND", "auto"),
+                        choices=["auto", "mpi", "gloo", "nccl", "none"],
+                        help="communication backend (default: $HPCTRAIN_COMM_BACKEND set by the rendered script)")
     parser.add_argument("--check-sync", type=int, default=0, metavar="N",
                         help="every N steps check that all ranks hold identical parameters")
     parser.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE")

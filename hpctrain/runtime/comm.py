@@ -1,0 +1,542 @@
+"""One Communicator interface over MPI (mpi4py) and torch.distributed (gloo on CPU, nccl on GPU).
+
+Every collective is numbered and watched: if it does not complete within ``timeout_s`` the job aborts with
+a message naming the rank(s) that never arrived (each rank posts a cheap "arrived at #K" note first).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import zlib
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+from hpctrain.errors import ConfigError, RuntimeFailure
+from hpctrain.runtime.env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
+from hpctrain.runtime.watchdog import Pending, Watchdog
+
+BACKENDS = ("mpi", "gloo", "nccl", "none")
+OPS = ("sum", "max", "min", "mean")
+
+
+class Handle:
+    """An in-flight collective; ``wait()`` blocks until it is done (and re-raises its error, if any)."""
+
+    def __init__(self, wait: Callable[[], None]) -> None:
+        self._wait = wait
+        self._done = False
+
+    def wait(self) -> None:
+        if not self._done:
+            self._wait()
+            self._done = True
+
+
+class Communicator(ABC):
+    """What the reducer and trainer need from a back-end. Tensors are reduced in place."""
+
+    rank: int
+    size: int
+    local_rank: int
+    backend: str
+    timeout_s: float
+
+    @abstractmethod
+    def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
+        """Start an in-place all-reduce of ``tensor``; the result is valid after ``handle.wait()``."""
+
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> torch.Tensor:
+        self.allreduce_async_(tensor, op, label).wait()
+        return tensor
+
+    @abstractmethod
+    def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
+        """Overwrite ``tensor`` on every rank with root's."""
+
+    @abstractmethod
+    def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (same shape and dtype everywhere), indexed by rank."""
+
+    @abstractmethod
+    def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
+        """Send ``tensor`` to ``peer`` and return the same-shaped tensor ``peer`` sent back."""
+
+    @abstractmethod
+    def barrier(self, label: str = "") -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    def allgather_varlen(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
+        """All-gather of 1-D tensors whose lengths differ per rank (sparse AdaComp messages)."""
+        n = torch.tensor([tensor.numel()], dtype=torch.int64)
+        lengths = [int(t) for t in self.allgather(n, label=f"{label} lengths".strip())]
+        padded = torch.zeros(max(lengths), dtype=tensor.dtype)
+        padded[: tensor.numel()] = tensor.reshape(-1)
+        return [t[:k] for t, k in zip(self.allgather(padded, label=label), lengths, strict=True)]
+
+    def __enter__(self) -> Communicator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_op(op: str) -> None:
+    if op not in OPS:
+        raise ConfigError(f"unknown reduction op {op!r}", key="op", hint=f"use one of {', '.join(OPS)}")
+
+
+def _log(msg: str) -> None:
+    print(f"hpctrain: {msg}", file=sys.stderr, flush=True)
+
+
+def _missing_message(missing: list[int], pending: Pending, timeout_s: float) -> str:
+    if not missing:
+        return f"every rank arrived at {pending.describe()} but it did not complete within {timeout_s:g} s"
+    who = ", ".join(f"rank {r}" for r in missing)
+    return f"{who} did not arrive at {pending.describe()} within {timeout_s:g} s"
+
+
+class SingleProcessCommunicator(Communicator):
+    """size 1: every collective is the identity. For laptop runs and unit tests of the trainer."""
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        self.rank, self.size, self.local_rank, self.backend, self.timeout_s = 0, 1, 0, "none", timeout_s
+
+    def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
+        _check_op(op)
+        return Handle(lambda: None)
+
+    def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
+        return tensor
+
+    def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
+        return [tensor.clone()]
+
+    def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
+        return tensor.clone()
+
+    def barrier(self, label: str = "") -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------- MPI
+
+_ARRIVAL_TAG = 7301
+
+
+class MPICommunicator(Communicator):
+    """mpi4py. Collectives run, in issue order, on one communication thread (MPI_THREAD_MULTIPLE) so
+    ``allreduce_async_`` really overlaps with backward: MPICH makes no progress on an ``Iallreduce``
+    unless some thread sits in MPI, so a blocking ``Allreduce`` on a helper thread is what overlaps.
+    CPU contiguous tensors are reduced zero-copy (``Allreduce(IN_PLACE, t.numpy())``).
+    """
+
+    def __init__(self, timeout_s: float = 300.0, comm: Any = None, local_rank: int | None = None) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        base = comm if comm is not None else MPI.COMM_WORLD
+        self._comm = base.Dup()
+        self._arrivals = base.Dup()  # side channel: "rank r arrived at collective #K", to rank 0
+        self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
+        if local_rank is None:
+            local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
+            local_rank = local.Get_rank()
+            local.Free()
+        self.local_rank = local_rank
+        self.backend, self.timeout_s = "mpi", float(timeout_s)
+        self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
+        self._index = 0
+        self._last_arrival = [0] * self.size  # rank 0 only: highest #K each rank announced
+        self._sends: deque[tuple[Any, Any]] = deque()
+        self._arrival_lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpctrain-mpi")
+        self._watchdog = Watchdog(self.timeout_s, self._on_timeout)
+        self._closed = False
+
+    # -- arrivals and timeouts
+    def _announce(self, index: int) -> None:
+        import numpy as np
+
+        if self.rank == 0:
+            self._last_arrival[0] = index
+            self._drain_arrivals()
+            return
+        while self._sends and self._sends[0][0].Test():
+            self._sends.popleft()
+        buf = np.array([index], dtype=np.int64)
+        self._sends.append((self._arrivals.Isend(buf, dest=0, tag=_ARRIVAL_TAG), buf))
+
+    def _drain_arrivals(self) -> None:
+        import numpy as np
+
+        MPI = self._MPI
+        status = MPI.Status()
+        buf = np.zeros(1, dtype=np.int64)
+        with self._arrival_lock:
+            while self._arrivals.Iprobe(source=MPI.ANY_SOURCE, tag=_ARRIVAL_TAG, status=status):
+                src = status.Get_source()
+                self._arrivals.Recv(buf, source=src, tag=_ARRIVAL_TAG)
+                self._last_arrival[src] = max(self._last_arrival[src], int(buf[0]))
+
+    def _on_timeout(self, pending: Pending) -> None:
+        import time
+
+        if self.rank == 0:
+            self._drain_arrivals()
+            missing = [r for r in range(self.size) if self._last_arrival[r] < pending.index]
+            _log(_missing_message(missing, pending, self.timeout_s) + "; aborting the job (MPI_Abort)")
+        else:
+            grace = min(10.0, max(2.0, 0.25 * self.timeout_s))
+            _log(
+                f"rank {self.rank}: {pending.describe()} did not complete within {self.timeout_s:g} s; "
+                f"rank 0 names the missing ranks (waiting {grace:g} s for it)"
+            )
+            time.sleep(grace)
+            _log(f"rank {self.rank}: rank 0 did not abort the job: rank 0 itself did not arrive at "
+                 f"{pending.describe()}; aborting the job (MPI_Abort)")
+        self._comm.Abort(1)
+
+    def _submit(self, kind: str, label: str, fn: Callable[[], None]) -> Handle:
+        if self._closed:
+            raise RuntimeFailure(f"rank {self.rank}: {kind} on a closed communicator")
+        self._index += 1
+        index = self._index
+        self._announce(index)
+        pending = self._watchdog.arm(index, kind, label)
+
+        def run() -> None:
+            try:
+                fn()
+            finally:
+                self._watchdog.disarm(pending)
+
+        fut: Future[None] = self._pool.submit(run)
+        return Handle(fut.result)
+
+    # -- collectives
+    def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
+        _check_op(op)
+        MPI, mpi_op = self._MPI, self._ops[op]
+        direct = tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.dtype != torch.bfloat16
+        work = tensor if direct else tensor.detach().to("cpu", torch.float32 if tensor.dtype ==
+                                                         torch.bfloat16 else tensor.dtype).contiguous()
+
+        def fn() -> None:
+            self._comm.Allreduce(MPI.IN_PLACE, work.detach().numpy(), op=mpi_op)
+            if op == "mean":
+                work.div_(self.size)
+            if not direct:
+                tensor.copy_(work)
+
+        return self._submit("allreduce", label, fn)
+
+    def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
+        work = _cpu_contiguous(tensor)
+
+        def fn() -> None:
+            self._comm.Bcast(work.numpy(), root=root)
+            if work is not tensor:
+                tensor.copy_(_restore(work, tensor))
+
+        self._submit("broadcast", label, fn).wait()
+        return tensor
+
+    def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
+        work = _cpu_contiguous(tensor)
+        out = torch.empty((self.size, *work.shape), dtype=work.dtype)
+        self._submit("allgather", label, lambda: self._comm.Allgather(work.numpy(), out.numpy())).wait()
+        return [_restore(out[i], tensor).to(tensor.device) for i in range(self.size)]
+
+    def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
+        work = _cpu_contiguous(tensor)
+        out = torch.empty_like(work)
+        self._submit(
+            "sendrecv", label or f"peer {peer}",
+            lambda: self._comm.Sendrecv(work.numpy(), dest=peer, recvbuf=out.numpy(), source=peer),
+        ).wait()
+        return _restore(out, tensor).to(tensor.device)
+
+    def barrier(self, label: str = "") -> None:
+        self._submit("barrier", label, self._comm.Barrier).wait()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self._watchdog.close()
+        for req, _ in self._sends:
+            req.Wait()
+        if self.rank == 0:
+            self._drain_arrivals()
+        self._comm.Barrier()  # no rank frees the side channel while another still sends on it
+        if self.rank == 0:
+            self._drain_arrivals()
+        self._arrivals.Free()
+        self._comm.Free()
+
+
+def _cpu_contiguous(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.dtype != torch.bfloat16:
+        return tensor
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: ship its bits as int16
+        return tensor.detach().cpu().contiguous().view(torch.int16)
+    return tensor.detach().cpu().contiguous()
+
+
+def _restore(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return work.view(torch.bfloat16) if like.dtype == torch.bfloat16 and work.dtype == torch.int16 else work
+
+
+# ---------------------------------------------------------------------------------- torch.distributed
+
+_STORE_PREFIX = "hpctrain/"
+
+
+class TorchDistCommunicator(Communicator):
+    """torch.distributed with gloo (CPU) or nccl (GPU). The rendezvous TCPStore doubles as the arrival
+    side channel: each rank writes ``arrive/<rank> = K`` before collective #K, so on a timeout any rank can
+    read who is missing, publish ``abort`` (every rank's watchdog polls it, the stuck one included) and exit.
+    """
+
+    def __init__(
+        self,
+        backend: str = "gloo",
+        timeout_s: float = 300.0,
+        env: LaunchEnv | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        import torch.distributed as dist
+
+        environ = os.environ if environ is None else environ
+        env = env or detect_launch_env(environ)
+        self._dist = dist
+        self.rank, self.size, self.local_rank = env.rank, env.size, env.local_rank
+        self.backend, self.timeout_s = backend, float(timeout_s)
+        host, port = rendezvous_address(env, environ)
+        self._host, self._port = host, port
+        # Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT: join it as a client.
+        agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+        self._store = dist.TCPStore(
+            host, port, self.size, self.rank == 0 and not agent_store,
+            timedelta(seconds=max(60.0, timeout_s)), wait_for_workers=False,
+        )
+        self._store.set(f"{_STORE_PREFIX}arrive/{self.rank}", "0")
+        if backend == "nccl":
+            torch.cuda.set_device(env.local_rank % max(1, torch.cuda.device_count()))
+        # Our watchdog must fire before the back-end's own timeout so the message names the missing rank.
+        dist.init_process_group(
+            backend, store=dist.PrefixStore("pg/", self._store), rank=self.rank, world_size=self.size,
+            timeout=timedelta(seconds=self.timeout_s + 60),
+        )
+        self._group = dist.group.WORLD
+        self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                     "min": dist.ReduceOp.MIN}
+        self._index = 0
+        self._watch_store: Any = None
+        self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._poll_abort)
+        self._closed = False
+
+    def _side_store(self) -> Any:
+        # The watchdog thread gets its own client connection: never shares a socket with the main thread.
+        if self._watch_store is None:
+            self._watch_store = self._dist.TCPStore(
+                self._host, self._port, self.size, False, timedelta(seconds=10), wait_for_workers=False
+            )
+        return self._watch_store
+
+    def _poll_abort(self) -> None:
+        try:
+            store = self._side_store()
+            if store.check([f"{_STORE_PREFIX}abort"]):
+                msg = store.get(f"{_STORE_PREFIX}abort").decode()
+                _log(f"rank {self.rank}: aborting because another rank reported: {msg}")
+                os._exit(1)
+        except Exception:  # store on rank 0 gone: rank 0 died, the timeout path will say so
+            return
+
+    def _on_timeout(self, pending: Pending) -> None:
+        try:
+            store = self._side_store()
+            arrived = [int(store.get(f"{_STORE_PREFIX}arrive/{r}")) for r in range(self.size)]
+            missing = [r for r in range(self.size) if arrived[r] < pending.index]
+            msg = _missing_message(missing, pending, self.timeout_s)
+            store.set(f"{_STORE_PREFIX}abort", msg)
+        except Exception as exc:
+            msg = (f"{pending.describe()} did not complete within {self.timeout_s:g} s and the rendezvous "
+                   f"store on rank 0 ({self._host}:{self._port}) is unreachable ({exc}): rank 0 died")
+        _log(f"rank {self.rank}: {msg}; aborting the job")
+        os._exit(1)
+
+    def _begin(self, kind: str, label: str, is_done: Callable[[], bool] | None = None) -> Pending:
+        if self._closed:
+            raise RuntimeFailure(f"rank {self.rank}: {kind} on a closed communicator")
+        self._index += 1
+        self._store.set(f"{_STORE_PREFIX}arrive/{self.rank}", str(self._index))
+        return self._watchdog.arm(self._index, kind, label, is_done)
+
+    def _run(self, kind: str, label: str, fn: Callable[[], Any]) -> Any:
+        pending = self._begin(kind, label)
+        try:
+            return fn()
+        finally:
+            self._watchdog.disarm(pending)
+
+    def _dev(self, tensor: torch.Tensor) -> torch.Tensor:
+        want_cuda = self.backend == "nccl"
+        if (tensor.device.type == "cuda") == want_cuda and tensor.is_contiguous():
+            return tensor
+        return tensor.detach().to("cuda" if want_cuda else "cpu").contiguous()
+
+    def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
+        _check_op(op)
+        work = self._dev(tensor)
+        holder: list[Any] = []
+        pending = self._begin("allreduce", label, lambda: bool(holder) and holder[0].is_completed())
+        holder.append(self._dist.all_reduce(work, op=self._ops[op], group=self._group, async_op=True))
+
+        def wait() -> None:
+            try:
+                holder[0].wait()
+            finally:
+                self._watchdog.disarm(pending)
+            if op == "mean":
+                work.div_(self.size)
+            if work is not tensor:
+                tensor.copy_(work)
+
+        return Handle(wait)
+
+    def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
+        work = self._dev(tensor)
+        self._run("broadcast", label, lambda: self._dist.broadcast(work, src=root, group=self._group))
+        if work is not tensor:
+            tensor.copy_(work)
+        return tensor
+
+    def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
+        work = self._dev(tensor)
+        out = [torch.empty_like(work) for _ in range(self.size)]
+        self._run("allgather", label, lambda: self._dist.all_gather(out, work, group=self._group))
+        return [t.to(tensor.device) for t in out]
+
+    def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
+        work = self._dev(tensor)
+        out = torch.empty_like(work)
+
+        def fn() -> None:
+            d = self._dist
+            reqs = d.batch_isend_irecv([d.P2POp(d.isend, work, peer), d.P2POp(d.irecv, out, peer)])
+            for r in reqs:
+                r.wait()
+
+        self._run("sendrecv", label or f"peer {peer}", fn)
+        return out.to(tensor.device)
+
+    def barrier(self, label: str = "") -> None:
+        self._run("barrier", label, lambda: self._dist.barrier(group=self._group))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._watchdog.close()
+        self._dist.barrier(group=self._group)
+        self._dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------ rendezvous
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+def port_from_job_id(job_id: str) -> int:
+    """A port in [20000, 60000) every rank derives alike from the scheduler's job id (no typed address)."""
+    return 20000 + zlib.crc32(job_id.encode()) % 40000
+
+
+def _mpi_world_size_if_launched(env: LaunchEnv) -> int:
+    if env.launcher not in ("hydra", "openmpi", "pals", "alps", "slurm"):
+        return 0
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return 0
+    return MPI.COMM_WORLD.Get_size()
+
+
+def rendezvous_address(env: LaunchEnv, environ: Mapping[str, str]) -> tuple[str, int]:
+    """Where rank 0's TCPStore listens, found without a hand-typed address.
+
+    Order: MASTER_ADDR/MASTER_PORT (torchrun); rank 0's hostname and a free port broadcast over MPI when
+    the job was started by an MPI launcher; the first node of the scheduler's node list with a port derived
+    from the job id; localhost for a single process.
+    """
+    if env.master_addr and env.master_port:
+        return env.master_addr, env.master_port
+    if env.size > 1 and _mpi_world_size_if_launched(env) == env.size:
+        from mpi4py import MPI
+
+        addr = (socket.gethostname(), _free_port()) if MPI.COMM_WORLD.Get_rank() == 0 else None
+        host, port = MPI.COMM_WORLD.bcast(addr, root=0)
+        return host, int(port)
+    nodes = scheduler_nodes(environ)
+    job_id = scheduler_job_id(environ)
+    if env.size > 1 and nodes and job_id:
+        return env.master_addr or nodes[0], env.master_port or port_from_job_id(job_id)
+    if env.size == 1:
+        return "127.0.0.1", env.master_port or _free_port()
+    raise RuntimeFailure(
+        f"rank {env.rank}: cannot find the rendezvous address for {env.size} ranks "
+        f"(launcher {env.launcher}: no MASTER_ADDR/MASTER_PORT, no MPI, no scheduler node list)",
+        hint="launch with srun/mpiexec inside a job, or with torchrun, or set MASTER_ADDR and MASTER_PORT",
+    )
+
+
+def make_communicator(
+    backend: str, timeout_s: float, environ: Mapping[str, str] | None = None
+) -> Communicator:
+    """``backend``: mpi | gloo | nccl | none (single process). ``timeout_s`` bounds every collective."""
+    environ = os.environ if environ is None else environ
+    if backend == "mpi":
+        try:
+            import mpi4py  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                "backend 'mpi' needs mpi4py", key="backend",
+                hint="pip install mpi4py mpich (or build mpi4py against the site MPI, see docs/runtime.md)",
+            ) from None
+        env = detect_launch_env(environ)
+        return MPICommunicator(timeout_s, local_rank=env.local_rank if env.launcher != "none" else None)
+    if backend in ("gloo", "nccl"):
+        if backend == "nccl" and not torch.cuda.is_available():
+            raise ConfigError("backend 'nccl' needs a GPU; none is visible", key="backend",
+                              hint="use gloo on CPU nodes")
+        return TorchDistCommunicator(backend, timeout_s, environ=environ)
+    if backend == "none":
+        env = detect_launch_env(environ)
+        if env.size != 1:
+            raise ConfigError(f"backend 'none' is single-process but the launcher started {env.size} ranks",
+                              key="backend", hint="use mpi or gloo")
+        return SingleProcessCommunicator(timeout_s)
+    raise ConfigError(f"unknown communication backend {backend!r}", key="backend",
+                      hint=f"use one of {', '.join(BACKENDS)}")

@@ -1,0 +1,254 @@
+"""Fused gradient buckets reduced during backward, with a selectable combiner (mean, adasum, adacomp, none).
+
+Parameters are grouped in reverse registration order (roughly the order backward produces their grads) into
+flat buckets of ``bucket_mb``; each ``.grad`` is a view into its bucket, so a ready bucket is reduced in place
+without a copy. Buckets launch strictly in index order so every rank issues the same collective sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from hpctrain.errors import ConfigError
+from hpctrain.runtime import combine
+from hpctrain.runtime.comm import Communicator, Handle
+
+COMBINERS = ("mean", "adasum", "adacomp", "none")
+
+
+@dataclass
+class Bucket:
+    """One flat buffer and the parameters whose gradients live in it."""
+
+    index: int
+    names: list[str]
+    params: list[torch.nn.Parameter]
+    offsets: list[int]
+    flat: torch.Tensor
+    ready: int = 0
+    launched: bool = False
+    handle: Handle | None = None
+    wire: torch.Tensor | None = None
+    residues: list[torch.Tensor] = field(default_factory=list)
+
+    def view(self, i: int) -> torch.Tensor:
+        p = self.params[i]
+        return self.flat[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+
+
+class Reducer:
+    """Start with ``Reducer(model, comm, combiner=...)``; call ``finish()`` after ``loss.backward()``.
+
+    After ``finish()`` every ``p.grad`` holds the combined gradient. Use ``zero_grad()`` (or
+    ``optimizer.zero_grad(set_to_none=False)``) to keep the gradient views; ``set_to_none`` works too but
+    costs one copy per parameter per step.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        comm: Communicator,
+        combiner: str = "mean",
+        compression: str = "none",
+        bucket_mb: float = 4.0,
+        adacomp_bin_len: int | None = None,
+    ) -> None:
+        if combiner not in COMBINERS:
+            raise ConfigError(f"unknown combiner {combiner!r}", key="train.combiner.name",
+                              hint=f"use one of {', '.join(COMBINERS)}")
+        if compression not in combine.WIRES:
+            raise ConfigError(f"unknown compression {compression!r}", key="train.combiner.compression",
+                              hint=f"use one of {', '.join(combine.WIRES)}")
+        if compression != "none" and combiner != "mean":
+            raise ConfigError(
+                f"compression {compression!r} applies to the mean combiner only, not {combiner!r}",
+                key="train.combiner.compression", hint="set compression: none",
+            )
+        if bucket_mb <= 0:
+            raise ConfigError(f"bucket_mb must be > 0, got {bucket_mb}", key="train.combiner.bucket_mb")
+        self.comm, self.combiner, self.compression = comm, combiner, compression
+        self.adacomp_bin_len = adacomp_bin_len
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.buckets = _make_buckets(list(reversed(named)), int(bucket_mb * 2**20))
+        self._where: dict[int, tuple[Bucket, int]] = {}
+        self._hooks = []
+        for b in self.buckets:
+            for i, p in enumerate(b.params):
+                self._where[id(p)] = (b, i)
+                with torch.no_grad():
+                    if p.grad is not None:
+                        b.view(i).copy_(p.grad)
+                p.grad = b.view(i)
+                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
+            if combiner == "adacomp":
+                b.residues = [torch.zeros_like(p) for p in b.params]
+        self._next = 0
+
+    # -- backward hooks
+    def _on_grad_ready(self, p: torch.Tensor) -> None:
+        b, i = self._where[id(p)]
+        b.ready += 1
+        while self._next < len(self.buckets):
+            nxt = self.buckets[self._next]
+            if nxt.ready < len(nxt.params):
+                break
+            self._launch(nxt)
+            self._next += 1
+
+    def _gather_into_flat(self, b: Bucket) -> None:
+        with torch.no_grad():
+            for i, p in enumerate(b.params):
+                view = b.view(i)
+                if p.grad is None:  # unused in this forward: contributes zeros, like DDP
+                    view.zero_()
+                elif p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad)
+                p.grad = view
+
+    def _launch(self, b: Bucket) -> None:
+        self._gather_into_flat(b)
+        b.launched = True
+        label = f"bucket {b.index}"
+        if self.combiner == "mean":
+            if self.compression == "none":
+                b.handle = self.comm.allreduce_async_(b.flat, "sum", label)
+            else:  # pre-divide so the half-precision sum cannot overflow where the mean would not
+                b.wire = combine.compress(b.flat / self.comm.size, self.compression)
+                b.handle = self.comm.allreduce_async_(b.wire, "sum", label)
+        elif self.combiner == "adasum":
+            self._adasum(b, label)
+        elif self.combiner == "adacomp":
+            self._adacomp(b, label)
+
+    # -- combiners that need more than one collective
+    def _adasum(self, b: Bucket, label: str) -> None:
+        n, r = self.comm.size, self.comm.rank
+        if n == 1:
+            return
+        if n & (n - 1) == 0:  # recursive doubling: the same pairing tree as combine.adasum_reduce
+            d = 1
+            while d < n:
+                peer = r ^ d
+                other = self.comm.sendrecv(b.flat, peer, f"{label} adasum level {d}")
+                for i in range(len(b.params)):
+                    mine = b.view(i)
+                    theirs = other[b.offsets[i] : b.offsets[i] + mine.numel()].view_as(mine)
+                    lo, hi = (mine, theirs) if r < peer else (theirs, mine)
+                    mine.copy_(combine.adasum(lo, hi))
+                d *= 2
+        else:  # other counts: gather every rank's bucket, then the same fold-then-tree as adasum_reduce
+            gathered = self.comm.allgather(b.flat, f"{label} adasum gather")
+            for i, p in enumerate(b.params):
+                s = slice(b.offsets[i], b.offsets[i] + p.numel())
+                b.view(i).copy_(combine.adasum_reduce([g[s].view_as(p) for g in gathered]))
+
+    def _adacomp(self, b: Bucket, label: str) -> None:
+        n = self.comm.size
+        idx_parts, sign_parts, scales = [], [], []
+        for i, p in enumerate(b.params):
+            bin_len = self.adacomp_bin_len or combine.default_bin_len(b.names[i], p.dim())
+            msg, b.residues[i] = combine.adacomp_encode(b.residues[i], b.view(i).clone(), bin_len)
+            idx_parts.append(msg.indices.to(torch.int64) + b.offsets[i])  # bucket-flat positions
+            sign_parts.append(msg.signs)
+            scales.append(msg.scale)
+        indices = torch.cat(idx_parts)
+        signs = torch.cat(sign_parts)
+        all_idx = self.comm.allgather_varlen(indices, f"{label} adacomp indices")
+        all_signs = self.comm.allgather_varlen(signs, f"{label} adacomp signs")
+        all_scales = self.comm.allgather(torch.tensor(scales, dtype=torch.float64), f"{label} adacomp scales")
+        decoded: list[torch.Tensor] = []
+        for q in range(n):
+            dense = torch.zeros_like(b.flat)
+            for i, p in enumerate(b.params):
+                lo, hi = b.offsets[i], b.offsets[i] + p.numel()
+                sel = (all_idx[q] >= lo) & (all_idx[q] < hi)
+                msg = combine.AdaCompMessage((all_idx[q][sel] - lo).to(torch.int64), all_signs[q][sel],
+                                             float(all_scales[q][i]), tuple(p.shape), p.dtype)
+                dense[lo:hi] = combine.adacomp_decode(msg).reshape(-1)
+            decoded.append(dense)
+        b.flat.copy_(combine.mean(decoded))
+
+    # -- end of step
+    def finish(self) -> None:
+        """Launch what backward did not (unused parameters), wait for every bucket, write ``p.grad``."""
+        while self._next < len(self.buckets):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+        for b in self.buckets:
+            if b.handle is not None:
+                b.handle.wait()
+                if b.wire is not None:
+                    b.flat.copy_(combine.decompress(b.wire, b.flat.dtype))
+                else:
+                    b.flat.div_(self.comm.size)
+            for i, p in enumerate(b.params):
+                if p.grad is None or p.grad.data_ptr() != b.view(i).data_ptr():
+                    p.grad = b.view(i)
+            b.ready, b.launched, b.handle, b.wire = 0, False, None, None
+        self._next = 0
+
+    def zero_grad(self) -> None:
+        for b in self.buckets:
+            b.flat.zero_()
+            for i, p in enumerate(b.params):
+                p.grad = b.view(i)
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+
+
+def _make_buckets(named: list[tuple[str, torch.nn.Parameter]], cap_bytes: int) -> list[Bucket]:
+    buckets: list[Bucket] = []
+    cur: list[tuple[str, torch.nn.Parameter]] = []
+    size = 0
+
+    def close() -> None:
+        if cur:
+            offsets, total = [], 0
+            for _, p in cur:
+                offsets.append(total)
+                total += p.numel()
+            p0 = cur[0][1]
+            flat = torch.zeros(total, dtype=p0.dtype, device=p0.device)
+            buckets.append(Bucket(len(buckets), [n for n, _ in cur], [p for _, p in cur], offsets, flat))
+
+    for name, p in named:
+        nbytes = p.numel() * p.element_size()
+        if cur and (size + nbytes > cap_bytes or p.dtype != cur[0][1].dtype or p.device != cur[0][1].device):
+            close()
+            cur, size = [], 0
+        cur.append((name, p))
+        size += nbytes
+    close()
+    return buckets
+
+
+def broadcast_model(model: torch.nn.Module, comm: Communicator, root: int = 0) -> None:
+    """Make every rank start from root's parameters and buffers (BatchNorm statistics included)."""
+    with torch.no_grad():
+        for name, t in [*model.named_parameters(), *model.named_buffers()]:
+            comm.broadcast_(t.data, root, label=f"broadcast {name}")
+
+
+def _checksums(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    rows = []
+    for t in tensors:
+        x = t.detach().reshape(-1).to(torch.float64)
+        w = torch.arange(1, x.numel() + 1, dtype=torch.float64)  # position-weighted: catches permutations
+        rows.append(torch.stack([x.sum(), (x * w).sum()]))
+    return torch.stack(rows) if rows else torch.zeros((0, 2), dtype=torch.float64)
+
+
+def check_sync(model: torch.nn.Module, comm: Communicator) -> list[str]:
+    """Names of parameters/buffers whose float64 checksums differ between ranks (empty when in sync)."""
+    named = [*model.named_parameters(), *model.named_buffers()]
+    sums = comm.allgather(_checksums(t for _, t in named), label="check_sync")
+    bad = torch.zeros(len(named), dtype=torch.bool)
+    for s in sums[1:]:
+        bad |= ~((s == sums[0]) | (s.isnan() & sums[0].isnan())).all(dim=1)
+    return [name for (name, _), b in zip(named, bad.tolist(), strict=True) if b]

@@ -1,0 +1,94 @@
+"""Worker run under a real launcher (mpiexec, torchrun, srun) by tests/test_env.py and tests/test_comm.py.
+
+``python comm_worker.py env``                     prints this rank's LaunchEnv as one JSON line
+``python comm_worker.py collectives BACKEND``     checks every collective against hand-computed values
+``python comm_worker.py hang BACKEND TIMEOUT R``  rank R sleeps before collective #3; the job must abort
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+
+from hpctrain.runtime.comm import make_communicator  # noqa: E402
+from hpctrain.runtime.env import detect_launch_env  # noqa: E402
+
+
+def collectives(backend: str) -> None:
+    comm = make_communicator(backend, timeout_s=60)
+    r, n = comm.rank, comm.size
+    t = torch.full((5,), float(r + 1))
+    comm.allreduce_(t)
+    assert torch.equal(t, torch.full((5,), n * (n + 1) / 2)), t
+    m = torch.arange(6, dtype=torch.float64).reshape(2, 3) * (r + 1)
+    comm.allreduce_(m, op="mean")
+    assert torch.allclose(m, torch.arange(6, dtype=torch.float64).reshape(2, 3) * (n + 1) / 2), m
+    mx = torch.tensor([float(r)])
+    comm.allreduce_(mx, op="max")
+    assert mx.item() == n - 1
+    half = torch.full((4,), float(r + 1), dtype=torch.float16)
+    comm.allreduce_(half)
+    assert half.dtype == torch.float16 and torch.equal(half.float(), torch.full((4,), n * (n + 1) / 2))
+    bf = torch.full((3,), float(r + 1), dtype=torch.bfloat16)
+    comm.allreduce_(bf)
+    assert bf.dtype == torch.bfloat16 and torch.equal(bf.float(), torch.full((3,), n * (n + 1) / 2))
+    strided = torch.arange(12, dtype=torch.float32).reshape(3, 4).t()  # not contiguous
+    comm.allreduce_(strided)
+    assert torch.equal(strided, torch.arange(12, dtype=torch.float32).reshape(3, 4).t() * n)
+    handles = [(comm.allreduce_async_(x, label=f"bucket {i}"), x) for i, x in
+               enumerate(torch.full((1000,), float(r * 10 + i)) for i in range(3))]
+    for i, (h, x) in enumerate(handles):
+        h.wait()
+        assert torch.equal(x, torch.full((1000,), float(sum(q * 10 + i for q in range(n)))))
+    b = torch.full((3,), float(r)) if r else torch.tensor([7.0, 8.0, 9.0])
+    comm.broadcast_(b, root=0)
+    assert torch.equal(b, torch.tensor([7.0, 8.0, 9.0]))
+    bbf = torch.full((2,), 1.5 if r == 0 else 0.0, dtype=torch.bfloat16)
+    comm.broadcast_(bbf, root=0)
+    assert torch.equal(bbf.float(), torch.tensor([1.5, 1.5]))
+    g = comm.allgather(torch.tensor([r, r * r], dtype=torch.int64))
+    assert [x.tolist() for x in g] == [[q, q * q] for q in range(n)], g
+    v = comm.allgather_varlen(torch.arange(r + 1, dtype=torch.int32))
+    assert [x.tolist() for x in v] == [list(range(q + 1)) for q in range(n)], v
+    if n % 2 == 0:
+        peer = r ^ 1
+        got = comm.sendrecv(torch.full((3,), float(r)), peer)
+        assert torch.equal(got, torch.full((3,), float(peer)))
+    comm.barrier()
+    comm.close()
+    print(f"rank {r}/{n} {backend} collectives OK", flush=True)
+
+
+def hang(backend: str, timeout_s: float, stuck: int) -> None:
+    comm = make_communicator(backend, timeout_s=timeout_s)
+    t = torch.ones(8)
+    comm.allreduce_(t, label="warm-up")
+    comm.barrier()
+    if comm.rank == stuck:
+        print(f"rank {stuck} going to sleep before collective #3", flush=True)
+        time.sleep(3600)
+    comm.allreduce_(t, label="bucket 3")
+    print(f"rank {comm.rank}: collective #3 completed (unexpected)", flush=True)
+
+
+def main(argv: list[str]) -> None:
+    torch.set_num_threads(1)
+    if argv[0] == "env":
+        print(json.dumps(dataclasses.asdict(detect_launch_env(os.environ))), flush=True)
+    elif argv[0] == "collectives":
+        collectives(argv[1])
+    elif argv[0] == "hang":
+        hang(argv[1], float(argv[2]), int(argv[3]))
+    else:
+        raise SystemExit(f"unknown mode {argv[0]!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

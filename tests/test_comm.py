@@ -1,0 +1,151 @@
+"""Tests of runtime/comm.py and runtime/watchdog.py with real launchers (MPICH hydra mpiexec, torchrun).
+
+The timeout tests really hang one rank and check that the whole job exits non-zero, on time, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpctrain.errors import ConfigError, RuntimeFailure
+from hpctrain.runtime.comm import (
+    SingleProcessCommunicator,
+    make_communicator,
+    port_from_job_id,
+    rendezvous_address,
+)
+from hpctrain.runtime.env import LaunchEnv
+from hpctrain.runtime.watchdog import Pending, Watchdog
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = str(ROOT / ".venv" / "bin" / "python")
+MPIEXEC = str(ROOT / ".venv" / "bin" / "mpiexec")
+TORCHRUN = str(ROOT / ".venv" / "bin" / "torchrun")
+WORKER = str(ROOT / "tests" / "mp_helpers" / "comm_worker.py")
+
+
+def _clean_env() -> dict[str, str]:
+    drop = ("PMI_", "MPI_LOCAL", "SLURM_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK",
+            "TORCHELASTIC")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=_clean_env(), cwd=ROOT)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("n", "backend"), [(2, "mpi"), (3, "mpi"), (3, "gloo")])
+def test_collectives_under_mpiexec(n: int, backend: str) -> None:
+    # gloo under mpiexec also exercises the rendezvous: rank 0's host:port broadcast over MPI.
+    out = _run([MPIEXEC, "-n", str(n), PY, WORKER, "collectives", backend], timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count(f"{backend} collectives OK") == n
+
+
+def test_collectives_gloo_under_torchrun() -> None:
+    argv = [TORCHRUN, "--nproc-per-node", "2", "--master-port", "29621", WORKER, "collectives", "gloo"]
+    out = _run(argv, 120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("gloo collectives OK") == 2
+
+
+TIMEOUT_S = 4.0
+
+
+@pytest.mark.mpi
+def test_mpi_stuck_rank_aborts_job_and_is_named() -> None:
+    t0 = time.monotonic()
+    out = _run([MPIEXEC, "-n", "3", PY, WORKER, "hang", "mpi", str(TIMEOUT_S), "2"], timeout=TIMEOUT_S + 60)
+    elapsed = time.monotonic() - t0
+    assert out.returncode != 0
+    assert elapsed < TIMEOUT_S + 15, elapsed
+    assert "rank 2 did not arrive at collective #3 (allreduce, bucket 3) within 4 s" in out.stderr, out.stderr
+
+
+def test_gloo_stuck_rank_aborts_job_and_is_named() -> None:
+    t0 = time.monotonic()
+    argv = [TORCHRUN, "--nproc-per-node", "3", "--master-port", "29622", WORKER,
+            "hang", "gloo", str(TIMEOUT_S), "2"]
+    out = _run(argv, timeout=TIMEOUT_S + 60)
+    assert out.returncode != 0
+    assert time.monotonic() - t0 < TIMEOUT_S + 15
+    assert "rank 2 did not arrive at collective #3 (allreduce, bucket 3) within 4 s" in out.stderr, out.stderr
+
+
+@pytest.mark.mpi
+def test_gloo_stuck_rank0_is_named_by_the_others() -> None:
+    # Rank 0 hosts the TCPStore; its server thread still answers while rank 0's Python sleeps.
+    t0 = time.monotonic()
+    out = _run([MPIEXEC, "-n", "3", PY, WORKER, "hang", "gloo", str(TIMEOUT_S), "0"], timeout=TIMEOUT_S + 60)
+    assert out.returncode != 0
+    assert time.monotonic() - t0 < TIMEOUT_S + 15
+    assert "rank 0 did not arrive at collective #3" in out.stderr, out.stderr
+
+
+def test_watchdog_fires_once_for_late_collective_and_not_for_done_ones() -> None:
+    fired: list[Pending] = []
+    wd = Watchdog(0.3, fired.append, tick_s=0.02)
+    done = wd.arm(1, "allreduce", "bucket 0")
+    wd.disarm(done)
+    wd.arm(2, "allreduce", "bucket 1", is_done=lambda: True)  # completed but never waited
+    late = wd.arm(3, "broadcast", "params")
+    time.sleep(0.8)
+    wd.close()
+    assert [p.index for p in fired] == [3]
+    assert fired[0] == late and fired[0].describe() == "collective #3 (broadcast, params)"
+
+
+def test_watchdog_poll_runs_when_idle() -> None:
+    calls = threading.Event()
+    wd = Watchdog(10, lambda p: None, poll=calls.set, tick_s=0.02)
+    assert calls.wait(2)
+    wd.close()
+
+
+def test_rendezvous_from_scheduler_nodelist_and_job_id() -> None:
+    env = LaunchEnv(1, 4, 1, 2, 0, 2, "slurm")
+    environ = {"SLURM_JOB_NODELIST": "nid[005-006]", "SLURM_JOB_ID": "777"}
+    assert rendezvous_address(env, environ) == ("nid005", port_from_job_id("777"))
+    assert 20000 <= port_from_job_id("777") < 60000 and port_from_job_id("777") != port_from_job_id("778")
+
+
+def test_rendezvous_torchrun_master_addr_wins() -> None:
+    env = LaunchEnv(0, 2, 0, 2, 0, 1, "torchrun", "host-a", 29500)
+    assert rendezvous_address(env, {"SLURM_JOB_NODELIST": "n1", "SLURM_JOB_ID": "1"}) == ("host-a", 29500)
+
+
+def test_rendezvous_without_any_source_names_the_fix() -> None:
+    with pytest.raises(RuntimeFailure, match="MASTER_ADDR and MASTER_PORT"):
+        rendezvous_address(LaunchEnv(0, 2, 0, 2, 0, 1, "env"), {})
+
+
+def test_make_communicator_rejects_unknown_and_mismatched_backends() -> None:
+    with pytest.raises(ConfigError, match="unknown communication backend 'tcp'"):
+        make_communicator("tcp", 10, environ={})
+    with pytest.raises(ConfigError, match="started 2 ranks"):
+        make_communicator("none", 10, environ={"MPI_LOCALRANKID": "0", "PMI_RANK": "0", "PMI_SIZE": "2"})
+
+
+def test_single_process_communicator_and_gloo_size_one() -> None:
+    c = make_communicator("none", 10, environ={})
+    assert isinstance(c, SingleProcessCommunicator)
+    t = torch.arange(4.0)
+    c.allreduce_async_(t).wait()
+    assert torch.equal(t, torch.arange(4.0)) and [x.tolist() for x in c.allgather(t)] == [t.tolist()]
+    g = make_communicator("gloo", 10, environ={})  # size 1 rendezvous on localhost, real gloo
+    try:
+        assert (g.rank, g.size) == (0, 1)
+        g.allreduce_(t, op="mean")
+        assert torch.equal(t, torch.arange(4.0))
+    finally:
+        g.close()
