@@ -21,6 +21,13 @@ COMMAND_MODULES = (
     "render",
     "schema",
     "run",
+    "submit",
+    "status",
+    "logs",
+    "cancel",
+    "runs",
+    "ffn",
+    "demo",
 )
 
 

@@ -74,7 +74,7 @@ def prepare_training_data(data: dict[str, Any], fov: tuple[int, int, int], delta
     if not isinstance(train, dict):
         raise ConfigError("the FFN needs data.train: {synthetic: {...}} or {image: FILE:DATASET, labels: ...}",
                           key="data.train")
-    if "synthetic" in train:
+    if train.get("synthetic"):
         synth = dict(train["synthetic"])
         shape = tuple(int(v) for v in synth.pop("shape", (48, 96, 96)))
         image, labels = make_synthetic_volume(shape, int(synth.pop("seed", 0)), **synth)  # type: ignore[arg-type]

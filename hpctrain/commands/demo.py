@@ -1,0 +1,21 @@
+"""``hpctrain demo``: the main job on the embedded default site (train, segment and evaluate an FFN)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("demo", help="train a small FFN with 2 local ranks, segment and evaluate")
+    parser.add_argument("--out", default="demo-out", help="output directory (replaced)")
+    parser.add_argument("--job", default=None, help="FFN job spec (default: jobs/ffn-local.yaml)")
+    parser.add_argument("--steps", type=int, default=None, help="override train.steps")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.set_defaults(handler=cmd_demo)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from hpctrain.ffn.demo import run_demo
+
+    result = run_demo(args.out, job_path=args.job, steps=args.steps, ranks=args.ranks)
+    return 0 if result["beats_baseline"] else 1

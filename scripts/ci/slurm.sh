@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# A real single-node Slurm (Debian's 22.05 packages) for tests and demos: munged + slurmctld + slurmd on
+# this machine, state/logs under $HPCTRAIN_SLURM_DIR (default /tmp/hpctrain-slurm), config at
+# /etc/slurm/slurm.conf where every Slurm client finds it.  Usage: slurm.sh start|stop|status|env
+#
+# CPU oversubscription: tests run 4 ranks on a 2-core box.  OverSubscribe=YES only lets *jobs* share CPUs;
+# one job with more tasks than the node's CPUs is refused ("Requested node configuration is not available"),
+# even with --oversubscribe; only --overcommit gets it through.  Scripts rendered by hpctrain should not
+# need a CI-only flag, so the node declares max(nproc, HPCTRAIN_SLURM_CPUS=8) CPUs, and
+# `SlurmdParameters=config_overrides` makes slurmd trust that figure instead of draining the node for
+# having fewer real cores.  tests/test_infra.py checks all of this.
+set -euo pipefail
+
+DIR=${HPCTRAIN_SLURM_DIR:-/tmp/hpctrain-slurm}
+CONF=/etc/slurm/slurm.conf
+MARKER="# written by hpctrain scripts/ci/slurm.sh"
+NODE=localhost
+PARTITION=debug
+START_TIMEOUT=${HPCTRAIN_SLURM_START_TIMEOUT:-60}
+MUNGE_KEY=/etc/munge/munge.key
+MUNGE_PID=/run/munge/munged.pid
+
+log() { echo "[slurm.sh] $*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+pid_alive() {  # pid_alive PIDFILE
+    [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
+}
+
+node_state() {
+    timeout 10 sinfo -h -N -n "$NODE" -o %t 2>/dev/null | head -n1 || true
+}
+
+pids_named() {  # pids_named NAME...: pids whose command name is one of NAMEs (no procps needed)
+    local p comm name
+    for p in /proc/[0-9]*; do
+        comm=$(cat "$p/comm" 2>/dev/null) || continue
+        for name in "$@"; do
+            [[ $comm == "$name" ]] && printf '%s ' "${p#/proc/}"
+        done
+    done
+    return 0
+}
+
+munge_ok() {
+    munge -n 2>/dev/null | unmunge >/dev/null 2>&1
+}
+
+healthy() {
+    pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && munge_ok || return 1
+    local st
+    st=$(node_state)
+    [[ $st == idle* || $st == mix* || $st == alloc* || $st == comp* ]]
+}
+
+declared_cpus() {
+    local n want
+    n=$(nproc)
+    want=${HPCTRAIN_SLURM_CPUS:-8}
+    (( want > n )) && echo "$want" || echo "$n"
+}
+
+real_memory_mb() {
+    # Half of the memory available now, at most 16 GiB, at least 1 GiB: safely below what slurmd sees.
+    local avail_kb mb
+    avail_kb=$(awk '/^MemAvailable:/ {print $2}' /proc/meminfo)
+    mb=$(( avail_kb / 1024 / 2 ))
+    (( mb > 16384 )) && mb=16384
+    (( mb < 1024 )) && mb=1024
+    echo "$mb"
+}
+
+write_conf() {
+    local cpus mem
+    cpus=$(declared_cpus)
+    mem=$(real_memory_mb)
+    if [[ -e $CONF ]] && ! grep -qF "$MARKER" "$CONF" && [[ ${HPCTRAIN_SLURM_FORCE:-0} != 1 ]]; then
+        die "$CONF exists and was not written by this script; move it away or set HPCTRAIN_SLURM_FORCE=1"
+    fi
+    mkdir -p "$(dirname "$CONF")"
+    cat >"$DIR/slurm.conf" <<EOF
+$MARKER (state under $DIR); rewritten on every start
+ClusterName=hpctrain
+SlurmctldHost=$NODE
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+# Credentials expire after 10 s instead of 120 s: a requeued job is runnable again after ~12 s.
+AuthInfo=cred_expire=10
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+ReturnToService=2
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=5,sched_interval=5
+MinJobAge=600
+KillWait=10
+InactiveLimit=0
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+# Finished jobs go to a text file so that `sacct -c` works without slurmdbd.
+JobCompType=jobcomp/filetxt
+JobCompLoc=$DIR/jobcomp.txt
+StateSaveLocation=$DIR/state
+SlurmdSpoolDir=$DIR/spool
+SlurmctldPidFile=$DIR/slurmctld.pid
+SlurmdPidFile=$DIR/slurmd.pid
+SlurmctldLogFile=$DIR/log/slurmctld.log
+SlurmdLogFile=$DIR/log/slurmd.log
+SlurmctldDebug=info
+MailProg=/bin/true
+SlurmdDebug=info
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN
+PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+PartitionName=long Nodes=$NODE Default=NO MaxTime=INFINITE State=UP OverSubscribe=YES
+EOF
+    cp "$DIR/slurm.conf" "$CONF"
+    chmod 0644 "$CONF"
+}
+
+start_munge() {
+    if munge_ok; then
+        return 0
+    fi
+    getent passwd munge >/dev/null || die "no 'munge' user: run 'bash scripts/install.sh' first"
+    if [[ ! -s $MUNGE_KEY ]]; then
+        mkdir -p "$(dirname "$MUNGE_KEY")"
+        dd if=/dev/urandom of="$MUNGE_KEY" bs=1024 count=1 status=none
+    fi
+    chown munge:munge "$MUNGE_KEY" "$(dirname "$MUNGE_KEY")"
+    chmod 0400 "$MUNGE_KEY"
+    chmod 0700 "$(dirname "$MUNGE_KEY")"
+    mkdir -p /run/munge /var/log/munge /var/lib/munge
+    chown munge:munge /run/munge /var/log/munge /var/lib/munge
+    chmod 0755 /run/munge
+    if pid_alive "$MUNGE_PID"; then
+        kill "$(cat "$MUNGE_PID")" 2>/dev/null || true
+        sleep 1
+    fi
+    # --force: a stale socket left by a killed munged must not stop the new one.
+    runuser -u munge -- /usr/sbin/munged --force </dev/null >>"$DIR/log/munged.stdout" 2>&1 9>&- \
+        || die "munged failed to start; see /var/log/munge/munged.log"
+    for _ in $(seq 50); do
+        munge_ok && return 0
+        sleep 0.1
+    done
+    die "munged started but 'munge -n | unmunge' fails; see /var/log/munge/munged.log"
+}
+
+show_logs() {
+    local f
+    for f in "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" "$DIR/log/slurmctld.stdout" "$DIR/log/slurmd.stdout"; do
+        [[ -s $f ]] || continue
+        echo "----- tail $f" >&2
+        tail -n 25 "$f" >&2
+    done
+}
+
+do_start() {
+    mkdir -p "$DIR"
+    exec 9>"$DIR/lock"
+    flock -w 120 9 || die "could not lock $DIR/lock (another start/stop still running?)"
+    if pid_alive "$DIR/slurmctld.pid" && [[ -s $DIR/slurm.conf ]] && ! cmp -s "$DIR/slurm.conf" "$CONF"; then
+        # Clients (sbatch, sacct) read $CONF on every call: put back the config the daemons run with.
+        log "warning: $CONF changed under the running daemons; restoring it from $DIR/slurm.conf"
+        cp "$DIR/slurm.conf" "$CONF"
+    fi
+    local i
+    for i in 1 2 3; do
+        if healthy; then
+            log "already running (node $NODE $(node_state), state in $DIR)"
+            return 0
+        fi
+        # Daemons alive but slow to answer (a loaded box): do not kill everyone's jobs on the first miss.
+        pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && (( i < 3 )) || break
+        sleep 2
+    done
+    command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
+        || die "Slurm/munge not installed: run 'bash scripts/install.sh' first"
+    local t0 foreign
+    t0=$(date +%s)
+    # A half-started set (e.g. slurmd died) is restarted from scratch.
+    stop_slurm_daemons
+    foreign=$(pids_named slurmctld slurmd)
+    [[ -z $foreign ]] || die "Slurm daemons not started by this script are running (pids: $foreign); stop them first"
+    mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
+    write_conf
+    start_munge
+    # -c: start from a clean job/node state.  Daemons fork and detach; their stdio goes to files so that a
+    # caller capturing our output (pytest's subprocess) never waits on a pipe a daemon still holds, and the
+    # lock fd 9 is closed for them so the lock is released when this script exits.
+    : >"$DIR/log/slurmctld.stdout"
+    : >"$DIR/log/slurmd.stdout"
+    setsid slurmctld -c </dev/null >>"$DIR/log/slurmctld.stdout" 2>&1 9>&- \
+        || { show_logs; die "slurmctld failed to start"; }
+    setsid slurmd -N "$NODE" </dev/null >>"$DIR/log/slurmd.stdout" 2>&1 9>&- \
+        || { show_logs; die "slurmd failed to start"; }
+    local st=""
+    for _ in $(seq $(( START_TIMEOUT * 2 ))); do
+        st=$(node_state)
+        if [[ $st == idle* ]]; then
+            log "started in $(( $(date +%s) - t0 )) s: node $NODE idle, CPUs=$(declared_cpus)," \
+                "partitions $PARTITION (default) + long, state in $DIR"
+            return 0
+        fi
+        if [[ $st == down* || $st == drain* ]]; then
+            # ReturnToService=2 should avoid this; bring it back once.
+            scontrol update NodeName="$NODE" State=RESUME >/dev/null 2>&1 || true
+        fi
+        sleep 0.5
+    done
+    show_logs
+    die "node $NODE not idle after ${START_TIMEOUT} s (last state: '${st:-no answer from slurmctld}')"
+}
+
+stop_pidfile() {  # stop_pidfile PIDFILE NAME
+    local pid
+    pid_alive "$1" || { rm -f "$1"; return 0; }
+    pid=$(cat "$1")
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do
+        kill -0 "$pid" 2>/dev/null || { rm -f "$1"; return 0; }
+        sleep 0.1
+    done
+    log "$2 (pid $pid) ignored SIGTERM for 10 s; sending SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    rm -f "$1"
+}
+
+stop_slurm_daemons() {
+    if pid_alive "$DIR/slurmctld.pid"; then
+        # Cancel jobs first so no slurmstepd (and user processes) outlive the daemons.
+        local jobs
+        jobs=$(timeout 10 squeue -h -t PD,R,CG,S -o %A 2>/dev/null || true)
+        if [[ -n $jobs ]]; then
+            # shellcheck disable=SC2086
+            timeout 10 scancel $jobs 2>/dev/null || true
+            for _ in $(seq 20); do
+                [[ -z $(timeout 5 squeue -h -t R,CG -o %A 2>/dev/null || true) ]] && break
+                sleep 0.5
+            done
+        fi
+    fi
+    stop_pidfile "$DIR/slurmd.pid" slurmd
+    stop_pidfile "$DIR/slurmctld.pid" slurmctld
+}
+
+do_stop() {
+    mkdir -p "$DIR"
+    exec 9>"$DIR/lock"
+    flock -w 120 9 || die "could not lock $DIR/lock"
+    stop_slurm_daemons
+    stop_pidfile "$MUNGE_PID" munged
+    log "stopped (state kept in $DIR)"
+}
+
+do_status() {
+    local rc=0 name f
+    for name in slurmctld slurmd; do
+        f="$DIR/$name.pid"
+        if pid_alive "$f"; then echo "$name: running (pid $(cat "$f"))"; else echo "$name: stopped"; rc=1; fi
+    done
+    if munge_ok; then echo "munged: running"; else echo "munged: stopped"; rc=1; fi
+    echo "node $NODE: $(node_state || true)"
+    echo "config: $CONF; state: $DIR"
+    [[ $rc == 0 ]] && healthy || rc=1
+    return $rc
+}
+
+do_env() {
+    echo "export SLURM_CONF=$CONF"
+    echo "export HPCTRAIN_SLURM_DIR=$DIR"
+    echo "export HPCTRAIN_SLURM_PARTITION=$PARTITION"
+    echo "export HPCTRAIN_SLURM_NODE=$NODE"
+    echo "export HPCTRAIN_SLURM_CPUS=$(declared_cpus)"
+}
+
+case "${1:-}" in
+    start) do_start ;;
+    stop) do_stop ;;
+    status) do_status ;;
+    env) do_env ;;
+    *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+esac

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The one test command (CI runs it through .ci/run): install, start the real Slurm and the loopback sshd,
+# run pytest over tests/ (extra arguments are passed to pytest), then ruff.  Exit status is non-zero when
+# pytest or ruff fails.  Daemons this script started are stopped on exit; ones already running are left
+# alone (other work on a dev machine uses them) unless HPCTRAIN_STOP_DAEMONS=1.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+t0=$(date +%s)
+elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+
+bash scripts/install.sh || { echo "[test] install failed after $(elapsed)" >&2; exit 1; }
+
+started=()
+for d in slurm sshd; do
+    if [[ ${HPCTRAIN_STOP_DAEMONS:-0} == 1 ]] || ! bash "scripts/ci/$d.sh" status >/dev/null 2>&1; then
+        started+=("$d")
+    fi
+done
+cleanup() {
+    local d
+    for d in "${started[@]}"; do
+        bash "scripts/ci/$d.sh" stop || true
+    done
+}
+trap cleanup EXIT
+
+bash scripts/ci/slurm.sh start || { echo "[test] Slurm did not start after $(elapsed)" >&2; exit 1; }
+bash scripts/ci/sshd.sh start || { echo "[test] sshd did not start after $(elapsed)" >&2; exit 1; }
+eval "$(bash scripts/ci/slurm.sh env)"
+eval "$(bash scripts/ci/sshd.sh env)"
+echo "[test] daemons up after $(elapsed)"
+
+if [[ $# -eq 0 ]]; then
+    set -- tests
+fi
+t_py=$(date +%s)
+.venv/bin/python -m pytest -q -ra "$@"
+pytest_rc=$?
+echo "[test] pytest exit $pytest_rc in $(( $(date +%s) - t_py )) s"
+
+lint_paths=()
+for p in hpctrain tests benchmarks; do
+    [[ -e $p ]] && lint_paths+=("$p")
+done
+.venv/bin/ruff check "${lint_paths[@]}"
+ruff_rc=$?
+echo "[test] ruff exit $ruff_rc"
+
+echo "[test] total $(elapsed) (pytest $pytest_rc, ruff $ruff_rc)"
+(( pytest_rc == 0 && ruff_rc == 0 ))

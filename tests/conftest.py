@@ -1,0 +1,155 @@
+"""Session fixtures for the real components tests run against: the single-node Slurm and the loopback sshd
+started by scripts/ci/*.sh, the repository root and the project venv.  When a daemon cannot be started the
+fixture FAILS (never skips) and says to run `bash scripts/install.sh`.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SLURM_NODE = "localhost"
+SSH_HOST = "hpctrain-test-login"
+# Job states after which a job will not change any more (REQUEUED/PENDING can still move on).
+TERMINAL_STATES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+     "PREEMPTED", "SPECIAL_EXIT"}
+)
+_UP_STATES = ("idle", "mix", "alloc", "comp")
+
+
+def _run(
+    argv: Sequence[str], timeout: float = 30, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          stdin=subprocess.DEVNULL)
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """The running single-node Slurm: where to submit and how to wait for a job."""
+
+    partition: str
+    cpus: int
+    node: str
+    partitions: tuple[str, ...]
+
+    def state(self, job_id: int | str) -> str | None:
+        """Current state of a job (first word, e.g. CANCELLED for 'CANCELLED by 0'), None if unknown."""
+        out = _run(["scontrol", "show", "job", "-o", str(job_id)], timeout=15)
+        if out.returncode == 0:
+            for field in out.stdout.split():
+                if field.startswith("JobState="):
+                    return field.split("=", 1)[1]
+        # Purged from slurmctld (MinJobAge passed): the jobcomp text file still knows finished jobs.
+        acct = _run(["sacct", "-c", "-j", str(job_id), "-n", "-P", "-o", "State"], timeout=15)
+        lines = [ln.split()[0] for ln in acct.stdout.splitlines() if ln.strip()]
+        return lines[-1] if acct.returncode == 0 and lines else None
+
+    def wait_for_state(self, job_id: int | str, states: Iterable[str], timeout: float = 60) -> str:
+        """Poll until the job is in one of `states`; fail the test on timeout or another final state."""
+        wanted = {s.upper() for s in states}
+        deadline = time.monotonic() + timeout
+        seen: list[str] = []
+        while True:
+            st = self.state(job_id)
+            if st is not None and (not seen or seen[-1] != st):
+                seen.append(st)
+            if st in wanted:
+                return st
+            if st in TERMINAL_STATES or time.monotonic() > deadline:
+                why = f"ended {st}" if st in TERMINAL_STATES else f"still {st} after {timeout:.0f} s"
+                detail = _run(["scontrol", "show", "job", str(job_id)]).stdout
+                pytest.fail(f"job {job_id} {why}, wanted {sorted(wanted)}; states seen: {seen}\n{detail}")
+            time.sleep(0.5)
+
+    def sbatch(self, *args: str, cwd: Path | None = None) -> int:
+        """Submit with `sbatch --parsable ARGS` and return the job id (fails the test on error)."""
+        out = _run(["sbatch", "--parsable", "-p", self.partition, *args], cwd=cwd)
+        if out.returncode != 0:
+            pytest.fail(f"sbatch {' '.join(args)} failed (exit {out.returncode}): {out.stderr.strip()}")
+        return int(out.stdout.strip().split(";")[0])
+
+
+@dataclass(frozen=True)
+class SshLogin:
+    """The loopback sshd: use as `ssh -F config host CMD`."""
+
+    config: Path
+    host: str
+    key: Path
+    known_hosts: Path
+    port: int
+
+    def argv(self, *command: str, options: Sequence[str] = ()) -> list[str]:
+        return ["ssh", "-F", str(self.config), *options, self.host, *command]
+
+
+def _start_failure(what: str, proc: subprocess.CompletedProcess[str] | None, err: str = "") -> None:
+    detail = err or (proc.stdout + proc.stderr if proc is not None else "")
+    pytest.fail(
+        f"{what} could not be started. Run `bash scripts/install.sh` (as root) and then "
+        f"`bash scripts/ci/{what.lower()}.sh start` to see the error.\n{detail.strip()[-3000:]}",
+        pytrace=False,
+    )
+
+
+def _slurm_up() -> bool:
+    try:
+        out = _run(["sinfo", "-h", "-N", "-n", SLURM_NODE, "-o", "%t"], timeout=15)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and out.stdout.strip().startswith(_UP_STATES)
+
+
+@pytest.fixture(scope="session")
+def repo_root() -> Path:
+    return REPO_ROOT
+
+
+@pytest.fixture(scope="session")
+def venv_bin() -> Path:
+    """The bin/ directory of the project venv (the one running these tests when .venv is absent)."""
+    bin_dir = REPO_ROOT / ".venv" / "bin"
+    return bin_dir if (bin_dir / "python").exists() else Path(sys.executable).parent
+
+
+@pytest.fixture(scope="session")
+def slurm() -> SlurmCluster:
+    if not _slurm_up():
+        try:
+            proc = _run(["bash", str(REPO_ROOT / "scripts/ci/slurm.sh"), "start"], timeout=150)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _start_failure("Slurm", None, repr(exc))
+        if proc.returncode != 0 or not _slurm_up():
+            _start_failure("Slurm", proc)
+    parts = _run(["sinfo", "-h", "-o", "%P"]).stdout.split()
+    default = next((p.rstrip("*") for p in parts if p.endswith("*")), parts[0] if parts else "debug")
+    cpus = int(_run(["sinfo", "-h", "-N", "-n", SLURM_NODE, "-o", "%c"]).stdout.split()[0])
+    return SlurmCluster(partition=default, cpus=cpus, node=SLURM_NODE,
+                        partitions=tuple(p.rstrip("*") for p in parts))
+
+
+@pytest.fixture(scope="session")
+def sshd() -> SshLogin:
+    try:
+        proc = _run(["bash", str(REPO_ROOT / "scripts/ci/sshd.sh"), "start"], timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _start_failure("sshd", None, repr(exc))
+    if proc.returncode != 0:
+        _start_failure("sshd", proc)
+    env = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in _run(["bash", str(REPO_ROOT / "scripts/ci/sshd.sh"), "env"]).stdout.splitlines()
+        if line.startswith("export ")
+    )
+    return SshLogin(config=Path(env["HPCTRAIN_SSH_CONFIG"]), host=env["HPCTRAIN_SSH_HOST"],
+                    key=Path(env["HPCTRAIN_SSH_KEY"]), known_hosts=Path(env["HPCTRAIN_SSH_KNOWN_HOSTS"]),
+                    port=int(env["HPCTRAIN_SSH_PORT"]))
