@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,18 +63,9 @@ def test_torchrun_real() -> None:
     assert rows[0]["master_port"] == 29611 and rows[0]["master_addr"]
 
 
-def _slurm_up() -> bool:
-    if not shutil.which("sinfo"):
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=10).returncode == 0
-    except (subprocess.TimeoutExpired, OSError):
-        return False
-
 
 @pytest.mark.slurm
-@pytest.mark.skipif(not _slurm_up(), reason="no real Slurm answers sinfo (scripts/ci/slurm.sh starts one)")
-def test_srun_real() -> None:
+def test_srun_real(slurm: object) -> None:
     rows = _run_env_worker(["srun", "-n", "2", "--overcommit", PY, WORKER, "env"])
     assert [(r["rank"], r["size"], r["local_rank"], r["local_size"], r["launcher"]) for r in rows] == [
         (0, 2, 0, 2, "slurm"), (1, 2, 1, 2, "slurm")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import sys
@@ -116,23 +115,8 @@ def test_gpu_affinity_module_sets_the_variable_and_execs() -> None:
 # Real launchers
 
 
-def _slurm_ready(request: pytest.FixtureRequest) -> None:
-    """Use the shared ``slurm`` fixture when conftest has one, else check sinfo ourselves."""
-    try:
-        request.getfixturevalue("slurm")
-        return
-    except pytest.FixtureLookupError:
-        pass
-    if shutil.which("sinfo") is None:
-        pytest.skip("no Slurm client installed")
-    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, timeout=20)
-    if out.returncode != 0 or not any(s.startswith(("idle", "mix", "alloc")) for s in out.stdout.split()):
-        pytest.skip("the single-node Slurm is not up (scripts/ci/slurm.sh start)")
-
-
 @pytest.mark.slurm
-def test_srun_line_starts_the_requested_ranks_inside_salloc(request: pytest.FixtureRequest) -> None:
-    _slurm_ready(request)
+def test_srun_line_starts_the_requested_ranks_inside_salloc(slurm: object) -> None:
     argv = get_launcher("srun")(["printenv", "SLURM_PROCID"], LaunchPlan(nodes=1, ranks_per_node=2))
     out = subprocess.run(["salloc", "--nodes=1", "--ntasks=2", "--time=2", "--job-name=hpctrain-test-srun",
                           *argv], capture_output=True, text=True, timeout=120)
@@ -142,8 +126,7 @@ def test_srun_line_starts_the_requested_ranks_inside_salloc(request: pytest.Fixt
 
 @pytest.mark.mpi
 def test_hydra_line_runs_with_the_mpich_wheel_and_binds_gpus_per_local_rank() -> None:
-    if not MPIEXEC.exists():
-        pytest.skip("the MPICH wheel's mpiexec is not installed in .venv")
+    assert MPIEXEC.exists(), "the MPICH wheel's mpiexec is missing from .venv: run bash scripts/install.sh"
     plan = LaunchPlan(nodes=1, ranks_per_node=2, gpus_per_rank=1, gpu_kind="nvidia", python=sys.executable)
     argv = get_launcher("mpiexec-hydra")(["sh", "-c", 'echo "$PMI_RANK:$CUDA_VISIBLE_DEVICES"'], plan)
     assert argv[0] == "mpiexec"

@@ -10,7 +10,6 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import re
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -201,10 +200,8 @@ def test_strict_pbs_check_accepts_shipped_scripts_and_rejects_bad_lines() -> Non
 
 
 @pytest.mark.slurm
-def test_pbs_script_is_accepted_by_sbatch_test_only_as_a_stand_in(tmp_path: Path) -> None:
+def test_pbs_script_is_accepted_by_sbatch_test_only_as_a_stand_in(tmp_path: Path, slurm: object) -> None:
     """Stand-in only: Slurm's sbatch reads #PBS lines (select, walltime, -N, -o) but ignores unknown ones."""
-    if shutil.which("sbatch") is None:
-        pytest.skip("no sbatch")
     path = _write(tmp_path, "pbsci", """\
         name: pbsci
         scheduler: pbs
