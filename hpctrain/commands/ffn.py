@@ -56,7 +56,7 @@ def resolve_checkpoint(path: str) -> str:
 
         latest = CheckpointStore(p).latest_valid()
         if latest is not None:
-            return str(latest.shared_path)
+            return str(latest.path / "shared.pt")
     return path
 
 

@@ -30,12 +30,26 @@ def _kinded(value: object) -> object:
 
 
 class OptimizerConfig(Strict):
+    """Keys left out take torch's defaults; each optimizer accepts only its own keys."""
+
     name: Literal["sgd", "adam", "lamb"] = "sgd"
-    momentum: float = Field(0.9, ge=0, lt=1)
-    nesterov: bool = False
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
+    momentum: float | None = Field(None, ge=0, lt=1, description="sgd")
+    nesterov: bool | None = Field(None, description="sgd")
+    dampening: float | None = Field(None, ge=0, description="sgd")
+    weight_decay: float | None = Field(None, ge=0, description="all (decoupled for lamb)")
+    betas: tuple[float, float] | None = Field(None, description="adam, lamb")
+    eps: float | None = Field(None, gt=0, description="adam, lamb")
+    amsgrad: bool | None = Field(None, description="adam")
+
+    @model_validator(mode="after")
+    def _keys_fit_name(self) -> OptimizerConfig:
+        allowed = {"sgd": {"momentum", "nesterov", "dampening", "weight_decay"},
+                   "adam": {"betas", "eps", "weight_decay", "amsgrad"},
+                   "lamb": {"betas", "eps", "weight_decay"}}[self.name]
+        given = {k for k in type(self).model_fields if k != "name" and getattr(self, k) is not None}
+        if given - allowed:
+            raise ValueError(f"optimizer {self.name!r} takes {sorted(allowed)}, not {sorted(given - allowed)}")
+        return self
 
 
 class WarmupConfig(Strict):

@@ -38,9 +38,10 @@ def progress_line(record: dict[str, Any], total: int, unit: str) -> str:
         parts.append(f"lr {record['lr']:.3g}")
     if "per_rank_rate" in record:
         parts.append(f"{record['per_rank_rate']:.2f} {unit}/s/rank")
-    for key in ("precision", "recall", "f1", "accuracy"):
-        if key in record:
-            parts.append(f"{key} {record[key]:.3f}")
+    shown = {"step", "loss", "lr", "per_rank_rate", "time", "ranks", "final", "steps"}
+    for key, value in record.items():
+        if key not in shown and isinstance(value, float):
+            parts.append(f"{key} {value:.3f}")
     return "  ".join(parts)
 
 

@@ -52,7 +52,7 @@ def choose_backend(requested: str, world_size_hint: int, environ: dict[str, str]
     env = detect_launch_env(environ)
     if env.size == 1 and world_size_hint <= 1:
         return "none"
-    if env.launcher in ("torchrun", "local"):
+    if env.launcher in ("torchrun", "env"):  # torchrun or hpctrain's local launcher: no MPI process manager
         return "gloo"
     try:
         import mpi4py  # noqa: F401
@@ -162,6 +162,11 @@ def train(job: JobSpec, run_dir: Path, *, backend: str = "auto", check_sync_ever
     env = detect_launch_env(environ)
     chosen = choose_backend(backend if backend != "auto" else job.train.comm_backend, env.size, environ)
     comm = make_communicator(chosen, job.train.collective_timeout_s, environ)
+    if comm.size != env.size:
+        comm.close()
+        raise RuntimeFailure(
+            f"the launcher ({env.launcher}) started {env.size} ranks but backend {chosen!r} sees {comm.size}",
+            hint="with mpi, mpi4py must use the MPI of the launcher (srun --mpi=pmi2 with MPICH; see docs/runtime.md)")
     try:
         return _train_with(job, run_dir, comm, env.local_rank, check_sync_every)
     finally:
@@ -182,7 +187,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     model = task.model.to(device)
     broadcast_model(model, comm)
     schedule = LRSchedule.from_spec(job.schedule_config(), size)
-    optimizer = build_optimizer(model.parameters(), job.train.optimizer.model_dump(), lr=schedule.lr_at(0))
+    optimizer = build_optimizer(model.parameters(), job.train.optimizer.model_dump(exclude_none=True),
+                                lr=schedule.lr_at(0))
     exchange = GradientExchange(job, model, comm, optimizer)
     session = CheckpointSession(job, run_dir, comm, task=task, model=model, optimizer=optimizer,
                                 schedule=schedule, exchange=exchange)
@@ -232,6 +238,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
                 break
     finally:
         metrics.close()
+        session.close()
     if exchange.averager is not None:
         exchange.averager.flush(exchange.params)
     final = task.evaluate() if rank == 0 and not stopped else {}
