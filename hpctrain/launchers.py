@@ -76,8 +76,10 @@ def gpu_wrapper(command: list[str], plan: LaunchPlan) -> list[str]:
 @register("srun")
 def srun(command: list[str], plan: LaunchPlan) -> list[str]:
     """Slurm's srun; GPUs per rank through ``--gpus-per-task`` and ``--gpu-bind=closest``."""
+    # --kill-on-bad-exit: a rank that dies takes the step down at once instead of leaving peers blocked.
     argv = ["srun", f"--nodes={plan.nodes}", f"--ntasks={plan.ranks}",
-            f"--ntasks-per-node={plan.ranks_per_node}", f"--cpus-per-task={plan.cpus_per_task}"]
+            f"--ntasks-per-node={plan.ranks_per_node}", f"--cpus-per-task={plan.cpus_per_task}",
+            "--kill-on-bad-exit=1"]
     if plan.gpus_per_rank > 0:
         argv += [f"--gpus-per-task={plan.gpus_per_rank}", "--gpu-bind=closest"]
     if plan.cpu_bind:

@@ -168,8 +168,10 @@ def render_script(
         "prologue.tmpl", run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable,
         environment="\n".join(environment_lines(job, site, placement, plan, interpreter)),
     ).rstrip("\n")
+    requeue = scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)
     launch = fill("launch.tmpl", signal=ckpt.signal, timer=timer, timer_stop=timer_stop,
-                  launch_line=" ".join(quote_path(word) for word in launch_argv)).rstrip("\n")
+                  launch_line=" ".join(quote_path(word) for word in launch_argv),
+                  requeue="\n".join(requeue)).rstrip("\n")
     text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header),
                 signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s, prologue=prologue, launch=launch)
     return RenderedScript(text=text, scheduler=scheduler, placement=placement, launch_argv=launch_argv)

@@ -79,8 +79,9 @@ def _missing_program_message(prog: str, where: str) -> str:
 # "sh: 1: sbatch: not found", "bash: line 1: sbatch: command not found", "env: 'sbatch': No such file...",
 # zsh's "zsh: command not found: sbatch"
 _NOT_FOUND_ZSH = re.compile(r"command not found: (\S+)", re.I)
-_NOT_FOUND = re.compile(r"(?:^|: )'?([^\s:']+)'?: (?:command )?not found|"
-                        r"^env: '?([^\s:']+)'?: No such file or directory", re.M | re.I)
+# GNU tools quote names with ‘’ in UTF-8 locales and with '' in the C locale.
+_NOT_FOUND = re.compile(r"(?:^|: )['‘]?([^\s:'‘’]+)['’]?: (?:command )?not found|"
+                        r"^env: ['‘]?([^\s:'‘’]+)['’]?: No such file or directory", re.M | re.I)
 
 
 def _missing_name(stderr: str) -> str | None:

@@ -43,12 +43,13 @@ def test_srun_argv_with_gpus_binding_and_extra_args() -> None:
                       extra_args=("--mpi=pmi2",), cpus_per_rank=32)
     assert get_launcher("srun")(CMD, plan) == [
         "srun", "--nodes=4", "--ntasks=16", "--ntasks-per-node=4", "--cpus-per-task=32",
-        "--gpus-per-task=1", "--gpu-bind=closest", "--cpu-bind=cores", "--mpi=pmi2", *CMD]
+        "--kill-on-bad-exit=1", "--gpus-per-task=1", "--gpu-bind=closest", "--cpu-bind=cores", "--mpi=pmi2", *CMD]
 
 
 def test_srun_argv_cpu_only_has_no_gpu_or_bind_options() -> None:
     argv = get_launcher("srun")(CMD, LaunchPlan(nodes=1, ranks_per_node=2))
-    assert argv == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=1", *CMD]
+    assert argv == ["srun", "--nodes=1", "--ntasks=2", "--ntasks-per-node=2", "--cpus-per-task=1",
+                    "--kill-on-bad-exit=1", *CMD]
 
 
 def test_aprun_theta_one_rank_of_128_threads_uses_two_hardware_threads_per_core() -> None:

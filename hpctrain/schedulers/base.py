@@ -22,6 +22,7 @@ from hpctrain.shell import directive_word, is_home_relative
 if TYPE_CHECKING:
     from hpctrain.schedulers.status_parsers import JobStatus
 
+EXIT_REQUEUE = 75  # what `hpctrain run` exits with after a signal-driven checkpoint (runtime/trainer.py)
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok", "after")
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.\[\]-]+$")
 _LINE_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
@@ -92,6 +93,14 @@ class Scheduler:
         """The command that puts a job back in the queue, or None when the scheduler cannot."""
         return None
 
+    def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
+        """Shell lines run when the ranks stopped at a checkpoint (exit 75): put the job back in line.
+
+        ``script_path`` is the quoted path of this script in the run directory. Default: none (the
+        job ends with status 75 and ``hpctrain resume`` continues it).
+        """
+        return []
+
 
 # ---------------------------------------------------------------------------------------------------------
 # Shared helpers for back-ends
@@ -140,6 +149,25 @@ def queue_submit_name(placement: Placement) -> str | None:
     if placement.queue is not None and placement.queue.submit_as:
         return placement.queue.submit_as
     return placement.queue_name
+
+
+def requeue_block(restart_variable: str, max_requeues: int, action: list[str]) -> list[str]:
+    """``if status is 75 and restarts < max: action`` — shared by the back-ends that requeue themselves."""
+    lines = [
+        f'restarts="${{{restart_variable}:-0}}"',
+        f'if [ "${{status}}" -eq {EXIT_REQUEUE} ] && [ "${{restarts}}" -lt {max_requeues} ]; then',
+        f'    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue '
+        f'(restart $((restarts + 1)) of {max_requeues})"',
+    ]
+    lines += [f"    {line}" for line in action]
+    lines += [
+        '    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2',
+        f'elif [ "${{status}}" -eq {EXIT_REQUEUE} ]; then',
+        f'    echo "hpctrain: stopped at a checkpoint and max_requeues ({max_requeues}) is reached; '
+        'continue with: hpctrain resume RUN" >&2',
+        "fi",
+    ]
+    return lines
 
 
 _BACKENDS = {"slurm": "hpctrain.schedulers.slurm", "pbs": "hpctrain.schedulers.pbs",

@@ -22,6 +22,7 @@ from hpctrain.schedulers.base import (
     directive_value,
     merged_directives,
     queue_submit_name,
+    requeue_block,
 )
 from hpctrain.shell import directive_word
 
@@ -70,6 +71,12 @@ class Cobalt(Scheduler):
         if hold:
             argv.append("-h")
         return [*argv, script_path]
+
+    def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
+        # Cobalt cannot requeue a job: submit the script again, to start once this job has ended.
+        return requeue_block("HPCTRAIN_RESTART_COUNT", max_requeues, [
+            f'qsub --dependencies "${{COBALT_JOBID}}" --env HPCTRAIN_RESTART_COUNT="$((restarts + 1))" {script_path}'
+            " && exit 0"])
 
     def parse_job_id(self, stdout: str) -> str:
         # qsub prints the numeric id on its own line (possibly after warnings).

@@ -20,6 +20,7 @@ from hpctrain.schedulers.base import (
     directive_value,
     merged_directives,
     queue_submit_name,
+    requeue_block,
 )
 from hpctrain.shell import directive_word
 
@@ -98,6 +99,11 @@ class Slurm(Scheduler):
 
     def requeue_argv(self, job_id: str) -> list[str] | None:
         return ["scontrol", "requeue", check_job_id(job_id)]
+
+    def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
+        # The job keeps its id; Slurm counts restarts in SLURM_RESTART_COUNT (the job has --requeue).
+        return requeue_block("SLURM_RESTART_COUNT", max_requeues,
+                             ['scontrol requeue "${SLURM_JOB_ID}" && exit 0'])
 
 
 SCHEDULER = Slurm()

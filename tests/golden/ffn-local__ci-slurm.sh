@@ -35,7 +35,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
-srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 --mpi=pmi2 python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 --mpi=pmi2 python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
 status=0
 while :; do
@@ -43,4 +43,12 @@ while :; do
     kill -0 "${launcher_pid}" 2>/dev/null || break
 done
 echo "hpctrain: launcher exited with status ${status} at $(date)"
+restarts="${SLURM_RESTART_COUNT:-0}"
+if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
+    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
+    scontrol requeue "${SLURM_JOB_ID}" && exit 0
+    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
+elif [ "${status}" -eq 75 ]; then
+    echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2
+fi
 exit "${status}"

@@ -1,0 +1,43 @@
+"""``hpctrain logs RUN [--follow] [--rank N]``: print a run's scheduler output (or rank N's log)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+FOLLOW_FIRST_S, FOLLOW_MAX_S = 1.0, 10.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("logs", help="print a run's output")
+    parser.add_argument("run", metavar="RUN", help="run id or a unique prefix")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
+    parser.add_argument("--rank", type=int, default=None, help="rank N's own log (rank-N.log) when written")
+    parser.set_defaults(handler=cmd_logs)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from hpctrain.registry import Registry
+    from hpctrain.submission import read_log
+    from hpctrain.tracking import TransportPool, is_terminal, poll_runs
+
+    pool = TransportPool()
+    with Registry() as registry:
+        run = registry.get_run(args.run)
+        offset = 0
+        delay = FOLLOW_FIRST_S
+        while True:
+            # The state is read before the log so that the last chunk after the end is not lost.
+            ended = is_terminal(run.state) if not args.follow else \
+                is_terminal(poll_runs(registry, [run], pool, progress=False)[0].state)
+            text = read_log(registry, run, pool, rank=args.rank, offset=offset)
+            if text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+                offset += len(text.encode("utf-8", errors="replace"))
+            if not args.follow or ended:
+                return 0
+            delay = FOLLOW_FIRST_S if text else min(delay * 1.5, FOLLOW_MAX_S)
+            time.sleep(delay)
+            run = registry.get_run(run.run_id)

@@ -1,0 +1,415 @@
+"""Batched state tracking: ONE transport call per poll for all active runs of a (site, login node) pair.
+
+The call is one small ``sh`` script that runs the scheduler's status commands with their fallbacks (Slurm:
+``sacct -P`` else ``sacct -c``, then ``squeue -t all`` else ``scontrol``) and ``tail -n 1`` of every run's
+``metrics.jsonl``, so a poll over ssh costs one round trip. Local-site runs are read from their run dirs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import HpctrainError, TransportError
+from hpctrain.registry import CREATED, SUBMIT_FAILED, Registry, Run
+from hpctrain.schedulers.state import JobState
+from hpctrain.schedulers.status_parsers import JobStatus, is_unknown_job_error
+from hpctrain.transport import LocalTransport, SSHTransport, Transport
+
+META_FILE = "submit.json"
+METRICS_FILE = "metrics.jsonl"
+STATUS_TIMEOUT_S = 60.0
+_MARK = "@@hpctrain-section"
+_ARRAY_RANGE = re.compile(r"^(?P<master>[^_\[\]]+)_\[(?P<spec>[^\]]+)\](?P<rest>.*)$")
+
+
+# --- where a run lives ----------------------------------------------------------------------------------------
+
+
+def record_dir(registry: Registry, run_id: str) -> Path:
+    """Local directory beside the registry holding what was submitted (job.yaml, job.sh, submit.json)."""
+    return Path(registry.path).parent / "runs" / run_id
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    """How to reach a run again from a later process (kept in ``submit.json`` beside the registry)."""
+
+    scheduler: str
+    ssh_config: str | None = None
+    log_name: str = ""  # the scheduler's output file in the run dir; "{job_id}" is replaced
+    total_steps: int | None = None
+    array_master: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(self.__dict__, indent=1)
+
+
+def read_meta(registry: Registry, run: Run) -> RunMeta:
+    """The run's submit.json, or what the site profile says when it is gone."""
+    try:
+        data = json.loads((record_dir(registry, run.run_id) / META_FILE).read_text(encoding="utf-8"))
+        return RunMeta(**{k: v for k, v in data.items() if k in RunMeta.__dataclass_fields__})
+    except (OSError, ValueError, TypeError):
+        from hpctrain.config.site import load_site
+
+        try:
+            return RunMeta(scheduler=load_site(run.site).scheduler)
+        except HpctrainError:
+            return RunMeta(scheduler="slurm" if run.site != "local" else "local")
+
+
+# --- transports ---------------------------------------------------------------------------------------------
+
+
+TransportFactory = Callable[[str | None, str | None], Transport]
+
+
+def default_transport_factory(remote: str | None, ssh_config: str | None) -> Transport:
+    """LocalTransport on the login node, else one SSHTransport (ControlMaster) for ``remote``."""
+    if remote is None:
+        return LocalTransport()
+    return SSHTransport(remote, ssh_config=ssh_config)
+
+
+@dataclass
+class TransportPool:
+    """One transport per (remote, ssh config) for the life of a command: every call reuses its master."""
+
+    factory: TransportFactory = default_transport_factory
+    _made: dict[tuple[str | None, str | None], Transport] = field(default_factory=dict)
+
+    def get(self, remote: str | None, ssh_config: str | None = None) -> Transport:
+        key = (remote, ssh_config)
+        if key not in self._made:
+            self._made[key] = self.factory(remote, ssh_config)
+        return self._made[key]
+
+    def close(self, stop_masters: bool = False) -> None:
+        """Forget the transports; ``stop_masters`` also ends their ssh masters (else they persist)."""
+        if stop_masters:
+            for t in self._made.values():
+                close = getattr(t, "close", None)
+                if close is not None:
+                    close()
+        self._made.clear()
+
+
+# --- views ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Training progress from the last line of a run's metrics.jsonl."""
+
+    step: int | None
+    total: int | None
+    loss: float | None
+    rate: float | None
+
+    def text(self) -> str:
+        if self.step is None:
+            return ""
+        parts = [f"step {self.step}" + (f"/{self.total}" if self.total else "")]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        if self.rate is not None:
+            parts.append(f"{self.rate:.3g}/s/rank")
+        return "  ".join(parts)
+
+
+def progress_from_record(record: Mapping[str, Any] | None, total: int | None) -> Progress | None:
+    if not record:
+        return None
+    def num(key: str) -> float | None:
+        value = record.get(key)
+        return float(value) if isinstance(value, int | float) else None
+    step = record.get("step")
+    return Progress(int(step) if isinstance(step, int | float) else None, total, num("loss"),
+                    num("per_rank_rate"))
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What ``hpctrain status`` shows for one run."""
+
+    run_id: str
+    name: str
+    site: str
+    remote: str | None
+    job_id: str | None
+    state: str
+    reason: str
+    run_dir: str
+    progress: Progress | None = None
+    poll_error: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["progress"] = self.progress.__dict__ if self.progress else None
+        return d
+
+
+def latest_job_id(registry: Registry, run_id: str) -> str | None:
+    """The job id of a run's newest successful submission."""
+    for sub in reversed(registry.chain(run_id)):
+        if sub.ok:
+            return sub.job_id
+    return None
+
+
+# --- parsing helpers ------------------------------------------------------------------------------------------
+
+
+def expand_array_ranges(results: Mapping[str, JobStatus]) -> dict[str, JobStatus]:
+    """``15_[0-3]`` (a pending array range as squeue/scontrol print it) becomes 15_0 ... 15_3."""
+    out: dict[str, JobStatus] = {}
+    for key, status in results.items():
+        m = _ARRAY_RANGE.match(key)
+        if not m:
+            out[key] = status
+            continue
+        spec = m.group("spec").split("%", 1)[0]
+        for part in spec.split(","):
+            lo, _, hi = part.partition("-")
+            if not lo.isdigit() or (hi and not hi.isdigit()):
+                continue
+            for i in range(int(lo), int(hi or lo) + 1):
+                task = f"{m.group('master')}_{i}{m.group('rest')}"
+                out.setdefault(task, JobStatus(task, status.state, status.reason_text, status.exit_code,
+                                               status.restart_count, status.raw_state, status.signal))
+    return out
+
+
+def combine(job_ids: Iterable[str], accounting: Mapping[str, JobStatus] | None,
+            live: Mapping[str, JobStatus] | None) -> dict[str, JobStatus]:
+    """One status per job: the live view while the job is active, else its accounting record.
+
+    Accounting (``sacct``/``sacct -c``) has exit codes but may lag or (the completion file) only know
+    finished jobs; the live view (``squeue``/``scontrol``) forgets jobs after MinJobAge. A job found in
+    neither is MISSING, but only when the live view answered (otherwise we cannot know).
+    """
+    out: dict[str, JobStatus] = {}
+    acc, liv = accounting or {}, live or {}
+    for job_id in job_ids:
+        a, lv = acc.get(job_id), liv.get(job_id)
+        if lv is not None and (lv.state.is_active or a is None):
+            out[job_id] = lv
+        elif a is not None:
+            out[job_id] = a
+        elif live is not None:
+            out[job_id] = JobStatus(job_id, JobState.MISSING, "the scheduler no longer knows this job")
+    return out
+
+
+# --- the one batched call -------------------------------------------------------------------------------------
+
+# Fallback chains: each chain runs its commands until one succeeds; the chains' answers are combined.
+# (role, argv indices of scheduler.status_argv)
+_CHAINS: dict[str, list[tuple[str, list[int]]]] = {
+    "slurm": [("accounting", [0, 1]), ("live", [2, 3])],
+    "pbs": [("live", [0])],
+    "cobalt": [("live", [0])],
+}
+
+
+def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Sequence[str]) -> str:
+    """One POSIX sh script: each chain's commands (``a || b``) with their stdout/stderr/exit status
+    between markers, then ``tail -n 1`` of each file in ``tails``."""
+    lines = [
+        't=$(mktemp 2>/dev/null || echo "/tmp/hpctrain-status.$$")',
+        f"sec() {{ printf '\\n{_MARK} %s\\n' \"$*\"; }}",
+        'run() { n=$1; shift; sec "$n" out; "$@" 2>"$t"; rc=$?; sec "$n" err; cat "$t"; sec "$n" rc $rc; '
+        "return $rc; }",
+    ]
+    for chain in chains:
+        lines.append(" || ".join(f"run {name} {shlex.join(argv)}" for name, argv in chain) + " || true")
+    for i, path in enumerate(tails):
+        lines.append(f"sec tail{i} out; tail -n 1 -- {shlex.quote(path)} 2>/dev/null")
+    lines.append('rm -f "$t"; sec end')
+    return "\n".join(lines) + "\n"
+
+
+def split_sections(stdout: str) -> dict[str, dict[str, str]]:
+    """``{section: {"out": ..., "err": ..., "rc": "0"}}`` from the marked output of ``batch_script``."""
+    out: dict[str, dict[str, str]] = {}
+    current: tuple[str, str] | None = None
+    buf: list[str] = []
+
+    def flush() -> None:
+        if current is not None:
+            out.setdefault(current[0], {})[current[1]] = "\n".join(buf).strip("\n")
+
+    for line in stdout.split("\n"):
+        if line.startswith(_MARK + " "):
+            flush()
+            words = line[len(_MARK) + 1:].split()
+            buf = []
+            if len(words) >= 3 and words[1] == "rc":
+                out.setdefault(words[0], {})["rc"] = words[2]
+                current = None
+            elif len(words) >= 2:
+                current = (words[0], words[1])
+            else:
+                out.setdefault(words[0] if words else "", {})
+                current = None
+            continue
+        buf.append(line)
+    flush()
+    return out
+
+
+@dataclass(frozen=True)
+class GroupPoll:
+    """The answer of one batched poll: job statuses (None when nothing answered), last metrics lines."""
+
+    statuses: dict[str, JobStatus] | None
+    metrics: dict[str, dict[str, Any] | None]
+    error: str = ""
+    sources: tuple[str, ...] = ()  # the commands that answered, e.g. ("sacct -c", "squeue")
+
+
+def poll_scheduler(transport: Transport, scheduler_name: str, job_ids: list[str],
+                   metrics_paths: Sequence[str] = (), *, timeout: float = STATUS_TIMEOUT_S) -> GroupPoll:
+    """Status of ``job_ids`` and the last metrics record of each path in ONE ``transport.run``."""
+    from hpctrain.schedulers.base import get_scheduler
+
+    scheduler = get_scheduler(scheduler_name)
+    argvs = scheduler.status_argv(job_ids) if job_ids else []
+    plan = _CHAINS.get(scheduler_name, [("live", list(range(len(argvs))))]) if argvs else []
+    chains = [[(f"{role}{i}", argvs[i]) for i in idx if i < len(argvs)] for role, idx in plan]
+    script = batch_script(chains, list(metrics_paths))
+    try:
+        done = transport.run(["sh", "-c", script], timeout=timeout, check=False)
+    except TransportError as exc:
+        return GroupPoll(None, dict.fromkeys(metrics_paths), f"status poll on {transport.host} failed: {exc}")
+    sections = split_sections(done.stdout)
+    if "end" not in sections:
+        detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return GroupPoll(None, dict.fromkeys(metrics_paths),
+                         f"status poll on {transport.host} did not finish: {detail}")
+    answers: dict[str, dict[str, JobStatus] | None] = {}
+    errors: list[str] = []
+    sources: list[str] = []
+    for role, idx in plan:
+        answers[role] = None
+        for i in idx:
+            sec = sections.get(f"{role}{i}")
+            if sec is None or i >= len(argvs):
+                continue
+            rc, err = sec.get("rc", "1"), sec.get("err", "")
+            if rc == "0" or is_unknown_job_error(err):
+                parsed = scheduler.parse_status(i, sec.get("out", "")) if rc == "0" else {}
+                answers[role] = expand_array_ranges(parsed)
+                sources.append(" ".join(argvs[i][:2]) if argvs[i][1] == "-c" else argvs[i][0])
+                break
+            errors.append(f"{argvs[i][0]}: {(err.strip().splitlines() or ['exit ' + rc])[-1]}")
+    statuses: dict[str, JobStatus] | None
+    if answers.get("live") is None and answers.get("accounting") is None:
+        statuses = None
+    else:
+        statuses = combine(job_ids, answers.get("accounting"), answers.get("live"))
+    metrics: dict[str, dict[str, Any] | None] = {}
+    for i, path in enumerate(metrics_paths):
+        metrics[path] = _last_json(sections.get(f"tail{i}", {}).get("out", ""))
+    error = "" if statuses is not None else (f"no status command answered on {transport.host}: "
+                                             + "; ".join(errors))
+    return GroupPoll(statuses, metrics, error, tuple(sources))
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.strip().splitlines()):
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        return value if isinstance(value, dict) else None
+    return None
+
+
+_LOCAL_STATES = {s.name: s for s in JobState}
+
+
+def poll_local(run_dirs: Mapping[str, str]) -> dict[str, JobStatus]:
+    """``{job_id: status}`` of local-site runs from their supervisor records (no transport involved)."""
+    from hpctrain import local_controller
+
+    out = {}
+    for job_id, run_dir in run_dirs.items():
+        st = local_controller.status(run_dir)
+        out[job_id] = JobStatus(job_id, _LOCAL_STATES.get(st.state, JobState.FAILED), st.reason, st.exit_code,
+                                raw_state=st.state)
+    return out
+
+
+# --- polling runs from the registry ---------------------------------------------------------------------------
+
+
+def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | None = None, *,
+              progress: bool = True, ssh_config: str | None = None) -> list[RunView]:
+    """Poll the active ones of ``runs`` (one call per (site, remote, ssh config)), store, and return views."""
+    pool = pool or TransportPool()
+    runs = [registry.get_run(r.run_id) for r in runs]  # callers may hold stale copies
+    groups: dict[tuple[str, str | None, str | None, str], list[tuple[Run, RunMeta, str | None]]] = {}
+    for run in runs:
+        meta = read_meta(registry, run)
+        cfg = ssh_config or meta.ssh_config
+        groups.setdefault((run.site, run.remote, cfg, meta.scheduler), []).append(
+            (run, meta, latest_job_id(registry, run.run_id)))
+    errors: dict[str, str] = {}
+    records: dict[str, dict[str, Any] | None] = {}
+    for (site, remote, cfg, sched), members in groups.items():
+        active = {job: run for run, _, job in members if job and run.is_active}
+        paths = [f"{run.run_dir}/{METRICS_FILE}" for run, _, _ in members] if progress else []
+        if sched == "local":
+            if active:
+                registry.update_states(poll_local({j: r.run_dir for j, r in active.items()}), site=site)
+            for path in paths:
+                from hpctrain.runtime.metrics import read_last_record
+
+                records[path] = read_last_record(Path(path))
+            continue
+        if not active and not paths:
+            continue
+        want_paths = paths if progress else []
+        result = poll_scheduler(pool.get(remote, cfg), sched, list(active), want_paths)
+        records.update(result.metrics)
+        if result.statuses is not None:
+            registry.update_states(result.statuses, site=site)
+        elif active:
+            for run in active.values():
+                errors[run.run_id] = result.error
+    views = []
+    for run in runs:
+        fresh = registry.get_run(run.run_id)
+        meta = read_meta(registry, fresh)
+        rec = records.get(f"{fresh.run_dir}/{METRICS_FILE}")
+        views.append(view_of(registry, fresh, progress_from_record(rec, meta.total_steps),
+                             errors.get(run.run_id, "")))
+    return views
+
+
+def view_of(registry: Registry, run: Run, progress: Progress | None = None, poll_error: str = "") -> RunView:
+    """A RunView from the registry alone (no polling)."""
+    reason = run.state_reason
+    if run.state == CREATED:
+        reason = reason or "registered, not submitted"
+    if run.state == SUBMIT_FAILED:
+        reason = reason or "submission failed"
+    return RunView(run.run_id, run.name, run.site, run.remote, latest_job_id(registry, run.run_id), run.state,
+                   reason, run.run_dir, progress, poll_error)
+
+
+def is_terminal(state: str) -> bool:
+    """True for states that will not change by themselves (including a failed submission)."""
+    if state in (SUBMIT_FAILED,):
+        return True
+    try:
+        return JobState(state).is_terminal
+    except ValueError:
+        return False

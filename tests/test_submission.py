@@ -1,0 +1,222 @@
+"""Submission and tracking on the ``local`` site (the local controller), the batched status script run by a
+real ``sh``, the Python API, failed submissions, and 8 concurrent CLI processes on one registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
+from hpctrain.registry import SUBMIT_FAILED, Registry
+from hpctrain.schedulers.state import JobState
+from hpctrain.schedulers.status_parsers import JobStatus
+from hpctrain.submission import RunHandle, parse_after, parse_array, submit, submit_runs
+from hpctrain.tracking import (
+    TransportPool,
+    batch_script,
+    combine,
+    expand_array_ranges,
+    poll_runs,
+    split_sections,
+)
+from hpctrain.transport import LocalTransport
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = """name: tiny
+model: resnet
+train: {steps: 2, batch_per_rank: 2, lr: 0.01}
+resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
+checkpoint: {signal_lead_s: 10}
+"""
+# A rank command that writes a metrics line and prints: stands in for `hpctrain run` (no torch import).
+WRITE_METRICS = ["python3", "-c", "import json; print('hello from rank'); "
+                 "open('metrics.jsonl', 'a').write(json.dumps({'step': 2, 'loss': 0.25, 'per_rank_rate': 7.0})"
+                 " + '\\n')"]
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    return tmp_path
+
+
+def _cli(*args: str, env_dir: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "HPCTRAIN_HOME": str(env_dir / "home"), "HPCTRAIN_RUNS": str(env_dir / "runs"),
+               "PYTHONPATH": str(REPO)}
+    environ.pop("HPCTRAIN_REGISTRY", None)
+    return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=env_dir, env=environ, stdin=subprocess.DEVNULL)
+
+
+# --- the batched status script, run by the real sh ----------------------------------------------------------
+
+
+def test_batch_script_falls_back_and_marks_sections(tmp_path: Path) -> None:
+    metrics = tmp_path / "m dir" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text('{"step": 1}\n{"step": 5, "loss": 0.1}\n')
+    script = batch_script(
+        [[("acc0", ["sh", "-c", "echo no accounting >&2; exit 1"]), ("acc1", ["printf", "%s\\n", "a|b"])],
+         [("live2", ["no-such-command-xyz"]), ("live3", ["echo", "it's $HOME"])]],
+        [str(metrics), str(tmp_path / "missing")])
+    out = LocalTransport().run(["sh", "-c", script], timeout=30, check=False)
+    sec = split_sections(out.stdout)
+    assert sec["acc0"]["rc"] == "1" and sec["acc0"]["err"] == "no accounting"
+    assert sec["acc1"] == {"out": "a|b", "err": "", "rc": "0"}
+    assert sec["live2"]["rc"] == "127"
+    assert sec["live3"]["out"] == "it's $HOME"  # arguments arrive verbatim
+    assert json.loads(sec["tail0"]["out"]) == {"step": 5, "loss": 0.1}
+    assert sec["tail1"].get("out", "") == "" and "end" in sec
+
+
+def test_combine_prefers_live_while_active_and_marks_missing() -> None:
+    acc = {"1": JobStatus("1", JobState.COMPLETED, exit_code=0), "2": JobStatus("2", JobState.FAILED, exit_code=3)}
+    live = {"1": JobStatus("1", JobState.COMPLETED), "2": JobStatus("2", JobState.RUNNING),
+            "3": JobStatus("3", JobState.PENDING)}
+    got = combine(["1", "2", "3", "4"], acc, live)
+    assert got["1"].exit_code == 0  # finished: the accounting record (with exit code) wins
+    assert got["2"].state is JobState.RUNNING  # requeued and running again: live wins
+    assert got["3"].state is JobState.PENDING
+    assert got["4"].state is JobState.MISSING
+    assert "4" not in combine(["4"], acc, None)  # nothing live answered: we cannot say it is missing
+
+
+def test_expand_pending_array_range() -> None:
+    got = expand_array_ranges({"15_[0-2,5%2]": JobStatus("15_[0-2,5%2]", JobState.PENDING, "held"),
+                               "16": JobStatus("16", JobState.RUNNING)})
+    assert sorted(got) == ["15_0", "15_1", "15_2", "15_5", "16"]
+    assert got["15_1"].reason_text == "held" and got["15_1"].job_id == "15_1"
+
+
+def test_parse_array_and_after() -> None:
+    assert parse_array("train.lr=1e-3, 3e-3,1e-2") == ("train.lr", ["1e-3", "3e-3", "1e-2"])
+    with pytest.raises(ConfigError, match="KEY=V1"):
+        parse_array("train.lr")
+    assert parse_after("run-1:afterany") == ("run-1", "afterany")
+    assert parse_after("run-1") == ("run-1", "afterok")
+
+
+# --- the local site, end to end -------------------------------------------------------------------------------
+
+
+def test_local_submit_status_logs_through_the_cli(env: Path) -> None:
+    out = _cli("submit", "tiny.yaml", "--site", "local", "--command", " ".join(map(_q, WRITE_METRICS)),
+               env_dir=env)
+    assert out.returncode == 0, out.stderr
+    run_id, job_id = out.stdout.split()
+    assert job_id.isdigit()
+    run_dir = env / "runs" / run_id
+    assert (run_dir / "job.yaml").is_file() and (run_dir / "job.sh").is_file()
+    deadline = time.monotonic() + 30
+    while True:  # a fresh process each time: status re-attaches from the registry alone
+        st = _cli("status", run_id, "--json", env_dir=env)
+        view = json.loads(st.stdout)[0]
+        if view["state"] == "completed" or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert view["state"] == "completed" and view["job_id"] == job_id
+    assert view["progress"] == {"step": 2, "total": 2, "loss": 0.25, "rate": 7.0}
+    logs = _cli("logs", run_id, env_dir=env)
+    assert "hello from rank" in logs.stdout and "launcher exited with status 0" in logs.stdout
+    assert "no log for rank 3" in _cli("logs", run_id, "--rank", "3", env_dir=env).stderr
+    runs = json.loads(_cli("runs", "--json", env_dir=env).stdout)
+    assert [r["run_id"] for r in runs] == [run_id]
+    assert runs[0]["chain"][0]["ok"] is True and runs[0]["chain"][0]["job_id"] == job_id
+
+
+def _q(word: str) -> str:
+    import shlex
+
+    return shlex.quote(word)
+
+
+def test_python_api_wait_logs_and_cancel(env: Path) -> None:
+    handle = submit(env / "tiny.yaml", "local", command=WRITE_METRICS)
+    assert isinstance(handle, RunHandle) and handle.job_id
+    view = handle.wait(timeout=30, poll_s=0.3)
+    assert view.state == "completed" and view.progress is not None and view.progress.step == 2
+    assert "hello from rank" in handle.logs()
+    slow = submit(env / "tiny.yaml", "local", command=["sleep", "60"])
+    assert slow.status().state == "running"
+    slow.cancel()
+    assert slow.run.state == "cancelled"
+    assert slow.wait(timeout=40, poll_s=0.3).state == "cancelled"
+    import hpctrain
+
+    assert hpctrain.submit is submit  # the lazy attribute
+
+
+def test_local_site_refuses_remote_arrays_and_dependencies(env: Path) -> None:
+    with Registry() as reg:
+        with pytest.raises(ConfigError, match="cannot be used with --remote"):
+            submit_runs(env / "tiny.yaml", "local", remote="someone@example.org", registry=reg)
+        with pytest.raises(SchedulerError, match="cannot run job arrays"):
+            submit_runs(env / "tiny.yaml", "local", array="train.lr=0.1,0.2", registry=reg)
+        assert reg.list_runs() == []  # refused before anything was registered
+
+
+def test_failed_start_is_recorded_as_failed(env: Path) -> None:
+    (env / "runs").write_text("a file where the run root should be a directory")
+    with Registry() as reg:
+        with pytest.raises(HpctrainError):
+            submit_runs(env / "tiny.yaml", "local", registry=reg, command=["true"])
+        (run,) = reg.list_runs()
+        assert run.state == SUBMIT_FAILED
+        (sub,) = reg.chain(run.run_id)
+        assert not sub.ok and sub.job_id is None and sub.error
+
+
+def test_fit_error_registers_nothing(env: Path) -> None:
+    out = _cli("submit", "tiny.yaml", "--site", "ci-slurm", "--nodes", "9", env_dir=env)
+    assert out.returncode == 2 and "hpctrain: error:" in out.stderr and "Traceback" not in out.stderr
+    assert json.loads(_cli("runs", "--json", env_dir=env).stdout) == []
+
+
+def test_local_status_makes_no_transport_call(env: Path) -> None:
+    calls: list[list[str]] = []
+
+    class Counting(LocalTransport):
+        def run(self, argv, **kw):  # type: ignore[no-untyped-def]
+            calls.append(argv)
+            return super().run(argv, **kw)
+
+    pool = TransportPool(lambda remote, cfg: Counting())
+    with Registry() as reg:
+        done = submit_runs(env / "tiny.yaml", "local", registry=reg, pool=pool, command=["sleep", "30"])
+        calls.clear()
+        (view,) = poll_runs(reg, done.runs, pool)
+        assert view.state == "running" and calls == []
+        RunHandle(view.run_id).cancel()
+
+
+def test_eight_processes_submit_and_poll_at_once(env: Path) -> None:
+    environ = {**os.environ, "HPCTRAIN_HOME": str(env / "home"), "HPCTRAIN_RUNS": str(env / "runs"),
+               "PYTHONPATH": str(REPO)}
+    procs = []
+    for i in range(8):
+        args = (["submit", "tiny.yaml", "--site", "local", "--command", "true"] if i % 2 == 0 else
+                ["submit", "tiny.yaml", "--site", "local", "--command", "true", "--set", f"train.seed={i}"])
+        procs.append(subprocess.Popen([sys.executable, "-m", "hpctrain", *args], cwd=env, env=environ,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, "-m", "hpctrain", "status", "--json"], cwd=env,
+                                      env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = [(p.args, *p.communicate(timeout=120), p.returncode) for p in procs]
+    for args, _out, err, rc in results:
+        assert rc == 0, f"{args}: {err}"
+        assert "locked" not in err
+    submitted = {line.split()[0] for args, out, _, _ in results if "submit" in args for line in out.splitlines()}
+    assert len(submitted) == 8
+    with Registry() as reg:
+        runs = reg.list_runs()
+        assert {r.run_id for r in runs} == submitted
+        assert all(len(reg.chain(r.run_id)) == 1 and reg.chain(r.run_id)[0].ok for r in runs)

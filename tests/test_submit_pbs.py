@@ -1,0 +1,65 @@
+"""PBS submission through a STAND-IN: Debian's ``slurm-wlm-torque`` ``qsub``/``qstat`` wrappers, which submit
+``#PBS`` scripts to the real single-node Slurm. No PBS Pro server exists here (see /work/shared/ENVIRONMENT.md).
+
+What this proves: the PBS back-end's ``qsub`` argv and job-id parsing, the staged run directory and the
+``#PBS -o`` log path work end to end. What it cannot: the wrapper's ``qstat`` has no ``-x -F json``, so
+status polling must report that no status command answered and must not mark the job MISSING; and the
+wrapper passes its own ``-o job.sh.o<id>`` to sbatch, overriding ``#PBS -o`` (``read_log`` falls back to it).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.registry import Registry
+from hpctrain.submission import read_log, submit_runs
+from hpctrain.tracking import TransportPool, poll_runs
+
+pytestmark = pytest.mark.slurm
+TINY = """name: tiny-pbs
+model: resnet
+train: {steps: 2, batch_per_rank: 2, lr: 0.01}
+resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
+checkpoint: {signal_lead_s: 10}
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    # A PBS site whose ranks start with hpctrain's local launcher from this venv (no PALS mpiexec here).
+    (tmp_path / "pbs-standin.yaml").write_text(
+        "name: pbs-standin\nscheduler: pbs\nlauncher: local\ncomm_backend: gloo\n"
+        f"remote_root: {tmp_path / 'runs'}\n"
+        "node: {cores: 2, threads_per_core: 1, gpus: 0, memory_gb: 1}\n"
+        f"environment: {{python: {sys.executable}}}\n")
+    return tmp_path
+
+
+def test_qsub_wrapper_submits_a_pbs_script(env: Path, slurm: Any) -> None:
+    assert shutil.which("qsub") and "slurm" in Path(shutil.which("qsub") or "").read_text(errors="replace").lower()
+    with Registry() as reg:
+        done = submit_runs(env / "tiny.yaml", str(env / "pbs-standin.yaml"),
+                           command=["sh", "-c", "echo pbs hello from $PWD"], registry=reg)
+        (run,) = done.runs
+        (job_id,) = done.job_ids
+        assert job_id and job_id.split(".")[0].isdigit()
+        script = Path(run.run_dir, "job.sh").read_text()
+        assert f"#PBS -o {run.run_dir}/pbs.out" in script and "#PBS -l walltime=00:05:00" in script
+        # The wrapper handed the job to Slurm under the same id.
+        slurm.wait_for_state(job_id.split(".")[0], ["COMPLETED"], timeout=60)
+        deadline = time.monotonic() + 10
+        while "pbs hello" not in read_log(reg, run) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert f"pbs hello from {run.run_dir}" in read_log(reg, run)
+        (view,) = poll_runs(reg, [run], TransportPool())
+        assert view.state == "pending"  # unknown, so unchanged: never MISSING on a failed poll
+        assert "no status command answered" in view.poll_error and "qstat" in view.poll_error
