@@ -12,7 +12,6 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,31 +40,25 @@ def make_volumes(job_data: dict[str, Any], out: Path) -> dict[str, str]:
 
 
 def train(job_path: Path, sets: list[str], run_root: Path, ranks: int) -> Path:
-    """Submit the job to the local site and wait; returns the run directory."""
+    """Submit the job to the local site (the same path as any cluster) and follow it to the end."""
     from hpctrain.submission import submit
+    from hpctrain.tracking import is_terminal
 
     handle = submit(str(job_path), site="local", sets=sets, run_root=str(run_root))
-    _say(f"submitted run {handle.run_id} (local job {handle.job_id}); run directory {handle.run_dir}")
-    status = handle.wait(poll=2.0, on_progress=_progress_printer())
-    if status.state.name != "COMPLETED":
-        log = Path(handle.run_dir) / "job.out"
-        tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
-        raise HpctrainError(f"training run {handle.run_id} ended {status.state.name}: {status.reason_text}\n"
-                            + "\n".join(tail))
-    return Path(handle.run_dir)
-
-
-def _progress_printer() -> Callable[[dict[str, Any]], None]:
-    last = {"step": -1}
-
-    def show(record: dict[str, Any]) -> None:
-        if record.get("step", -1) != last["step"] and "loss" in record:
-            last["step"] = record["step"]
-            from hpctrain.runtime.metrics import progress_line
-
-            _say(progress_line(record, record.get("steps", 0) or 0, "FOVs"))
-
-    return show
+    view = handle.status()
+    _say(f"submitted run {handle.run_id} (local job {handle.job_id}); run directory {view.run_dir}")
+    shown = None
+    while not is_terminal(view.state):
+        time.sleep(3.0)
+        view = handle.status()
+        text = view.progress.text() if view.progress else ""
+        if text and text != shown:
+            shown = text
+            _say(text)
+    if view.state != "COMPLETED":
+        tail = handle.logs().splitlines()[-25:]
+        raise HpctrainError(f"training run {handle.run_id} ended {view.state}: {view.reason}\n" + "\n".join(tail))
+    return Path(view.run_dir)
 
 
 def plot(out_png: Path, metrics_path: Path, image: np.ndarray, truth: np.ndarray, ffn: np.ndarray,
@@ -87,9 +80,9 @@ def plot(out_png: Path, metrics_path: Path, image: np.ndarray, truth: np.ndarray
     rng = np.random.default_rng(0)
     colours = rng.random((int(max(truth.max(), ffn.max(), baseline.max())) + 1, 3))
     colours[0] = 0
-    panels = [("image (held-out, z=%d)" % z, image[z], "gray"), ("ground truth", colours[truth[z]], None),
-              ("FFN  VOI %.2f" % scores["ffn"]["voi"], colours[ffn[z]], None),
-              ("baseline  VOI %.2f" % scores["baseline"]["voi"], colours[baseline[z]], None)]
+    panels = [(f"image (held-out, z={z})", image[z], "gray"), ("ground truth", colours[truth[z]], None),
+              (f"FFN  VOI {scores['ffn']['voi']:.2f}", colours[ffn[z]], None),
+              (f"baseline  VOI {scores['baseline']['voi']:.2f}", colours[baseline[z]], None)]
     for ax, (title, data, cmap) in zip(axes[1:], panels, strict=True):
         ax.imshow(data, cmap=cmap)
         ax.set_title(title)

@@ -1,0 +1,102 @@
+"""Walltime and preemption: a signal handler that only raises a flag, and an agreement across ranks.
+
+The training loop checks ``agree(allreduce_max)`` at each step boundary, so every rank stops after the
+same step, checkpoints outside the handler, and exits for requeue. No torch import: cheap to use anywhere.
+"""
+
+from __future__ import annotations
+
+import os
+import signal as _signal
+import threading
+from collections.abc import Callable, Iterable
+from types import FrameType
+
+
+def signal_number(sig: str | int) -> int:
+    """'USR2', 'SIGUSR2' or 15 -> the signal number."""
+    if isinstance(sig, int):
+        return sig
+    name = sig.upper()
+    name = name if name.startswith("SIG") else "SIG" + name
+    try:
+        return int(getattr(_signal, name))
+    except AttributeError:
+        raise ValueError(f"unknown signal {sig!r}; use a name such as USR2, TERM or INT") from None
+
+
+class StopFlag:
+    """Set by a signal (or the walltime timer) and read at step boundaries.
+
+    The handler does one attribute store and nothing else: no I/O, no locks, no allocation of note, so a
+    second signal arriving while the first is handled cannot corrupt anything.
+    """
+
+    def __init__(self) -> None:
+        self._signum: int = 0  # 0 = not requested; written by the handler, read by the loop
+        self._previous: dict[int, object] = {}
+
+    def install(self, signals: Iterable[str | int] = ("USR2",)) -> StopFlag:
+        """Route ``signals`` to this flag (main thread only). Returns self."""
+        for sig in signals:
+            num = signal_number(sig)
+            self._previous[num] = _signal.signal(num, self._handler)
+        return self
+
+    def uninstall(self) -> None:
+        """Give the signals back to their previous handlers."""
+        for num, previous in self._previous.items():
+            _signal.signal(num, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        self._signum = signum
+
+    def set(self, signum: int = -1) -> None:
+        """Raise the flag by hand (-1 = not from a signal, e.g. the walltime timer or agreement)."""
+        self._signum = signum
+
+    def requested(self) -> bool:
+        return self._signum != 0
+
+    @property
+    def reason(self) -> str:
+        """What raised the flag, for the log line the loop writes (never the handler)."""
+        if self._signum == 0:
+            return "not requested"
+        if self._signum == -1:
+            return "stop requested"
+        return f"received {_signal.Signals(self._signum).name}"
+
+    def agree(self, any_rank_reduce: Callable[[int], int]) -> bool:
+        """True on every rank if any rank's flag is up; ``any_rank_reduce`` is an all-reduce max."""
+        if any_rank_reduce(1 if self.requested() else 0) > 0:
+            if not self.requested():
+                self.set()
+            return True
+        return False
+
+    def __enter__(self) -> StopFlag:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.uninstall()
+
+
+def stop_delay(walltime_s: float, lead_s: float, elapsed_s: float = 0.0) -> float:
+    """Seconds from now until the flag should go up: walltime minus lead minus time already used."""
+    return max(0.0, walltime_s - lead_s - elapsed_s)
+
+
+def walltime_timer(seconds: float, signal: str | int = "USR2") -> threading.Timer:
+    """Send ``signal`` to this process after ``seconds`` (for schedulers with no warning signal).
+
+    The signal goes through the same handler as a scheduler's, so ``StopFlag`` sees one path. The timer
+    is a started daemon thread; ``cancel()`` it when the run ends first.
+    """
+    num = signal_number(signal)
+    pid = os.getpid()
+    timer = threading.Timer(seconds, os.kill, args=(pid, num))
+    timer.daemon = True
+    timer.start()
+    return timer

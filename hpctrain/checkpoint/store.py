@@ -1,0 +1,476 @@
+"""Atomic, checksummed, multi-rank checkpoints on a shared file system, and finding the newest valid one.
+
+Layout, manifest format and the atomicity argument are in docs/checkpoints.md. Every file is written to a
+temporary name, fsynced, renamed into place and its directory fsynced; a checkpoint counts only once rank 0
+has listed it in ``manifest.json`` after every rank reported its file (size and checksum) through ``gather``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import torch
+
+from hpctrain.errors import CheckpointError
+
+log = logging.getLogger("hpctrain.checkpoint")
+
+FORMAT = "hpctrain-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MARKER = "complete.json"  # per-step copy of the manifest entry; the manifest is rebuilt from these
+SHARED = "shared.pt"
+DEFAULT_CHECKSUM = "sha256"
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+_OVERLAP_MIN = 1 << 20  # chunks at least this big are hashed in a second thread while written
+
+Gather = Callable[[Any], list[Any]]
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def rank_filename(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def _single_gather(obj: Any) -> list[Any]:
+    return [obj]
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file of a checkpoint as the manifest records it."""
+
+    name: str
+    bytes: int
+    digest: str
+    rank: int | None = None  # None for shared.pt
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, "digest": self.digest, "rank": self.rank}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FileRecord:
+        rank = d.get("rank")
+        return cls(str(d["name"]), int(d["bytes"]), str(d["digest"]), None if rank is None else int(rank))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: its step directory, the world size that wrote it and its files."""
+
+    step: int
+    path: Path
+    world_size: int
+    files: tuple[FileRecord, ...]
+    checksum: str
+    created: str
+
+    def file(self, name: str) -> FileRecord | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "dir": self.path.name,
+            "world_size": self.world_size,
+            "format_version": FORMAT_VERSION,
+            "checksum": self.checksum,
+            "created": self.created,
+            "files": [f.to_json() for f in self.files],
+        }
+
+    @classmethod
+    def from_json(cls, root: Path, d: dict[str, Any]) -> Checkpoint:
+        if int(d.get("format_version", -1)) > FORMAT_VERSION:
+            raise ValueError(f"format version {d['format_version']} is newer than this hpctrain reads")
+        return cls(
+            step=int(d["step"]),
+            path=root / str(d["dir"]),
+            world_size=int(d["world_size"]),
+            files=tuple(FileRecord.from_json(f) for f in d["files"]),
+            checksum=str(d["checksum"]),
+            created=str(d["created"]),
+        )
+
+
+# ------------------------------------------------------------------------------------- atomic writing
+
+_hash_pool: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _hash_pool
+    if _hash_pool is None:
+        _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-ckpt-hash")
+    return _hash_pool
+
+
+class _HashingWriter:
+    """File-like sink for torch.save: counts and hashes every byte on its way to the file.
+
+    Large chunks are hashed in a helper thread while this thread writes them (hashlib and the write
+    syscall both release the GIL); the call waits for both before returning, so no buffer outlives it.
+    """
+
+    def __init__(self, raw: BinaryIO, checksum: str) -> None:
+        self.raw = raw
+        self.hash = hashlib.new(checksum)
+        self.size = 0
+        self.error: OSError | None = None  # torch may wrap our OSError in a RuntimeError; keep the errno
+
+    def write(self, data: Any) -> int:
+        n = memoryview(data).nbytes
+        try:
+            if n >= _OVERLAP_MIN:
+                pending = _pool().submit(self.hash.update, data)
+                try:
+                    self.raw.write(data)
+                finally:
+                    pending.result()
+            else:
+                self.hash.update(data)
+                self.raw.write(data)
+        except OSError as e:
+            self.error = e
+            raise
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        self.raw.flush()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_name(final: Path) -> Path:
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+def write_atomic(
+    final: Path, produce: Callable[[Any], None], checksum: str = DEFAULT_CHECKSUM, *, sync_dir: bool = True
+) -> FileRecord:
+    """Write ``final`` via temp file + fsync + rename (+ directory fsync); returns its size and digest.
+
+    ``produce(f)`` writes the content to the file-like ``f``. On any failure the temp file is removed,
+    ``final`` is untouched and the OSError (with its errno) is raised. ``sync_dir=False`` leaves the
+    directory fsync to the caller, who then makes several renames in one directory durable at once.
+    """
+    tmp = _temp_name(final)
+    writer: _HashingWriter | None = None
+    try:
+        with open(tmp, "wb") as raw:
+            writer = _HashingWriter(raw, checksum)
+            produce(writer)
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, final)
+        if sync_dir:
+            _fsync_dir(final.parent)
+    except BaseException as e:
+        with suppress(OSError):
+            tmp.unlink()
+        if writer is not None and writer.error is not None and not isinstance(e, OSError):
+            raise writer.error from e
+        raise
+    return FileRecord(final.name, writer.size, writer.hash.hexdigest())
+
+
+def _write_json(final: Path, obj: Any, *, sync_dir: bool = True) -> FileRecord:
+    text = (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
+    return write_atomic(final, lambda f: f.write(text), sync_dir=sync_dir)
+
+
+def file_digest(path: Path, checksum: str) -> tuple[int, str]:
+    """(size, hex digest) of a file, read in 8 MiB chunks."""
+    h = hashlib.new(checksum)
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(8 << 20)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
+    return size, h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- store
+
+
+class CheckpointStore:
+    """Checkpoints of one run in ``directory``; every rank makes one with its own ``rank``.
+
+    ``gather(obj) -> [obj of rank 0, obj of rank 1, ...]`` is an all-gather of small JSON-able objects
+    (``comm_gather(communicator)`` or mpi4py's ``comm.allgather``); it is also the barrier that makes a
+    checkpoint complete only after every rank wrote. ``save``, ``latest_valid`` and ``prune`` are
+    collective: every rank calls them in the same order. With ``world_size == 1`` no gather is needed.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        keep: int = 3,
+        rank: int = 0,
+        world_size: int = 1,
+        *,
+        gather: Gather | None = None,
+        checksum: str = DEFAULT_CHECKSUM,
+    ) -> None:
+        if keep < 1:
+            raise CheckpointError(f"checkpoint.keep must be at least 1, got {keep}")
+        if not 0 <= rank < world_size:
+            raise CheckpointError(f"rank {rank} is outside world size {world_size}")
+        if world_size > 1 and gather is None:
+            raise CheckpointError(
+                f"CheckpointStore for {world_size} ranks needs a gather callable",
+                hint="pass gather=comm_gather(communicator) or mpi4py's comm.allgather",
+            )
+        hashlib.new(checksum)  # unknown names fail here, not in the middle of a save
+        self.directory = Path(directory)
+        self.keep = keep
+        self.rank = rank
+        self.world_size = world_size
+        self.checksum = checksum
+        self._gather: Gather = gather if gather is not None else _single_gather
+
+    # ------------------------------------------------------------------------------------------ save
+
+    def save(self, step: int, state: dict[str, Any], *, per_rank: dict[str, Any] | None = None) -> Path:
+        """Write checkpoint ``step``; collective. Returns its directory once it is complete.
+
+        ``state`` (model, optimizer, schedule, step, shared data position) is written by rank 0 only, so
+        other ranks may pass ``{}``; ``per_rank`` (RNG, this rank's data position, combiner state) is
+        written by every rank that passes it. Raises CheckpointError on every rank if any rank failed.
+        """
+        sdir = self.directory / step_dirname(step)
+        report: dict[str, Any] = {"rank": self.rank, "files": [], "error": None}
+        try:
+            sdir.mkdir(parents=True, exist_ok=True)
+            if self.rank == 0:
+                report["files"].append(self._write_pt(sdir / SHARED, state).to_json())
+            if per_rank is not None:
+                rec = self._write_pt(sdir / rank_filename(self.rank), per_rank)
+                report["files"].append({**rec.to_json(), "rank": self.rank})
+            if self.rank != 0:  # rank 0 syncs the directory once, after it added the marker
+                _fsync_dir(sdir)
+        except OSError as e:
+            report["error"] = self._failure(step, e)
+        reports = self._gather(report)
+        failed = [r["error"] for r in reports if r["error"]]
+        if failed:
+            if self.rank == 0:
+                self._discard_incomplete(sdir)
+            raise CheckpointError(failed[0][0], hint=failed[0][1])
+
+        commit_error: list[str] | None = None
+        if self.rank == 0:
+            files = tuple(FileRecord.from_json(f) for r in reports for f in r["files"])
+            ckpt = Checkpoint(step, sdir, self.world_size, files, self.checksum, _now())
+            try:
+                self._commit(ckpt)
+            except OSError as e:
+                commit_error = self._failure(step, e)
+                self._discard_incomplete(sdir)
+        status = self._gather(commit_error)
+        if status[0]:
+            raise CheckpointError(status[0][0], hint=status[0][1])
+        return sdir
+
+    def _write_pt(self, final: Path, obj: dict[str, Any]) -> FileRecord:
+        for stale in final.parent.glob(f".{final.name}.tmp-*"):  # left by a writer killed earlier
+            with suppress(OSError):
+                stale.unlink()
+        return write_atomic(final, lambda f: torch.save(obj, f), self.checksum, sync_dir=False)
+
+    def _commit(self, ckpt: Checkpoint) -> None:
+        """Rank 0: marker, one fsync of the step directory, manifest, then delete what is not kept."""
+        _write_json(ckpt.path / MARKER, ckpt.to_json(), sync_dir=False)
+        _fsync_dir(ckpt.path)  # shared.pt, rank-00000.pt and the marker renames become durable together
+        entries, _ = self._entries()
+        older = [e for e in entries if e.step < ckpt.step]  # later steps belong to an abandoned timeline
+        kept = older[len(older) - (self.keep - 1) :] if self.keep > 1 else []
+        kept.append(ckpt)
+        manifest = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "checkpoints": [c.to_json() for c in kept],
+        }
+        _write_json(self.directory / MANIFEST, manifest)
+        self._prune({c.path.name for c in kept})
+
+    def _prune(self, keep_dirs: set[str]) -> None:
+        for child in self.directory.iterdir():
+            if _STEP_DIR.match(child.name) and child.name not in keep_dirs and child.is_dir():
+                try:
+                    shutil.rmtree(child)
+                except OSError as e:
+                    log.warning("could not delete old checkpoint %s: %s", child, e.strerror or e)
+
+    def _discard_incomplete(self, sdir: Path) -> None:
+        if sdir.is_dir() and not (sdir / MARKER).exists():
+            shutil.rmtree(sdir, ignore_errors=True)
+
+    def _failure(self, step: int, e: OSError) -> list[str]:
+        """[message, hint] for a failed write; JSON-able so it can travel through gather."""
+        reason = e.strerror or str(e)
+        who = f"rank {self.rank}: " if self.world_size > 1 else ""
+        entries, _ = self._entries(quiet=True)
+        prev = (
+            f"the previous checkpoint (step {entries[-1].step}) is intact"
+            if entries
+            else "there is no previous checkpoint"
+        )
+        msg = f"{who}cannot write checkpoint step {step} to {self.directory}: {reason}; {prev}"
+        if e.errno == errno.ENOSPC or e.errno == errno.EDQUOT:
+            hint = "free space, lower checkpoint.keep or point checkpoint.dir at a larger file system"
+        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            hint = "make the directory writable or set checkpoint.dir to a writable one"
+        else:
+            hint = f"errno {e.errno}" if e.errno else ""
+        return [msg, hint]
+
+    # ------------------------------------------------------------------------------------------ read
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """Complete checkpoints by increasing step (from the manifest, or rebuilt if it is unreadable)."""
+        return self._entries(quiet=True)[0]
+
+    def _entries(self, quiet: bool = False) -> tuple[list[Checkpoint], str | None]:
+        """(complete checkpoints by step, problem with the manifest or None)."""
+        path = self.directory / MANIFEST
+        try:
+            data = json.loads(path.read_text())
+            if data.get("format") != FORMAT:
+                raise ValueError(f"not an {FORMAT} manifest")
+            entries = [Checkpoint.from_json(self.directory, d) for d in data["checkpoints"]]
+            return sorted(entries, key=lambda c: c.step), None
+        except FileNotFoundError:
+            problem = f"manifest {path} is missing"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            problem = f"manifest {path} is unreadable ({type(e).__name__}: {e})"
+        rebuilt = list(self._markers())
+        if not rebuilt:  # a fresh directory: nothing to warn about
+            return [], None
+        return sorted(rebuilt, key=lambda c: c.step), f"{problem}; rebuilt from {MARKER} markers"
+
+    def _markers(self) -> Iterator[Checkpoint]:
+        if not self.directory.is_dir():
+            return
+        for child in self.directory.iterdir():
+            if _STEP_DIR.match(child.name):
+                with suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+                    yield Checkpoint.from_json(self.directory, json.loads((child / MARKER).read_text()))
+
+    def _problem(self, ckpt: Checkpoint, verify: bool) -> str | None:
+        """Why this rank cannot use ``ckpt`` (its shared file and, same world size, its own rank file)."""
+        names = [SHARED]
+        if ckpt.world_size == self.world_size:
+            own = rank_filename(self.rank)
+            if ckpt.file(own) is not None:
+                names.append(own)
+        for name in names:
+            rec = ckpt.file(name)
+            path = ckpt.path / name
+            if rec is None:
+                return f"{path} is not recorded in the manifest"
+            try:
+                size = path.stat().st_size
+            except OSError as e:
+                return f"{path} cannot be read: {e.strerror or e}"
+            if size != rec.bytes:
+                return f"{path} is truncated or wrong: {size} bytes, the manifest says {rec.bytes}"
+            if verify:
+                try:
+                    _, digest = file_digest(path, ckpt.checksum)
+                except OSError as e:
+                    return f"{path} cannot be read: {e.strerror or e}"
+                if digest != rec.digest:
+                    return f"{path} is corrupt: {ckpt.checksum} {digest[:12]}…, the manifest says {rec.digest[:12]}…"
+        return None
+
+    def latest_valid(self, verify: bool = True) -> Checkpoint | None:
+        """The newest checkpoint every rank can read (sizes, and checksums when ``verify``); collective.
+
+        Skipped checkpoints and a rebuilt manifest are reported in ONE warning line (rank 0 logs it).
+        """
+        entries, manifest_problem = self._entries()
+        problems = [manifest_problem] if manifest_problem else []
+        chosen: Checkpoint | None = None
+        for ckpt in reversed(entries):
+            found = self._gather(self._problem(ckpt, verify))
+            bad = [p for p in found if p]
+            if not bad:
+                chosen = ckpt
+                break
+            problems.append(f"step {ckpt.step} skipped: " + "; ".join(dict.fromkeys(bad)))
+        if problems and self.rank == 0:
+            using = f"resuming from step {chosen.step}" if chosen else "no valid checkpoint is left"
+            log.warning("checkpoint %s: %s; %s", self.directory, "; ".join(problems), using)
+        return chosen
+
+    def load(self, checkpoint: Checkpoint, *, map_location: Any = "cpu") -> tuple[dict[str, Any], dict | None]:
+        """(shared state, this rank's state). The rank state is None if this rank saved none, or if the
+        checkpoint was written by another world size (elastic restart: re-shard from the shared state)."""
+        shared = self._load_file(checkpoint, SHARED, map_location)
+        if checkpoint.world_size != self.world_size:
+            if self.rank == 0:
+                log.warning(
+                    "checkpoint step %d was written by %d ranks, this run has %d: per-rank state (RNG, data "
+                    "position, combiner residues) is not restored",
+                    checkpoint.step, checkpoint.world_size, self.world_size,
+                )
+            return shared, None
+        own = rank_filename(self.rank)
+        if checkpoint.file(own) is None:
+            return shared, None
+        return shared, self._load_file(checkpoint, own, map_location)
+
+    def _load_file(self, ckpt: Checkpoint, name: str, map_location: Any) -> dict[str, Any]:
+        path = ckpt.path / name
+        rec = ckpt.file(name)
+        try:
+            if rec is None:
+                raise ValueError("it is not recorded in the manifest")
+            if path.stat().st_size != rec.bytes:
+                raise ValueError(f"{path.stat().st_size} bytes, the manifest says {rec.bytes}")
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except (OSError, RuntimeError, ValueError, EOFError) as e:
+            raise CheckpointError(
+                f"cannot load checkpoint file {path}: {e}",
+                hint="call latest_valid() to fall back to an older checkpoint",
+            ) from e
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def comm_gather(comm: Any) -> Gather:
+    """An object all-gather over an hpctrain ``Communicator`` (JSON through ``allgather_varlen``)."""
+
+    def gather(obj: Any) -> list[Any]:
+        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+        return [json.loads(t.numpy().tobytes()) for t in comm.allgather_varlen(data, label="checkpoint")]
+
+    return gather

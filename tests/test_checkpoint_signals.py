@@ -1,0 +1,119 @@
+"""StopFlag with real signals in real processes: the handler only raises a flag, the step in progress
+finishes, the process exits with the caller's code; plus the walltime timer and the cross-rank agreement."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.checkpoint.signals import StopFlag, signal_number, stop_delay, walltime_timer
+
+REPO = Path(__file__).resolve().parents[1]
+
+STEPPING = """
+import sys, time
+from hpctrain.checkpoint.signals import StopFlag
+flag = StopFlag().install(("USR2",))
+print("ready", flush=True)
+for step in range(1, 2000):
+    print(f"begin {step}", flush=True)
+    deadline = time.monotonic() + 0.05
+    x = 0
+    while time.monotonic() < deadline:  # a step: compute, then a sleep a signal may interrupt
+        x += sum(range(1000))
+        time.sleep(0.005)
+    print(f"end {step}", flush=True)
+    if flag.requested():
+        print(f"stop after {step}: {flag.reason}", flush=True)
+        sys.exit(42)
+sys.exit(1)
+"""
+
+
+def _start() -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", STEPPING], stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def _read_until(proc: subprocess.Popen[str], prefix: str) -> list[str]:
+    assert proc.stdout is not None
+    lines = []
+    while not (lines and lines[-1].startswith(prefix)):
+        line = proc.stdout.readline()
+        assert line, f"process ended before {prefix!r}: {lines}"
+        lines.append(line.strip())
+    return lines
+
+
+def _check_finished_cleanly(lines: list[str]) -> int:
+    """Every begun step ended, and the stop came right after the last one. Returns that step."""
+    begun = [int(x.split()[1]) for x in lines if x.startswith("begin")]
+    ended = [int(x.split()[1]) for x in lines if x.startswith("end")]
+    assert begun == ended
+    stops = [x for x in lines if x.startswith("stop")]
+    assert len(stops) == 1 and lines[-1] == stops[0]
+    assert lines[-2] == f"end {ended[-1]}" and stops[0].startswith(f"stop after {ended[-1]}: received SIGUSR2")
+    return ended[-1]
+
+
+def test_usr2_finishes_the_current_step_then_exits_with_chosen_code() -> None:
+    proc = _start()
+    lines = _read_until(proc, "begin 3")
+    os.kill(proc.pid, signal.SIGUSR2)
+    assert proc.stdout is not None
+    lines += [x.strip() for x in proc.stdout.read().splitlines()]
+    assert proc.wait(timeout=30) == 42
+    assert _check_finished_cleanly(lines) in (3, 4)  # the step in flight when it arrived (4 if it just ended)
+
+
+def test_a_burst_of_signals_stops_once() -> None:
+    proc = _start()
+    lines = _read_until(proc, "begin 2")
+    for _ in range(300):
+        os.kill(proc.pid, signal.SIGUSR2)
+    assert proc.stdout is not None
+    lines += [x.strip() for x in proc.stdout.read().splitlines()]
+    assert proc.wait(timeout=30) == 42
+    _check_finished_cleanly(lines)
+
+
+def test_walltime_timer_raises_the_flag_through_the_signal() -> None:
+    with StopFlag().install(("USR2",)) as flag:
+        start = time.monotonic()
+        timer = walltime_timer(stop_delay(walltime_s=10.0, lead_s=9.85), "USR2")
+        while not flag.requested() and time.monotonic() - start < 10:
+            time.sleep(0.01)
+        timer.cancel()
+        assert flag.requested() and flag.reason == "received SIGUSR2"
+        assert time.monotonic() - start >= 0.14
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # uninstalled on exit
+
+
+def test_agree_raises_every_flag_when_any_rank_asked() -> None:
+    asked, quiet = StopFlag(), StopFlag()
+    asked.set()
+    values = [1 if f.requested() else 0 for f in (asked, quiet)]
+
+    def allreduce_max(v: int) -> int:
+        return max(values)
+
+    assert asked.agree(allreduce_max) and quiet.agree(allreduce_max)
+    assert quiet.requested() and quiet.reason == "stop requested"
+    assert StopFlag().agree(lambda v: v) is False
+
+
+def test_signal_names() -> None:
+    assert signal_number("USR2") == signal_number("SIGUSR2") == signal.SIGUSR2
+    assert signal_number(15) == 15
+    with pytest.raises(ValueError, match="unknown signal 'NOPE'"):
+        signal_number("NOPE")
+    assert stop_delay(100, 120) == 0.0 and stop_delay(3600, 120, elapsed_s=60) == 3420
