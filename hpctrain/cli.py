@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "status",
     "logs",
     "cancel",
+    "resume",
     "runs",
     "ffn",
     "demo",

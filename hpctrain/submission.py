@@ -329,7 +329,8 @@ def _stage_and_submit(runs: list[Run], jobs: list[JobSpec], site: SiteProfile, s
         job = jobs[0]
         job_id = local_controller.start(script_remote, runs[0].run_dir,
                                         walltime_s=int(walltime_seconds(job.resources.walltime)),
-                                        signal_name=job.checkpoint.signal, signal_lead_s=job.checkpoint.signal_lead_s)
+                                        signal_name=job.checkpoint.signal, signal_lead_s=job.checkpoint.signal_lead_s,
+                                        max_requeues=job.checkpoint.max_requeues)
         registry.add_submission(runs[0].run_id, job_id, "submit", ok=True)
         return Submitted([registry.get_run(runs[0].run_id)], [job_id], str(script_local))
 
@@ -339,7 +340,7 @@ def _stage_and_submit(runs: list[Run], jobs: list[JobSpec], site: SiteProfile, s
         # Each task's output goes to its own run directory (command-line options beat #SBATCH lines).
         out = f"--output={root}/{base_id}_%a/slurm-%A_%a.out"
         argv = [*argv[:-1], out, out.replace("--output", "--error"), argv[-1]]
-    done = _run_submit(transport, ["env", "-C", submit_dir, *argv])
+    done = run_submit_command(transport, ["env", "-C", submit_dir, *argv])
     master = scheduler.parse_job_id(done.stdout)
     job_ids: list[str | None] = []
     for i, run in enumerate(runs):
@@ -357,7 +358,8 @@ def _task_id(master: str, index: int) -> str:
     return f"{master}_{index}"
 
 
-def _run_submit(transport: Transport, argv: list[str]) -> Completed:
+def run_submit_command(transport: Transport, argv: list[str]) -> Completed:
+    """Run a submit command (``env -C DIR sbatch ...``); a refusal becomes one SchedulerError line."""
     try:
         return transport.run(argv, timeout=SUBMIT_TIMEOUT_S)
     except CommandFailed as exc:

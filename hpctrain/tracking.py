@@ -11,7 +11,7 @@ import json
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -187,18 +187,23 @@ def expand_array_ranges(results: Mapping[str, JobStatus]) -> dict[str, JobStatus
 
 
 def combine(job_ids: Iterable[str], accounting: Mapping[str, JobStatus] | None,
-            live: Mapping[str, JobStatus] | None) -> dict[str, JobStatus]:
+            live: Mapping[str, JobStatus] | None, *, completion_file: bool = False) -> dict[str, JobStatus]:
     """One status per job: the live view while the job is active, else its accounting record.
 
     Accounting (``sacct``/``sacct -c``) has exit codes but may lag or (the completion file) only know
     finished jobs; the live view (``squeue``/``scontrol``) forgets jobs after MinJobAge. A job found in
     neither is MISSING, but only when the live view answered (otherwise we cannot know).
+    ``completion_file``: the accounting answer came from ``sacct -c``, where every record of a job is a run
+    that ended — so a job that is active again has been requeued at least once per record (``squeue`` does
+    not show restarts).
     """
     out: dict[str, JobStatus] = {}
     acc, liv = accounting or {}, live or {}
     for job_id in job_ids:
         a, lv = acc.get(job_id), liv.get(job_id)
-        if lv is not None and (lv.state.is_active or a is None):
+        if lv is not None and lv.state.is_active and a is not None and completion_file:
+            out[job_id] = replace(lv, restart_count=max(lv.restart_count, a.restart_count + 1))
+        elif lv is not None and (lv.state.is_active or a is None):
             out[job_id] = lv
         elif a is not None:
             out[job_id] = a
@@ -313,7 +318,8 @@ def poll_scheduler(transport: Transport, scheduler_name: str, job_ids: list[str]
     if answers.get("live") is None and answers.get("accounting") is None:
         statuses = None
     else:
-        statuses = combine(job_ids, answers.get("accounting"), answers.get("live"))
+        statuses = combine(job_ids, answers.get("accounting"), answers.get("live"),
+                           completion_file="sacct -c" in sources)
     metrics: dict[str, dict[str, Any] | None] = {}
     for i, path in enumerate(metrics_paths):
         metrics[path] = _last_json(sections.get(f"tail{i}", {}).get("out", ""))
@@ -343,8 +349,27 @@ def poll_local(run_dirs: Mapping[str, str]) -> dict[str, JobStatus]:
     for job_id, run_dir in run_dirs.items():
         st = local_controller.status(run_dir)
         out[job_id] = JobStatus(job_id, _LOCAL_STATES.get(st.state, JobState.FAILED), st.reason, st.exit_code,
-                                raw_state=st.state)
+                                restart_count=st.restarts, raw_state=st.state)
     return out
+
+
+def record_requeues(registry: Registry, statuses: Mapping[str, JobStatus], runs: Mapping[str, Run]) -> int:
+    """Add one ``requeue`` submission to a run's chain per restart of its job not yet recorded.
+
+    A requeued Slurm job (and a local job the controller re-ran) keeps its job id; the scheduler counts its
+    restarts (``RestartCnt``, or ``sacct -c`` records). Counts only ever add rows: a source that cannot see
+    restarts (``squeue``) never removes one. Returns how many rows were added.
+    """
+    added = 0
+    for job_id, status in statuses.items():
+        run = runs.get(job_id)
+        if run is None or status.restart_count <= 0:
+            continue
+        known = sum(1 for s in registry.chain(run.run_id) if s.ok and s.job_id == job_id and s.kind == "requeue")
+        for _ in range(status.restart_count - known):
+            registry.add_submission(run.run_id, job_id, "requeue", ok=True)
+            added += 1
+    return added
 
 
 # --- polling runs from the registry ---------------------------------------------------------------------------
@@ -368,7 +393,9 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
         paths = [f"{run.run_dir}/{METRICS_FILE}" for run, _, _ in members] if progress else []
         if sched == "local":
             if active:
-                registry.update_states(poll_local({j: r.run_dir for j, r in active.items()}), site=site)
+                local = poll_local({j: r.run_dir for j, r in active.items()})
+                record_requeues(registry, local, active)
+                registry.update_states(local, site=site)
             for path in paths:
                 from hpctrain.runtime.metrics import read_last_record
 
@@ -380,6 +407,7 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
         result = poll_scheduler(pool.get(remote, cfg), sched, list(active), want_paths)
         records.update(result.metrics)
         if result.statuses is not None:
+            record_requeues(registry, result.statuses, active)
             registry.update_states(result.statuses, site=site)
         elif active:
             for run in active.values():
@@ -401,8 +429,30 @@ def view_of(registry: Registry, run: Run, progress: Progress | None = None, poll
         reason = reason or "registered, not submitted"
     if run.state == SUBMIT_FAILED:
         reason = reason or "submission failed"
+    if run.state in _ENDED_BADLY:
+        reason = why_it_ended(registry, run)
     return RunView(run.run_id, run.name, run.site, run.remote, latest_job_id(registry, run.run_id), run.state,
                    reason, run.run_dir, progress, poll_error)
+
+
+_ENDED_BADLY = frozenset(s.value for s in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED,
+                                           JobState.PREEMPTED, JobState.MISSING))
+
+
+def why_it_ended(registry: Registry, run: Run) -> str:
+    """The scheduler's reason plus the exit code / signal of the run's newest job, e.g.
+    ``the job exited with a non-zero exit code; exit code 137 (killed by signal 9)``."""
+    parts = [run.state_reason] if run.state_reason else []
+    newest = next((s for s in reversed(registry.chain(run.run_id)) if s.ok), None)
+    code = newest.exit_code if newest is not None else None
+    if code is not None and not any("exit code " in p for p in parts):
+        text = f"exit code {code}"
+        if code > 128 and code - 128 < 65:
+            text += f" (killed by signal {code - 128})"
+        elif code == 75:
+            text += " (stopped at a checkpoint; continue with `hpctrain resume`)"
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def is_terminal(state: str) -> bool:

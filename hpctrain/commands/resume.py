@@ -1,0 +1,36 @@
+"""``hpctrain resume RUN [--nodes N] [--walltime T] [--queue Q]``: continue a stopped run from its checkpoint."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("resume", help="continue a stopped run from its newest checkpoint")
+    parser.add_argument("run", metavar="RUN", help="run id or unique prefix")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="run on this many nodes (same or fewer; fewer is an elastic restart, not bit-exact)")
+    parser.add_argument("--walltime", default=None, help="walltime of the continuation (HH:MM:SS)")
+    parser.add_argument("--queue", default=None, help="queue of the continuation")
+    parser.add_argument("--ssh-config", default=None, metavar="FILE",
+                        help="ssh client config for a remote run (default: the one given at submit)")
+    parser.add_argument("--wait", action="store_true", help="wait until the run ends; exit 0 if it completed")
+    parser.set_defaults(handler=cmd_resume)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from hpctrain.registry import Registry
+    from hpctrain.resume import resume_run
+    from hpctrain.submission import RunHandle
+    from hpctrain.tracking import TransportPool
+
+    pool = TransportPool()
+    with Registry() as registry:
+        done = resume_run(registry, args.run, nodes=args.nodes, walltime=args.walltime, queue=args.queue,
+                          ssh_config=args.ssh_config, pool=pool)
+    print(f"{done.run.run_id} {done.job_id} (continues from step {done.from_step} of {done.total_steps})")
+    if not args.wait:
+        return 0
+    view = RunHandle(done.run.run_id, pool=pool).wait()
+    print(f"{view.run_id} {view.state}" + (f" ({view.reason})" if view.reason else ""))
+    return 0 if view.state == "completed" else 1

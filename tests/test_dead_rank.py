@@ -1,0 +1,158 @@
+"""A rank killed with SIGKILL mid-training: the job ends within 60 s, non-zero, the launcher names the rank, the
+newest complete checkpoint is intact, and the run continues to the end — under ``mpiexec`` (re-running
+``hpctrain run``) and under ``srun`` in a real Slurm job (through ``hpctrain resume``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.registry import Registry
+from hpctrain.submission import RunHandle, submit_runs
+
+pytestmark = pytest.mark.timeout(240)
+REPO = Path(__file__).resolve().parent.parent
+SPEC = """name: {name}
+model: resnet
+model_args: {{channels: 8, blocks: 1}}
+train: {{steps: {steps}, batch_per_rank: 8, lr: 0.05, log_every: 10, seed: 5, collective_timeout_s: 10}}
+resources: {{nodes: 1, ranks_per_node: 2, walltime: "00:10:00"}}
+checkpoint: {{every_steps: 20, keep: 2, signal_lead_s: 60}}
+"""
+
+
+def newest_checkpoint(run_dir: Path) -> int:
+    try:
+        manifest = json.loads((run_dir / "checkpoints" / "manifest.json").read_text())
+        return max(c["step"] for c in manifest["checkpoints"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def rank_pid(run_dir: Path, rank_variable: str, rank: int) -> int | None:
+    """The pid of the process running ``hpctrain run`` for ``run_dir`` with ``rank_variable=rank``."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"hpctrain" in cmdline and b"run" in cmdline and str(run_dir).encode() in b" ".join(cmdline) \
+                and f"{rank_variable}={rank}".encode() in environ:
+            return int(proc.name)
+    return None
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+def assert_intact(run_dir: Path) -> int:
+    """Every file of the newest manifest entry has the recorded size and digest, and loads; returns its step."""
+    import hashlib
+
+    import torch
+
+    manifest = json.loads((run_dir / "checkpoints" / "manifest.json").read_text())
+    newest = max(manifest["checkpoints"], key=lambda c: c["step"])
+    assert {f["name"] for f in newest["files"]} == {"shared.pt", "rank-00000.pt", "rank-00001.pt"}
+    for record in newest["files"]:
+        data = (run_dir / "checkpoints" / newest["dir"] / record["name"]).read_bytes()
+        assert len(data) == record["bytes"]
+        assert hashlib.new(newest["checksum"], data).hexdigest() == record["digest"]
+    shared = torch.load(run_dir / "checkpoints" / newest["dir"] / "shared.pt", weights_only=False)
+    assert shared["step"] == newest["step"]
+    return int(newest["step"])
+
+
+def test_kill_one_rank_under_mpiexec_then_rerun_finishes(tmp_path: Path, venv_bin: Path) -> None:
+    spec = tmp_path / "dead.yaml"
+    spec.write_text(SPEC.format(name="dead-mpiexec", steps=1500))
+    run_dir = tmp_path / "run"
+    argv = [str(venv_bin / "mpiexec"), "-n", "2", str(venv_bin / "python"), "-m", "hpctrain", "run", str(spec),
+            "--run-dir", str(run_dir), "--backend", "mpi"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        wait_for(lambda: newest_checkpoint(run_dir) >= 40, 120, "the second checkpoint")
+        pid = rank_pid(run_dir, "PMI_RANK", 1)
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, _ = proc.communicate(timeout=90)
+        took = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert took < 60, f"the job took {took:.0f} s to end after rank 1 died"
+    # What MPICH's hydra prints when a rank dies: the dead process by pid (not by rank) and the signal.
+    assert f"PID {pid} RUNNING AT" in out and "Killed (signal 9)" in out, out[-3000:]
+    step = assert_intact(run_dir)
+    assert 0 < step < 1500
+    rerun = subprocess.run(argv, capture_output=True, text=True, timeout=200,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert f"(step {step})" in rerun.stderr and "training finished at step 1500" in rerun.stderr
+
+
+@pytest.mark.slurm
+def test_kill_one_rank_under_srun_then_hpctrain_resume(tmp_path: Path, slurm: Any,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
+    spec = tmp_path / "dead.yaml"
+    spec.write_text(SPEC.format(name="dead-srun", steps=1500))
+    with Registry() as reg:
+        done = submit_runs(spec, "ci-slurm", registry=reg)
+    run, job_id = done.runs[0], done.job_ids[0]
+    assert job_id is not None
+    run_dir = Path(run.run_dir)
+    wait_for(lambda: newest_checkpoint(run_dir) >= 40, 150, "the second checkpoint")
+    pid = rank_pid(run_dir, "SLURM_PROCID", 1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    wait_for(lambda: slurm.state(job_id) not in ("RUNNING", "COMPLETING", "PENDING"), 60, "the job to end")
+    assert time.monotonic() - killed_at < 60
+    assert slurm.state(job_id) == "FAILED"
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert "task 1: Killed" in log, log[-3000:]  # srun names the task (= rank) that died
+    assert "putting the job back in the queue" not in log  # a dead rank is not a walltime
+    step = assert_intact(run_dir)
+
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
+    status = subprocess.run([sys.executable, "-m", "hpctrain", "status", run.run_id], env=environ,
+                            capture_output=True, text=True, timeout=60)
+    assert "FAILED" in status.stdout and "exit code" in status.stdout, status.stdout + status.stderr
+    resumed = subprocess.run([sys.executable, "-m", "hpctrain", "resume", run.run_id], env=environ,
+                             capture_output=True, text=True, timeout=60)
+    assert resumed.returncode == 0, resumed.stderr
+    new_job = resumed.stdout.split()[1]
+    assert new_job != job_id and f"continues from step {step} of 1500" in resumed.stdout
+    view = RunHandle(run.run_id).wait(timeout=200, poll_s=1, max_poll_s=3)
+    new_log = (run_dir / f"slurm-{new_job}.out").read_text()
+    assert view.state == "completed", new_log[-3000:]
+    assert f"(step {step})" in new_log and "training finished at step 1500" in new_log
+    with Registry() as reg:
+        chain = reg.chain(run.run_id)
+    assert [(s.kind, s.job_id, s.state) for s in chain] == [("submit", job_id, "failed"),
+                                                            ("resume", new_job, "completed")]
+    again = subprocess.run([sys.executable, "-m", "hpctrain", "resume", run.run_id], env=environ,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode != 0 and "already completed all 1500 steps" in again.stderr

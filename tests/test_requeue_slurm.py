@@ -1,0 +1,191 @@
+"""Walltime signal → checkpoint → ``scontrol requeue`` → resume, on the real single-node Slurm (ci-slurm site).
+
+How the walltime test stays deterministic. slurmctld checks time limits every 30 s (PERIODIC_TIMEOUT) and
+sends ``--signal=B:USR2@LEAD`` at the first check where the remaining time is at most LEAD + 30 s, so with a
+1-minute walltime the signal can come 0–30 s after the start — possibly before the ranks have installed
+their handler (startup takes ~20 s on this loaded box). So the job is submitted with 10 minutes, and once
+training is under way (metrics.jsonl shows steps) the test shortens the job's time limit with
+``scontrol update TimeLimit=`` (what a user may do to their own job, or an admin before a maintenance) so
+that 60–120 s remain: with LEAD = 90 s the next check (≤ 30 s later) signals the job, and the kill comes
+≥ 30 s after that. After the requeue the test gives the pending job its 10 minutes back, so the second run
+is not signalled again. The number of steps is chosen from this machine's measured step rate so that
+training clearly outlasts the signal (≤ ~32 s after the update); the uninterrupted reference runs at the same
+time under mpiexec.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpctrain.registry import Registry
+from hpctrain.submission import RunHandle, submit_runs
+from hpctrain.tracking import TransportPool, poll_runs
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
+REPO = Path(__file__).resolve().parent.parent
+SPEC = """name: {name}
+model: resnet
+model_args: {{channels: 8, blocks: 1}}
+train: {{steps: {steps}, batch_per_rank: 8, lr: 0.05, log_every: 50, seed: 3, collective_timeout_s: 60}}
+resources: {{nodes: 1, ranks_per_node: 2, walltime: "00:10:00"}}
+checkpoint: {{every_steps: 100000, keep: 2, max_requeues: 2, signal_lead_s: 90}}
+{extra}"""
+
+
+def steps_for(seconds: float, env: Path, venv_bin: Path) -> int:
+    """How many steps of the spec take about ``seconds`` here: measured by a short 2-rank run, now."""
+    spec = env / "calibrate.yaml"
+    spec.write_text(SPEC.format(name="calibrate", steps=150, extra=""))
+    subprocess.run([str(venv_bin / "mpiexec"), "-n", "2", str(venv_bin / "python"), "-m", "hpctrain", "run",
+                    str(spec), "--run-dir", str(env / "calibrate"), "--backend", "mpi"], check=True,
+                   capture_output=True, timeout=120)
+    records = [json.loads(line) for line in (env / "calibrate" / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in records if "loss" in r]
+    rate = (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["time"] - timed[0]["time"])
+    return int(min(max(rate * seconds, 800), 30000)) // 50 * 50
+
+
+def scontrol(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=15)
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+
+
+def seconds(text: str) -> int:
+    days, _, hms = text.rpartition("-")
+    h, m, s = (int(v) for v in hms.split(":"))
+    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
+
+
+def last_step(metrics: Path) -> int:
+    try:
+        lines = metrics.read_text().splitlines()
+        return int(json.loads(lines[-1])["step"]) if lines else 0
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def final_state(run_dir: Path) -> dict[str, Any]:
+    import torch
+
+    manifest = json.loads((run_dir / "checkpoints" / "manifest.json").read_text())
+    newest = max(manifest["checkpoints"], key=lambda c: c["step"])
+    return torch.load(run_dir / "checkpoints" / newest["dir"] / "shared.pt", weights_only=False)
+
+
+def assert_same_parameters(a: dict[str, Any], b: dict[str, Any]) -> None:
+    import torch
+
+    assert a["step"] == b["step"]
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), f"parameter {name} differs"
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sa.keys() == sb.keys()
+    for key in sa:
+        for field, value in sa[key].items():
+            if isinstance(value, torch.Tensor):
+                assert torch.equal(value, sb[key][field]), f"optimizer state {key}.{field} differs"
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
+    return tmp_path
+
+
+def test_walltime_signal_checkpoints_requeues_and_finishes_bit_exact(env: Path, slurm: Any,
+                                                                      venv_bin: Path) -> None:
+    steps = steps_for(40.0, env, venv_bin)
+    spec = env / "rq.yaml"
+    spec.write_text(SPEC.format(name="rq-slurm", steps=steps, extra=""))
+    with Registry() as reg:
+        done = submit_runs(spec, "ci-slurm", registry=reg)
+    run, job_id = done.runs[0], done.job_ids[0]
+    assert job_id is not None
+    run_dir = Path(run.run_dir)
+    reference = subprocess.Popen(
+        [str(venv_bin / "mpiexec"), "-n", "2", str(venv_bin / "python"), "-m", "hpctrain", "run", str(spec),
+         "--run-dir", str(env / "reference"), "--backend", "mpi"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 150
+        while last_step(run_dir / "metrics.jsonl") < 100:
+            assert time.monotonic() < deadline, f"training never started: {scontrol(job_id)}"
+            assert scontrol(job_id).get("JobState") in ("PENDING", "RUNNING"), scontrol(job_id)
+            time.sleep(0.5)
+        # Shorten the walltime so that 60-120 s remain (see the module docstring).
+        elapsed = seconds(scontrol(job_id)["RunTime"])
+        minutes = elapsed // 60 + 2
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"], check=True, timeout=15)
+        pool = TransportPool()
+        deadline = time.monotonic() + 120
+        with Registry() as reg:
+            while int(scontrol(job_id).get("Restarts", "0")) < 1:
+                assert time.monotonic() < deadline, f"never requeued: {scontrol(job_id)}"
+                assert last_step(run_dir / "metrics.jsonl") < steps, "training finished before the signal came"
+                poll_runs(reg, [reg.get_run(run.run_id)], pool)
+                time.sleep(0.5)
+        # Back in the queue (held ~12 s): give it its 10 minutes back so the second run is not signalled.
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=10"], check=True, timeout=15)
+        view = RunHandle(run.run_id, pool=pool).wait(timeout=200, poll_s=1, max_poll_s=3)
+        assert reference.wait(timeout=200) == 0, reference.stderr.read() if reference.stderr else ""
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+        subprocess.run(["scancel", job_id], timeout=15)
+
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert view.state == "completed", log[-3000:]
+    assert "SIGUSR2 received, forwarding it to the launcher" in log
+    stopped = re.search(r"stopped at step (\d+) after a checkpoint", log)
+    assert stopped and 0 < int(stopped.group(1)) < steps, log[-3000:]
+    assert "launcher exited with status 75" in log
+    assert "putting the job back in the queue (restart 1 of 2)" in log
+    assert f"(step {stopped.group(1)})" in log and "resumed from" in log
+    assert f"training finished at step {steps}" in log
+    # Training that finished is not requeued again; the registry holds the whole chain.
+    assert scontrol(job_id)["Restarts"] == "1" and scontrol(job_id)["JobState"] == "COMPLETED"
+    with Registry() as reg:
+        chain = reg.chain(run.run_id)
+    assert [(s.kind, s.job_id) for s in chain] == [("submit", job_id), ("requeue", job_id)]
+    assert chain[-1].state == "completed" and chain[-1].restart_count == 1 and chain[-1].exit_code == 0
+    assert_same_parameters(final_state(run_dir), final_state(env / "reference"))
+
+
+def test_code_error_fails_without_requeue(env: Path, slurm: Any) -> None:
+    plugin = env / "plugin"
+    plugin.mkdir()
+    # A model whose forward raises on its third call: a bug, not a walltime.
+    (plugin / "boommodel.py").write_text(
+        "import torch\n\n\nclass Boom(torch.nn.Linear):\n    calls = 0\n\n    def forward(self, x):\n"
+        "        Boom.calls += 1\n        if Boom.calls == 3:\n            raise RuntimeError('a bug in the model "
+        "at step 3')\n        return super().forward(x)\n\n\ndef factory():\n    return Boom(16, 1)\n")
+    spec = env / "boom.yaml"
+    spec.write_text(SPEC.format(name="boom", steps=50, extra=f"env: {{PYTHONPATH: {plugin}}}\n")
+                    .replace("model: resnet", "model: boommodel:factory")
+                    .replace("model_args: {channels: 8, blocks: 1}\n", ""))
+    with Registry() as reg:
+        done = submit_runs(spec, "ci-slurm", registry=reg)
+    run, job_id = done.runs[0], done.job_ids[0]
+    assert job_id is not None
+    view = RunHandle(run.run_id).wait(timeout=120, poll_s=1, max_poll_s=3)
+    log = (Path(run.run_dir) / f"slurm-{job_id}.out").read_text()
+    assert view.state == "failed", log[-3000:]
+    assert "a bug in the model at step 3" in log
+    assert "putting the job back in the queue" not in log
+    info = scontrol(job_id)
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0"
+    assert "exit code" in view.reason, view.reason
+    out = subprocess.run([str(REPO / ".venv/bin/python"), "-m", "hpctrain", "status", run.run_id], cwd=env,
+                         capture_output=True, text=True, timeout=60)
+    assert "FAILED" in out.stdout and "exit code" in out.stdout, out.stdout + out.stderr
