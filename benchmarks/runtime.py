@@ -1,23 +1,28 @@
 """Data-parallel runtime benchmark: one run prints a table of ratios against the targets of issue 4.
 
-Run: ``python benchmarks/runtime.py`` (it re-launches itself under ``.venv/bin/mpiexec -n 2``). Every rank
-uses one intra-op thread (2 ranks on 2 cores). Model: FFN-shaped stack of residual 3D convolutions.
+Run: ``python benchmarks/runtime.py [--reps N]`` (it re-launches itself under ``.venv/bin/mpiexec -n 2``).
+Compared variants are measured interleaved (A B C A B C …, start rotated each round), so load from other
+jobs hits them alike; each ratio is the median of the per-round ratios, with its interquartile range.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 FEATURES, DEPTH, EDGE, BATCH = 32, 8, 17, 1
-WARMUP, STEPS = 2, 8
+BUCKET_MB = 4.0
+WARMUP = 2
+CALLS = 10  # reductions per timed call in the bandwidth comparison
 
 
 def ffn_like():
@@ -37,20 +42,39 @@ def ffn_like():
                          nn.Conv3d(FEATURES, 1, 1))
 
 
-def _median_time(fn, barrier) -> float:
-    for _ in range(WARMUP):
-        fn()
-    times = []
-    for _ in range(STEPS):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def interleaved(variants: dict[str, Callable[[], None]], reps: int, barrier: Callable[[], None],
+                ) -> dict[str, list[float]]:
+    """Seconds per call of every variant, ``reps`` rounds, variants interleaved; warm-up excluded."""
+    names = list(variants)
+    for name in names:
+        for _ in range(WARMUP):
+            variants[name]()
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(reps):
+        for k in range(len(names)):
+            name = names[(r + k) % len(names)]  # rotate the start: no variant always follows the same one
+            barrier()
+            t0 = time.perf_counter()
+            variants[name]()
+            times[name].append(time.perf_counter() - t0)
+    return times
 
 
-def worker() -> None:
-    import numpy as np
+def _repeat(fn: Callable[[], None]) -> Callable[[], None]:
+    """``fn`` CALLS times back to back: one timing then spans many reductions, so the few-ms skew with which
+    ranks leave the barrier under load does not dominate a sub-millisecond all-reduce."""
+    def run() -> None:
+        for _ in range(CALLS):
+            fn()
+    return run
+
+
+def quartiles(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else [xs[0]] * 3
+    return q[0], statistics.median(xs), q[2]
+
+
+def worker(reps: int) -> None:
     import torch
     import torch.distributed as dist
     from mpi4py import MPI
@@ -65,10 +89,11 @@ def worker() -> None:
     rank, world = gloo.rank, MPI.COMM_WORLD
     x = torch.randn(BATCH, 2, EDGE, EDGE, EDGE)
     y = torch.randn(BATCH, 1, EDGE, EDGE, EDGE)
-    rows: dict[str, float] = {}
+    out: dict[str, list[float]] = {}
+    info: dict[str, object] = {}
 
     def barrier() -> None:
-        dist.barrier()  # gloo: blocking socket read, does not spin a core
+        dist.barrier()  # gloo: a blocking socket read, does not spin a core
 
     def plain_step(model, opt):
         def step() -> None:
@@ -77,63 +102,69 @@ def worker() -> None:
             opt.step()
         return step
 
-    # 1 rank alone (the other core idle in a gloo barrier): the weak-scaling baseline.
-    model = ffn_like()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    if rank == 0:
-        t1 = _median_time(plain_step(model, opt), lambda: None)
-        rows["t_1rank"] = t1
-    dist.barrier()
-
-    def reducer_step(comm, combiner: str):
+    def reducer_step(comm, combiner: str, bucket_mb: float = BUCKET_MB):
         m = ffn_like()
         broadcast_model(m, comm)
-        red = Reducer(m, comm, combiner=combiner, bucket_mb=4.0)
+        red = Reducer(m, comm, combiner=combiner, bucket_mb=bucket_mb)
         o = torch.optim.SGD(m.parameters(), lr=1e-3)
 
         def step() -> None:
+            if red.timeline is not None:
+                red.timeline.append(("step start", -1, time.perf_counter()))
             red.zero_grad()
             torch.nn.functional.mse_loss(m(x), y).backward()
+            if red.timeline is not None:
+                red.timeline.append(("backward end", -1, time.perf_counter()))
             red.finish()
             o.step()
-        return step, red, m
+        return step, red
 
+    # -- training steps: 1 rank alone (rank 1 waits in a gloo barrier), hpctrain gloo/mpi mean/adasum, DDP.
+    solo_model = ffn_like()
+    solo = plain_step(solo_model, torch.optim.SGD(solo_model.parameters(), lr=1e-3))
+    steps, reducers = {}, []
     for name, comm in (("gloo", gloo), ("mpi", mpi)):
         for combiner in ("mean", "adasum"):
-            step, red, _ = reducer_step(comm, combiner)
-            rows[f"hp_{name}_{combiner}"] = _median_time(step, barrier)
-            red.close()
+            steps[f"hp_{name}_{combiner}"], red = reducer_step(comm, combiner)
+            reducers.append(red)
+    ddp = torch.nn.parallel.DistributedDataParallel(ffn_like(), bucket_cap_mb=BUCKET_MB)
+    steps["ddp_gloo"] = plain_step(ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3))
+    steps["t_1rank"] = solo if rank == 0 else (lambda: None)
+    out.update(interleaved(steps, reps, barrier))
+    info["buckets"] = len(reducers[0].buckets)
+    for red in reducers:
+        red.close()
 
-    ddp = torch.nn.parallel.DistributedDataParallel(ffn_like(), bucket_cap_mb=4.0)
-    rows["ddp_gloo"] = _median_time(plain_step(ddp, torch.optim.SGD(ddp.parameters(), lr=1e-3)), barrier)
-
-    # Fused reduction of all gradients (no compute) vs one raw allreduce of the same bytes.
+    # -- overlap: when buckets launch and complete relative to the end of backward (small buckets).
+    timelines = {}
     for name, comm in (("gloo", gloo), ("mpi", mpi)):
-        m = ffn_like()
-        red = Reducer(m, comm, combiner="mean", bucket_mb=4.0)
-        nbytes = sum(b.flat.numel() * 4 for b in red.buckets)
-        rows[f"fused_{name}"] = _median_time(red.finish, barrier)
-        flat = torch.ones(nbytes // 4)
-        if name == "gloo":
-            rows[f"raw_{name}"] = _median_time(lambda f=flat: dist.all_reduce(f), barrier)
-        else:
-            buf = flat.numpy()
-            rows[f"raw_{name}"] = _median_time(lambda b=buf: world.Allreduce(MPI.IN_PLACE, b), barrier)
-        rows["grad_mb"] = nbytes / 2**20
-        red.close()
-        # Same at 16 MB (4 buckets of 4 MB), where bandwidth rather than per-call latency decides.
-        big = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(2**20)) for _ in range(4)])
-        red = Reducer(big, comm, combiner="mean", bucket_mb=4.0)
-        rows[f"fused16_{name}"] = _median_time(red.finish, barrier)
-        flat16 = torch.ones(4 * 2**20)
-        if name == "gloo":
-            rows[f"raw16_{name}"] = _median_time(lambda f=flat16: dist.all_reduce(f), barrier)
-        else:
-            b16 = flat16.numpy()
-            rows[f"raw16_{name}"] = _median_time(lambda b=b16: world.Allreduce(MPI.IN_PLACE, b), barrier)
+        step, red = reducer_step(comm, "mean", bucket_mb=0.125)
+        step()
+        red.timeline = []
+        for _ in range(3):
+            barrier()
+            step()
+        timelines[name] = (len(red.buckets), red.timeline)
         red.close()
 
-    # AdaComp encode + decode of every layer, on one rank's gradients.
+    # -- fused reduction (no compute) vs one raw all-reduce of the same bytes on the same back-end.
+    micro: dict[str, Callable[[], None]] = {}
+    for name, comm in (("gloo", gloo), ("mpi", mpi)):
+        for tag, model in (("", ffn_like()), ("16", torch.nn.ParameterList(
+                [torch.nn.Parameter(torch.zeros(2**20)) for _ in range(4)]))):
+            red = Reducer(model, comm, combiner="mean", bucket_mb=BUCKET_MB)
+            nbytes = sum(b.flat.numel() * 4 for b in red.buckets)
+            info[f"mb{tag}"] = nbytes / 2**20
+            flat = torch.ones(nbytes // 4)
+            micro[f"fused{tag}_{name}"] = _repeat(red.finish)
+            if name == "gloo":
+                micro[f"raw{tag}_{name}"] = _repeat(lambda f=flat: dist.all_reduce(f))
+            else:
+                buf = flat.numpy()
+                micro[f"raw{tag}_{name}"] = _repeat(lambda b=buf: world.Allreduce(MPI.IN_PLACE, b))
+    out.update(interleaved(micro, 2 * reps, barrier))
+
+    # -- AdaComp encode + decode of every layer, on one rank's gradients.
     m = ffn_like()
     torch.nn.functional.mse_loss(m(x), y).backward()
     named = [(n, p.grad.clone()) for n, p in m.named_parameters()]
@@ -143,47 +174,109 @@ def worker() -> None:
         for n, g in named:
             msg, residues[n] = combine.adacomp_encode(residues[n], g, combine.default_bin_len(n, g.dim()))
             combine.adacomp_decode(msg)
-    rows["adacomp_codec"] = _median_time(adacomp_codec, barrier)
+    out.update(interleaved({"adacomp_codec": adacomp_codec}, reps, barrier))
 
-    gathered = MPI.COMM_WORLD.gather(rows, root=0)
+    gathered = world.gather(out, root=0)
     if rank == 0:
-        report({k: float(np.mean([g[k] for g in gathered if k in g])) for k in gathered[0]})
+        # A round's time is the slowest rank's (a step is not done until every rank is); 1-rank: rank 0's.
+        merged = {k: [max(g[k][i] for g in gathered) for i in range(len(out[k]))] for k in out}
+        merged["t_1rank"] = gathered[0]["t_1rank"]
+        report(merged, info, timelines, reps)
     mpi.close()
     gloo.close()
 
 
-def report(r: dict[str, float]) -> None:
-    t1 = r["t_1rank"]
-    lines = [
-        ("hpctrain step / DDP step (gloo, mean)", r["hp_gloo_mean"] / r["ddp_gloo"], "<= 0.95"),
-        ("hpctrain step / DDP step (mpi, mean)", r["hp_mpi_mean"] / r["ddp_gloo"], "<= 0.95"),
-        ("fused / raw allreduce bw, model grads (gloo)", r["raw_gloo"] / r["fused_gloo"], ">= 0.95"),
-        ("fused / raw allreduce bw, model grads (mpi)", r["raw_mpi"] / r["fused_mpi"], ">= 0.95"),
-        ("fused / raw allreduce bw, 16 MB (gloo)", r["raw16_gloo"] / r["fused16_gloo"], ">= 0.95"),
-        ("fused / raw allreduce bw, 16 MB (mpi)", r["raw16_mpi"] / r["fused16_mpi"], ">= 0.95"),
-        ("Adasum step / mean step (gloo)", r["hp_gloo_adasum"] / r["hp_gloo_mean"], "<= 1.15"),
-        ("Adasum step / mean step (mpi)", r["hp_mpi_adasum"] / r["hp_mpi_mean"], "<= 1.15"),
-        ("AdaComp encode+decode / step (mpi mean)", r["adacomp_codec"] / r["hp_mpi_mean"], "(report)"),
-        ("weak scaling 2 vs 1 rank (hpctrain gloo)", t1 / r["hp_gloo_mean"], ">= 0.95"),
-        ("weak scaling 2 vs 1 rank (hpctrain mpi)", t1 / r["hp_mpi_mean"], ">= 0.95"),
-        ("weak scaling 2 vs 1 rank (torch DDP gloo)", t1 / r["ddp_gloo"], "(reference)"),
+def _ratio(r: dict[str, list[float]], num: str, den: str, invert: bool = False) -> tuple[float, float, float]:
+    """Median and IQR of the per-round ratios ``num/den`` (or ``den/num``) of interleaved measurements."""
+    pairs = [(b / a if invert else a / b) for a, b in zip(r[num], r[den], strict=True)]
+    return quartiles(pairs)
+
+
+def _overlap_lines(timelines: dict) -> list[str]:
+    lines = []
+    for name, (nb, tl) in timelines.items():
+        if not any(e[0] == "launch" for e in tl):
+            lines.append(f"  {name}: this reducer records no timeline")
+            continue
+        starts = [i for i, e in enumerate(tl) if e[0] == "step start"] + [len(tl)]
+        early, lead, waited = [], [], []
+        for lo, hi in zip(starts, starts[1:], strict=False):
+            ev = tl[lo:hi]
+            t_end = next(e[2] for e in ev if e[0] == "backward end")
+            launches = [e[2] for e in ev if e[0] == "launch"]
+            waits = {e[1]: e[2] for e in ev if e[0] == "wait"}
+            done = {e[1]: e[2] for e in ev if e[0] == "done"}
+            early.append(sum(t < t_end for t in launches))
+            lead.append((t_end - min(launches)) * 1e3)
+            waited.append(sum(done[b] - waits[b] for b in done) * 1e3)
+        lines.append(f"  {name}: {nb} buckets of <= 0.125 MB; per step (median of {len(early)}): "
+                     f"{statistics.median(early):.0f} launched before backward ended, the first "
+                     f"{statistics.median(lead):.0f} ms before; finish() then waited "
+                     f"{statistics.median(waited):.2f} ms in all for their results")
+    return lines
+
+
+def report(r: dict[str, list[float]], info: dict, timelines: dict, reps: int) -> None:
+    rows = [
+        ("hpctrain step / DDP step (gloo, mean)", _ratio(r, "hp_gloo_mean", "ddp_gloo"), "<= 0.95"),
+        ("hpctrain step / DDP step (mpi, mean)", _ratio(r, "hp_mpi_mean", "ddp_gloo"), "<= 0.95"),
+        ("fused / raw allreduce bw, model grads (gloo)", _ratio(r, "fused_gloo", "raw_gloo", True), ">= 0.95"),
+        ("fused / raw allreduce bw, model grads (mpi)", _ratio(r, "fused_mpi", "raw_mpi", True), ">= 0.95"),
+        ("fused / raw allreduce bw, 16 MB (gloo)", _ratio(r, "fused16_gloo", "raw16_gloo", True), ">= 0.95"),
+        ("fused / raw allreduce bw, 16 MB (mpi)", _ratio(r, "fused16_mpi", "raw16_mpi", True), ">= 0.95"),
+        ("Adasum step / mean step (gloo)", _ratio(r, "hp_gloo_adasum", "hp_gloo_mean"), "<= 1.15"),
+        ("Adasum step / mean step (mpi)", _ratio(r, "hp_mpi_adasum", "hp_mpi_mean"), "<= 1.15"),
+        ("weak scaling 2 vs 1 rank (hpctrain gloo)", _ratio(r, "hp_gloo_mean", "t_1rank", True), ">= 0.95"),
+        ("weak scaling 2 vs 1 rank (hpctrain mpi)", _ratio(r, "hp_mpi_mean", "t_1rank", True), ">= 0.95"),
+        ("weak scaling 2 vs 1 rank (torch DDP gloo)", _ratio(r, "ddp_gloo", "t_1rank", True), "(reference)"),
     ]
-    print(f"model: {DEPTH} residual conv3d, {FEATURES} features, input {BATCH}x2x{EDGE}^3, "
-          f"{r['grad_mb']:.2f} MB of gradients; 2 ranks x 1 thread; median of {STEPS} steps")
-    print(f"1-rank step {t1 * 1e3:.0f} ms | hpctrain gloo {r['hp_gloo_mean'] * 1e3:.0f} ms | hpctrain mpi "
-          f"{r['hp_mpi_mean'] * 1e3:.0f} ms | DDP gloo {r['ddp_gloo'] * 1e3:.0f} ms")
-    print(f"{'ratio':<48} {'value':>7}  target")
-    for name, value, target in lines:
-        print(f"{name:<48} {value:7.3f}  {target}")
+    med = {k: statistics.median(v) * 1e3 for k, v in r.items()}
+    codec = med["adacomp_codec"] / med["hp_mpi_mean"]
+    print(f"model: {DEPTH} residual conv3d, {FEATURES} features, input {BATCH}x2x{EDGE}^3, {info['mb']:.2f} MB "
+          f"of gradients in {info['buckets']} bucket(s) of <= {BUCKET_MB:g} MB; DDP bucket_cap_mb={BUCKET_MB:g}")
+    print(f"2 ranks x 1 intra-op thread (mpiexec -n 2); 1-rank baseline: 1 process x 1 thread, the other "
+          f"rank idle in a barrier. {reps} interleaved rounds of steps, {2 * reps} of reductions "
+          f"({CALLS} back to back per timing); warm-up excluded; a round's time is the slower rank's")
+    print("median step ms: " + " | ".join(f"{k} {med[k]:.0f}" for k in
+                                          ("t_1rank", "hp_gloo_mean", "hp_mpi_mean", "ddp_gloo")))
+    print("median reduction ms (one call): " + " | ".join(f"{k} {med[k] / CALLS:.2f}" for k in (
+        "fused_gloo", "raw_gloo", "fused_mpi", "raw_mpi", "fused16_gloo", "raw16_gloo", "fused16_mpi",
+        "raw16_mpi")))
+    print(f"{'ratio (median of per-round ratios)':<46} {'value':>6}  {'IQR':>13}  target")
+    for name, (q1, m, q3), target in rows:
+        print(f"{name:<46} {m:6.3f}  [{q1:5.3f},{q3:5.3f}]  {target}")
+    print(f"{'AdaComp encode+decode / step (mpi mean)':<46} {codec:6.3f}  {'':>13}  (report)")
+    print("overlap (timeline of bucket launch vs end of backward, 3 steps):")
+    for line in _overlap_lines(timelines):
+        print(line)
+
+
+def _load(tag: str) -> float:
+    one, five, fifteen = os.getloadavg()
+    print(f"load average at {tag}: {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores", flush=True)
+    return one
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--reps", type=int, default=12, help="interleaved rounds of training steps")
+    args = ap.parse_args()
     if "PMI_RANK" in os.environ:
-        worker()
+        worker(args.reps)
         return
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", "2", sys.executable, __file__]
-    sys.exit(subprocess.run(cmd, env=env).returncode)
+    cores = os.cpu_count() or 1
+    if _load("start") > 0.5 * cores:
+        print(f"WARNING: the machine is busy before the benchmark starts (load > {0.5 * cores:g}): the 2 ranks "
+              "share cores with other jobs; ratios are paired per round but absolute times are inflated",
+              flush=True)
+    if os.environ.get("MPICH_ASYNC_PROGRESS", "0") not in ("", "0"):
+        print("WARNING: MPICH_ASYNC_PROGRESS is on: a progress thread per rank busy-polls a core", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPICH_ASYNC_PROGRESS="0")
+    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", "2", sys.executable, __file__, "--reps", str(args.reps)]
+    rc = subprocess.run(cmd, env=env).returncode
+    if _load("end") > 0.5 * cores + 2:
+        print("WARNING: the machine was busy during the benchmark (load includes its own 2 ranks)", flush=True)
+    sys.exit(rc)
 
 
 if __name__ == "__main__":

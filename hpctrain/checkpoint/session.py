@@ -2,31 +2,42 @@
 
 Saved: model, optimizer, LR schedule position and step (shared when all ranks agree, per rank when a
 combiner lets them differ), every rank's RNG states and data position, and combiner state (AdaComp
-residues, DaSGD counters). A walltime/preemption signal only raises a flag; all ranks agree on it at a
-step boundary and checkpoint together.
+residues, DaSGD's in-flight average). Saves are written in the background and committed together at a
+step boundary; a walltime/preemption signal only raises a flag that all ranks agree on at a step boundary.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from hpctrain.checkpoint.rng import capture_rng_state, restore_rng_state
 from hpctrain.checkpoint.signals import StopFlag
-from hpctrain.checkpoint.store import CheckpointStore, comm_gather
+from hpctrain.checkpoint.store import CheckpointStore, PendingSave, comm_gather
 from hpctrain.config.job import JobSpec
 
 log = logging.getLogger("hpctrain.checkpoint")
 
+# Test hook: raise the stop flag after this step, exactly as a walltime signal would (docs/checkpoints.md).
+STOP_AT_STEP_ENV = "HPCTRAIN_STOP_AT_STEP"
+
 
 class CheckpointSession:
-    """Owns the checkpoint store and the stop flag of one training run on one rank."""
+    """Owns the checkpoint store and the stop flag of one training run on one rank.
+
+    Collective calls (every rank, same order, main thread only): ``restore``, ``save``,
+    ``stop_requested``, ``finish``. ``background=False`` makes every save synchronous.
+    """
 
     def __init__(self, job: JobSpec, run_dir: Path, comm: Any, *, task: Any, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, schedule: Any, exchange: Any) -> None:
+                 optimizer: torch.optim.Optimizer, schedule: Any, exchange: Any, background: bool = True,
+                 environ: dict[str, str] | None = None) -> None:
         self.job, self.comm = job, comm
         self.task, self.model, self.optimizer, self.schedule, self.exchange = task, model, optimizer, schedule, exchange
         directory = Path(job.checkpoint.dir)
@@ -35,10 +46,20 @@ class CheckpointSession:
         self.store = CheckpointStore(directory, keep=job.checkpoint.keep, rank=comm.rank, world_size=comm.size,
                                      gather=comm_gather(comm) if comm.size > 1 else None)
         self.flag = StopFlag().install(tuple(sorted({job.checkpoint.signal, "TERM"})))
+        self.background = background
+        stop_at = (os.environ if environ is None else environ).get(STOP_AT_STEP_ENV, "")
+        self._stop_at: int | None = int(stop_at) if stop_at.strip() else None
         self._last_saved: int | None = None
+        self._pending: PendingSave | None = None
+        self._stopping = False
+
+    # --------------------------------------------------------------------------------- step boundaries
 
     def close(self) -> None:
+        """Give the signals back; let a background write end (locally: never a collective on this path)."""
         self.flag.uninstall()
+        if self._pending is not None:
+            self._pending.wait()  # its files are whole; without a commit the checkpoint does not count
 
     def due(self, step: int) -> bool:
         return step % self.job.checkpoint.every_steps == 0
@@ -46,70 +67,113 @@ class CheckpointSession:
     def saved_at(self, step: int) -> bool:
         return self._last_saved == step
 
-    def stop_requested(self) -> bool:
-        """True on every rank once any rank received the stop signal (decided together at a step boundary)."""
-        def any_rank(value: int) -> int:
-            flag = torch.tensor([float(value)], dtype=torch.float64)
-            self.comm.allreduce_(flag, "max", "stop flag")
-            return int(flag[0])
+    def stop_requested(self, step: int | None = None) -> bool:
+        """True on every rank once any rank received the stop signal (decided together at a step boundary).
 
-        return self.flag.agree(any_rank)
+        The same all-reduce also tells whether every rank has finished writing a background save; if so it
+        is committed here. When a stop is agreed, a save still in flight is committed before returning.
+        """
+        if step is not None and step == self._stop_at:
+            self.flag.set()
+        pending = self._pending
+        writing = pending is not None and not pending.done()
+        votes = torch.tensor([1.0 if self.flag.requested() else 0.0, 1.0 if writing else 0.0], dtype=torch.float64)
+        self.comm.allreduce_(votes, "max", "stop flag")
+        if pending is not None and votes[1] == 0:
+            self.finish()
+        if votes[0] == 0:
+            return False
+        if not self.flag.requested():
+            self.flag.set()
+        self._stopping = True
+        self.finish()
+        return True
+
+    def finish(self) -> None:
+        """Wait for a save in flight and commit it; collective. Raises CheckpointError on every rank if it failed."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.store.commit(pending)
+
+    # ------------------------------------------------------------------------------------------- save
 
     def save(self, step: int) -> None:
-        in_sync = self.exchange.ranks_in_sync
-        exchange_state = self.exchange.state_dict()
-        shared: dict[str, Any] = {"step": step, "schedule": self.schedule.state_dict(),
-                                  "world_size": self.comm.size, "spec_hash": self.job.spec_hash(),
-                                  "model_args": getattr(self.task, "model_args", dict(self.job.model_args)),
-                                  "model_name": self.job.model}
-        per_rank: dict[str, Any] = {"rng": capture_rng_state(), "task": self.task.state_dict(),
-                                    "exchange": exchange_state}
-        if in_sync:
-            shared["model"] = self.model.state_dict()
-            shared["optimizer"] = self.optimizer.state_dict()
+        """Checkpoint ``step``; collective. The last step and a stop are saved synchronously, others in the
+        background (the previous background save is committed first, so at most one is in flight)."""
+        self.finish()
+        final = step >= self.job.train.steps
+        averager = getattr(self.exchange, "averager", None)
+        if final and averager is not None:
+            averager.flush(self.exchange.params)  # training ends here: the final model has every average
+        shared, per_rank = self._state(step)
+        if final or self._stopping or not self.background:
+            self.store.save(step, shared, per_rank=per_rank)
         else:
-            shared["model"] = self.model.state_dict()  # rank 0's, for inference and elastic restarts
+            self._pending = self.store.save_async(step, shared, per_rank=per_rank)
+        self._last_saved = step
+
+    def _state(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(shared state, only filled on rank 0; this rank's state)."""
+        in_sync = self.exchange.ranks_in_sync
+        per_rank: dict[str, Any] = {"rng": capture_rng_state(), "task": self.task.state_dict(),
+                                    "exchange": self.exchange.state_dict()}
+        if not in_sync:
             per_rank["model"] = self.model.state_dict()
             per_rank["optimizer"] = self.optimizer.state_dict()
-        self.store.save(step, shared if self.comm.rank == 0 else {}, per_rank=per_rank)
-        self._last_saved = step
+        if self.comm.rank != 0:
+            return {}, per_rank
+        shared: dict[str, Any] = {
+            "step": step, "schedule": self.schedule.state_dict(), "world_size": self.comm.size,
+            "spec_hash": self.job.spec_hash(), "model_name": self.job.model,
+            "model_args": getattr(self.task, "model_args", dict(self.job.model_args)),
+            "model": self.model.state_dict(),  # when ranks differ: rank 0's, for inference and elastic restarts
+            "task": per_rank["task"],  # rank 0's data position: an elastic restart re-shards from it
+        }
+        if in_sync:
+            shared["optimizer"] = self.optimizer.state_dict()
+        return shared, per_rank
+
+    # ---------------------------------------------------------------------------------------- restore
 
     def restore(self) -> int:
         """Load the newest valid checkpoint if there is one; returns the step to continue from."""
         checkpoint = self.store.latest_valid()
         if checkpoint is None:
             return 0
-        shared, rank_state = self.store.load(checkpoint)
-        self.model.load_state_dict(shared["model"])
-        same_world = int(shared.get("world_size", self.comm.size)) == self.comm.size
-        if rank_state is not None and "model" in rank_state:
-            self.model.load_state_dict(rank_state["model"])
-        optimizer_state = (rank_state or {}).get("optimizer", shared.get("optimizer"))
-        if optimizer_state is not None:
-            self.optimizer.load_state_dict(optimizer_state)
+        shared, rank_state = self.store.load(checkpoint, warn=False)
         step = int(shared["step"])
-        if same_world and rank_state is not None:
+        if checkpoint.world_size == self.comm.size and rank_state is not None:
+            self.model.load_state_dict(rank_state.get("model", shared["model"]))
+            optimizer_state = rank_state.get("optimizer", shared.get("optimizer"))
+            if optimizer_state is not None:
+                self.optimizer.load_state_dict(optimizer_state)
             self.schedule.load_state_dict(shared["schedule"])
             restore_rng_state(rank_state["rng"])
             self.task.load_state_dict(rank_state["task"])
             self.exchange.load_state_dict(rank_state.get("exchange", {}))
         else:
-            log.warning("resuming step %d on %d ranks from a checkpoint of %s ranks: data is re-sharded and the "
-                        "learning rate re-scaled; the result will not be bit-identical to an uninterrupted run",
-                        step, self.comm.size, shared.get("world_size"))
-            self._reshard(step)
+            self._elastic(shared, checkpoint.world_size, step)
         if self.comm.rank == 0:
             log.info("resumed from %s (step %d)", checkpoint.path, step)
         self._last_saved = step
         return step
 
-    def _reshard(self, step: int) -> None:
-        """Elastic restart: the data position continues from the samples consumed so far, split anew."""
-        state = self.task.state_dict()
-        if "stream" in state:
-            consumed = step * self.job.train.batch_per_rank
-            state["stream"] = {"epoch": 0, "offset": 0, "consumed": consumed}
-        try:
-            self.task.load_state_dict(state)
-        except (KeyError, ValueError):
-            pass
+    def _elastic(self, shared: dict[str, Any], old_world: int, step: int) -> None:
+        """Resume on another world size: shared model (and optimizer when ranks agreed), data re-sharded from
+        rank 0's position, the LR schedule as built for this world size, fresh RNGs and combiner state."""
+        if self.comm.rank == 0:
+            log.warning("resuming step %d on %d ranks from a checkpoint of %d ranks: data is re-sharded and the "
+                        "learning rate re-scaled; the result will not be bit-identical to an uninterrupted run",
+                        step, self.comm.size, old_world)
+        self.model.load_state_dict(shared["model"])
+        if shared.get("optimizer") is not None:
+            self.optimizer.load_state_dict(shared["optimizer"])
+        if "task" in shared:
+            self.task.load_state_dict(shared["task"])
+        seed = (self.job.train.seed * 1_000_003 + step) * 1_009 + self.comm.rank
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+        averager = getattr(self.exchange, "averager", None)
+        if averager is not None:
+            averager.steps = step  # keep the averaging period aligned with the step count

@@ -16,7 +16,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,6 +215,72 @@ def file_digest(path: Path, checksum: str) -> tuple[int, str]:
     return size, h.hexdigest()
 
 
+# ------------------------------------------------------------------------------------- background saves
+
+_writer: ThreadPoolExecutor | None = None
+
+
+def _writer_pool() -> ThreadPoolExecutor:
+    """One background writer per process: saves are written in the order they were started."""
+    global _writer
+    if _writer is None:
+        _writer = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-ckpt-write")
+    return _writer
+
+
+def snapshot(obj: Any, buffers: dict[str, torch.Tensor] | None = None, _path: str = "",
+             _memo: dict[int, torch.Tensor] | None = None) -> Any:
+    """A copy of a state in CPU memory: every tensor copied (shared tensors stay shared), containers rebuilt.
+
+    Numbers, strings and None are immutable and kept. This is the only part of an asynchronous save the
+    training loop waits for: a memory copy, no pickling and no I/O. ``buffers`` (path in the state ->
+    tensor) are reused when shape and dtype match and filled with the tensors copied, so a run's every
+    save after the first copies into memory already mapped (no page faults on fresh allocations).
+    """
+    memo = {} if _memo is None else _memo
+    if isinstance(obj, torch.Tensor):
+        key = id(obj)
+        if key not in memo:
+            old = None if buffers is None else buffers.get(_path)
+            if old is not None and old.shape == obj.shape and old.dtype == obj.dtype and old.device.type == "cpu":
+                memo[key] = old.copy_(obj.detach())
+            else:
+                memo[key] = obj.detach().to("cpu", copy=True)
+            if buffers is not None:
+                buffers[_path] = memo[key]
+        return memo[key]
+    if isinstance(obj, dict):
+        items = [(k, snapshot(v, buffers, f"{_path}/{k}", memo)) for k, v in obj.items()]
+        if type(obj) is dict:
+            return dict(items)
+        out = type(obj)(items)  # a module's state_dict is an OrderedDict with version _metadata: keep both
+        if hasattr(obj, "_metadata"):
+            out._metadata = obj._metadata  # type: ignore[attr-defined]
+        return out
+    if isinstance(obj, (list, tuple)):
+        copied = [snapshot(v, buffers, f"{_path}/{i}", memo) for i, v in enumerate(obj)]
+        return copied if isinstance(obj, list) else tuple(copied)
+    return obj
+
+
+@dataclass
+class PendingSave:
+    """A checkpoint whose files this rank is writing (or has written); commit it with ``store.commit``."""
+
+    step: int
+    sdir: Path
+    future: Future[dict[str, Any]]
+    background: bool = True  # commit then prunes old directories in the background writer too
+
+    def done(self) -> bool:
+        """True once this rank's files are written (or failed); never blocks."""
+        return self.future.done()
+
+    def wait(self) -> dict[str, Any]:
+        """This rank's report (files written or the error); blocks until the write ended. Not collective."""
+        return self.future.result()
+
+
 # ---------------------------------------------------------------------------------------------- store
 
 
@@ -253,6 +319,8 @@ class CheckpointStore:
         self.world_size = world_size
         self.checksum = checksum
         self._gather: Gather = gather if gather is not None else _single_gather
+        self._buffers: dict[str, dict[str, torch.Tensor]] = {"shared": {}, "rank": {}}
+        self._last: PendingSave | None = None
 
     # ------------------------------------------------------------------------------------------ save
 
@@ -263,19 +331,61 @@ class CheckpointStore:
         other ranks may pass ``{}``; ``per_rank`` (RNG, this rank's data position, combiner state) is
         written by every rank that passes it. Raises CheckpointError on every rank if any rank failed.
         """
+        return self.commit(self._start(step, state, per_rank, background=False))
+
+    def save_async(self, step: int, state: dict[str, Any], *, per_rank: dict[str, Any] | None = None
+                   ) -> PendingSave:
+        """Start checkpoint ``step`` and return while it is written; NOT collective.
+
+        The state is copied to CPU memory now (so the caller may change its tensors at once); a background
+        thread writes, hashes, fsyncs and renames this rank's files. Nothing is committed until every rank
+        calls the collective :meth:`commit` on the returned handle (typically at a later step boundary,
+        once ``pending.done()`` is true everywhere, or before the next save). Collectives never run in the
+        background thread: MPI and gloo communicators are not safe to use from two threads at once.
+        """
+        if self._last is not None and not self._last.done():  # its buffers are still being written
+            self._buffers = {"shared": {}, "rank": {}}
+        shared = snapshot(state, self._buffers["shared"])
+        mine = None if per_rank is None else snapshot(per_rank, self._buffers["rank"])
+        self._last = self._start(step, shared, mine, background=True)
+        return self._last
+
+    def _start(self, step: int, state: dict[str, Any], per_rank: dict[str, Any] | None, *,
+               background: bool) -> PendingSave:
         sdir = self.directory / step_dirname(step)
-        report: dict[str, Any] = {"rank": self.rank, "files": [], "error": None}
-        try:
-            sdir.mkdir(parents=True, exist_ok=True)
-            if self.rank == 0:
-                report["files"].append(self._write_pt(sdir / SHARED, state).to_json())
-            if per_rank is not None:
-                rec = self._write_pt(sdir / rank_filename(self.rank), per_rank)
-                report["files"].append({**rec.to_json(), "rank": self.rank})
-            if self.rank != 0:  # rank 0 syncs the directory once, after it added the marker
-                _fsync_dir(sdir)
-        except OSError as e:
-            report["error"] = self._failure(step, e)
+
+        def write() -> dict[str, Any]:
+            report: dict[str, Any] = {"rank": self.rank, "files": [], "error": None}
+            try:
+                sdir.mkdir(parents=True, exist_ok=True)
+                if self.rank == 0:
+                    report["files"].append(self._write_pt(sdir / SHARED, state).to_json())
+                if per_rank is not None:
+                    rec = self._write_pt(sdir / rank_filename(self.rank), per_rank)
+                    report["files"].append({**rec.to_json(), "rank": self.rank})
+                if self.rank != 0:  # rank 0 syncs the directory once, after it added the marker
+                    _fsync_dir(sdir)
+            except OSError as e:
+                report["error"] = self._failure(step, e)
+            except Exception as e:  # e.g. an object torch.save cannot pickle: still a report every rank sees
+                report["error"] = [f"rank {self.rank}: cannot write checkpoint step {step} to {self.directory}: "
+                                   f"{type(e).__name__}: {e}", "report this as a bug"]
+            return report
+
+        if not background:
+            done: Future[dict[str, Any]] = Future()
+            done.set_result(write())
+            return PendingSave(step, sdir, done, background=False)
+        return PendingSave(step, sdir, _writer_pool().submit(write))
+
+    def commit(self, pending: PendingSave) -> Path:
+        """Wait for this rank's files of ``pending``, then make the checkpoint complete; collective.
+
+        Raises CheckpointError on every rank if any rank's write (or rank 0's commit) failed; the
+        previous checkpoint then stays the newest complete one.
+        """
+        report = pending.wait()
+        step, sdir = pending.step, pending.sdir
         reports = self._gather(report)
         failed = [r["error"] for r in reports if r["error"]]
         if failed:
@@ -288,7 +398,7 @@ class CheckpointStore:
             files = tuple(FileRecord.from_json(f) for r in reports for f in r["files"])
             ckpt = Checkpoint(step, sdir, self.world_size, files, self.checksum, _now())
             try:
-                self._commit(ckpt)
+                self._commit(ckpt, prune_in_background=pending.background)
             except OSError as e:
                 commit_error = self._failure(step, e)
                 self._discard_incomplete(sdir)
@@ -303,7 +413,7 @@ class CheckpointStore:
                 stale.unlink()
         return write_atomic(final, lambda f: torch.save(obj, f), self.checksum, sync_dir=False)
 
-    def _commit(self, ckpt: Checkpoint) -> None:
+    def _commit(self, ckpt: Checkpoint, *, prune_in_background: bool = False) -> None:
         """Rank 0: marker, one fsync of the step directory, manifest, then delete what is not kept."""
         _write_json(ckpt.path / MARKER, ckpt.to_json(), sync_dir=False)
         _fsync_dir(ckpt.path)  # shared.pt, rank-00000.pt and the marker renames become durable together
@@ -317,15 +427,22 @@ class CheckpointStore:
             "checkpoints": [c.to_json() for c in kept],
         }
         _write_json(self.directory / MANIFEST, manifest)
-        self._prune({c.path.name for c in kept})
+        keep_dirs = {c.path.name for c in kept}
+        # The list is fixed now, on the committing thread: a later save's directory (which may be written
+        # while a background prune runs) is never on it.
+        stale = [child for child in self.directory.iterdir()
+                 if _STEP_DIR.match(child.name) and child.name not in keep_dirs and child.is_dir()]
+        if prune_in_background:
+            _writer_pool().submit(self._delete, stale)
+        else:
+            self._delete(stale)
 
-    def _prune(self, keep_dirs: set[str]) -> None:
-        for child in self.directory.iterdir():
-            if _STEP_DIR.match(child.name) and child.name not in keep_dirs and child.is_dir():
-                try:
-                    shutil.rmtree(child)
-                except OSError as e:
-                    log.warning("could not delete old checkpoint %s: %s", child, e.strerror or e)
+    def _delete(self, stale: list[Path]) -> None:
+        for child in stale:
+            try:
+                shutil.rmtree(child)
+            except OSError as e:
+                log.warning("could not delete old checkpoint %s: %s", child, e.strerror or e)
 
     def _discard_incomplete(self, sdir: Path) -> None:
         if sdir.is_dir() and not (sdir / MARKER).exists():
@@ -429,12 +546,14 @@ class CheckpointStore:
             log.warning("checkpoint %s: %s; %s", self.directory, "; ".join(problems), using)
         return chosen
 
-    def load(self, checkpoint: Checkpoint, *, map_location: Any = "cpu") -> tuple[dict[str, Any], dict | None]:
+    def load(self, checkpoint: Checkpoint, *, map_location: Any = "cpu", warn: bool = True
+             ) -> tuple[dict[str, Any], dict | None]:
         """(shared state, this rank's state). The rank state is None if this rank saved none, or if the
-        checkpoint was written by another world size (elastic restart: re-shard from the shared state)."""
+        checkpoint was written by another world size (elastic restart: re-shard from the shared state;
+        rank 0 logs one warning unless ``warn=False`` because the caller writes its own)."""
         shared = self._load_file(checkpoint, SHARED, map_location)
         if checkpoint.world_size != self.world_size:
-            if self.rank == 0:
+            if self.rank == 0 and warn:
                 log.warning(
                     "checkpoint step %d was written by %d ranks, this run has %d: per-rank state (RNG, data "
                     "position, combiner residues) is not restored",

@@ -324,6 +324,11 @@ class InferenceConfig:
     image_stddev: float = DEFAULT_IMAGE_STDDEV
     movement_order: str = "fifo"
     device: str = "cpu"
+    # Not in the reference (both 0 = off): after the policy's seeds are used, ``reseed_passes`` more passes of
+    # the peaks policy over the still-unsegmented voxels (segmented ones count as edges); then every object
+    # grown by up to ``expand_labels`` voxels into unsegmented ones, nearest object first (as the baseline).
+    reseed_passes: int = 0
+    expand_labels: int = 0
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "inference config") -> InferenceConfig:
@@ -376,7 +381,18 @@ def segment_volume(
     if seeds is None:
         seeds = make_seeds(cfg.seed_policy, image, **cfg.seed_args)
     canvas.segment_all(within_margin(seeds, canvas.shape, canvas.margin))
+    peak_args = cfg.seed_args if cfg.seed_policy == "peaks" else {}
+    for _ in range(cfg.reseed_passes):
+        before = len(canvas.origins)
+        more = make_seeds("peaks", image, **{**peak_args, "mask": canvas.segmentation > 0})
+        canvas.segment_all(within_margin(more, canvas.shape, canvas.margin))
+        if len(canvas.origins) == before:
+            break
     labels = canvas.labels()
+    if cfg.expand_labels > 0:
+        from skimage.segmentation import expand_labels
+
+        labels = expand_labels(labels, distance=cfg.expand_labels)
     return (labels, canvas) if return_canvas else labels
 
 
@@ -476,11 +492,14 @@ def run_segment(
     *,
     config: InferenceConfig | Mapping[str, Any] | None = None,
     threads: int | None = None,
+    tune: bool = True,
 ) -> dict[str, Any]:
     """`hpctrain segment`: checkpoint + image volume → segmentation HDF5; returns a summary dict.
 
     FOV and deltas come from the checkpoint's ``model_args`` unless ``config`` sets them; image_mean and
-    image_stddev from the checkpoint (top level or ``model_args``) unless ``config`` sets them.
+    image_stddev from the checkpoint (top level or ``model_args``) unless ``config`` sets them. ``tune``: run
+    a copy of the model with the CPU inference settings of ``hpctrain.ffn.perf`` (oneDNN convolutions,
+    channels-last; the same float32 sums up to their order).
     """
     import torch
 
@@ -505,6 +524,10 @@ def run_segment(
     image = np.asarray(load_volume(volume_spec))
     if image.ndim != 3:
         raise DataError(f"image {volume_spec} has shape {image.shape}; expected a 3-D (z, y, x) volume")
+    if tune and cfg.device == "cpu":
+        from hpctrain.ffn.perf import tune_for_inference
+
+        model = tune_for_inference(model, torch.zeros((1, 2, *cfg.fov), dtype=torch.float32))
     t0 = time.perf_counter()
     labels, canvas = segment_volume(model, image, cfg, return_canvas=True)
     seconds = time.perf_counter() - t0

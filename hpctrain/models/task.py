@@ -78,30 +78,50 @@ def epoch_order(count: int, seed: int, epoch: int) -> torch.Tensor:
 
 
 class ShardedIndexStream:
-    """Index batches for one rank: each epoch a global permutation, dealt round-robin so ranks never overlap."""
+    """Index batches for one rank: each epoch a global permutation, dealt round-robin so ranks never overlap.
+
+    The position is global: ``skip`` samples of the epoch's permutation were taken before this stream's
+    sharding began (non-zero only after an elastic restart), then every rank took ``offset`` more. A state
+    saved by another world size is re-sharded on load: the new ranks deal the rest of that epoch's
+    permutation (cut to whole steps) among themselves, so no sample of the epoch is seen twice.
+    """
 
     def __init__(self, count: int, batch: int, rank: int, world_size: int, seed: int) -> None:
         if count < batch * world_size:
             raise ValueError(f"{count} samples cannot fill one step of {world_size} ranks x {batch}")
         self.count, self.batch, self.rank, self.world, self.seed = count, batch, rank, world_size, seed
-        self.epoch, self.offset = 0, 0
+        self.epoch, self.offset, self.skip = 0, 0, 0
         self._order = self._shard()
 
     def _shard(self) -> torch.Tensor:
-        usable = (self.count // (self.batch * self.world)) * self.batch * self.world
-        return epoch_order(self.count, self.seed, self.epoch)[:usable][self.rank :: self.world]
+        step = self.batch * self.world
+        usable = (self.count // step) * step
+        rest = max(0, (usable - self.skip) // step) * step  # whole steps left in this epoch after ``skip``
+        order = epoch_order(self.count, self.seed, self.epoch)
+        return order[self.skip : self.skip + rest][self.rank :: self.world]
 
     def next(self) -> torch.Tensor:
         if self.offset + self.batch > len(self._order):
-            self.epoch, self.offset = self.epoch + 1, 0
+            self.epoch, self.offset, self.skip = self.epoch + 1, 0, 0
             self._order = self._shard()
         indices = self._order[self.offset : self.offset + self.batch]
         self.offset += self.batch
         return indices
 
+    @property
+    def position(self) -> int:
+        """Samples of the current epoch's permutation taken by all ranks together."""
+        return self.skip + self.offset * self.world
+
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "offset": self.offset}
+        return {"epoch": self.epoch, "offset": self.offset, "skip": self.skip, "world": self.world}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.offset = int(state["epoch"]), int(state["offset"])
+        """Restore a position; one saved by a different world size continues from its global position."""
+        world = int(state.get("world", self.world))
+        self.epoch = int(state["epoch"])
+        if world == self.world:
+            self.offset, self.skip = int(state["offset"]), int(state.get("skip", 0))
+        else:
+            self.offset, self.skip = 0, int(state.get("skip", 0)) + int(state["offset"]) * world
         self._order = self._shard()

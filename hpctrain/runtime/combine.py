@@ -386,13 +386,42 @@ class DelayedAverager:
             for p, at_send, avg in zip(params, snapshot, averaged, strict=True):
                 p.copy_(dasgd_merge(p.detach(), at_send, avg))
 
-    def state_dict(self) -> dict[str, Any]:
-        """Counters only: flush() before saving, so no average is in flight in a checkpoint."""
-        if self._pending is not None:
+    def state_dict(self, include_in_flight: bool = False) -> dict[str, Any]:
+        """Counters, and with ``include_in_flight`` an average still in flight (waited for, not merged).
+
+        Without ``include_in_flight`` an average in flight is an error (call flush() first). With it, the
+        average is waited for but NOT merged: the state holds the step it was sent at, the snapshot and the
+        averaged tensors, and this averager keeps going as if nothing happened (the merge still lands at its
+        due step), so saving does not change the trajectory; exact resume restores the same pending merge.
+        """
+        state: dict[str, Any] = {"steps": self.steps, "period": self.period, "delay": self.delay}
+        if self._pending is None:
+            return state
+        if not include_in_flight:
             raise RuntimeFailure(
                 "DelayedAverager.state_dict() with an average in flight", hint="call flush() first"
             )
-        return {"steps": self.steps, "period": self.period, "delay": self.delay}
+        sent_at, snapshot, handle = self._pending
+        averaged = [t.detach().clone() for t in handle.wait()]
+        self._pending = (sent_at, snapshot, _Arrived(averaged))  # wait() once: handles may not be re-entrant
+        state["in_flight"] = {"sent_at": sent_at, "snapshot": [t.clone() for t in snapshot],
+                              "average": [t.clone() for t in averaged]}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.steps = int(state["steps"])
+        pending = state.get("in_flight")
+        self._pending = None
+        if pending is not None:
+            average = [t.clone() for t in pending["average"]]
+            self._pending = (int(pending["sent_at"]), [t.clone() for t in pending["snapshot"]], _Arrived(average))
+
+
+class _Arrived:
+    """An AverageHandle whose average is already here (saved in a checkpoint or waited for early)."""
+
+    def __init__(self, averaged: list[Tensor]) -> None:
+        self.averaged = averaged
+
+    def wait(self) -> list[Tensor]:
+        return self.averaged

@@ -1,7 +1,8 @@
 """One Communicator interface over MPI (mpi4py) and torch.distributed (gloo on CPU, nccl on GPU).
 
 Every collective is numbered and watched: if it does not complete within ``timeout_s`` the job aborts with
-a message naming the rank(s) that never arrived (each rank posts a cheap "arrived at #K" note first).
+a message naming the rank(s) that never arrived. The ranks are asked only after the timeout, over a side
+channel their watchdog threads answer, so the fast path carries no per-collective bookkeeping message.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import zlib
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
@@ -57,6 +57,10 @@ class Communicator(ABC):
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> torch.Tensor:
         self.allreduce_async_(tensor, op, label).wait()
         return tensor
+
+    def progress(self) -> None:
+        """Give in-flight asynchronous collectives a chance to advance (back-ends that need a poke)."""
+        return None
 
     @abstractmethod
     def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
@@ -135,14 +139,52 @@ class SingleProcessCommunicator(Communicator):
 
 # ----------------------------------------------------------------------------------------------- MPI
 
-_ARRIVAL_TAG = 7301
+_QUERY_TAG, _REPLY_TAG = 7301, 7302
+
+
+def _grace_s(timeout_s: float, tick_s: float) -> float:
+    """How long a timed-out rank waits for the others to say which collective they reached."""
+    return min(10.0, max(2.0, 5 * tick_s, 0.25 * timeout_s))
+
+
+class _MPIRequest:
+    """One ``Iallreduce`` in flight. ``lock`` serialises Test/Wait between the caller and the watchdog."""
+
+    __slots__ = ("req", "pending", "done", "lock")
+
+    def __init__(self, req: Any, pending: Pending) -> None:
+        self.req, self.pending, self.done = req, pending, False
+        self.lock = threading.Lock()
+
+    def test(self) -> bool:
+        """Non-blocking; drives MPICH's progress engine. Safe from any thread."""
+        if self.done:
+            return True
+        if not self.lock.acquire(blocking=False):
+            return False  # the caller is in wait(): not done yet as far as anyone knows
+        try:
+            if not self.done and self.req.Test():
+                self.done = True
+        finally:
+            self.lock.release()
+        return self.done
+
+    def wait(self) -> None:
+        with self.lock:
+            if not self.done:
+                self.req.Wait()
+                self.done = True
 
 
 class MPICommunicator(Communicator):
-    """mpi4py. Collectives run, in issue order, on one communication thread (MPI_THREAD_MULTIPLE) so
-    ``allreduce_async_`` really overlaps with backward: MPICH makes no progress on an ``Iallreduce``
-    unless some thread sits in MPI, so a blocking ``Allreduce`` on a helper thread is what overlaps.
-    CPU contiguous tensors are reduced zero-copy (``Allreduce(IN_PLACE, t.numpy())``).
+    """mpi4py. Blocking collectives run on the calling thread; ``allreduce_async_`` is an ``Iallreduce``
+    that the caller progresses with ``progress()`` (the reducer calls it from every backward hook) and
+    completes in ``Handle.wait()``. No helper thread sits in MPI, so nothing busy-polls a core while
+    backward computes (MPICH_ASYNC_PROGRESS stays off). CPU contiguous tensors are reduced zero-copy.
+
+    The fast path sends nothing extra: when a collective times out, the watchdog asks every other rank over
+    a side communicator which collective it has reached (their watchdog threads answer even while the main
+    thread is stuck), names the ranks behind, and calls ``MPI_Abort``.
     """
 
     def __init__(self, timeout_s: float = 300.0, comm: Any = None, local_rank: int | None = None) -> None:
@@ -151,7 +193,7 @@ class MPICommunicator(Communicator):
         self._MPI = MPI
         base = comm if comm is not None else MPI.COMM_WORLD
         self._comm = base.Dup()
-        self._arrivals = base.Dup()  # side channel: "rank r arrived at collective #K", to rank 0
+        self._side = base.Dup()  # after a timeout only: "which collective have you reached?"
         self.rank, self.size = self._comm.Get_rank(), self._comm.Get_size()
         if local_rank is None:
             local = self._comm.Split_type(MPI.COMM_TYPE_SHARED)
@@ -161,133 +203,144 @@ class MPICommunicator(Communicator):
         self.backend, self.timeout_s = "mpi", float(timeout_s)
         self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
         self._index = 0
-        self._last_arrival = [0] * self.size  # rank 0 only: highest #K each rank announced
-        self._sends: deque[tuple[Any, Any]] = deque()
-        self._arrival_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpctrain-mpi")
-        self._watchdog = Watchdog(self.timeout_s, self._on_timeout)
+        self._inflight: deque[_MPIRequest] = deque()
+        self._replies: list[tuple[Any, Any]] = []
+        self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._answer_queries)
         self._closed = False
 
-    # -- arrivals and timeouts
-    def _announce(self, index: int) -> None:
-        import numpy as np
-
-        if self.rank == 0:
-            self._last_arrival[0] = index
-            self._drain_arrivals()
-            return
-        while self._sends and self._sends[0][0].Test():
-            self._sends.popleft()
-        buf = np.array([index], dtype=np.int64)
-        self._sends.append((self._arrivals.Isend(buf, dest=0, tag=_ARRIVAL_TAG), buf))
-
-    def _drain_arrivals(self) -> None:
+    # -- timeouts: who is behind is asked only once something is late
+    def _answer_queries(self) -> None:
         import numpy as np
 
         MPI = self._MPI
         status = MPI.Status()
-        buf = np.zeros(1, dtype=np.int64)
-        with self._arrival_lock:
-            while self._arrivals.Iprobe(source=MPI.ANY_SOURCE, tag=_ARRIVAL_TAG, status=status):
-                src = status.Get_source()
-                self._arrivals.Recv(buf, source=src, tag=_ARRIVAL_TAG)
-                self._last_arrival[src] = max(self._last_arrival[src], int(buf[0]))
+        while self._side.Iprobe(source=MPI.ANY_SOURCE, tag=_QUERY_TAG, status=status):
+            src = status.Get_source()
+            self._side.Recv(np.zeros(1, dtype=np.int64), source=src, tag=_QUERY_TAG)
+            reply = np.array([self._index], dtype=np.int64)
+            self._replies.append((self._side.Isend(reply, dest=src, tag=_REPLY_TAG), reply))
 
-    def _on_timeout(self, pending: Pending) -> None:
+    def _ask_who_is_behind(self, pending: Pending) -> tuple[list[int], list[int]]:
         import time
 
-        if self.rank == 0:
-            self._drain_arrivals()
-            missing = [r for r in range(self.size) if self._last_arrival[r] < pending.index]
-            _log(_missing_message(missing, pending, self.timeout_s) + "; aborting the job (MPI_Abort)")
-        else:
-            grace = min(10.0, max(2.0, 0.25 * self.timeout_s))
-            _log(
-                f"rank {self.rank}: {pending.describe()} did not complete within {self.timeout_s:g} s; "
-                f"rank 0 names the missing ranks (waiting {grace:g} s for it)"
-            )
-            time.sleep(grace)
-            _log(f"rank {self.rank}: rank 0 did not abort the job: rank 0 itself did not arrive at "
-                 f"{pending.describe()}; aborting the job (MPI_Abort)")
+        import numpy as np
+
+        MPI = self._MPI
+        query = np.array([pending.index], dtype=np.int64)
+        sends = [self._side.Isend(query, dest=r, tag=_QUERY_TAG) for r in range(self.size) if r != self.rank]
+        reached = {self.rank: self._index}
+        status, buf = MPI.Status(), np.zeros(1, dtype=np.int64)
+        deadline = time.monotonic() + _grace_s(self.timeout_s, self._watchdog.tick_s)
+        while len(reached) < self.size and time.monotonic() < deadline:
+            self._answer_queries()  # another rank that timed out too may be asking us
+            while self._side.Iprobe(source=MPI.ANY_SOURCE, tag=_REPLY_TAG, status=status):
+                src = status.Get_source()
+                self._side.Recv(buf, source=src, tag=_REPLY_TAG)
+                reached[src] = int(buf[0])
+            time.sleep(0.01)
+        del sends  # never completed on purpose when a peer is gone; the job aborts next
+        behind = [r for r in range(self.size) if r in reached and reached[r] < pending.index]
+        silent = [r for r in range(self.size) if r not in reached]
+        return behind, silent
+
+    def _on_timeout(self, pending: Pending) -> None:
+        behind, silent = self._ask_who_is_behind(pending)
+        msg = _missing_message(behind, pending, self.timeout_s)
+        if silent:
+            msg += "; " + ", ".join(f"rank {r}" for r in silent) + " did not answer (frozen or dead)"
+        _log(f"rank {self.rank}: {msg}; aborting the job (MPI_Abort)")
         self._comm.Abort(1)
 
-    def _submit(self, kind: str, label: str, fn: Callable[[], None]) -> Handle:
+    # -- bookkeeping shared by every collective
+    def _begin(self, kind: str, label: str, is_done: Callable[[], bool] | None = None) -> Pending:
         if self._closed:
             raise RuntimeFailure(f"rank {self.rank}: {kind} on a closed communicator")
         self._index += 1
-        index = self._index
-        self._announce(index)
-        pending = self._watchdog.arm(index, kind, label)
+        return self._watchdog.arm(self._index, kind, label, is_done)
 
-        def run() -> None:
-            try:
-                fn()
-            finally:
-                self._watchdog.disarm(pending)
+    def _run(self, kind: str, label: str, fn: Callable[[], Any]) -> Any:
+        pending = self._begin(kind, label)
+        try:
+            return fn()
+        finally:
+            self._watchdog.disarm(pending)
 
-        fut: Future[None] = self._pool.submit(run)
-        return Handle(fut.result)
+    def progress(self) -> None:
+        """Let MPICH advance the in-flight ``Iallreduce``s (cheap; a no-op when none is in flight)."""
+        inflight = self._inflight
+        while inflight and inflight[0].test():
+            self._watchdog.disarm(inflight.popleft().pending)
 
     # -- collectives
     def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
         _check_op(op)
-        MPI, mpi_op = self._MPI, self._ops[op]
         direct = tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.dtype != torch.bfloat16
         work = tensor if direct else tensor.detach().to("cpu", torch.float32 if tensor.dtype ==
                                                          torch.bfloat16 else tensor.dtype).contiguous()
+        holder: list[_MPIRequest] = []
+        pending = self._begin("allreduce", label, lambda: bool(holder) and holder[0].test())
+        req = _MPIRequest(self._comm.Iallreduce(self._MPI.IN_PLACE, work.detach().numpy(),
+                                                op=self._ops[op]), pending)
+        holder.append(req)
+        self._inflight.append(req)
 
-        def fn() -> None:
-            self._comm.Allreduce(MPI.IN_PLACE, work.detach().numpy(), op=mpi_op)
+        def wait() -> None:
+            req.wait()
+            self._watchdog.disarm(pending)
+            while self._inflight and self._inflight[0].done:
+                self._inflight.popleft()
             if op == "mean":
                 work.div_(self.size)
             if not direct:
                 tensor.copy_(work)
 
-        return self._submit("allreduce", label, fn)
+        return Handle(wait)
+
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> torch.Tensor:
+        _check_op(op)
+        if not (tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.dtype != torch.bfloat16):
+            return super().allreduce_(tensor, op, label)
+        self._run("allreduce", label, lambda: self._comm.Allreduce(
+            self._MPI.IN_PLACE, tensor.detach().numpy(), op=self._ops[op]))
+        if op == "mean":
+            tensor.div_(self.size)
+        return tensor
 
     def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
         work = _cpu_contiguous(tensor)
-
-        def fn() -> None:
-            self._comm.Bcast(work.numpy(), root=root)
-            if work is not tensor:
-                tensor.copy_(_restore(work, tensor))
-
-        self._submit("broadcast", label, fn).wait()
+        self._run("broadcast", label, lambda: self._comm.Bcast(work.numpy(), root=root))
+        if work is not tensor:
+            tensor.copy_(_restore(work, tensor))
         return tensor
 
     def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
         work = _cpu_contiguous(tensor)
         out = torch.empty((self.size, *work.shape), dtype=work.dtype)
-        self._submit("allgather", label, lambda: self._comm.Allgather(work.numpy(), out.numpy())).wait()
+        self._run("allgather", label, lambda: self._comm.Allgather(work.numpy(), out.numpy()))
         return [_restore(out[i], tensor).to(tensor.device) for i in range(self.size)]
 
     def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
         work = _cpu_contiguous(tensor)
         out = torch.empty_like(work)
-        self._submit(
-            "sendrecv", label or f"peer {peer}",
-            lambda: self._comm.Sendrecv(work.numpy(), dest=peer, recvbuf=out.numpy(), source=peer),
-        ).wait()
+        self._run("sendrecv", label or f"peer {peer}",
+                  lambda: self._comm.Sendrecv(work.numpy(), dest=peer, recvbuf=out.numpy(), source=peer))
         return _restore(out, tensor).to(tensor.device)
 
     def barrier(self, label: str = "") -> None:
-        self._submit("barrier", label, self._comm.Barrier).wait()
+        self._run("barrier", label, self._comm.Barrier)
 
     def close(self) -> None:
         if self._closed:
             return
+        for req in list(self._inflight):  # never waited: complete them before the communicator goes
+            req.wait()
+        self._inflight.clear()
         self._closed = True
-        self._pool.shutdown(wait=True)
-        self._watchdog.close()
-        for req, _ in self._sends:
+        self._watchdog.close()  # its thread may call MPI: stop it before freeing anything
+        for req, _ in self._replies:
             req.Wait()
-        if self.rank == 0:
-            self._drain_arrivals()
-        self._comm.Barrier()  # no rank frees the side channel while another still sends on it
-        if self.rank == 0:
-            self._drain_arrivals()
-        self._arrivals.Free()
+        self._comm.Barrier()
+        self._side.Free()
         self._comm.Free()
 
 
@@ -309,9 +362,11 @@ _STORE_PREFIX = "hpctrain/"
 
 
 class TorchDistCommunicator(Communicator):
-    """torch.distributed with gloo (CPU) or nccl (GPU). The rendezvous TCPStore doubles as the arrival
-    side channel: each rank writes ``arrive/<rank> = K`` before collective #K, so on a timeout any rank can
-    read who is missing, publish ``abort`` (every rank's watchdog polls it, the stuck one included) and exit.
+    """torch.distributed with gloo (CPU) or nccl (GPU); asynchronous all-reduces are the back-end's own work
+    handles. The rendezvous TCPStore is the side channel for timeouts, and costs nothing per collective:
+    a rank whose collective #K is late writes ``query``; every rank's watchdog thread (it polls the store
+    once a tick) answers ``now/<rank> = last collective reached``; the asking rank names those behind K,
+    publishes ``abort`` (every watchdog polls it, the stuck one included) and exits.
     """
 
     def __init__(
@@ -336,7 +391,6 @@ class TorchDistCommunicator(Communicator):
             host, port, self.size, self.rank == 0 and not agent_store,
             timedelta(seconds=max(60.0, timeout_s)), wait_for_workers=False,
         )
-        self._store.set(f"{_STORE_PREFIX}arrive/{self.rank}", "0")
         if backend == "nccl":
             torch.cuda.set_device(env.local_rank % max(1, torch.cuda.device_count()))
         # Our watchdog must fire before the back-end's own timeout so the message names the missing rank.
@@ -349,7 +403,7 @@ class TorchDistCommunicator(Communicator):
                      "min": dist.ReduceOp.MIN}
         self._index = 0
         self._watch_store: Any = None
-        self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._poll_abort)
+        self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._poll_store)
         self._closed = False
 
     def _side_store(self) -> Any:
@@ -360,9 +414,12 @@ class TorchDistCommunicator(Communicator):
             )
         return self._watch_store
 
-    def _poll_abort(self) -> None:
+    def _poll_store(self) -> None:
         try:
             store = self._side_store()
+            if not store.check([f"{_STORE_PREFIX}query"]):
+                return  # the common case: one small request per tick, nothing per collective
+            store.set(f"{_STORE_PREFIX}now/{self.rank}", str(self._index))
             if store.check([f"{_STORE_PREFIX}abort"]):
                 msg = store.get(f"{_STORE_PREFIX}abort").decode()
                 _log(f"rank {self.rank}: aborting because another rank reported: {msg}")
@@ -371,11 +428,22 @@ class TorchDistCommunicator(Communicator):
             return
 
     def _on_timeout(self, pending: Pending) -> None:
+        import time
+
         try:
             store = self._side_store()
-            arrived = [int(store.get(f"{_STORE_PREFIX}arrive/{r}")) for r in range(self.size)]
-            missing = [r for r in range(self.size) if arrived[r] < pending.index]
-            msg = _missing_message(missing, pending, self.timeout_s)
+            store.set(f"{_STORE_PREFIX}query", str(pending.index))
+            store.set(f"{_STORE_PREFIX}now/{self.rank}", str(self._index))
+            keys = [f"{_STORE_PREFIX}now/{r}" for r in range(self.size)]
+            deadline = time.monotonic() + _grace_s(self.timeout_s, self._watchdog.tick_s)
+            while time.monotonic() < deadline and not store.check(keys):
+                time.sleep(0.02)
+            reached = {r: int(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
+            msg = _missing_message([r for r in sorted(reached) if reached[r] < pending.index], pending,
+                                   self.timeout_s)
+            silent = [r for r in range(self.size) if r not in reached]
+            if silent:
+                msg += "; " + ", ".join(f"rank {r}" for r in silent) + " did not answer (frozen or dead)"
             store.set(f"{_STORE_PREFIX}abort", msg)
         except Exception as exc:
             msg = (f"{pending.describe()} did not complete within {self.timeout_s:g} s and the rendezvous "
@@ -387,7 +455,6 @@ class TorchDistCommunicator(Communicator):
         if self._closed:
             raise RuntimeFailure(f"rank {self.rank}: {kind} on a closed communicator")
         self._index += 1
-        self._store.set(f"{_STORE_PREFIX}arrive/{self.rank}", str(self._index))
         return self._watchdog.arm(self._index, kind, label, is_done)
 
     def _run(self, kind: str, label: str, fn: Callable[[], Any]) -> Any:

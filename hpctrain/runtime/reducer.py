@@ -3,10 +3,13 @@
 Parameters are grouped in reverse registration order (roughly the order backward produces their grads) into
 flat buckets of ``bucket_mb``; each ``.grad`` is a view into its bucket, so a ready bucket is reduced in place
 without a copy. Buckets launch strictly in index order so every rank issues the same collective sequence.
+For ``mean`` a bucket is divided by the rank count as it launches (like DDP's hook), so the wire carries
+the mean and ``finish()`` has no pass over the result.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -33,6 +36,10 @@ class Bucket:
     handle: Handle | None = None
     wire: torch.Tensor | None = None
     residues: list[torch.Tensor] = field(default_factory=list)
+    views: list[torch.Tensor] = field(default_factory=list)  # view(i) for every i, made once
+
+    def __post_init__(self) -> None:
+        self.views = [self.view(i) for i in range(len(self.params))]
 
     def view(self, i: int) -> torch.Tensor:
         p = self.params[i]
@@ -81,16 +88,20 @@ class Reducer:
                 with torch.no_grad():
                     if p.grad is not None:
                         b.view(i).copy_(p.grad)
-                p.grad = b.view(i)
+                p.grad = b.views[i]
                 self._hooks.append(p.register_post_accumulate_grad_hook(self._on_grad_ready))
             if combiner == "adacomp":
                 b.residues = [torch.zeros_like(p) for p in b.params]
         self._next = 0
+        # Set to a list to record (event, bucket, perf_counter()) for "launch", "wait" and "done".
+        self.timeline: list[tuple[str, int, float]] | None = None
 
     # -- backward hooks
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         b, i = self._where[id(p)]
         b.ready += 1
+        if self._next:  # something is in flight: let back-ends that need a poke (MPI) advance it
+            self.comm.progress()
         while self._next < len(self.buckets):
             nxt = self.buckets[self._next]
             if nxt.ready < len(nxt.params):
@@ -100,20 +111,26 @@ class Reducer:
 
     def _gather_into_flat(self, b: Bucket) -> None:
         with torch.no_grad():
-            for i, p in enumerate(b.params):
-                view = b.view(i)
-                if p.grad is None:  # unused in this forward: contributes zeros, like DDP
+            for p, view in zip(b.params, b.views, strict=True):
+                g = p.grad
+                if g is view:  # the common case: autograd accumulated into our view in place
+                    continue
+                if g is None:  # unused in this forward: contributes zeros, like DDP
                     view.zero_()
-                elif p.grad.data_ptr() != view.data_ptr():
-                    view.copy_(p.grad)
+                elif g.data_ptr() != view.data_ptr():
+                    view.copy_(g)
                 p.grad = view
 
     def _launch(self, b: Bucket) -> None:
         self._gather_into_flat(b)
         b.launched = True
+        if self.timeline is not None:
+            self.timeline.append(("launch", b.index, time.perf_counter()))
         label = f"bucket {b.index}"
         if self.combiner == "mean":
             if self.compression == "none":
+                if self.comm.size > 1:
+                    b.flat.div_(self.comm.size)  # the summed wire then carries the mean
                 b.handle = self.comm.allreduce_async_(b.flat, "sum", label)
             else:  # pre-divide so the half-precision sum cannot overflow where the mean would not
                 b.wire = combine.compress(b.flat / self.comm.size, self.compression)
@@ -177,24 +194,28 @@ class Reducer:
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next])
             self._next += 1
+        tl = self.timeline
         for b in self.buckets:
             if b.handle is not None:
+                if tl is not None:
+                    tl.append(("wait", b.index, time.perf_counter()))
                 b.handle.wait()
+                if tl is not None:
+                    tl.append(("done", b.index, time.perf_counter()))
                 if b.wire is not None:
                     b.flat.copy_(combine.decompress(b.wire, b.flat.dtype))
-                else:
-                    b.flat.div_(self.comm.size)
-            for i, p in enumerate(b.params):
-                if p.grad is None or p.grad.data_ptr() != b.view(i).data_ptr():
-                    p.grad = b.view(i)
+            for p, view in zip(b.params, b.views, strict=True):
+                if p.grad is not view:
+                    p.grad = view
             b.ready, b.launched, b.handle, b.wire = 0, False, None, None
         self._next = 0
 
     def zero_grad(self) -> None:
         for b in self.buckets:
             b.flat.zero_()
-            for i, p in enumerate(b.params):
-                p.grad = b.view(i)
+            for p, view in zip(b.params, b.views, strict=True):
+                if p.grad is not view:
+                    p.grad = view
 
     def close(self) -> None:
         for h in self._hooks:

@@ -21,9 +21,10 @@ from hpctrain.config.job import JobSpec
 from hpctrain.errors import RuntimeFailure
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
-from hpctrain.runtime.combine import DelayedAverager
+from hpctrain.runtime.combine import DelayedAverager, layer_kind
 from hpctrain.runtime.comm import Communicator, make_communicator
 from hpctrain.runtime.env import detect_launch_env
+from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
 from hpctrain.runtime.metrics import MetricsLog
 from hpctrain.runtime.optim import apply_deltas, build_optimizer, delta_step
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
@@ -80,7 +81,10 @@ class GradientExchange:
         bin_len = None
         if cfg.name == "adacomp" and set(cfg.bin_len.values()) and len(set(cfg.bin_len.values())) == 1:
             bin_len = next(iter(cfg.bin_len.values()))
-        self.reducer = Reducer(model, comm, combiner=reducer_combiner, compression=cfg.compression,
+        # AdaComp: a pass-through communicator keeps this rank's sent index tensors for the compression ratio.
+        self._sent = _AdaCompTally(comm) if cfg.name == "adacomp" else None
+        self.adacomp_bytes: dict[str, list[int]] = {}  # layer kind -> [dense bytes, wire bytes] this interval
+        self.reducer = Reducer(model, self._sent or comm, combiner=reducer_combiner, compression=cfg.compression,
                                bucket_mb=cfg.bucket_mb, adacomp_bin_len=bin_len)
         if self.delta_mode:
             # Gradients stay local during backward; the reducer later combines the update in its buckets.
@@ -98,6 +102,26 @@ class GradientExchange:
     def after_backward(self) -> None:
         if not self.delta_mode:
             self.reducer.finish()
+        if self._sent is not None:
+            self._count_adacomp()
+
+    def _count_adacomp(self) -> None:
+        """Add this step's dense and wire bytes per layer kind (indices + signs as sent, one scale per layer)."""
+        assert self._sent is not None
+        for b, idx in zip(self.reducer.buckets, self._sent.take(), strict=True):
+            per_element = idx.element_size() + 1  # the index and its int8 sign
+            for i, p in enumerate(b.params):
+                lo = b.offsets[i]
+                count = int(((idx >= lo) & (idx < lo + p.numel())).sum())
+                totals = self.adacomp_bytes.setdefault(layer_kind(b.names[i], p.dim()), [0, 0])
+                totals[0] += p.numel() * p.element_size()
+                totals[1] += count * per_element + 8  # the float64 scale
+
+    def interval_metrics(self) -> dict[str, float]:
+        """AdaComp's achieved compression ratio per layer kind since the last call (dense / wire bytes)."""
+        out = {f"adacomp_ratio_{kind}": dense / wire for kind, (dense, wire) in sorted(self.adacomp_bytes.items())}
+        self.adacomp_bytes = {}
+        return out
 
     def optimizer_step(self) -> None:
         if not self.delta_mode:
@@ -113,6 +137,16 @@ class GradientExchange:
     def after_step(self) -> None:
         if self.averager is not None:
             self.averager.after_step(self.params)
+
+    def finish_training(self) -> None:
+        """DaSGD: merge what is in flight, then average the models once more so every rank ends identical."""
+        if self.averager is None:
+            return
+        self.averager.flush(self.params)
+        averaged = self._start_average([p.detach().clone() for p in self.params]).wait()
+        with torch.no_grad():
+            for p, avg in zip(self.params, averaged, strict=True):
+                p.copy_(avg)
 
     def _start_average(self, tensors: list[torch.Tensor]) -> Any:
         flat = torch.cat([t.reshape(-1) for t in tensors])
@@ -136,8 +170,8 @@ class GradientExchange:
         if self.name == "adacomp":
             state["residues"] = [[r.clone() for r in b.residues] for b in self.reducer.buckets]
         if self.averager is not None:
-            self.averager.flush(self.params)
-            state["dasgd"] = self.averager.state_dict()
+            # The in-flight average is waited for but not merged early: saving must not change the trajectory.
+            state["dasgd"] = self.averager.state_dict(include_in_flight=True)
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -147,6 +181,26 @@ class GradientExchange:
                     mine.copy_(saved)
         if "dasgd" in state and self.averager is not None:
             self.averager.load_state_dict(state["dasgd"])
+
+
+class _AdaCompTally:
+    """Passes every call to the communicator and keeps the AdaComp index tensors this rank sends."""
+
+    def __init__(self, comm: Communicator) -> None:
+        self._comm = comm
+        self._indices: list[torch.Tensor] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._comm, name)
+
+    def allgather_varlen(self, tensor: torch.Tensor, label: str = "") -> Any:
+        if label.endswith("adacomp indices"):  # one per bucket, in launch (= bucket) order
+            self._indices.append(tensor)
+        return self._comm.allgather_varlen(tensor, label)
+
+    def take(self) -> list[torch.Tensor]:
+        taken, self._indices = self._indices, []
+        return taken
 
 
 def parameters_checksum(model: torch.nn.Module) -> float:
@@ -168,13 +222,14 @@ def train(job: JobSpec, run_dir: Path, *, backend: str = "auto", check_sync_ever
             f"the launcher ({env.launcher}) started {env.size} ranks but backend {chosen!r} sees {comm.size}",
             hint="with mpi, mpi4py must use the MPI of the launcher (srun --mpi=pmi2 with MPICH; see docs/runtime.md)")
     try:
-        return _train_with(job, run_dir, comm, env.local_rank, check_sync_every)
+        return _train_with(job, run_dir, comm, env.local_rank, check_sync_every,
+                           intel_extension=wanted_from_env(environ))
     finally:
         comm.close()
 
 
 def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int,
-                check_sync_every: int) -> TrainOutcome:
+                check_sync_every: int, intel_extension: bool = False) -> TrainOutcome:
     from hpctrain.checkpoint.session import CheckpointSession
 
     rank, size = comm.rank, comm.size
@@ -189,6 +244,9 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     schedule = LRSchedule.from_spec(job.schedule_config(), size)
     optimizer = build_optimizer(model.parameters(), job.train.optimizer.model_dump(exclude_none=True),
                                 lr=schedule.lr_at(0))
+    model, optimizer, _ = maybe_optimize(model, optimizer, wanted=intel_extension, device=device,
+                                         announce=rank == 0)
+    task.model = model  # IPEX optimizes in place; keep the task's reference the one that is trained
     exchange = GradientExchange(job, model, comm, optimizer)
     session = CheckpointSession(job, run_dir, comm, task=task, model=model, optimizer=optimizer,
                                 schedule=schedule, exchange=exchange)
@@ -220,7 +278,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
             loss_sum, loss_count, interval_steps = loss_sum + float(loss.detach()), loss_count + 1, interval_steps + 1
             if step % job.train.log_every == 0 or step == job.train.steps:
                 rate = interval_steps * task.samples_per_step / (time.perf_counter() - interval_start)
-                record = _interval_record(comm, task, step, lr, loss_sum, loss_count, rate)
+                record = _interval_record(comm, task, step, lr, loss_sum, loss_count, rate,
+                                          exchange.interval_metrics())
                 if rank == 0:
                     metrics.write(record)
                 loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
@@ -229,9 +288,11 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
                 if differing:
                     names = ", ".join(differing[:5])
                     raise RuntimeFailure(f"parameters differ across ranks after step {step}: {names}")
+            if step == job.train.steps:
+                exchange.finish_training()  # before the final checkpoint, so it holds the model every rank has
             if session.due(step) or step == job.train.steps:
                 session.save(step)
-            if session.stop_requested():
+            if session.stop_requested(step):
                 if not session.saved_at(step):
                     session.save(step)
                 stopped = step < job.train.steps
@@ -251,9 +312,10 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
 
 
 def _interval_record(comm: Communicator, task: TrainingTask, step: int, lr: float, loss_sum: float,
-                     loss_count: int, rate: float) -> dict[str, Any]:
-    """Loss averaged over all ranks, task metrics averaged, rate the slowest rank's samples per second."""
-    local = task.interval_metrics()
+                     loss_count: int, rate: float, exchange_metrics: dict[str, float] | None = None
+                     ) -> dict[str, Any]:
+    """Loss averaged over all ranks, task and exchange metrics averaged, rate the slowest rank's samples/s."""
+    local = {**task.interval_metrics(), **(exchange_metrics or {})}
     keys = sorted(local)
     values = torch.tensor([loss_sum, float(loss_count), *[local[k] for k in keys]], dtype=torch.float64)
     comm.allreduce_(values, "sum", "metrics")

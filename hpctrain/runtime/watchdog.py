@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True, eq=True)
 class Pending:
     """One collective in flight: its sequence number (the same on every rank) and what it is."""
 
@@ -52,6 +52,11 @@ class Watchdog:
         self._fired = False
         self._thread = threading.Thread(target=self._run, name="hpctrain-watchdog", daemon=True)
         self._thread.start()
+
+    @property
+    def tick_s(self) -> float:
+        """How often the thread checks deadlines and runs ``poll``."""
+        return self._tick
 
     def arm(
         self, index: int, kind: str, label: str = "", is_done: Callable[[], bool] | None = None

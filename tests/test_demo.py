@@ -1,0 +1,75 @@
+"""The main job end to end at toy size: `hpctrain demo` trains through the local site with 2 ranks, segments,
+evaluates and writes its files. Whether the FFN beats the baseline is the full run's job, not this test's."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.timeout(300)
+def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
+    env = {**os.environ, "HPCTRAIN_HOME": str(tmp_path / "home"), "HPCTRAIN_REGISTRY": str(tmp_path / "reg.db"),
+           "HPCTRAIN_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "demo"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "demo", "--out", str(out), "--steps", "8",
+         "--volume-shape", "24", "40", "40", "--threads", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL)
+    # Exit 0 (beats) or 1 (does not) are both fine after 8 steps; anything else is a failure.
+    assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = proc.stdout
+    assert "FFN (trained)" in text and "baseline (conn. comp.)" in text
+    assert "the baseline on variation of information" in text
+
+    scores = json.loads((out / "scores.json").read_text())
+    for name in ("ffn", "baseline"):
+        assert scores[name]["voi"] == pytest.approx(scores[name]["voi_split"] + scores[name]["voi_merge"])
+        assert 0.0 <= scores[name]["adapted_rand_error"] <= 1.0
+    assert scores["seconds"]["total"] > 0
+
+    png = out / "demo.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with h5py.File(out / "heldout_segmentation.h5") as f, h5py.File(out / "data" / "eval.h5") as g:
+        assert f["segmentation"].shape == g["labels"].shape == (24, 40, 40)
+    metrics = next(out.glob("runs/*/metrics.jsonl"))
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    assert max(r["step"] for r in records if "loss" in r) == 8
+
+
+def test_reseed_passes_and_expand_labels_of_the_demo_settings() -> None:
+    """The two inference settings the demo adds to the reference: reseeding the unsegmented voxels with the
+    peaks policy, and growing the objects into unsegmented voxels (as the baseline grows its components)."""
+    import numpy as np
+    import torch
+    from test_ffn_inference import OracleModel, cubes_volume
+
+    from hpctrain.ffn.inference import InferenceConfig, segment_volume
+
+    torch.set_num_threads(1)
+    image, labels = cubes_volume()
+    one_seed = np.array([[10, 10, 10]])
+    cfg = InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=100)
+    only = segment_volume(OracleModel(), image, cfg, seeds=one_seed)
+    assert only.max() == 1  # the given seed floods its own cube only
+
+    reseeded = segment_volume(OracleModel(), image, InferenceConfig(**{**cfg.__dict__, "reseed_passes": 1}),
+                              seeds=one_seed)
+    assert reseeded.max() == 8 and not np.any(reseeded[labels > 0] == 0)
+
+    grown = segment_volume(OracleModel(), image,
+                           InferenceConfig(**{**cfg.__dict__, "reseed_passes": 1, "expand_labels": 2}),
+                           seeds=one_seed)
+    assert np.array_equal(grown[labels > 0], reseeded[labels > 0])  # objects keep their voxels
+    from scipy import ndimage
+
+    near = ndimage.distance_transform_edt(labels == 0) <= 2  # membrane voxels within 2 of a cube
+    assert np.all(grown[near] > 0) and not np.any(grown[~near & (labels == 0)])
