@@ -22,6 +22,7 @@ from typing import IO
 
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 GRACE_SECONDS = 10.0
+REQUEUE_EXIT = 75  # every rank stopped at a checkpoint and asks to be requeued: not a failure
 
 
 def free_port() -> int:
@@ -92,7 +93,7 @@ def launch(command: Sequence[str], nprocs: int, *, log_dir: str | None = None, p
         while True:
             codes = [p.poll() for p in procs]
             for rank, code in enumerate(codes):
-                if code not in (None, 0) and first_failure is None:
+                if code not in (None, 0, REQUEUE_EXIT) and first_failure is None:
                     first_failure = (rank, code)
                     print(f"hpctrain local launcher: rank {rank} {describe_exit(code)}; stopping the other ranks",
                           file=sys.stderr, flush=True)
@@ -108,7 +109,7 @@ def launch(command: Sequence[str], nprocs: int, *, log_dir: str | None = None, p
         for log in logs:
             log.close()
     if first_failure is None:
-        return 0
+        return REQUEUE_EXIT if REQUEUE_EXIT in codes else 0
     rank, code = first_failure
     return code if code > 0 else 128 - code
 

@@ -102,7 +102,10 @@ def environment_lines(job: JobSpec, site: SiteProfile, placement: Placement, pla
     if plan.cpu_bind or site.launcher == "aprun":
         defaults["OMP_PLACES"] = "threads" if plan.hyperthreads > 1 else "cores"
         defaults["OMP_PROC_BIND"] = "close"
-    defaults.update({"HPCTRAIN_SITE": site.name, "HPCTRAIN_COMM_BACKEND": placement.backend})
+    defaults.update({"HPCTRAIN_SITE": site.name, "HPCTRAIN_COMM_BACKEND": placement.backend,
+                     "HPCTRAIN_STOP_SIGNAL": job.checkpoint.signal})
+    if site.intel_extension:
+        defaults["HPCTRAIN_INTEL_EXTENSION"] = "1"
     lines.append("# environment (site, then job, then hpctrain's defaults where neither set one)")
     lines += [_export(k, v) for k, v in exported.items()]
     lines += [_export(k, v) for k, v in defaults.items() if k not in exported]
@@ -165,7 +168,7 @@ def render_script(
                  f"kill -s {ckpt.signal} $$ ) &\ntimer_pid=$!")
         timer_stop = 'kill "${timer_pid}" 2>/dev/null || true'
     prologue = fill(
-        "prologue.tmpl", run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable,
+        "prologue.tmpl", run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable, signal=ckpt.signal,
         environment="\n".join(environment_lines(job, site, placement, plan, interpreter)),
     ).rstrip("\n")
     requeue = scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)

@@ -41,6 +41,8 @@ class StopFlag:
         for sig in signals:
             num = signal_number(sig)
             self._previous[num] = _signal.signal(num, self._handler)
+            if num in EARLY_SIGNALS:
+                self._signum = num  # it came before this flag existed
         return self
 
     def uninstall(self) -> None:
@@ -100,3 +102,20 @@ def walltime_timer(seconds: float, signal: str | int = "USR2") -> threading.Time
     timer.daemon = True
     timer.start()
     return timer
+
+
+EARLY_SIGNALS: list[int] = []
+
+
+def catch_early_signals(stop_signal: str = "USR2") -> None:
+    """Until a StopFlag is installed, only remember walltime/preemption signals (``EARLY_SIGNALS``).
+
+    ``hpctrain run`` calls this first thing: a signal that arrives while torch is being imported would
+    otherwise kill the rank (the default action) and lose the chance to checkpoint. ``StopFlag.install``
+    takes over and raises itself when one was received.
+    """
+    for name in {stop_signal, "USR1", "USR2", "TERM"}:
+        try:
+            _signal.signal(signal_number(name), lambda signum, _frame: EARLY_SIGNALS.append(signum))
+        except (ValueError, OSError):  # not the main thread, or a name this platform lacks
+            continue

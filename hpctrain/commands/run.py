@@ -31,10 +31,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
+    from hpctrain.checkpoint.signals import catch_early_signals
     from hpctrain.config.job import load_job
     from hpctrain.errors import HpctrainError
 
-    logging.basicConfig(level=logging.INFO, format=f"[rank {_rank()}] %(levelname)s %(name)s: %(message)s")
+    catch_early_signals(os.environ.get("HPCTRAIN_STOP_SIGNAL", "USR2"))
+    # hpctrain's local launcher prefixes every line with the rank already.
+    prefix = "" if os.environ.get("HPCTRAIN_LAUNCHER") == "local" else f"[rank {_rank()}] "
+    logging.basicConfig(level=logging.INFO, format=f"{prefix}%(levelname)s %(name)s: %(message)s")
+    import socket
+
+    # MPI launchers report a dead process by pid: this line maps it to a rank.
+    print(f"hpctrain: rank {_rank()} is pid {os.getpid()} on {socket.gethostname()}", file=sys.stderr, flush=True)
     job = load_job(args.spec, sets=args.sets)
     run_dir = Path(args.run_dir or Path("runs") / job.name)
     try:

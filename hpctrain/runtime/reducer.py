@@ -42,8 +42,16 @@ class Bucket:
         self.views = [self.view(i) for i in range(len(self.params))]
 
     def view(self, i: int) -> torch.Tensor:
+        """Parameter i's gradient inside the flat buffer, in the parameter's own memory layout.
+
+        A channels-last weight gets a channels-last gradient view (autograd's layout contract), so
+        accumulation writes into the bucket without a copy.
+        """
         p = self.params[i]
-        return self.flat[self.offsets[i] : self.offsets[i] + p.numel()].view_as(p)
+        chunk = self.flat[self.offsets[i] : self.offsets[i] + p.numel()]
+        if p.is_contiguous():
+            return chunk.view_as(p)
+        return chunk.as_strided(p.shape, p.stride())
 
 
 class Reducer:

@@ -137,6 +137,8 @@ class GradientExchange:
     def after_step(self) -> None:
         if self.averager is not None:
             self.averager.after_step(self.params)
+            if self.averager.in_flight:
+                self.comm.progress()  # MPI advances a non-blocking average only when MPI is called
 
     def finish_training(self) -> None:
         """DaSGD: merge what is in flight, then average the models once more so every rank ends identical."""

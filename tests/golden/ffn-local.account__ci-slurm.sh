@@ -17,6 +17,10 @@
 # Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
 # launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
 # No `set -u`: `module`, conda and venv activation scripts read unset variables.
 set -eo pipefail
 cd /RUN_DIR
@@ -25,6 +29,7 @@ echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
 export OMP_NUM_THREADS=1
 export HPCTRAIN_SITE=ci-slurm
 export HPCTRAIN_COMM_BACKEND=mpi
+export HPCTRAIN_STOP_SIGNAL=USR2
 # which MPI library mpi4py uses (MPI is not initialised here)
 mpi_library=$(python3 -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1) || mpi_library="mpi4py failed: ${mpi_library}"
 echo "hpctrain: MPI library: ${mpi_library}"
@@ -38,6 +43,10 @@ forward_signal() {
 trap forward_signal USR2
 srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 --mpi=pmi2 python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
 status=0
 while :; do
     wait "${launcher_pid}" && status=0 || status=$?

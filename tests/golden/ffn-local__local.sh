@@ -4,6 +4,10 @@
 # No scheduler: run this script with bash on this machine. SIGUSR2 sent to it is forwarded to the
 # ranks so they checkpoint (the local controller sends it before a time limit).
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
 # No `set -u`: `module`, conda and venv activation scripts read unset variables.
 set -eo pipefail
 cd /RUN_DIR
@@ -12,6 +16,7 @@ echo "hpctrain: job ${HPCTRAIN_LOCAL_JOB_ID:-none} starts on $(hostname) at $(da
 export OMP_NUM_THREADS=1
 export HPCTRAIN_SITE=local
 export HPCTRAIN_COMM_BACKEND=gloo
+export HPCTRAIN_STOP_SIGNAL=USR2
 # ---- hpctrain: launch ------------------------------------------------------------------------------------
 # The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
 launcher_pid=
@@ -22,6 +27,10 @@ forward_signal() {
 trap forward_signal USR2
 python3 -m hpctrain.local_launch --nprocs 2 -- python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
 status=0
 while :; do
     wait "${launcher_pid}" && status=0 || status=$?

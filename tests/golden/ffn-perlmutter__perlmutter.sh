@@ -19,6 +19,10 @@
 # Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
 # launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
 # No `set -u`: `module`, conda and venv activation scripts read unset variables.
 set -eo pipefail
 cd /RUN_DIR
@@ -32,6 +36,7 @@ export OMP_PLACES=cores
 export OMP_PROC_BIND=close
 export HPCTRAIN_SITE=perlmutter
 export HPCTRAIN_COMM_BACKEND=nccl
+export HPCTRAIN_STOP_SIGNAL=USR2
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
 # ---- hpctrain: launch ------------------------------------------------------------------------------------
@@ -44,6 +49,10 @@ forward_signal() {
 trap forward_signal USR2
 srun --nodes=4 --ntasks=16 --ntasks-per-node=4 --cpus-per-task=32 --kill-on-bad-exit=1 --gpus-per-task=1 --gpu-bind=closest --cpu-bind=cores "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
 status=0
 while :; do
     wait "${launcher_pid}" && status=0 || status=$?

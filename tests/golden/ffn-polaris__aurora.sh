@@ -14,6 +14,10 @@
 # PBS Pro sends no warning before the walltime: a timer in this shell raises SIGUSR2 120 s
 # before it, and the launch section forwards the signal to the ranks so they checkpoint.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
 # No `set -u`: `module`, conda and venv activation scripts read unset variables.
 set -eo pipefail
 cd /RUN_DIR
@@ -27,6 +31,8 @@ export OMP_PLACES=cores
 export OMP_PROC_BIND=close
 export HPCTRAIN_SITE=aurora
 export HPCTRAIN_COMM_BACKEND=mpi
+export HPCTRAIN_STOP_SIGNAL=USR2
+export HPCTRAIN_INTEL_EXTENSION=1
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
 # which MPI library mpi4py uses (MPI is not initialised here)
@@ -47,6 +53,10 @@ trap forward_signal USR2
 timer_pid=$!
 mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth --env OMP_NUM_THREADS=8 "$HOME"/hpctrain-venv/bin/python -m hpctrain.gpu_affinity --kind intel --gpus-per-rank 1 -- "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
 status=0
 while :; do
     wait "${launcher_pid}" && status=0 || status=$?
