@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -212,3 +216,21 @@ def test_max_pred_moves_stream_uses_the_larger_box() -> None:
         stream.update(torch.full((1, 1, 5, 5, 5), 5.0))
     assert offsets[0] == (0, 0, 0) and len(offsets) == len(set(offsets)) > 6
     assert all(max(abs(v) for v in off) <= 4 for off in offsets)  # FOV stays inside the 13³ box
+
+
+def test_one_step_on_two_ranks_equals_one_rank_on_the_whole_batch(tmp_path: Path) -> None:
+    """Data parallel FFN step (mean combiner, gloo, 2 real processes) = single process on the full batch."""
+    repo = Path(__file__).resolve().parents[1]
+    helper = repo / "tests" / "mp_helpers" / "ffn_step.py"
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    for ranks in (1, 2):
+        out = subprocess.run([sys.executable, "-m", "hpctrain.local_launch", "--nprocs", str(ranks), "--",
+                              sys.executable, str(helper), str(tmp_path / f"r{ranks}.pt"), "4"],
+                             capture_output=True, text=True, env=env, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
+    one, two = torch.load(tmp_path / "r1.pt"), torch.load(tmp_path / "r2.pt")
+    torch.manual_seed(0)  # the helper's initial weights
+    initial = ConvStack3D(depth=2, features=8, fov=(9, 9, 9))
+    assert any(not torch.equal(one[k], initial.state_dict()[k]) for k in one)  # the step changed something
+    for key in one:
+        torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6)
