@@ -525,6 +525,20 @@ class TorchDistCommunicator(Communicator):
         self._watchdog.close()
         self._dist.barrier(group=self._group)
         self._dist.destroy_process_group()
+        self._watch_store = None
+        # Rank 0 hosts the TCPStore: it leaves last, so no rank's store client outlives the server (a client
+        # torn down against a vanished server could end the process with std::terminate at exit).
+        try:
+            import time
+
+            self._store.add(f"{_STORE_PREFIX}closed", 1)
+            if self.rank == 0:
+                deadline = time.monotonic() + 30
+                while self._store.add(f"{_STORE_PREFIX}closed", 0) < self.size and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        except Exception:  # a peer already gone: nothing left to protect
+            pass
+        self._store = None
 
 
 # ------------------------------------------------------------------------------------------ rendezvous
