@@ -65,10 +65,10 @@ TIMEOUT_S = 4.0
 @pytest.mark.mpi
 def test_mpi_stuck_rank_aborts_job_and_is_named() -> None:
     t0 = time.monotonic()
-    out = _run([MPIEXEC, "-n", "3", PY, WORKER, "hang", "mpi", str(TIMEOUT_S), "2"], timeout=TIMEOUT_S + 60)
+    out = _run([MPIEXEC, "-n", "3", PY, WORKER, "hang", "mpi", str(TIMEOUT_S), "2"], timeout=120)
     elapsed = time.monotonic() - t0
     assert out.returncode != 0
-    assert elapsed < TIMEOUT_S + 15, elapsed
+    assert elapsed < 60, elapsed  # the issue: a dead or stuck rank ends the job within 60 s
     assert "rank 2 did not arrive at collective #3 (allreduce, bucket 3) within 4 s" in out.stderr, out.stderr
 
 
@@ -76,9 +76,9 @@ def test_gloo_stuck_rank_aborts_job_and_is_named() -> None:
     t0 = time.monotonic()
     argv = [TORCHRUN, "--nproc-per-node", "3", "--master-port", "29622", WORKER,
             "hang", "gloo", str(TIMEOUT_S), "2"]
-    out = _run(argv, timeout=TIMEOUT_S + 60)
+    out = _run(argv, timeout=120)
     assert out.returncode != 0
-    assert time.monotonic() - t0 < TIMEOUT_S + 15
+    assert time.monotonic() - t0 < 60
     assert "rank 2 did not arrive at collective #3 (allreduce, bucket 3) within 4 s" in out.stderr, out.stderr
 
 
@@ -86,9 +86,9 @@ def test_gloo_stuck_rank_aborts_job_and_is_named() -> None:
 def test_gloo_stuck_rank0_is_named_by_the_others() -> None:
     # Rank 0 hosts the TCPStore; its server thread still answers while rank 0's Python sleeps.
     t0 = time.monotonic()
-    out = _run([MPIEXEC, "-n", "3", PY, WORKER, "hang", "gloo", str(TIMEOUT_S), "0"], timeout=TIMEOUT_S + 60)
+    out = _run([MPIEXEC, "-n", "3", PY, WORKER, "hang", "gloo", str(TIMEOUT_S), "0"], timeout=120)
     assert out.returncode != 0
-    assert time.monotonic() - t0 < TIMEOUT_S + 15
+    assert time.monotonic() - t0 < 60
     assert "rank 0 did not arrive at collective #3" in out.stderr, out.stderr
 
 
