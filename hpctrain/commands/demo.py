@@ -22,8 +22,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from hpctrain.ffn.demo import run_demo
 
     shape = tuple(args.volume_shape) if args.volume_shape else None
-    result = run_demo(args.out, job_path=args.job, steps=args.steps, ranks=args.ranks,
-                      volume_shape=shape, threads=args.threads)  # type: ignore[arg-type]
+    run_demo(args.out, job_path=args.job, steps=args.steps, ranks=args.ranks,
+             volume_shape=shape, threads=args.threads)  # type: ignore[arg-type]
     # The pipeline ran end to end: exit 0. Whether the FFN beat the baseline is printed with both scores
     # (and recorded in scores.json); it depends on training length and is not an error of the command.
     return 0
