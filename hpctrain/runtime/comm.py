@@ -147,6 +147,30 @@ def _grace_s(timeout_s: float, tick_s: float) -> float:
     return min(10.0, max(2.0, 5 * tick_s, 0.25 * timeout_s))
 
 
+class _WatchedCommunicator(Communicator):
+    """Every collective of a multi-rank communicator is numbered and armed on the watchdog.
+
+    Subclasses set ``_closed``, ``_index`` and ``_watchdog`` in their constructor.
+    """
+
+    _closed: bool
+    _index: int
+    _watchdog: Any
+
+    def _begin(self, kind: str, label: str, is_done: Callable[[], bool] | None = None) -> Pending:
+        if self._closed:
+            raise RuntimeFailure(f"rank {self.rank}: {kind} on a closed communicator")
+        self._index += 1
+        return self._watchdog.arm(self._index, kind, label, is_done)
+
+    def _run(self, kind: str, label: str, fn: Callable[[], Any]) -> Any:
+        pending = self._begin(kind, label)
+        try:
+            return fn()
+        finally:
+            self._watchdog.disarm(pending)
+
+
 class _MPIRequest:
     """One ``Iallreduce`` in flight. ``lock`` serialises Test/Wait between the caller and the watchdog."""
 
@@ -176,7 +200,7 @@ class _MPIRequest:
                 self.done = True
 
 
-class MPICommunicator(Communicator):
+class MPICommunicator(_WatchedCommunicator):
     """mpi4py. Blocking collectives run on the calling thread; ``allreduce_async_`` is an ``Iallreduce``
     that the caller progresses with ``progress()`` (the reducer calls it from every backward hook) and
     completes in ``Handle.wait()``. No helper thread sits in MPI, so nothing busy-polls a core while
@@ -251,19 +275,6 @@ class MPICommunicator(Communicator):
         _log(f"rank {self.rank}: {msg}; aborting the job (MPI_Abort)")
         self._comm.Abort(1)
 
-    # -- bookkeeping shared by every collective
-    def _begin(self, kind: str, label: str, is_done: Callable[[], bool] | None = None) -> Pending:
-        if self._closed:
-            raise RuntimeFailure(f"rank {self.rank}: {kind} on a closed communicator")
-        self._index += 1
-        return self._watchdog.arm(self._index, kind, label, is_done)
-
-    def _run(self, kind: str, label: str, fn: Callable[[], Any]) -> Any:
-        pending = self._begin(kind, label)
-        try:
-            return fn()
-        finally:
-            self._watchdog.disarm(pending)
 
     def progress(self) -> None:
         """Let MPICH advance the in-flight ``Iallreduce``s (cheap; a no-op when none is in flight)."""
@@ -361,7 +372,7 @@ def _restore(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 _STORE_PREFIX = "hpctrain/"
 
 
-class TorchDistCommunicator(Communicator):
+class TorchDistCommunicator(_WatchedCommunicator):
     """torch.distributed with gloo (CPU) or nccl (GPU); asynchronous all-reduces are the back-end's own work
     handles. The rendezvous TCPStore is the side channel for timeouts, and costs nothing per collective:
     a rank whose collective #K is late writes ``query``; every rank's watchdog thread (it polls the store
@@ -450,19 +461,6 @@ class TorchDistCommunicator(Communicator):
                    f"store on rank 0 ({self._host}:{self._port}) is unreachable ({exc}): rank 0 died")
         _log(f"rank {self.rank}: {msg}; aborting the job")
         os._exit(1)
-
-    def _begin(self, kind: str, label: str, is_done: Callable[[], bool] | None = None) -> Pending:
-        if self._closed:
-            raise RuntimeFailure(f"rank {self.rank}: {kind} on a closed communicator")
-        self._index += 1
-        return self._watchdog.arm(self._index, kind, label, is_done)
-
-    def _run(self, kind: str, label: str, fn: Callable[[], Any]) -> Any:
-        pending = self._begin(kind, label)
-        try:
-            return fn()
-        finally:
-            self._watchdog.disarm(pending)
 
     def _dev(self, tensor: torch.Tensor) -> torch.Tensor:
         want_cuda = self.backend == "nccl"
