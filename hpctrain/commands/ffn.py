@@ -52,11 +52,11 @@ def resolve_checkpoint(path: str) -> str:
 
     p = Path(path)
     if p.is_dir() and not any(p.glob("*.pt")):
-        from hpctrain.checkpoint.store import CheckpointStore
+        from hpctrain.checkpoint.store import SHARED, CheckpointStore
 
         latest = CheckpointStore(p).latest_valid()
         if latest is not None:
-            return str(latest.path / "shared.pt")
+            return str(latest.path / SHARED)
     return path
 
 
