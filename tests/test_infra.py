@@ -54,6 +54,17 @@ def test_sinfo_shows_node_up_in_debug_partition(slurm: SlurmCluster) -> None:
 
 
 @pytest.mark.slurm
+def test_slurm_conf_holds_only_settings_and_comments(slurm: SlurmCluster) -> None:
+    """The config is written from a shell heredoc: nothing from a command substitution (a stray backtick
+    once pasted `sacct -c` output into it) may end up in the file every Slurm client parses."""
+    conf = Path("/etc/slurm/slurm.conf")
+    lines = [ln for ln in conf.read_text().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    odd = [ln for ln in lines if "=" not in ln.split()[0]]
+    assert not odd, f"lines that are not Key=Value in {conf}: {odd[:3]}"
+    assert sum(ln.startswith("ClusterName=") for ln in lines) == 1
+
+
+@pytest.mark.slurm
 def test_sbatch_two_tasks_runs_srun_twice(two_task_job: tuple[int, Path]) -> None:
     _, out = two_task_job
     lines = out.read_text().split()

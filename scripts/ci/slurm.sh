@@ -102,7 +102,7 @@ KillWait=10
 InactiveLimit=0
 AccountingStorageType=accounting_storage/none
 JobAcctGatherType=jobacct_gather/none
-# Finished jobs go to a text file so that `sacct -c` works without slurmdbd.
+# Finished jobs go to a text file so that sacct -c works without slurmdbd (no backticks: this is an unquoted heredoc).
 JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/jobcomp.txt
 StateSaveLocation=$DIR/state
