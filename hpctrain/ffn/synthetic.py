@@ -44,6 +44,7 @@ def make_synthetic_volume(
     wiggle: float = 0.12,
     membrane_contrast: float = 90.0,
     faint_fraction: float = 0.25,
+    faint_contrast: float = 0.15,
     blur_sigma: float = 0.7,
     noise_sigma: float = 8.0,
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -54,8 +55,8 @@ def make_synthetic_volume(
     point seeds add round cell-body-like objects. Voxels with a 6-neighbour of another object are membrane:
     a 2-voxel dark boundary, labelled **0** (background, as google/ffn treats 0: never a training object).
     The image has a per-object base intensity, smooth intracellular texture, dark vesicle-like specks inside
-    objects (false boundaries for a threshold), membranes whose contrast fades to ``~15 %`` over a
-    ``faint_fraction`` of their area, Gaussian blur and Gaussian noise.
+    objects (false boundaries for a threshold), membranes whose contrast fades to ``faint_contrast`` (a fraction of
+    ``membrane_contrast``) over a ``faint_fraction`` of their area, Gaussian blur and Gaussian noise.
     """
     rng = np.random.default_rng(seed)
     zyx = np.array(shape, dtype=np.int64)
@@ -108,7 +109,7 @@ def make_synthetic_volume(
     # Membrane contrast varies smoothly; where the field is low the membrane is nearly invisible.
     fade = _smooth_noise(rng, shape, 6.0)
     faint = fade < np.quantile(fade, faint_fraction)
-    contrast = np.where(faint, 0.15, 1.0) * membrane_contrast
+    contrast = np.where(faint, faint_contrast, 1.0) * membrane_contrast
     image[membrane] -= contrast[membrane]
     image = ndimage.gaussian_filter(image, blur_sigma)
     image += rng.normal(0.0, noise_sigma, shape).astype(np.float32)

@@ -487,6 +487,17 @@ class TorchDistCommunicator(_WatchedCommunicator):
 
         return Handle(wait)
 
+    def allreduce_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> torch.Tensor:
+        _check_op(op)
+        work = self._dev(tensor)
+        self._run("allreduce", label,
+                  lambda: self._dist.all_reduce(work, op=self._ops[op], group=self._group, async_op=False))
+        if op == "mean":
+            work.div_(self.size)
+        if work is not tensor:
+            tensor.copy_(work)
+        return tensor
+
     def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
         work = self._dev(tensor)
         self._run("broadcast", label, lambda: self._dist.broadcast(work, src=root, group=self._group))

@@ -4,7 +4,8 @@ Parameters are grouped in reverse registration order (roughly the order backward
 flat buckets of ``bucket_mb``; each ``.grad`` is a view into its bucket, so a ready bucket is reduced in place
 without a copy. Buckets launch strictly in index order so every rank issues the same collective sequence.
 For ``mean`` a bucket is divided by the rank count as it launches (like DDP's hook), so the wire carries
-the mean and ``finish()`` has no pass over the result.
+the mean and ``finish()`` has no pass over the result. The last bucket is reduced in ``finish()`` with a
+blocking collective: it is ready only when backward is over, so there is nothing left to overlap it with.
 """
 
 from __future__ import annotations
@@ -110,7 +111,10 @@ class Reducer:
         b.ready += 1
         if self._next:  # something is in flight: let back-ends that need a poke (MPI) advance it
             self.comm.progress()
-        while self._next < len(self.buckets):
+        # The last bucket is left to finish(): nothing remains to overlap it with, and there it is reduced
+        # with a blocking collective, which is faster than a non-blocking one (MPICH runs Iallreduce as a
+        # generic schedule; Allreduce has tuned shared-memory paths).
+        while self._next < len(self.buckets) - 1:
             nxt = self.buckets[self._next]
             if nxt.ready < len(nxt.params):
                 break
@@ -129,20 +133,28 @@ class Reducer:
                     view.copy_(g)
                 p.grad = view
 
-    def _launch(self, b: Bucket) -> None:
+    def _launch(self, b: Bucket, blocking: bool = False) -> None:
+        """Start reducing bucket ``b``; ``blocking`` reduces it before returning (no handle to wait on)."""
         self._gather_into_flat(b)
         b.launched = True
         if self.timeline is not None:
             self.timeline.append(("launch", b.index, time.perf_counter()))
         label = f"bucket {b.index}"
         if self.combiner == "mean":
+            if self.comm.size == 1 and self.compression == "none":
+                return  # the mean of one rank's gradient is that gradient
             if self.compression == "none":
-                if self.comm.size > 1:
-                    b.flat.div_(self.comm.size)  # the summed wire then carries the mean
-                b.handle = self.comm.allreduce_async_(b.flat, "sum", label)
+                b.flat.div_(self.comm.size)  # the summed wire then carries the mean
+                wire = b.flat
             else:  # pre-divide so the half-precision sum cannot overflow where the mean would not
-                b.wire = combine.compress(b.flat / self.comm.size, self.compression)
-                b.handle = self.comm.allreduce_async_(b.wire, "sum", label)
+                wire = b.wire = combine.compress(b.flat / self.comm.size, self.compression)
+            if blocking:
+                self.comm.allreduce_(wire, "sum", label)
+                if b.wire is not None:
+                    b.flat.copy_(combine.decompress(b.wire, b.flat.dtype))
+                    b.wire = None
+            else:
+                b.handle = self.comm.allreduce_async_(wire, "sum", label)
         elif self.combiner == "adasum":
             self._adasum(b, label)
         elif self.combiner == "adacomp":
@@ -199,8 +211,9 @@ class Reducer:
     # -- end of step
     def finish(self) -> None:
         """Launch what backward did not (unused parameters), wait for every bucket, write ``p.grad``."""
-        while self._next < len(self.buckets):
-            self._launch(self.buckets[self._next])
+        last = len(self.buckets) - 1
+        while self._next <= last:
+            self._launch(self.buckets[self._next], blocking=self._next == last)
             self._next += 1
         tl = self.timeline
         for b in self.buckets:
