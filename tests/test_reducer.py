@@ -183,3 +183,23 @@ def test_broadcast_and_check_sync_single_process() -> None:
     c = SingleProcessCommunicator()
     broadcast_model(net, c)
     assert check_sync(net, c) == []
+
+
+@pytest.mark.parametrize("bucket_numel", [100, 2**31])
+def test_adacomp_wire_packing_round_trips_and_costs_one_integer_per_element(bucket_numel: int) -> None:
+    from hpctrain.runtime import combine
+    from hpctrain.runtime.reducer import pack_adacomp, unpack_adacomp
+
+    gen = torch.Generator().manual_seed(3)
+    grads = [torch.randn(4, 6, generator=gen), torch.randn(30, generator=gen)]
+    offsets, sizes = [0, 24], [24, 30]
+    messages = [combine.adacomp_encode(torch.zeros_like(g), g, 5)[0] for g in grads]
+    packed = pack_adacomp(messages, offsets, bucket_numel)
+    assert packed.dtype == (torch.int32 if bucket_numel < 2**31 - 1 else torch.int64)
+    scale_words = len(grads) * 8 // packed.element_size()
+    assert packed.numel() == scale_words + sum(m.count for m in messages)
+    for (pos, values), m, off, g in zip(unpack_adacomp(packed, 2, offsets, sizes), messages, offsets, grads,
+                                        strict=True):
+        dense = torch.zeros(g.numel(), dtype=g.dtype)
+        dense[pos - off] = values.to(g.dtype)
+        assert torch.equal(dense.view_as(g), combine.adacomp_decode(m))

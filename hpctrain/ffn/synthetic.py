@@ -47,6 +47,7 @@ def make_synthetic_volume(
     faint_contrast: float = 0.15,
     blur_sigma: float = 0.7,
     noise_sigma: float = 8.0,
+    shading: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(image uint8, labels uint32)`` of ``shape`` (z, y, x), deterministic in ``seed``.
 
@@ -112,6 +113,10 @@ def make_synthetic_volume(
     contrast = np.where(faint, faint_contrast, 1.0) * membrane_contrast
     image[membrane] -= contrast[membrane]
     image = ndimage.gaussian_filter(image, blur_sigma)
+    if shading:
+        # Uneven staining / illumination: a smooth field across the whole volume (standard deviation
+        # ``shading`` grey levels) that a global threshold cannot follow but local contrast ignores.
+        image += shading * _smooth_noise(rng, shape, max(shape) / 4)
     image += rng.normal(0.0, noise_sigma, shape).astype(np.float32)
     return np.clip(np.round(image), 0, 255).astype(np.uint8), labels
 

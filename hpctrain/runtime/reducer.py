@@ -38,6 +38,7 @@ class Bucket:
     wire: torch.Tensor | None = None
     residues: list[torch.Tensor] = field(default_factory=list)
     views: list[torch.Tensor] = field(default_factory=list)  # view(i) for every i, made once
+    sent: list[tuple[int, int]] = field(default_factory=list)  # AdaComp: (elements, bytes each) per param
 
     def __post_init__(self) -> None:
         self.views = [self.view(i) for i in range(len(self.params))]
@@ -183,28 +184,26 @@ class Reducer:
                 b.view(i).copy_(combine.adasum_reduce([g[s].view_as(p) for g in gathered]))
 
     def _adacomp(self, b: Bucket, label: str) -> None:
+        """Encode every layer, exchange one packed message per rank, decode and average.
+
+        The wire format (see ``pack_adacomp``) carries each selected element as one signed integer
+        ``±(position + 1)`` in the bucket, int32 while the bucket has fewer than 2^31 elements, so an element
+        costs 4 bytes instead of an int64 index plus an int8 sign; the layers' scales ride in front.
+        """
         n = self.comm.size
-        idx_parts, sign_parts, scales = [], [], []
+        messages = []
         for i, p in enumerate(b.params):
             bin_len = self.adacomp_bin_len or combine.default_bin_len(b.names[i], p.dim())
             msg, b.residues[i] = combine.adacomp_encode(b.residues[i], b.view(i).clone(), bin_len)
-            idx_parts.append(msg.indices.to(torch.int64) + b.offsets[i])  # bucket-flat positions
-            sign_parts.append(msg.signs)
-            scales.append(msg.scale)
-        indices = torch.cat(idx_parts)
-        signs = torch.cat(sign_parts)
-        all_idx = self.comm.allgather_varlen(indices, f"{label} adacomp indices")
-        all_signs = self.comm.allgather_varlen(signs, f"{label} adacomp signs")
-        all_scales = self.comm.allgather(torch.tensor(scales, dtype=torch.float64), f"{label} adacomp scales")
+            messages.append(msg)
+        packed = pack_adacomp(messages, b.offsets, b.flat.numel())
+        b.sent = [(m.count, packed.element_size()) for m in messages]
         decoded: list[torch.Tensor] = []
-        for q in range(n):
+        gathered = self.comm.allgather_varlen(packed, f"{label} adacomp") if n > 1 else [packed]
+        for other in gathered:
             dense = torch.zeros_like(b.flat)
-            for i, p in enumerate(b.params):
-                lo, hi = b.offsets[i], b.offsets[i] + p.numel()
-                sel = (all_idx[q] >= lo) & (all_idx[q] < hi)
-                msg = combine.AdaCompMessage((all_idx[q][sel] - lo).to(torch.int64), all_signs[q][sel],
-                                             float(all_scales[q][i]), tuple(p.shape), p.dtype)
-                dense[lo:hi] = combine.adacomp_decode(msg).reshape(-1)
+            for pos, value in unpack_adacomp(other, len(b.params), b.offsets, [p.numel() for p in b.params]):
+                dense[pos] = value.to(dense.dtype)
             decoded.append(dense)
         b.flat.copy_(combine.mean(decoded))
 
@@ -242,6 +241,31 @@ class Reducer:
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
+
+
+def pack_adacomp(messages: list[combine.AdaCompMessage], offsets: list[int], bucket_numel: int) -> torch.Tensor:
+    """One rank's AdaComp messages for a bucket as one integer tensor: the float64 scales (as pairs of int32,
+    or int64 each), then ``sign * (offset + index + 1)`` for every selected element, layer after layer."""
+    dtype = torch.int32 if bucket_numel < 2**31 - 1 else torch.int64
+    scales = torch.tensor([m.scale for m in messages], dtype=torch.float64).view(dtype)
+    parts = [scales]
+    for m, off in zip(messages, offsets, strict=True):
+        parts.append((m.indices.to(dtype) + (off + 1)) * m.signs.to(dtype))
+    return torch.cat(parts)
+
+
+def unpack_adacomp(packed: torch.Tensor, layers: int, offsets: list[int],
+                   sizes: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Inverse of ``pack_adacomp``: per layer, (bucket positions int64, values ±scale float64)."""
+    per_scale = 8 // packed.element_size()
+    scales = packed[: layers * per_scale].clone().view(torch.float64)  # gathered slices may sit unaligned
+    body = packed[layers * per_scale :].to(torch.int64)
+    pos = body.abs() - 1
+    out = []
+    for i, (off, size) in enumerate(zip(offsets, sizes, strict=True)):
+        sel = (pos >= off) & (pos < off + size)
+        out.append((pos[sel], body[sel].sign().to(torch.float64) * scales[i]))
+    return out
 
 
 def _make_buckets(named: list[tuple[str, torch.nn.Parameter]], cap_bytes: int) -> list[Bucket]:

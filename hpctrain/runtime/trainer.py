@@ -81,10 +81,8 @@ class GradientExchange:
         bin_len = None
         if cfg.name == "adacomp" and set(cfg.bin_len.values()) and len(set(cfg.bin_len.values())) == 1:
             bin_len = next(iter(cfg.bin_len.values()))
-        # AdaComp: a pass-through communicator keeps this rank's sent index tensors for the compression ratio.
-        self._sent = _AdaCompTally(comm) if cfg.name == "adacomp" else None
         self.adacomp_bytes: dict[str, list[int]] = {}  # layer kind -> [dense bytes, wire bytes] this interval
-        self.reducer = Reducer(model, self._sent or comm, combiner=reducer_combiner, compression=cfg.compression,
+        self.reducer = Reducer(model, comm, combiner=reducer_combiner, compression=cfg.compression,
                                bucket_mb=cfg.bucket_mb, adacomp_bin_len=bin_len)
         if self.delta_mode:
             # Gradients stay local during backward; the reducer later combines the update in its buckets.
@@ -102,21 +100,17 @@ class GradientExchange:
     def after_backward(self) -> None:
         if not self.delta_mode:
             self.reducer.finish()
-        if self._sent is not None:
+        if self.name == "adacomp":
             self._count_adacomp()
 
     def _count_adacomp(self) -> None:
-        """Add this step's dense and wire bytes per layer kind (indices + signs as sent, one scale per layer)."""
-        assert self._sent is not None
-        for b, idx in zip(self.reducer.buckets, self._sent.take(), strict=True):
-            per_element = idx.element_size() + 1  # the index and its int8 sign
+        """Add this step's dense and wire bytes per layer kind (elements as sent, one float64 scale per layer)."""
+        for b in self.reducer.buckets:
             for i, p in enumerate(b.params):
-                lo = b.offsets[i]
-                count = int(((idx >= lo) & (idx < lo + p.numel())).sum())
+                count, per_element = b.sent[i]
                 totals = self.adacomp_bytes.setdefault(layer_kind(b.names[i], p.dim()), [0, 0])
                 totals[0] += p.numel() * p.element_size()
-                totals[1] += count * per_element + 8  # the float64 scale
-
+                totals[1] += count * per_element + 8
     def interval_metrics(self) -> dict[str, float]:
         """AdaComp's achieved compression ratio per layer kind since the last call (dense / wire bytes)."""
         out = {f"adacomp_ratio_{kind}": dense / wire for kind, (dense, wire) in sorted(self.adacomp_bytes.items())}
@@ -183,26 +177,6 @@ class GradientExchange:
                     mine.copy_(saved)
         if "dasgd" in state and self.averager is not None:
             self.averager.load_state_dict(state["dasgd"])
-
-
-class _AdaCompTally:
-    """Passes every call to the communicator and keeps the AdaComp index tensors this rank sends."""
-
-    def __init__(self, comm: Communicator) -> None:
-        self._comm = comm
-        self._indices: list[torch.Tensor] = []
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._comm, name)
-
-    def allgather_varlen(self, tensor: torch.Tensor, label: str = "") -> Any:
-        if label.endswith("adacomp indices"):  # one per bucket, in launch (= bucket) order
-            self._indices.append(tensor)
-        return self._comm.allgather_varlen(tensor, label)
-
-    def take(self) -> list[torch.Tensor]:
-        taken, self._indices = self._indices, []
-        return taken
 
 
 def parameters_checksum(model: torch.nn.Module) -> float:
