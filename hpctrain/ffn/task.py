@@ -38,6 +38,10 @@ from hpctrain.ffn.volume import load_image_and_labels
 from hpctrain.models.task import TaskContext, TrainingTask
 
 MODEL_KEYS = ("depth", "features", "fov", "deltas")
+# Training-example options (google/ffn train.py flags of the same meaning): model_args key -> StreamConfig field.
+STREAM_KEYS = {"fov_policy": "policy", "fov_moves": "fov_moves", "faces_only": "faces_only",
+               "move_threshold": "threshold", "permutable_axes": "permutable_axes",
+               "reflectable_axes": "reflectable_axes"}
 GRADIENT_CLIP = 0.7  # google/ffn max_gradient_entry_mag
 
 
@@ -51,12 +55,40 @@ def _triple(value: Any, key: str) -> tuple[int, int, int]:
 
 def model_config(model_args: dict[str, Any]) -> dict[str, Any]:
     """ConvStack3D arguments from the spec's model_args (unknown keys are errors)."""
-    unknown = set(model_args) - set(MODEL_KEYS) - {"image_mean", "image_stddev", "clip"}
+    unknown = set(model_args) - set(MODEL_KEYS) - set(STREAM_KEYS) - {"image_mean", "image_stddev", "clip"}
     if unknown:
         raise ConfigError(f"unknown FFN model_args {sorted(unknown)}", key="model_args",
-                          hint="valid: " + ", ".join(MODEL_KEYS))
+                          hint="valid: " + ", ".join([*MODEL_KEYS, *STREAM_KEYS, "image_mean", "image_stddev",
+                                                      "clip"]))
     return {"depth": int(model_args.get("depth", 9)), "features": int(model_args.get("features", 32)),
             "fov": _triple(model_args.get("fov", 33), "fov"), "deltas": _triple(model_args.get("deltas", 8), "deltas")}
+
+
+def stream_options(model_args: dict[str, Any]) -> dict[str, Any]:
+    """StreamConfig fields set by the spec's model_args (fov_policy, fov_moves, faces_only, move_threshold,
+    permutable_axes, reflectable_axes), checked; absent keys keep the reference's defaults."""
+    out: dict[str, Any] = {}
+    for key, field_name in STREAM_KEYS.items():
+        if key not in model_args:
+            continue
+        value = model_args[key]
+        if key == "fov_policy" and value not in ("fixed", "max_pred_moves"):
+            raise ConfigError(f"fov_policy {value!r} is not a policy", key="model_args.fov_policy",
+                              hint="use fixed or max_pred_moves")
+        if key == "fov_moves" and (not isinstance(value, int) or value < 1):
+            raise ConfigError(f"fov_moves must be an integer >= 1, got {value!r}", key="model_args.fov_moves")
+        if key == "faces_only" and not isinstance(value, bool):
+            raise ConfigError(f"faces_only must be true or false, got {value!r}", key="model_args.faces_only")
+        if key == "move_threshold" and not (isinstance(value, (int, float)) and 0 < value < 1):
+            raise ConfigError(f"move_threshold must lie strictly between 0 and 1, got {value!r}",
+                              key="model_args.move_threshold")
+        if key.endswith("_axes"):
+            if not (isinstance(value, list) and all(v in (0, 1, 2) for v in value) and len(set(value)) == len(value)):
+                raise ConfigError(f"{key} must be a list of distinct axes 0 (z), 1 (y), 2 (x); got {value!r}",
+                                  key=f"model_args.{key}")
+            value = tuple(value)
+        out[field_name] = value
+    return out
 
 
 def prepare_training_data(data: dict[str, Any], fov: tuple[int, int, int], deltas: tuple[int, int, int],
@@ -149,7 +181,7 @@ class FFNTask(TrainingTask):
         self.batch = ctx.batch_per_rank
         self._stream_config = StreamConfig(fov=self.fov, deltas=self.deltas, batch_size=self.batch,
                                            image_mean=self.image_mean, image_stddev=self.image_stddev,
-                                           seed=ctx.seed + ctx.rank)
+                                           seed=ctx.seed + ctx.rank, **stream_options(ctx.model_args))
         self._open_stream(0)
 
     def _open_stream(self, consumed: int) -> None:
