@@ -234,3 +234,24 @@ def test_one_step_on_two_ranks_equals_one_rank_on_the_whole_batch(tmp_path: Path
     assert any(not torch.equal(one[k], initial.state_dict()[k]) for k in one)  # the step changed something
     for key in one:
         torch.testing.assert_close(two[key], one[key], rtol=1e-5, atol=1e-6)
+
+
+def test_training_example_options_come_from_model_args_and_bad_ones_name_the_key() -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.ffn.task import model_config, stream_options
+
+    args = {"fov": 15, "deltas": 3, "fov_policy": "max_pred_moves", "fov_moves": 2, "faces_only": True,
+            "move_threshold": 0.8, "permutable_axes": [0, 1, 2], "reflectable_axes": [1, 2]}
+    assert model_config(args)["fov"] == (15, 15, 15)  # the options are accepted beside the model's keys
+    opts = stream_options(args)
+    cfg = StreamConfig(fov=(15, 15, 15), deltas=(3, 3, 3), **opts)
+    assert (cfg.policy, cfg.fov_moves, cfg.faces_only, cfg.threshold) == ("max_pred_moves", 2, True, 0.8)
+    assert cfg.permutable_axes == (0, 1, 2) and cfg.reflectable_axes == (1, 2)
+    assert stream_options({"depth": 4}) == {}
+    for key, bad in [("fov_policy", "random"), ("fov_moves", 0), ("faces_only", "yes"), ("move_threshold", 1.0),
+                     ("permutable_axes", [0, 0]), ("reflectable_axes", [3])]:
+        with pytest.raises(ConfigError) as err:
+            stream_options({key: bad})
+        assert f"model_args.{key}" in str(err.value.key if hasattr(err.value, "key") else err.value)
+    with pytest.raises(ConfigError):
+        model_config({"fov_polcy": "fixed"})

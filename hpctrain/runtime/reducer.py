@@ -4,9 +4,10 @@ Parameters are grouped in reverse registration order (roughly the order backward
 flat buckets of ``bucket_mb``; each ``.grad`` is a view into its bucket, so a ready bucket is reduced in place
 without a copy. Buckets launch strictly in index order so every rank issues the same collective sequence.
 For ``mean`` a bucket is divided by the rank count as it launches (like DDP's hook), so the wire carries
-the mean and ``finish()`` has no pass over the result. The last bucket, and any that backward did not
-complete, are reduced in ``finish()`` with blocking collectives: backward is over, nothing is left to
-overlap them with, and a blocking all-reduce is faster than a non-blocking one.
+the mean and ``finish()`` has no pass over the result. The last bucket is reduced in ``finish()`` with a
+blocking collective: backward is over and nothing is left to overlap it with; earlier buckets that
+``finish()`` launches stay non-blocking so that several can be in flight at once (gloo runs them on
+parallel threads: blocking them one after another cost a third of the 16 MB bandwidth).
 """
 
 from __future__ import annotations
@@ -211,8 +212,9 @@ class Reducer:
     # -- end of step
     def finish(self) -> None:
         """Launch what backward did not (unused parameters), wait for every bucket, write ``p.grad``."""
-        while self._next < len(self.buckets):  # backward is over: nothing left to overlap them with
-            self._launch(self.buckets[self._next], blocking=True)
+        last = len(self.buckets) - 1
+        while self._next <= last:  # unused parameters' buckets, and the last one (only it blocks)
+            self._launch(self.buckets[self._next], blocking=self._next == last)
             self._next += 1
         tl = self.timeline
         for b in self.buckets:
