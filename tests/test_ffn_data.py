@@ -202,3 +202,17 @@ def test_shards_are_disjoint_cover_the_epoch_and_change_per_epoch() -> None:
         shard(coords, 4, world, 0)
     with pytest.raises(DataError, match="cannot feed"):
         shard(coords[:3], 0, 4, 0)
+
+
+def test_shading_and_faint_contrast_change_the_image_not_the_labels() -> None:
+    image, labels = make_synthetic_volume((24, 40, 40), seed=5, faint_fraction=0.0)
+    shaded, labels2 = make_synthetic_volume((24, 40, 40), seed=5, faint_fraction=0.0, shading=30.0)
+    assert np.array_equal(labels, labels2)
+    diff = shaded.astype(np.float64) - image.astype(np.float64)
+    assert diff.std() > 10  # a smooth field of ~30 grey levels, clipped at 0 and 255
+    # Smooth: neighbouring voxels move together, unlike the per-voxel noise.
+    assert np.corrcoef(diff[:, :, :-1].ravel(), diff[:, :, 1:].ravel())[0, 1] > 0.9
+    faint, _ = make_synthetic_volume((24, 40, 40), seed=5, faint_fraction=0.5, faint_contrast=0.15)
+    clear, _ = make_synthetic_volume((24, 40, 40), seed=5, faint_fraction=0.5, faint_contrast=1.0)
+    membrane = labels == 0
+    assert faint[membrane].mean() > clear[membrane].mean() + 5  # faint membranes are brighter (less contrast)

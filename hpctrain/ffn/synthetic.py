@@ -57,7 +57,8 @@ def make_synthetic_volume(
     a 2-voxel dark boundary, labelled **0** (background, as google/ffn treats 0: never a training object).
     The image has a per-object base intensity, smooth intracellular texture, dark vesicle-like specks inside
     objects (false boundaries for a threshold), membranes whose contrast fades to ``faint_contrast`` (a fraction of
-    ``membrane_contrast``) over a ``faint_fraction`` of their area, Gaussian blur and Gaussian noise.
+    ``membrane_contrast``) over a ``faint_fraction`` of their area, Gaussian blur, Gaussian noise and optional
+    ``shading`` (a smooth brightness field across the volume).
     """
     rng = np.random.default_rng(seed)
     zyx = np.array(shape, dtype=np.int64)
@@ -113,11 +114,11 @@ def make_synthetic_volume(
     contrast = np.where(faint, faint_contrast, 1.0) * membrane_contrast
     image[membrane] -= contrast[membrane]
     image = ndimage.gaussian_filter(image, blur_sigma)
-    if shading:
-        # Uneven staining / illumination: a smooth field across the whole volume (standard deviation
-        # ``shading`` grey levels) that a global threshold cannot follow but local contrast ignores.
-        image += shading * _smooth_noise(rng, shape, max(shape) / 4)
     image += rng.normal(0.0, noise_sigma, shape).astype(np.float32)
+    if shading:
+        # Uneven staining / illumination: a smooth field (standard deviation ``shading`` grey levels) that a
+        # global threshold cannot follow but local contrast ignores; drawn last, so all else stays the same.
+        image += shading * _smooth_noise(rng, shape, max(shape) / 4)
     return np.clip(np.round(image), 0, 255).astype(np.uint8), labels
 
 
