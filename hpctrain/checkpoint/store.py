@@ -111,14 +111,19 @@ class Checkpoint:
 
 # ------------------------------------------------------------------------------------- atomic writing
 
-_hash_pool: ThreadPoolExecutor | None = None
+_pools: dict[str, ThreadPoolExecutor] = {}
+
+
+def _single_thread_pool(name: str) -> ThreadPoolExecutor:
+    """One lazily started worker thread per ``name`` and process: its jobs run in submission order."""
+    pool = _pools.get(name)
+    if pool is None:
+        pool = _pools[name] = ThreadPoolExecutor(1, thread_name_prefix=f"hpctrain-ckpt-{name}")
+    return pool
 
 
 def _pool() -> ThreadPoolExecutor:
-    global _hash_pool
-    if _hash_pool is None:
-        _hash_pool = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-ckpt-hash")
-    return _hash_pool
+    return _single_thread_pool("hash")
 
 
 class _HashingWriter:
@@ -217,15 +222,9 @@ def file_digest(path: Path, checksum: str) -> tuple[int, str]:
 
 # ------------------------------------------------------------------------------------- background saves
 
-_writer: ThreadPoolExecutor | None = None
-
-
 def _writer_pool() -> ThreadPoolExecutor:
     """One background writer per process: saves are written in the order they were started."""
-    global _writer
-    if _writer is None:
-        _writer = ThreadPoolExecutor(1, thread_name_prefix="hpctrain-ckpt-write")
-    return _writer
+    return _single_thread_pool("write")
 
 
 def snapshot(obj: Any, buffers: dict[str, torch.Tensor] | None = None, _path: str = "",
