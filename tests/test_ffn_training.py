@@ -218,6 +218,34 @@ def test_max_pred_moves_stream_uses_the_larger_box() -> None:
     assert all(max(abs(v) for v in off) <= 4 for off in offsets)  # FOV stays inside the 13³ box
 
 
+def test_single_fov_examples_are_one_bare_seed_fov_each_then_the_policy_moves() -> None:
+    """The first ``single_fov_examples`` examples (counting ``examples_before``) give only their centre FOV even
+    where the fixed policy would move (everything predicted inside); later ones move as usual."""
+    labels = np.ones((30, 30, 30), np.uint32)
+    image = np.full((30, 30, 30), 128, np.uint8)
+    coords = [(15, 15, 15)] * 50
+
+    def offsets_per_example(stream: ExampleStream, steps: int) -> list[list[tuple[int, int, int]]]:
+        examples: list[list[tuple[int, int, int]]] = []
+        started = 0
+        for _ in range(steps):
+            batch = stream.next_batch()
+            if stream.examples_started != started:
+                started = stream.examples_started
+                examples.append([])
+            examples[-1].append(batch.offsets[0])
+            stream.update(torch.full((1, 1, 5, 5, 5), 5.0))  # p > 0.99: every fixed-policy move is taken
+        return examples
+
+    cfg = StreamConfig(fov=(5, 5, 5), deltas=(2, 2, 2), batch_size=1, single_fov_examples=3)
+    examples = offsets_per_example(ExampleStream(image, labels, iter(coords), cfg), 3 + 27 + 1)
+    assert examples[:3] == [[(0, 0, 0)]] * 3
+    assert len(examples[3]) == 27 and examples[3][0] == (0, 0, 0)  # the centre and all 26 shifts
+    resumed = ExampleStream(image, labels, iter(coords), cfg, examples_before=2)
+    examples = offsets_per_example(resumed, 1 + 27)
+    assert examples[0] == [(0, 0, 0)] and len(examples[1]) == 27
+
+
 def test_one_step_on_two_ranks_equals_one_rank_on_the_whole_batch(tmp_path: Path) -> None:
     """Data parallel FFN step (mean combiner, gloo, 2 real processes) = single process on the full batch."""
     repo = Path(__file__).resolve().parents[1]
@@ -248,8 +276,11 @@ def test_training_example_options_come_from_model_args_and_bad_ones_name_the_key
     assert (cfg.policy, cfg.fov_moves, cfg.faces_only, cfg.threshold) == ("max_pred_moves", 2, True, 0.8)
     assert cfg.permutable_axes == (0, 1, 2) and cfg.reflectable_axes == (1, 2)
     assert stream_options({"depth": 4}) == {}
+    assert model_config({"single_fov_steps": 100}) and stream_options({"single_fov_steps": 100}, 4) == {
+        "single_fov_examples": 400}  # one FOV per example and step: steps x batch per rank
     for key, bad in [("fov_policy", "random"), ("fov_moves", 0), ("faces_only", "yes"), ("move_threshold", 1.0),
-                     ("permutable_axes", [0, 0]), ("reflectable_axes", [3])]:
+                     ("permutable_axes", [0, 0]), ("reflectable_axes", [3]), ("single_fov_steps", -1),
+                     ("single_fov_steps", 2.5)]:
         with pytest.raises(ConfigError) as err:
             stream_options({key: bad})
         assert f"model_args.{key}" in str(err.value.key if hasattr(err.value, "key") else err.value)

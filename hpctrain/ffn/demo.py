@@ -66,7 +66,9 @@ def train(job_path: Path, sets: list[str], run_root: Path, ranks: int) -> Path:
 
 
 def plot(out_png: Path, metrics_path: Path, image: np.ndarray, truth: np.ndarray, ffn: np.ndarray,
-         baseline: np.ndarray, scores: dict[str, dict[str, float]]) -> None:
+         baseline: np.ndarray, scores: dict[str, dict[str, float]], movement_from: int = 0) -> None:
+    """The loss curve (a dashed line where FOV movement starts after ``movement_from`` bare-seed steps) and the
+    middle z slice of image, ground truth, FFN and baseline segmentations."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -81,6 +83,10 @@ def plot(out_png: Path, metrics_path: Path, image: np.ndarray, truth: np.ndarray
     axes[0].set_xlabel("step")
     axes[0].set_ylabel("loss (mean over ranks)")
     axes[0].set_title("training loss")
+    if movement_from:
+        axes[0].axvline(movement_from, color="grey", linestyle="--", linewidth=1)
+        axes[0].annotate("FOV movement from here", (movement_from, max(losses, default=1.0)), fontsize=8,
+                         xytext=(4, -10), textcoords="offset points")
     rng = np.random.default_rng(0)
     colours = rng.random((int(max(truth.max(), ffn.max(), baseline.max())) + 1, 3))
     colours[0] = 0
@@ -170,6 +176,9 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
         warmup = job.train.warmup.steps or 0
         if warmup >= steps:  # a quick run: keep room for the decay after the warm-up
             sets.append(f"train.warmup.steps={steps // 2}")
+        single = job.model_args.get("single_fov_steps")
+        if isinstance(single, int) and job.train.steps:  # keep the job's share of bare-seed steps
+            sets.append(f"model_args.single_fov_steps={single * steps // job.train.steps}")
     t_train = time.perf_counter()
     run_dir = train(job_path, sets, out / "runs", ranks)
     train_seconds = time.perf_counter() - t_train
@@ -191,7 +200,9 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
               "baseline_best_threshold": best_threshold_baseline(image, truth),
               "one_segment": score(np.ones_like(truth), truth)}
     png = out / "demo.png"
-    plot(png, run_dir / "metrics.jsonl", image, truth, ffn_seg, base_seg, scores)
+    run_job = load_job(run_dir / "job.yaml")
+    plot(png, run_dir / "metrics.jsonl", image, truth, ffn_seg, base_seg, scores,
+         movement_from=int(run_job.model_args.get("single_fov_steps", 0) or 0))
     total = time.perf_counter() - started
     (out / "scores.json").write_text(json.dumps(
         {**scores, "seconds": {"training": round(train_seconds, 1), "segmentation": round(summary["seconds"], 1),

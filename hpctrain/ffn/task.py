@@ -42,6 +42,8 @@ MODEL_KEYS = ("depth", "features", "fov", "deltas")
 STREAM_KEYS = {"fov_policy": "policy", "fov_moves": "fov_moves", "faces_only": "faces_only",
                "move_threshold": "threshold", "permutable_axes": "permutable_axes",
                "reflectable_axes": "reflectable_axes"}
+# Not in the reference: the first N steps train on bare-seed FOVs only (StreamConfig.single_fov_examples).
+SCHEDULE_KEYS = ("single_fov_steps",)
 GRADIENT_CLIP = 0.7  # google/ffn max_gradient_entry_mag
 
 
@@ -55,19 +57,27 @@ def _triple(value: Any, key: str) -> tuple[int, int, int]:
 
 def model_config(model_args: dict[str, Any]) -> dict[str, Any]:
     """ConvStack3D arguments from the spec's model_args (unknown keys are errors)."""
-    unknown = set(model_args) - set(MODEL_KEYS) - set(STREAM_KEYS) - {"image_mean", "image_stddev", "clip"}
+    extra = ("image_mean", "image_stddev", "clip", *SCHEDULE_KEYS)
+    unknown = set(model_args) - set(MODEL_KEYS) - set(STREAM_KEYS) - set(extra)
     if unknown:
         raise ConfigError(f"unknown FFN model_args {sorted(unknown)}", key="model_args",
-                          hint="valid: " + ", ".join([*MODEL_KEYS, *STREAM_KEYS, "image_mean", "image_stddev",
-                                                      "clip"]))
+                          hint="valid: " + ", ".join([*MODEL_KEYS, *STREAM_KEYS, *extra]))
     return {"depth": int(model_args.get("depth", 9)), "features": int(model_args.get("features", 32)),
             "fov": _triple(model_args.get("fov", 33), "fov"), "deltas": _triple(model_args.get("deltas", 8), "deltas")}
 
 
-def stream_options(model_args: dict[str, Any]) -> dict[str, Any]:
+def stream_options(model_args: dict[str, Any], batch_per_rank: int = 1) -> dict[str, Any]:
     """StreamConfig fields set by the spec's model_args (fov_policy, fov_moves, faces_only, move_threshold,
-    permutable_axes, reflectable_axes), checked; absent keys keep the reference's defaults."""
+    permutable_axes, reflectable_axes, single_fov_steps), checked; absent keys keep the reference's defaults.
+    ``single_fov_steps`` becomes ``single_fov_examples`` = steps × ``batch_per_rank`` (one FOV per example)."""
     out: dict[str, Any] = {}
+    if "single_fov_steps" in model_args:
+        steps = model_args["single_fov_steps"]
+        if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+            raise ConfigError(f"single_fov_steps must be an integer >= 0, got {steps!r}",
+                              key="model_args.single_fov_steps",
+                              hint="the number of first training steps whose examples are one bare-seed FOV each")
+        out["single_fov_examples"] = steps * batch_per_rank
     for key, field_name in STREAM_KEYS.items():
         if key not in model_args:
             continue
@@ -181,13 +191,14 @@ class FFNTask(TrainingTask):
         self.batch = ctx.batch_per_rank
         self._stream_config = StreamConfig(fov=self.fov, deltas=self.deltas, batch_size=self.batch,
                                            image_mean=self.image_mean, image_stddev=self.image_stddev,
-                                           seed=ctx.seed + ctx.rank, **stream_options(ctx.model_args))
+                                           seed=ctx.seed + ctx.rank,
+                                           **stream_options(ctx.model_args, ctx.batch_per_rank))
         self._open_stream(0)
 
     def _open_stream(self, consumed: int) -> None:
         self._consumed_at_open = consumed
         coords = epoch_coordinates(self.coords, self.rank, self.world_size, self.seed, start=consumed)
-        self.stream = ExampleStream(self.image, self.labels, coords, self._stream_config)
+        self.stream = ExampleStream(self.image, self.labels, coords, self._stream_config, examples_before=consumed)
 
     @property
     def samples_per_step(self) -> int:

@@ -241,6 +241,11 @@ class StreamConfig:
     reflectable_axes: tuple[int, ...] = (0, 1, 2)  # --reflectable_axes
     eval_threshold: float = 0.5  # probability threshold of the final-mask metrics
     seed: int = 0
+    # Not in the reference: the first ``single_fov_examples`` examples of the stream are one FOV each (the bare
+    # seed at the centre, no movement), then the policy moves as usual. Most moved FOVs start from a seed
+    # canvas that already holds the object, which teaches copying; bare-seed FOVs teach the FFN's core skill
+    # (which voxels connect to the seed) several times faster (docs/ffn.md, "the demo").
+    single_fov_examples: int = 0
 
     def training_size(self) -> Zyx:
         """Box loaded per example: fov + 2·deltas·moves (train_image_size / train_canvas_size)."""
@@ -256,11 +261,19 @@ class ExampleStream:
     its movement policy yields; ``update`` pastes the model's logits back into each slot's canvas at the
     offset just used, so the policy's next decision and the next seed see them. A slot whose policy is
     exhausted scores its final canvas against its labels (``counts``) and loads the next coordinate. The
-    stream ends when a slot needs a coordinate and ``coords`` has none left.
+    stream ends when a slot needs a coordinate and ``coords`` has none left. While fewer than
+    ``config.single_fov_examples`` examples have started (``examples_before`` included), each example is its
+    first FOV only.
     """
 
     def __init__(
-        self, image: Any, labels: Any, coords: Iterable[Sequence[int]], config: StreamConfig
+        self,
+        image: Any,
+        labels: Any,
+        coords: Iterable[Sequence[int]],
+        config: StreamConfig,
+        *,
+        examples_before: int = 0,
     ) -> None:
         if config.policy not in ("fixed", "max_pred_moves"):
             raise ValueError(f"policy must be 'fixed' or 'max_pred_moves', got {config.policy!r}")
@@ -284,6 +297,8 @@ class ExampleStream:
         self._slots: list[_Slot | None] = [None] * config.batch_size
         self.counts = VoxelCounts()
         self.examples_started = 0
+        # Examples this stream's coordinates had already given (a resumed run): counts toward single_fov_examples.
+        self.examples_before = int(examples_before)
 
     def _new_slot(self) -> _Slot:
         try:
@@ -301,7 +316,9 @@ class ExampleStream:
         )
         img, lab = permute_and_reflect([img, lab], self._rng, cfg.permutable_axes, cfg.reflectable_axes)
         canvas = make_seed(self.size, pad=cfg.seed_pad)
-        if cfg.policy == "fixed":
+        if self.examples_before + self.examples_started < cfg.single_fov_examples:
+            offsets: Iterator[Zyx] = iter([(0, 0, 0)])
+        elif cfg.policy == "fixed":
             offsets = fixed_offsets(canvas, self._shifts, cfg.threshold)
         else:
             offsets = max_pred_offsets(canvas, cfg.fov, cfg.deltas, cfg.threshold)
