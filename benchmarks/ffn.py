@@ -1,8 +1,8 @@
 """FFN speed on this CPU: FOVs/s for training and inference, eager PyTorch vs hpctrain.ffn.perf settings.
 
-Sizes: the published model (depth 12, 32 features, 33³) and the demo (jobs/ffn-local.yaml: depth 4, 24
-features, 17³). GFLOP/s counts the convolutions (2 FLOP per MAC; a training FOV = forward + backward = 3 ×
-forward), and is compared with the machine's own float32 matmul rate measured in the same run.
+Sizes: the published model (depth 12, 32 features, 33³) and the demo (read from jobs/ffn-local.yaml: depth,
+features, FOV and batch per rank). GFLOP/s counts the convolutions (2 FLOP per MAC; a training FOV =
+forward + backward = 3 × forward), and is compared with the machine's own float32 matmul rate measured in the same run.
 
     .venv/bin/python benchmarks/ffn.py            # full table, ~2-4 min on 2 cores
     .venv/bin/python benchmarks/ffn.py --quick    # ~30 s
@@ -45,7 +45,24 @@ class Size:
 
 
 PUBLISHED = Size("published d12 f32 33³", 12, 32, 33, train_batch=1, infer_batch=1)
-DEMO = Size("demo d4 f24 17³", 4, 24, 17, train_batch=4, infer_batch=1)
+
+
+DEMO_JOB = Path(__file__).resolve().parent.parent / "jobs" / "ffn-local.yaml"
+
+
+def demo_size(job: Path = DEMO_JOB) -> Size:
+    """The demo job's model (cubic FOV) and batch per rank, so the benchmark follows the job."""
+    import yaml
+
+    spec = yaml.safe_load(job.read_text())
+    args = spec["model_args"]
+    fov = args["fov"] if isinstance(args["fov"], int) else args["fov"][0]
+    depth, features = int(args["depth"]), int(args["features"])
+    return Size(f"demo d{depth} f{features} {fov}³", depth, features, int(fov),
+                train_batch=int(spec["train"]["batch_per_rank"]), infer_batch=1)
+
+
+DEMO = demo_size()
 
 
 @dataclass
