@@ -105,14 +105,14 @@ def worker(reps: int) -> None:
     def reducer_step(comm, combiner: str, bucket_mb: float = BUCKET_MB):
         m = ffn_like()
         broadcast_model(m, comm)
-        red = Reducer(m, comm, combiner=combiner, bucket_mb=bucket_mb)
+        red = Reducer(m, comm, combiner=combiner, bucket_mb=bucket_mb, prescaled=True)  # as the trainer
         o = torch.optim.SGD(m.parameters(), lr=1e-3)
 
         def step() -> None:
             if red.timeline is not None:
                 red.timeline.append(("step start", -1, time.perf_counter()))
             red.zero_grad()
-            torch.nn.functional.mse_loss(m(x), y).backward()
+            (torch.nn.functional.mse_loss(m(x), y) * red.loss_scale).backward()
             if red.timeline is not None:
                 red.timeline.append(("backward end", -1, time.perf_counter()))
             red.finish()
@@ -155,7 +155,7 @@ def worker(reps: int) -> None:
     for name, comm in (("gloo", gloo), ("mpi", mpi)):
         for tag, model in (("", ffn_like()), ("16", torch.nn.ParameterList(
                 [torch.nn.Parameter(torch.zeros(2**20)) for _ in range(4)]))):
-            red = Reducer(model, comm, combiner="mean", bucket_mb=BUCKET_MB)
+            red = Reducer(model, comm, combiner="mean", bucket_mb=BUCKET_MB, prescaled=True)
             nbytes = sum(b.flat.numel() * 4 for b in red.buckets)
             info[f"mb{tag}"] = nbytes / 2**20
             flat = torch.ones(nbytes // 4)

@@ -77,6 +77,19 @@ def test_mean_mpi_equals_single_process_on_concatenated_batch(n: int, tmp_path: 
     _assert_close(_train("mpiexec", n, "mpi", "mean", tmp_path / "p.pt"), _single_process_reference(n), 1e-5)
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("n", [2, 3])
+def test_prescaled_mean_mpi_equals_single_process_on_concatenated_batch(n: int, tmp_path: Path) -> None:
+    """The trainer's mean: loss scaled by 1/n before backward, the reducer only sums (no divide pass)."""
+    got = _train("mpiexec", n, "mpi", "mean_prescaled", tmp_path / "p.pt")
+    _assert_close(got, _single_process_reference(n), 1e-5)
+
+
+def test_prescaled_mean_gloo_with_fp16_wire_stays_close(tmp_path: Path) -> None:
+    got = _train("torchrun", 2, "gloo", "mean_prescaled", tmp_path / "p.pt", compression="fp16", bucket_mb=4.0)
+    _assert_close(got, _single_process_reference(2), 5e-3)
+
+
 def test_mean_gloo_equals_single_process_on_concatenated_batch(tmp_path: Path) -> None:
     _assert_close(_train("torchrun", 2, "gloo", "mean", tmp_path / "p.pt", bucket_mb=4.0),
                   _single_process_reference(2), 1e-5)

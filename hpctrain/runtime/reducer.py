@@ -41,6 +41,12 @@ class Bucket:
     residues: list[torch.Tensor] = field(default_factory=list)
     views: list[torch.Tensor] = field(default_factory=list)  # view(i) for every i, made once
     sent: list[tuple[int, int]] = field(default_factory=list)  # AdaComp: (elements, bytes each) per param
+    grads_elsewhere: bool = False  # a hook saw a p.grad that is not its view this step
+
+    @property
+    def in_place(self) -> bool:
+        """Every parameter's hook ran this step and found autograd's result in its view already."""
+        return self.ready == len(self.params) and not self.grads_elsewhere
 
     def __post_init__(self) -> None:
         self.views = [self.view(i) for i in range(len(self.params))]
@@ -74,6 +80,7 @@ class Reducer:
         compression: str = "none",
         bucket_mb: float = 4.0,
         adacomp_bin_len: int | None = None,
+        prescaled: bool = False,
     ) -> None:
         if combiner not in COMBINERS:
             raise ConfigError(f"unknown combiner {combiner!r}", key="train.combiner.name",
@@ -89,6 +96,10 @@ class Reducer:
         if bucket_mb <= 0:
             raise ConfigError(f"bucket_mb must be > 0, got {bucket_mb}", key="train.combiner.bucket_mb")
         self.comm, self.combiner, self.compression = comm, combiner, compression
+        # prescaled (mean only): the caller scales the loss by ``loss_scale`` = 1/size before backward, so each
+        # rank's gradient arrives as its share of the mean and the wire sum is the mean: no divide pass over
+        # the buckets (bit-identical for power-of-two sizes, float-rounding close otherwise).
+        self.prescaled = bool(prescaled) and combiner == "mean"
         self.adacomp_bin_len = adacomp_bin_len
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.buckets = _make_buckets(list(reversed(named)), int(bucket_mb * 2**20))
@@ -108,10 +119,17 @@ class Reducer:
         # Set to a list to record (event, bucket, perf_counter()) for "launch", "wait" and "done".
         self.timeline: list[tuple[str, int, float]] | None = None
 
+    @property
+    def loss_scale(self) -> float:
+        """What the caller multiplies the loss by before ``backward()``: ``1/size`` when prescaled, else 1."""
+        return 1.0 / self.comm.size if self.prescaled else 1.0
+
     # -- backward hooks
     def _on_grad_ready(self, p: torch.Tensor) -> None:
         b, i = self._where[id(p)]
         b.ready += 1
+        if p.grad is not b.views[i]:  # set_to_none, or a user's own .grad: _launch must gather this bucket
+            b.grads_elsewhere = True
         if self._next:  # something is in flight: let back-ends that need a poke (MPI) advance it
             self.comm.progress()
         # The last bucket is left to finish(): nothing remains to overlap it with, and there it is reduced
@@ -125,16 +143,18 @@ class Reducer:
             self._next += 1
 
     def _gather_into_flat(self, b: Bucket) -> None:
-        with torch.no_grad():
-            for p, view in zip(b.params, b.views, strict=True):
-                g = p.grad
-                if g is view:  # the common case: autograd accumulated into our view in place
-                    continue
+        if b.in_place:  # every hook of this step saw autograd accumulate into our view: nothing to gather
+            return
+        for p, view in zip(b.params, b.views, strict=True):
+            g = p.grad
+            if g is view:  # the common case: autograd accumulated into our view in place
+                continue
+            with torch.no_grad():
                 if g is None:  # unused in this forward: contributes zeros, like DDP
                     view.zero_()
                 elif g.data_ptr() != view.data_ptr():
                     view.copy_(g)
-                p.grad = view
+            p.grad = view
 
     def _launch(self, b: Bucket, blocking: bool = False) -> None:
         """Start reducing bucket ``b``; ``blocking`` reduces it before returning (no handle to wait on)."""
@@ -147,10 +167,12 @@ class Reducer:
             if self.comm.size == 1 and self.compression == "none":
                 return  # the mean of one rank's gradient is that gradient
             if self.compression == "none":
-                b.flat.div_(self.comm.size)  # the summed wire then carries the mean
+                if not self.prescaled:
+                    b.flat.div_(self.comm.size)  # the summed wire then carries the mean
                 wire = b.flat
             else:  # pre-divide so the half-precision sum cannot overflow where the mean would not
-                wire = b.wire = combine.compress(b.flat / self.comm.size, self.compression)
+                share = b.flat if self.prescaled else b.flat / self.comm.size
+                wire = b.wire = combine.compress(share, self.compression)
             if blocking:
                 self.comm.allreduce_(wire, "sum", label)
                 if b.wire is not None:
@@ -226,10 +248,8 @@ class Reducer:
                     tl.append(("done", b.index, time.perf_counter()))
                 if b.wire is not None:
                     b.flat.copy_(combine.decompress(b.wire, b.flat.dtype))
-            for p, view in zip(b.params, b.views, strict=True):
-                if p.grad is not view:
-                    p.grad = view
-            b.ready, b.launched, b.handle, b.wire = 0, False, None, None
+            # Every p.grad is its bucket view again: _launch (via _gather_into_flat) made sure of it.
+            b.ready, b.launched, b.handle, b.wire, b.grads_elsewhere = 0, False, None, None, False
         self._next = 0
 
     def zero_grad(self) -> None:

@@ -83,7 +83,7 @@ class GradientExchange:
             bin_len = next(iter(cfg.bin_len.values()))
         self.adacomp_bytes: dict[str, list[int]] = {}  # layer kind -> [dense bytes, wire bytes] this interval
         self.reducer = Reducer(model, comm, combiner=reducer_combiner, compression=cfg.compression,
-                               bucket_mb=cfg.bucket_mb, adacomp_bin_len=bin_len)
+                               bucket_mb=cfg.bucket_mb, adacomp_bin_len=bin_len, prescaled=cfg.name == "mean")
         if self.delta_mode:
             # Gradients stay local during backward; the reducer later combines the update in its buckets.
             self.reducer.close()
@@ -96,6 +96,11 @@ class GradientExchange:
 
     def zero_grad(self) -> None:
         self.reducer.zero_grad()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, the loss scaled by 1/ranks for the mean (the reducer then only sums)."""
+        scale = self.reducer.loss_scale
+        (loss * scale if scale != 1.0 else loss).backward()
 
     def after_backward(self) -> None:
         if not self.delta_mode:
@@ -243,7 +248,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
             if not torch.isfinite(loss):
                 raise RuntimeFailure(f"rank {rank}: loss is {loss.item()} at step {step}",
                                      hint="lower train.lr or check the data")
-            loss.backward()
+            exchange.backward(loss)
             exchange.after_backward()
             if clip is not None:
                 clip()

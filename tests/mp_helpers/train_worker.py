@@ -3,7 +3,8 @@
 ``python train_worker.py BACKEND COMBINER STEPS OUT [COMPRESSION] [BUCKET_MB]``: trains ``tiny_model()``
 with the Reducer on this rank's slice of a fixed global batch, checks the first step's combined gradient
 against the pure combiner applied to every rank's local gradient, checks the ranks stay in sync, and rank 0
-saves the final parameters to OUT.
+saves the final parameters to OUT. COMBINER ``mean_prescaled`` is the mean with ``prescaled=True``: the loss
+is scaled by ``reducer.loss_scale`` before backward and the reducer only sums (what the trainer does).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ def main(backend: str, combiner: str, steps: int, out: str, compression: str, bu
     assert n == 1 or check_sync(model, comm), "ranks start different, check_sync must see it"
     broadcast_model(model, comm)
     assert check_sync(model, comm) == [], "after broadcast_model the ranks must agree"
-    reducer = Reducer(model, comm, combiner=combiner, compression=compression, bucket_mb=bucket_mb)
+    prescaled = combiner == "mean_prescaled"
+    reducer = Reducer(model, comm, combiner="mean" if prescaled else combiner, compression=compression,
+                      bucket_mb=bucket_mb, prescaled=prescaled)
+    assert reducer.loss_scale == (1.0 / n if prescaled else 1.0)
     assert bucket_mb > 0.01 or len(reducer.buckets) > 1, "tiny bucket_mb must give several buckets"
     params = [p for p in model.parameters()]
     names = [name for name, _ in model.named_parameters()]
@@ -62,15 +66,15 @@ def main(backend: str, combiner: str, steps: int, out: str, compression: str, bu
                 expected = [combine.mean([combine.adacomp_decode(combine.adacomp_encode(
                     torch.zeros_like(g), g, combine.default_bin_len(name, g.dim()))[0]) for g in layer])
                     for name, layer in zip(names, per_rank, strict=True)]
-            elif combiner == "mean" and compression == "none":
+            elif combiner in ("mean", "mean_prescaled") and compression == "none":
                 expected = [combine.mean(layer) for layer in per_rank]
             else:
                 expected = None
-        loss.backward()
+        (loss * reducer.loss_scale).backward()
         reducer.finish()
         if step == 0 and expected is not None:
             for name, p, e in zip(names, params, expected, strict=True):
-                tol = 1e-6 if combiner == "mean" else 0.0  # mean: MPI's sum order may differ from ours
+                tol = 1e-6 if combiner.startswith("mean") else 0.0  # mean: MPI's sum order may differ from ours
                 assert torch.allclose(p.grad, e, rtol=tol, atol=tol), (name, (p.grad - e).abs().max())
         with torch.no_grad():
             for p in params:
