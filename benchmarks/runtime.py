@@ -1,14 +1,15 @@
 """Data-parallel runtime benchmark: one run prints a table of ratios against the targets of issue 4.
 
 Run: ``python benchmarks/runtime.py [--reps N]`` (it re-launches itself under ``.venv/bin/mpiexec -n 2``).
-Compared variants are measured interleaved (A B C A B C …, start rotated each round), so load from other
-jobs hits them alike; each ratio is the median of the per-round ratios, with its interquartile range.
+Compared variants are measured interleaved (every round runs each once, in an order shuffled per round), so
+load from other jobs hits them alike; each ratio is the median of the per-round ratios, with its interquartile range.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -43,16 +44,25 @@ def ffn_like():
 
 
 def interleaved(variants: dict[str, Callable[[], None]], reps: int, barrier: Callable[[], None],
-                ) -> dict[str, list[float]]:
-    """Seconds per call of every variant, ``reps`` rounds, variants interleaved; warm-up excluded."""
+                prime: bool = False) -> dict[str, list[float]]:
+    """Seconds per call of every variant, ``reps`` rounds, variants interleaved; warm-up excluded.
+
+    Each round runs the variants in a fresh order (seeded by the round, so every rank runs the same
+    collectives in the same order): a fixed cyclic order would always put the same variant after the same
+    neighbour, e.g. the 0.85 MB reduction after the 16 MB one that flushed the caches. ``prime``: one
+    untimed call right before each timed one, so every variant is timed warm (steady-state bandwidth).
+    """
     names = list(variants)
     for name in names:
         for _ in range(WARMUP):
             variants[name]()
     times: dict[str, list[float]] = {n: [] for n in names}
     for r in range(reps):
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]  # rotate the start: no variant always follows the same one
+        order = names[:]
+        random.Random(1000 + r).shuffle(order)
+        for name in order:
+            if prime:
+                variants[name]()
             barrier()
             t0 = time.perf_counter()
             variants[name]()
@@ -165,7 +175,7 @@ def worker(reps: int) -> None:
             else:
                 buf = flat.numpy()
                 micro[f"raw{tag}_{name}"] = _repeat(lambda b=buf: world.Allreduce(MPI.IN_PLACE, b))
-    out.update(interleaved(micro, 2 * reps, barrier))
+    out.update(interleaved(micro, 2 * reps, barrier, prime=True))
 
     # -- AdaComp encode + decode of every layer, on one rank's gradients.
     m = ffn_like()
