@@ -286,3 +286,36 @@ def test_training_example_options_come_from_model_args_and_bad_ones_name_the_key
         assert f"model_args.{key}" in str(err.value.key if hasattr(err.value, "key") else err.value)
     with pytest.raises(ConfigError):
         model_config({"fov_polcy": "fixed"})
+
+
+def test_ffn_task_single_fov_steps_survive_a_resume(tmp_path: Path) -> None:
+    """model_args.single_fov_steps reaches the task's stream as steps x batch examples, and a task restored from
+    a checkpoint's state counts the examples already consumed, so movement starts at the same step."""
+    from hpctrain.ffn.task import FFNTask
+    from hpctrain.models.task import TaskContext
+
+    def make_task() -> FFNTask:
+        ctx = TaskContext(model_args={"depth": 1, "features": 4, "fov": 5, "deltas": 1, "single_fov_steps": 3},
+                          data={"train": {"synthetic": {"shape": [20, 24, 24], "seed": 3}}, "margin": 3},
+                          batch_per_rank=2, seed=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"))
+        return FFNTask(ctx)
+
+    def step(task: FFNTask) -> None:
+        batch = task.next_batch()
+        task.observe(batch, torch.full((len(batch.offsets), 1, 5, 5, 5), 5.0))  # every fixed-policy move taken
+
+    task = make_task()
+    assert task.stream.config.single_fov_examples == 6
+    for _ in range(2):  # two bare-seed steps: one new example per slot per step
+        step(task)
+    state = task.state_dict()
+    assert state["coordinates_consumed"] == 4
+    resumed = make_task()
+    resumed.load_state_dict(state)
+    assert resumed.stream.examples_before == 4
+    step(resumed)  # the third and last bare-seed step
+    assert resumed.stream.examples_started == 2
+    step(resumed)  # now each slot takes a new example that moves ...
+    started = resumed.stream.examples_started
+    step(resumed)  # ... and keeps it for the next step
+    assert resumed.stream.examples_started == started == 4
