@@ -134,6 +134,31 @@ def test_local_submit_status_logs_through_the_cli(env: Path) -> None:
     assert runs[0]["chain"][0]["ok"] is True and runs[0]["chain"][0]["job_id"] == job_id
 
 
+def test_logs_follow_and_status_watch_return_when_the_run_ends(env: Path) -> None:
+    """Both start while the job still runs (it prints, sleeps 4 s, prints again): ``logs --follow`` streams
+    both lines and the launcher's last one, ``status --watch`` redraws until the run is completed; both then
+    exit 0 on their own (the generous timeouts only guard against a hang)."""
+    command = ["python3", "-c", "import time; print('first line', flush=True); time.sleep(4); print('second line')"]
+    out = _cli("submit", "tiny.yaml", "--site", "local", "--command", " ".join(map(_q, command)), env_dir=env)
+    assert out.returncode == 0, out.stderr
+    run_id = out.stdout.split()[0]
+    environ = {**os.environ, "HPCTRAIN_HOME": str(env / "home"), "HPCTRAIN_RUNS": str(env / "runs"),
+               "PYTHONPATH": str(REPO), "COLUMNS": "200"}
+    environ.pop("HPCTRAIN_REGISTRY", None)
+    watch = subprocess.Popen([sys.executable, "-m", "hpctrain", "status", run_id, "--watch"], cwd=env, env=environ,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    follow = _cli("logs", run_id, "--follow", env_dir=env, timeout=120)
+    watched, watch_err = watch.communicate(timeout=120)
+    assert follow.returncode == 0, follow.stderr
+    text = follow.stdout
+    assert text.index("first line") < text.index("second line") < text.index("launcher exited with status 0")
+    assert text.count("first line") == 1  # each chunk printed once, however many polls it took
+    assert watch.returncode == 0, watch_err
+    assert "COMPLETED" in watched and "tiny" in watched  # the live table, redrawn until the end
+    final = json.loads(_cli("status", run_id, "--json", env_dir=env).stdout)[0]
+    assert final["state"] == "completed"
+
+
 def _q(word: str) -> str:
     import shlex
 
