@@ -24,7 +24,7 @@ from hpctrain.launchers import (
     hyperthreads_for,
     launcher_name,
 )
-from hpctrain.schedulers.base import RenderOptions, Scheduler, get_scheduler
+from hpctrain.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler
 from hpctrain.shell import comment, quote, quote_path
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
@@ -173,6 +173,7 @@ def render_script(
     ).rstrip("\n")
     requeue = scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)
     launch = fill("launch.tmpl", signal=ckpt.signal, timer=timer, timer_stop=timer_stop,
+                  exit_record=exit_record_line(scheduler.job_id_variable),
                   launch_line=" ".join(quote_path(word) for word in launch_argv),
                   requeue="\n".join(requeue)).rstrip("\n")
     text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header),

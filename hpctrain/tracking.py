@@ -17,6 +17,7 @@ from typing import Any
 
 from hpctrain.errors import HpctrainError, TransportError
 from hpctrain.registry import CREATED, SUBMIT_FAILED, Registry, Run
+from hpctrain.schedulers.base import EXIT_LOG
 from hpctrain.schedulers.state import JobState
 from hpctrain.schedulers.status_parsers import JobStatus, is_unknown_job_error
 from hpctrain.transport import LocalTransport, SSHTransport, Transport
@@ -223,9 +224,14 @@ _CHAINS: dict[str, list[tuple[str, list[int]]]] = {
 }
 
 
-def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Sequence[str]) -> str:
+EXIT_RECORD_LINES = 64  # the end of a run's EXIT_LOG read per poll: 2 lines per job of its chain
+
+
+def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Sequence[str],
+                 records: Sequence[str] = ()) -> str:
     """One POSIX sh script: each chain's commands (``a || b``) with their stdout/stderr/exit status
-    between markers, then ``tail -n 1`` of each file in ``tails``."""
+    between markers, then ``tail -n 1`` of each file in ``tails`` and the last EXIT_RECORD_LINES lines of
+    each file in ``records``."""
     lines = [
         't=$(mktemp 2>/dev/null || echo "/tmp/hpctrain-status.$$")',
         f"sec() {{ printf '\\n{_MARK} %s\\n' \"$*\"; }}",
@@ -236,6 +242,8 @@ def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Seque
         lines.append(" || ".join(f"run {name} {shlex.join(argv)}" for name, argv in chain) + " || true")
     for i, path in enumerate(tails):
         lines.append(f"sec tail{i} out; tail -n 1 -- {shlex.quote(path)} 2>/dev/null")
+    for i, path in enumerate(records):
+        lines.append(f"sec rec{i} out; tail -n {EXIT_RECORD_LINES} -- {shlex.quote(path)} 2>/dev/null")
     lines.append('rm -f "$t"; sec end')
     return "\n".join(lines) + "\n"
 
@@ -277,18 +285,21 @@ class GroupPoll:
     metrics: dict[str, dict[str, Any] | None]
     error: str = ""
     sources: tuple[str, ...] = ()  # the commands that answered, e.g. ("sacct -c", "squeue")
+    records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # record path -> its JSON lines
 
 
 def poll_scheduler(transport: Transport, scheduler_name: str, job_ids: list[str],
-                   metrics_paths: Sequence[str] = (), *, timeout: float = STATUS_TIMEOUT_S) -> GroupPoll:
-    """Status of ``job_ids`` and the last metrics record of each path in ONE ``transport.run``."""
+                   metrics_paths: Sequence[str] = (), *, record_paths: Sequence[str] = (),
+                   timeout: float = STATUS_TIMEOUT_S) -> GroupPoll:
+    """Status of ``job_ids``, the last metrics record of each path and the exit records of each of
+    ``record_paths`` (EXIT_LOG files) in ONE ``transport.run``."""
     from hpctrain.schedulers.base import get_scheduler
 
     scheduler = get_scheduler(scheduler_name)
     argvs = scheduler.status_argv(job_ids) if job_ids else []
     plan = _CHAINS.get(scheduler_name, [("live", list(range(len(argvs))))]) if argvs else []
     chains = [[(f"{role}{i}", argvs[i]) for i in idx if i < len(argvs)] for role, idx in plan]
-    script = batch_script(chains, list(metrics_paths))
+    script = batch_script(chains, list(metrics_paths), list(record_paths))
     try:
         done = transport.run(["sh", "-c", script], timeout=timeout, check=False)
     except TransportError as exc:
@@ -325,7 +336,20 @@ def poll_scheduler(transport: Transport, scheduler_name: str, job_ids: list[str]
         metrics[path] = _last_json(sections.get(f"tail{i}", {}).get("out", ""))
     error = "" if statuses is not None else (f"no status command answered on {transport.host}: "
                                              + "; ".join(errors))
-    return GroupPoll(statuses, metrics, error, tuple(sources))
+    records = {path: _json_lines(sections.get(f"rec{i}", {}).get("out", "")) for i, path in enumerate(record_paths)}
+    return GroupPoll(statuses, metrics, error, tuple(sources), records)
+
+
+def _json_lines(text: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out
 
 
 def _last_json(text: str) -> dict[str, Any] | None:
@@ -350,6 +374,49 @@ def poll_local(run_dirs: Mapping[str, str]) -> dict[str, JobStatus]:
         st = local_controller.status(run_dir)
         out[job_id] = JobStatus(job_id, _LOCAL_STATES.get(st.state, JobState.FAILED), st.reason, st.exit_code,
                                 restart_count=st.restarts, raw_state=st.state)
+    return out
+
+
+def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | None, runs: Mapping[str, Run],
+                       records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, JobStatus]:
+    """Statuses completed from the batch scripts' own records (``EXIT_LOG`` of each run directory).
+
+    A job the scheduler no longer lists (MISSING: Cobalt's qstat forgets finished jobs, so does PBS without
+    job history) or that no status command could answer for (``statuses`` None) is resolved from the records
+    that name it: ``resubmit`` (PBS/Cobalt after a checkpoint) → this job COMPLETED and the new job added to
+    the run's chain, then the new job's records in turn (a whole resubmitted job may have run between two
+    polls); ``exit`` with status 0 → COMPLETED, another status → FAILED with that exit code. A new job with
+    no record yet is PENDING until the next poll asks the scheduler about it.
+    """
+    out = dict(statuses or {})
+    for job, run in runs.items():
+        known = out.get(job)
+        if known is not None and known.state is not JobState.MISSING:
+            continue
+        current, seen = job, set()
+        while current not in seen:
+            seen.add(current)
+            mine = [r for r in records.get(job, ()) if r.get("job") == current]
+            last = mine[-1] if mine else None
+            if last is None:
+                if current != job:
+                    out.setdefault(current, JobStatus(current, JobState.PENDING,
+                                                      "resubmitted after a checkpoint; not polled yet"))
+                break
+            new_job, code = last.get("new_job"), last.get("status")
+            if last.get("event") == "resubmit" and isinstance(new_job, str) and new_job:
+                if not any(s.ok and s.job_id == new_job for s in registry.chain(run.run_id)):
+                    registry.add_submission(run.run_id, new_job, "resubmit", ok=True)
+                out[current] = JobStatus(current, JobState.COMPLETED,
+                                         f"stopped at a checkpoint; resubmitted as job {new_job}", exit_code=0)
+                current = new_job
+            elif last.get("event") == "exit" and isinstance(code, int) and not isinstance(code, bool):
+                out[current] = JobStatus(current, JobState.COMPLETED if code == 0 else JobState.FAILED,
+                                         "" if code == 0 else "the job script recorded a non-zero exit",
+                                         exit_code=code)
+                break
+            else:
+                break
     return out
 
 
@@ -404,14 +471,19 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
         if not active and not paths:
             continue
         want_paths = paths if progress else []
-        result = poll_scheduler(pool.get(remote, cfg), sched, list(active), want_paths)
+        exit_logs = {job: f"{run.run_dir}/{EXIT_LOG}" for job, run in active.items()}
+        result = poll_scheduler(pool.get(remote, cfg), sched, list(active), want_paths,
+                                record_paths=list(exit_logs.values()))
         records.update(result.metrics)
-        if result.statuses is not None:
-            record_requeues(registry, result.statuses, active)
-            registry.update_states(result.statuses, site=site)
-        elif active:
-            for run in active.values():
-                errors[run.run_id] = result.error
+        statuses = apply_exit_records(registry, result.statuses, active,
+                                      {job: result.records.get(path, []) for job, path in exit_logs.items()})
+        if statuses:
+            record_requeues(registry, statuses, active)
+            registry.update_states(statuses, site=site)
+        if result.statuses is None:
+            for job, run in active.items():
+                if job not in statuses:
+                    errors[run.run_id] = result.error
     views = []
     for run in runs:
         fresh = registry.get_run(run.run_id)

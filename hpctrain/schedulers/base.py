@@ -23,6 +23,30 @@ if TYPE_CHECKING:
     from hpctrain.schedulers.status_parsers import JobStatus
 
 EXIT_REQUEUE = 75  # what `hpctrain run` exits with after a signal-driven checkpoint (runtime/trainer.py)
+# The batch script's own record of how it ended, one JSON line per event, in the run directory: read by status
+# polling when the scheduler no longer lists a job (Cobalt's qstat, PBS without job history) or did not answer.
+EXIT_LOG = "job-exit.jsonl"
+
+
+def exit_record_line(job_id_variable: str) -> str:
+    """Shell line appending ``{"event": "exit", "job": ID, "status": N}`` to EXIT_LOG (``$status`` is set)."""
+    return (f"printf '{{\"event\": \"exit\", \"job\": \"%s\", \"status\": %s}}\\n' "
+            f'"${{{job_id_variable}:-none}}" "${{status}}" >> {EXIT_LOG} 2>/dev/null || true')
+
+
+def resubmit_action(job_id_variable: str, qsub_line: str) -> list[str]:
+    """Lines that run ``qsub_line`` (submitting this script again) and, when it succeeds, record
+    ``{"event": "resubmit", "job": OLD, "new_job": NEW}`` in EXIT_LOG (the new id is qsub's last output line)
+    and exit 0. The schedulers that cannot requeue a job in place (PBS, Cobalt) use it."""
+    return [
+        f"if new_job=$({qsub_line}); then",
+        "    new_job=$(printf '%s\\n' \"${new_job}\" | tail -n 1)",
+        f"    printf '{{\"event\": \"resubmit\", \"job\": \"%s\", \"new_job\": \"%s\"}}\\n' "
+        f'"${{{job_id_variable}:-none}}" "${{new_job}}" >> {EXIT_LOG} 2>/dev/null || true',
+        '    echo "hpctrain: resubmitted as job ${new_job}"',
+        "    exit 0",
+        "fi",
+    ]
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok", "after")
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.\[\]-]+$")
 _LINE_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")

@@ -23,6 +23,7 @@ from hpctrain.schedulers.base import (
     merged_directives,
     queue_submit_name,
     requeue_block,
+    resubmit_action,
 )
 from hpctrain.shell import directive_word
 
@@ -74,9 +75,8 @@ class Cobalt(Scheduler):
 
     def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
         # Cobalt cannot requeue a job: submit the script again, to start once this job has ended.
-        return requeue_block("HPCTRAIN_RESTART_COUNT", max_requeues, [
-            f'qsub --dependencies "${{COBALT_JOBID}}" --env HPCTRAIN_RESTART_COUNT="$((restarts + 1))" {script_path}'
-            " && exit 0"])
+        return requeue_block("HPCTRAIN_RESTART_COUNT", max_requeues, resubmit_action("COBALT_JOBID", (
+            f'qsub --dependencies "${{COBALT_JOBID}}" --env HPCTRAIN_RESTART_COUNT="$((restarts + 1))" {script_path}')))
 
     def parse_job_id(self, stdout: str) -> str:
         # qsub prints the numeric id on its own line (possibly after warnings).

@@ -21,6 +21,7 @@ from hpctrain.schedulers.base import (
     merged_directives,
     queue_submit_name,
     requeue_block,
+    resubmit_action,
 )
 from hpctrain.shell import directive_word
 
@@ -79,9 +80,8 @@ class PBSPro(Scheduler):
 
     def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
         # PBS cannot requeue from inside a job: submit the same script again, after this job ends.
-        return requeue_block("HPCTRAIN_RESTART_COUNT", max_requeues, [
-            f'qsub -W depend=afterany:"${{PBS_JOBID}}" -v HPCTRAIN_RESTART_COUNT="$((restarts + 1))" {script_path}'
-            " && exit 0"])
+        return requeue_block("HPCTRAIN_RESTART_COUNT", max_requeues, resubmit_action("PBS_JOBID", (
+            f'qsub -W depend=afterany:"${{PBS_JOBID}}" -v HPCTRAIN_RESTART_COUNT="$((restarts + 1))" {script_path}')))
 
     def parse_job_id(self, stdout: str) -> str:
         # qsub prints the full id, e.g. "1234567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov".

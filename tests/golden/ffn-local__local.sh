@@ -37,4 +37,5 @@ while :; do
     kill -0 "${launcher_pid}" 2>/dev/null || break
 done
 echo "hpctrain: launcher exited with status ${status} at $(date)"
+printf '{"event": "exit", "job": "%s", "status": %s}\n' "${HPCTRAIN_LOCAL_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
 exit "${status}"

@@ -64,10 +64,16 @@ while :; do
 done
 kill "${timer_pid}" 2>/dev/null || true
 echo "hpctrain: launcher exited with status ${status} at $(date)"
+printf '{"event": "exit", "job": "%s", "status": %s}\n' "${PBS_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
 restarts="${HPCTRAIN_RESTART_COUNT:-0}"
 if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
     echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
-    qsub -W depend=afterany:"${PBS_JOBID}" -v HPCTRAIN_RESTART_COUNT="$((restarts + 1))" /RUN_DIR/job.sh && exit 0
+    if new_job=$(qsub -W depend=afterany:"${PBS_JOBID}" -v HPCTRAIN_RESTART_COUNT="$((restarts + 1))" /RUN_DIR/job.sh); then
+        new_job=$(printf '%s\n' "${new_job}" | tail -n 1)
+        printf '{"event": "resubmit", "job": "%s", "new_job": "%s"}\n' "${PBS_JOBID:-none}" "${new_job}" >> job-exit.jsonl 2>/dev/null || true
+        echo "hpctrain: resubmitted as job ${new_job}"
+        exit 0
+    fi
     echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
 elif [ "${status}" -eq 75 ]; then
     echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2

@@ -62,6 +62,7 @@ while :; do
     kill -0 "${launcher_pid}" 2>/dev/null || break
 done
 echo "hpctrain: launcher exited with status ${status} at $(date)"
+printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
 restarts="${SLURM_RESTART_COUNT:-0}"
 if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
     echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"

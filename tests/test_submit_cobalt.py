@@ -1,0 +1,141 @@
+"""Cobalt through a STAND-IN: ``tests/standins/cobalt_qsub`` and ``cobalt_qstat`` (no Cobalt exists any more;
+ALCF Theta retired in 2023). What is real: the rendered ``#COBALT`` batch script runs under bash from start to
+end (prologue, signal timer, the local launcher, the exit record, the resubmission block), and hpctrain's
+submission, batched status polling and run registry. What the stand-in fakes: the queue — its ``qsub`` prints a
+new numeric id after a warning line (as Cobalt's does) and runs the script at once in the background with
+``COBALT_JOBID`` set, ignoring ``--dependencies``; its ``qstat -l -f`` lists a job only while that script runs
+and forgets it when it ends, as Cobalt's qstat forgets finished jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain.registry import Registry
+from hpctrain.submission import read_log, submit_runs
+from hpctrain.tracking import TransportPool, is_terminal, poll_runs
+
+STANDINS = Path(__file__).resolve().parent / "standins"
+TINY = """name: tiny-cobalt
+model: resnet
+train: {steps: 2, batch_per_rank: 2, lr: 0.01}
+resources: {nodes: 1, ranks_per_node: 1, walltime: "00:10:00"}
+checkpoint: {signal_lead_s: 30, max_requeues: 2}
+"""
+
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    bin_dir, state = tmp_path / "bin", tmp_path / "cobalt-state"
+    bin_dir.mkdir()
+    state.mkdir()
+    (bin_dir / "qsub").symlink_to(STANDINS / "cobalt_qsub")
+    (bin_dir / "qstat").symlink_to(STANDINS / "cobalt_qstat")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("COBALT_STANDIN", str(state))
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    # A Cobalt site whose ranks start with hpctrain's local launcher from this venv (no aprun here).
+    (tmp_path / "cobalt-standin.yaml").write_text(
+        "name: cobalt-standin\nscheduler: cobalt\nlauncher: local\ncomm_backend: gloo\n"
+        f"remote_root: {tmp_path / 'runs'}\n"
+        "node: {cores: 2, threads_per_core: 1, gpus: 0, memory_gb: 1}\n"
+        f"environment: {{python: {sys.executable}}}\n")
+    return tmp_path
+
+
+def _run_to_the_end(env: Path, command: list[str]) -> tuple[Registry, object, list[str]]:
+    reg = Registry()
+    done = submit_runs(env / "tiny.yaml", str(env / "cobalt-standin.yaml"), command=command, registry=reg)
+    (run,) = done.runs
+    states = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        (view,) = poll_runs(reg, [run], TransportPool())
+        states.append(view.state)
+        if is_terminal(view.state):
+            break
+        time.sleep(0.3)
+    return reg, run, states
+
+
+def test_a_finished_cobalt_job_is_completed_not_missing(env: Path) -> None:
+    """qstat forgets the job when it ends; the script's exit record says how it ended."""
+    reg, run, states = _run_to_the_end(env, ["sh", "-c", "echo cobalt hello"])
+    with reg:
+        assert states[-1] == "completed", states
+        assert "missing" not in states
+        (first,) = reg.chain(run.run_id)
+        assert first.exit_code == 0
+        assert "cobalt hello" in read_log(reg, run)
+        record = json.loads(Path(run.run_dir, "job-exit.jsonl").read_text())
+        assert record == {"event": "exit", "job": first.job_id, "status": 0}
+
+
+def test_a_failed_cobalt_job_is_failed_with_its_exit_code(env: Path) -> None:
+    reg, run, states = _run_to_the_end(env, ["sh", "-c", "exit 3"])
+    with reg:
+        assert states[-1] == "failed", states
+        (first,) = reg.chain(run.run_id)
+        assert first.exit_code == 3
+
+
+def test_a_cobalt_job_stopped_at_a_checkpoint_resubmits_itself_into_the_chain(env: Path) -> None:
+    """The first job exits 75 (as `hpctrain run` after a checkpoint), the script submits itself again with
+    HPCTRAIN_RESTART_COUNT=1 and exits 0; polling finds the new id in the exit record, adds it to the run's
+    chain and follows it to the end."""
+    rank = ('if [ "${HPCTRAIN_RESTART_COUNT:-0}" -ge 1 ]; then echo second run; exit 0; fi; '
+            "echo first run; exit 75")
+    reg, run, states = _run_to_the_end(env, ["sh", "-c", rank])
+    with reg:
+        assert states[-1] == "completed", states
+        chain = reg.chain(run.run_id)
+        assert [(s.kind, s.ok) for s in chain] == [("submit", True), ("resubmit", True)]
+        first, second = chain[0].job_id, chain[1].job_id
+        assert second == str(int(first) + 1)
+        assert chain[0].state == "completed" and chain[1].state == "completed"
+        log = read_log(reg, run)
+        assert log.index("first run") < log.index(f"resubmitted as job {second}") < log.index("second run")
+        records = [json.loads(line) for line in Path(run.run_dir, "job-exit.jsonl").read_text().splitlines()]
+        assert records == [{"event": "exit", "job": first, "status": 75},
+                           {"event": "resubmit", "job": first, "new_job": second},
+                           {"event": "exit", "job": second, "status": 0}]
+
+
+def test_exit_records_resolve_jobs_the_scheduler_did_not_answer_for(tmp_path: Path) -> None:
+    """``apply_exit_records`` on its own: with no scheduler answer at all (None) a job with records is
+    resolved along its resubmission chain, a job without records stays unknown, records of other jobs and
+    broken lines are ignored, and a live answer is never overridden."""
+    from hpctrain.schedulers.state import JobState
+    from hpctrain.schedulers.status_parsers import JobStatus
+    from hpctrain.tracking import apply_exit_records
+
+    with Registry(tmp_path / "reg.db") as reg:
+        runs = {}
+        for job in ("100", "200", "300"):
+            run = reg.create_run("r" + job, "theta", "h", f"/runs/{job}")
+            reg.add_submission(run.run_id, job, "submit", ok=True)
+            runs[job] = run
+        records = {"100": [{"event": "exit", "job": "100", "status": 75},
+                           {"event": "resubmit", "job": "100", "new_job": "101"},
+                           {"event": "exit", "job": "101", "status": 75},
+                           {"event": "resubmit", "job": "101", "new_job": "102"}],
+                   "200": [{"event": "exit", "job": "199", "status": 0}],  # an earlier job of the chain
+                   "300": [{"event": "exit", "job": "300", "status": 0}]}
+        got = apply_exit_records(reg, None, runs, records)
+        assert got["100"].state is JobState.COMPLETED and "resubmitted as job 101" in got["100"].reason_text
+        assert got["101"].state is JobState.COMPLETED and got["102"].state is JobState.PENDING
+        assert [s.job_id for s in reg.chain(runs["100"].run_id)] == ["100", "101", "102"]
+        assert "200" not in got  # nothing known: the caller keeps it unknown and reports the poll error
+        assert got["300"].exit_code == 0
+        live = {"300": JobStatus("300", JobState.RUNNING)}  # a requeued job running again: the scheduler wins
+        assert apply_exit_records(reg, live, {"300": runs["300"]}, records)["300"].state is JobState.RUNNING
+        again = apply_exit_records(reg, None, runs, records)  # a second poll adds no duplicate chain rows
+        assert again["102"].state is JobState.PENDING and len(reg.chain(runs["100"].run_id)) == 3
