@@ -381,18 +381,21 @@ def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | N
                        records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, JobStatus]:
     """Statuses completed from the batch scripts' own records (``EXIT_LOG`` of each run directory).
 
-    A job the scheduler no longer lists (MISSING: Cobalt's qstat forgets finished jobs, so does PBS without
-    job history) or that no status command could answer for (``statuses`` None) is resolved from the records
-    that name it: ``resubmit`` (PBS/Cobalt after a checkpoint) → this job COMPLETED and the new job added to
-    the run's chain, then the new job's records in turn (a whole resubmitted job may have run between two
-    polls); ``exit`` with status 0 → COMPLETED, another status → FAILED with that exit code. A new job with
-    no record yet is PENDING until the next poll asks the scheduler about it.
+    Records are read for every job that is not active: one the scheduler no longer lists (MISSING: Cobalt's
+    qstat forgets finished jobs, so does PBS without job history), one no status command could answer for
+    (``statuses`` None), and one that ended by the scheduler's account (PBS with history still lists a job
+    that resubmitted itself). ``resubmit`` (PBS/Cobalt after a checkpoint) adds the new job to the run's
+    chain and the new job's records are read in turn (a whole resubmitted job may have run between two
+    polls); ``exit`` with status 0 → COMPLETED, another status → FAILED with that exit code. A state the
+    scheduler gave is kept; the records only fill in what it did not say. A new job with no record yet is
+    PENDING until the next poll asks the scheduler about it.
     """
     out = dict(statuses or {})
     for job, run in runs.items():
         known = out.get(job)
-        if known is not None and known.state is not JobState.MISSING:
+        if known is not None and known.state.is_active:
             continue
+        told = known is not None and known.state is not JobState.MISSING  # the scheduler's word stands
         current, seen = job, set()
         while current not in seen:
             seen.add(current)
@@ -407,13 +410,15 @@ def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | N
             if last.get("event") == "resubmit" and isinstance(new_job, str) and new_job:
                 if not any(s.ok and s.job_id == new_job for s in registry.chain(run.run_id)):
                     registry.add_submission(run.run_id, new_job, "resubmit", ok=True)
-                out[current] = JobStatus(current, JobState.COMPLETED,
-                                         f"stopped at a checkpoint; resubmitted as job {new_job}", exit_code=0)
+                if not (told and current == job):
+                    out[current] = JobStatus(current, JobState.COMPLETED,
+                                             f"stopped at a checkpoint; resubmitted as job {new_job}", exit_code=0)
                 current = new_job
             elif last.get("event") == "exit" and isinstance(code, int) and not isinstance(code, bool):
-                out[current] = JobStatus(current, JobState.COMPLETED if code == 0 else JobState.FAILED,
-                                         "" if code == 0 else "the job script recorded a non-zero exit",
-                                         exit_code=code)
+                if not (told and current == job):
+                    out[current] = JobStatus(current, JobState.COMPLETED if code == 0 else JobState.FAILED,
+                                             "" if code == 0 else "the job script recorded a non-zero exit",
+                                             exit_code=code)
                 break
             else:
                 break

@@ -139,3 +139,13 @@ def test_exit_records_resolve_jobs_the_scheduler_did_not_answer_for(tmp_path: Pa
         assert apply_exit_records(reg, live, {"300": runs["300"]}, records)["300"].state is JobState.RUNNING
         again = apply_exit_records(reg, None, runs, records)  # a second poll adds no duplicate chain rows
         assert again["102"].state is JobState.PENDING and len(reg.chain(runs["100"].run_id)) == 3
+        # PBS with job history still lists a job that resubmitted itself, as finished: its state stands, and
+        # the resubmission still joins the chain.
+        run = reg.create_run("r400", "polaris", "h", "/runs/400")
+        reg.add_submission(run.run_id, "400.pbs", "submit", ok=True)
+        ended = {"400.pbs": JobStatus("400.pbs", JobState.COMPLETED, "finished", exit_code=0)}
+        pbs = apply_exit_records(reg, ended, {"400.pbs": run}, {"400.pbs": [
+            {"event": "exit", "job": "400.pbs", "status": 75},
+            {"event": "resubmit", "job": "400.pbs", "new_job": "401.pbs"}]})
+        assert pbs["400.pbs"] == ended["400.pbs"] and pbs["401.pbs"].state is JobState.PENDING
+        assert [s.job_id for s in reg.chain(run.run_id)] == ["400.pbs", "401.pbs"]
