@@ -353,13 +353,8 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
 
 
 def _last_json(text: str) -> dict[str, Any] | None:
-    for line in reversed(text.strip().splitlines()):
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        return value if isinstance(value, dict) else None
-    return None
+    records = _json_lines(text)
+    return records[-1] if records else None
 
 
 _LOCAL_STATES = {s.name: s for s in JobState}

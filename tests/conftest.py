@@ -153,3 +153,15 @@ def sshd() -> SshLogin:
     return SshLogin(config=Path(env["HPCTRAIN_SSH_CONFIG"]), host=env["HPCTRAIN_SSH_HOST"],
                     key=Path(env["HPCTRAIN_SSH_KEY"]), known_hosts=Path(env["HPCTRAIN_SSH_KNOWN_HOSTS"]),
                     port=int(env["HPCTRAIN_SSH_PORT"]))
+
+
+def write_standin_site(directory: Path, name: str, scheduler: str) -> Path:
+    """A site profile ``DIRECTORY/NAME.yaml`` for a stand-in scheduler whose ranks start with hpctrain's local
+    launcher from this venv (no PALS mpiexec or aprun here), runs under ``DIRECTORY/runs``."""
+    path = directory / f"{name}.yaml"
+    path.write_text(
+        f"name: {name}\nscheduler: {scheduler}\nlauncher: local\ncomm_backend: gloo\n"
+        f"remote_root: {directory / 'runs'}\n"
+        "node: {cores: 2, threads_per_core: 1, gpus: 0, memory_gb: 1}\n"
+        f"environment: {{python: {sys.executable}}}\n")
+    return path

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from conftest import write_standin_site
 
 from hpctrain.registry import Registry
 from hpctrain.submission import read_log, submit_runs
@@ -42,12 +42,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("COBALT_STANDIN", str(state))
     (tmp_path / "tiny.yaml").write_text(TINY)
-    # A Cobalt site whose ranks start with hpctrain's local launcher from this venv (no aprun here).
-    (tmp_path / "cobalt-standin.yaml").write_text(
-        "name: cobalt-standin\nscheduler: cobalt\nlauncher: local\ncomm_backend: gloo\n"
-        f"remote_root: {tmp_path / 'runs'}\n"
-        "node: {cores: 2, threads_per_core: 1, gpus: 0, memory_gb: 1}\n"
-        f"environment: {{python: {sys.executable}}}\n")
+    write_standin_site(tmp_path, "cobalt-standin", "cobalt")
     return tmp_path
 
 

@@ -10,12 +10,12 @@ wrapper passes its own ``-o job.sh.o<id>`` to sbatch, overriding ``#PBS -o`` (``
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import write_standin_site
 
 from hpctrain.registry import Registry
 from hpctrain.submission import read_log, submit_runs
@@ -35,12 +35,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     (tmp_path / "tiny.yaml").write_text(TINY)
-    # A PBS site whose ranks start with hpctrain's local launcher from this venv (no PALS mpiexec here).
-    (tmp_path / "pbs-standin.yaml").write_text(
-        "name: pbs-standin\nscheduler: pbs\nlauncher: local\ncomm_backend: gloo\n"
-        f"remote_root: {tmp_path / 'runs'}\n"
-        "node: {cores: 2, threads_per_core: 1, gpus: 0, memory_gb: 1}\n"
-        f"environment: {{python: {sys.executable}}}\n")
+    write_standin_site(tmp_path, "pbs-standin", "pbs")
     return tmp_path
 
 

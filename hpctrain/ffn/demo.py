@@ -171,14 +171,16 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
             f"data.coordinates={prepared['coordinates']}", f"resources.ranks_per_node={ranks}",
             f"model_args.image_mean={prepared['image_mean']}", f"model_args.image_stddev={prepared['image_stddev']}"]
     sets.append("data.train.synthetic=null")
+    single = job.model_args.get("single_fov_steps")
+    single_fov_steps = single if isinstance(single, int) else 0
     if steps:
         sets.append(f"train.steps={steps}")
         warmup = job.train.warmup.steps or 0
         if warmup >= steps:  # a quick run: keep room for the decay after the warm-up
             sets.append(f"train.warmup.steps={steps // 2}")
-        single = job.model_args.get("single_fov_steps")
-        if isinstance(single, int) and job.train.steps:  # keep the job's share of bare-seed steps
-            sets.append(f"model_args.single_fov_steps={single * steps // job.train.steps}")
+        if single_fov_steps and job.train.steps:  # keep the job's share of bare-seed steps
+            single_fov_steps = single_fov_steps * steps // job.train.steps
+            sets.append(f"model_args.single_fov_steps={single_fov_steps}")
     t_train = time.perf_counter()
     run_dir = train(job_path, sets, out / "runs", ranks)
     train_seconds = time.perf_counter() - t_train
@@ -200,9 +202,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
               "baseline_best_threshold": best_threshold_baseline(image, truth),
               "one_segment": score(np.ones_like(truth), truth)}
     png = out / "demo.png"
-    run_job = load_job(run_dir / "job.yaml")
-    plot(png, run_dir / "metrics.jsonl", image, truth, ffn_seg, base_seg, scores,
-         movement_from=int(run_job.model_args.get("single_fov_steps", 0) or 0))
+    plot(png, run_dir / "metrics.jsonl", image, truth, ffn_seg, base_seg, scores, movement_from=single_fov_steps)
     total = time.perf_counter() - started
     (out / "scores.json").write_text(json.dumps(
         {**scores, "seconds": {"training": round(train_seconds, 1), "segmentation": round(summary["seconds"], 1),
