@@ -8,7 +8,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_LAZY = {"submit": "hpctrain.submission", "RunHandle": "hpctrain.submission"}
+_LAZY = {"submit": "hpctrain.submission.api", "RunHandle": "hpctrain.submission.api"}
 
 
 def __getattr__(name: str) -> Any:

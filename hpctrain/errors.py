@@ -6,11 +6,13 @@ CLI prints ``str(error)`` on one line and exits with ``error.exit_code``, never 
 
 from __future__ import annotations
 
+from hpctrain import exit_codes
+
 
 class HpctrainError(Exception):
     """Base of every error meant for a user. ``exit_code`` is what the CLI exits with."""
 
-    exit_code = 1
+    exit_code = exit_codes.EXIT_ERROR
 
     def __init__(self, message: str, *, hint: str | None = None) -> None:
         self.message = message
@@ -24,7 +26,7 @@ class HpctrainError(Exception):
 class ConfigError(HpctrainError):
     """A site profile or job spec is invalid: names the file, line and key."""
 
-    exit_code = 2
+    exit_code = exit_codes.EXIT_CONFIG
 
     def __init__(
         self,
@@ -68,28 +70,28 @@ class FitError(ConfigError):
 class SchedulerError(HpctrainError):
     """A scheduler command failed (sbatch refused a script, qstat unreachable, ...)."""
 
-    exit_code = 3
+    exit_code = exit_codes.EXIT_SCHEDULER
 
 
 class TransportError(HpctrainError):
     """Running a command on a remote login node failed (unreachable, authentication, disk full)."""
 
-    exit_code = 4
+    exit_code = exit_codes.EXIT_TRANSPORT
 
 
 class RuntimeFailure(HpctrainError):
     """The training runtime failed: a dead or stuck rank, a collective timeout, a bad dataset."""
 
-    exit_code = 5
+    exit_code = exit_codes.EXIT_RUNTIME
 
 
 class DataError(HpctrainError):
     """A dataset is missing, malformed or of the wrong type."""
 
-    exit_code = 2
+    exit_code = exit_codes.EXIT_CONFIG
 
 
 class CheckpointError(HpctrainError):
     """No valid checkpoint could be read, or one could not be written."""
 
-    exit_code = 6
+    exit_code = exit_codes.EXIT_CHECKPOINT

@@ -17,7 +17,7 @@ if str(ROOT) not in sys.path:
 from hpctrain.config.job import load_job  # noqa: E402
 from hpctrain.config.site import SiteProfile, load_site_file  # noqa: E402
 from hpctrain.errors import ConfigError  # noqa: E402
-from hpctrain.render import render_script  # noqa: E402
+from hpctrain.submission.render import render_script  # noqa: E402
 
 GOLDEN = ROOT / "tests" / "golden"
 RUN_DIR = "/RUN_DIR"

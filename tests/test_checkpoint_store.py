@@ -24,8 +24,9 @@ import pytest
 import torch
 
 from hpctrain.checkpoint import store as store_mod
+from hpctrain.checkpoint.manifest import MANIFEST, MARKER, SHARED, file_digest, rank_filename, step_dirname
 from hpctrain.checkpoint.rng import capture_rng_state, restore_rng_state
-from hpctrain.checkpoint.store import MANIFEST, MARKER, SHARED, CheckpointStore, rank_filename, step_dirname
+from hpctrain.checkpoint.store import CheckpointStore
 from hpctrain.errors import CheckpointError
 
 torch.set_num_threads(1)
@@ -89,7 +90,7 @@ def test_round_trip_and_manifest(tmp_path: Path) -> None:
     (entry,) = manifest["checkpoints"]
     assert entry["step"] == 1200 and entry["world_size"] == 1 and entry["checksum"] == "sha256"
     for f in entry["files"]:
-        size, digest = store_mod.file_digest(path / f["name"], "sha256")
+        size, digest = file_digest(path / f["name"], "sha256")
         assert (size, digest) == (f["bytes"], f["digest"])
 
     ckpt = s.latest_valid()

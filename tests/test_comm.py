@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from hpctrain.errors import ConfigError, RuntimeFailure
+from hpctrain.launch_env import LaunchEnv
 from hpctrain.runtime.comm import (
     SingleProcessCommunicator,
     make_communicator,
     port_from_job_id,
     rendezvous_address,
 )
-from hpctrain.runtime.env import LaunchEnv
 from hpctrain.runtime.watchdog import Pending, Watchdog
 
 ROOT = Path(__file__).resolve().parents[1]

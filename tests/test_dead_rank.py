@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from hpctrain.registry import Registry
-from hpctrain.submission import RunHandle, submit_runs
+from hpctrain.submission.api import RunHandle, submit_runs
+from hpctrain.submission.registry import Registry
 
 pytestmark = pytest.mark.timeout(240)
 REPO = Path(__file__).resolve().parent.parent

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import RuntimeFailure
-from hpctrain.runtime.env import (
+from hpctrain.launch_env import (
     LaunchEnv,
     detect_launch_env,
     expand_slurm_nodelist,
@@ -193,6 +193,6 @@ def test_pals_without_local_size_uses_nodefile(tmp_path: Path) -> None:
 
 
 def test_module_imports_no_torch() -> None:
-    code = "import sys, hpctrain.runtime.env; print('torch' in sys.modules, 'mpi4py' in sys.modules)"
+    code = "import sys, hpctrain.launch_env; print('torch' in sys.modules, 'mpi4py' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False False"

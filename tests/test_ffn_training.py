@@ -252,7 +252,8 @@ def test_one_step_on_two_ranks_equals_one_rank_on_the_whole_batch(tmp_path: Path
     helper = repo / "tests" / "mp_helpers" / "ffn_step.py"
     env = {**os.environ, "PYTHONPATH": str(repo)}
     for ranks in (1, 2):
-        out = subprocess.run([sys.executable, "-m", "hpctrain.local_launch", "--nprocs", str(ranks), "--",
+        out = subprocess.run([sys.executable, "-m", "hpctrain.submission.launchers.local_launch",
+                              "--nprocs", str(ranks), "--",
                               sys.executable, str(helper), str(tmp_path / f"r{ranks}.pt"), "4"],
                              capture_output=True, text=True, env=env, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr

@@ -17,8 +17,7 @@ import pytest
 
 from hpctrain.config.site import NodeShape, SiteProfile
 from hpctrain.errors import ConfigError
-from hpctrain.gpu_affinity import local_rank, visible_devices
-from hpctrain.launchers import (
+from hpctrain.submission.launchers import (
     LAUNCHERS,
     LaunchPlan,
     cpus_per_rank_for,
@@ -26,6 +25,7 @@ from hpctrain.launchers import (
     hyperthreads_for,
     launcher_name,
 )
+from hpctrain.submission.launchers.gpu_affinity import local_rank, visible_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = ROOT / ".venv" / "bin" / "mpiexec"
@@ -75,14 +75,15 @@ def test_pals_mpiexec_wraps_gpu_ranks_in_the_affinity_helper() -> None:
                       gpu_kind="nvidia", python="/venv/bin/python")
     assert get_launcher("mpiexec-pals")(CMD, plan) == [
         "mpiexec", "-n", "8", "--ppn", "4", "--depth", "8", "--cpu-bind", "depth", "--env", "OMP_NUM_THREADS=8",
-        "/venv/bin/python", "-m", "hpctrain.gpu_affinity", "--kind", "nvidia", "--gpus-per-rank", "1", "--", *CMD]
+        "/venv/bin/python", "-m", "hpctrain.submission.launchers.gpu_affinity", "--kind", "nvidia",
+        "--gpus-per-rank", "1", "--", *CMD]
 
 
 def test_hydra_mpiexec_and_local_argv() -> None:
     plan = LaunchPlan(nodes=1, ranks_per_node=3, python="/usr/bin/python3")
     assert get_launcher("mpiexec-hydra")(CMD, plan) == ["mpiexec", "-n", "3", "-ppn", "3", *CMD]
     assert get_launcher("local")(CMD, plan) == [
-        "/usr/bin/python3", "-m", "hpctrain.local_launch", "--nprocs", "3", "--", *CMD]
+        "/usr/bin/python3", "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", "3", "--", *CMD]
     with pytest.raises(ConfigError, match="one machine"):
         get_launcher("local")(CMD, LaunchPlan(nodes=2, ranks_per_node=1))
 
@@ -106,7 +107,8 @@ def test_gpu_affinity_reads_the_first_local_rank_variable() -> None:
 
 def test_gpu_affinity_module_sets_the_variable_and_execs() -> None:
     env = {**os.environ, "PALS_LOCAL_RANKID": "1", "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "hpctrain.gpu_affinity", "--kind", "amd", "--gpus-per-rank", "2",
+    out = subprocess.run([sys.executable, "-m", "hpctrain.submission.launchers.gpu_affinity", "--kind", "amd",
+                          "--gpus-per-rank", "2",
                           "--", "printenv", "ROCR_VISIBLE_DEVICES"], env=env, capture_output=True, text=True,
                          timeout=30, check=True)
     assert out.stdout.strip() == "2,3"
@@ -199,4 +201,4 @@ def test_pals_line_against_a_recording_stand_in_gives_each_local_rank_its_gpu(tm
     assert sorted(out.stdout.split()) == ["0:0", "1:1", "2:0", "3:1"]
     rec = json.loads(record.read_text().splitlines()[0])
     assert rec["opts"]["--ppn"] == "2" and rec["opts"]["--cpu-bind"] == "depth"
-    assert rec["command"][1:3] == ["-m", "hpctrain.gpu_affinity"]
+    assert rec["command"][1:3] == ["-m", "hpctrain.submission.launchers.gpu_affinity"]

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import HpctrainError
-from hpctrain.registry import (
+from hpctrain.submission.registry import (
     SCHEMA_VERSION,
     SUBMIT_FAILED,
     Registry,
     default_registry_path,
     new_run_id,
 )
-from hpctrain.schedulers.state import JobState
-from hpctrain.schedulers.status_parsers import JobStatus
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.schedulers.status_parsers import JobStatus
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ import pytest
 from hpctrain.config.job import JobSpec, load_job
 from hpctrain.config.site import SiteProfile, load_site_file
 from hpctrain.errors import ConfigError, FitError, SchedulerError
-from hpctrain.render import render_script
-from hpctrain.schedulers.base import get_scheduler
-from hpctrain.schedulers.state import JobState
-from hpctrain.shell import quote, quote_path
+from hpctrain.submission.render import render_script
+from hpctrain.submission.schedulers.base import get_scheduler
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.shell import quote, quote_path
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("refresh_golden", ROOT / "scripts" / "refresh_golden.py")
@@ -313,8 +313,9 @@ def test_pbs_and_cobalt_contract() -> None:
 
 
 def test_render_path_imports_no_heavy_modules() -> None:
-    code = ("import sys, hpctrain.render, hpctrain.schedulers.slurm, hpctrain.schedulers.pbs, "
-            "hpctrain.schedulers.cobalt, hpctrain.gpu_affinity; "
+    code = ("import sys, hpctrain.submission.render, hpctrain.submission.schedulers.slurm, "
+            "hpctrain.submission.schedulers.pbs, "
+            "hpctrain.submission.schedulers.cobalt, hpctrain.submission.launchers.gpu_affinity; "
             "print(sorted(m for m in ('torch', 'numpy', 'mpi4py', 'jinja2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.stdout.strip() == "[]", out.stderr

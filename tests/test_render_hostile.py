@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from hpctrain.config.job import load_job
 from hpctrain.config.site import load_site_file
 from hpctrain.errors import ConfigError
-from hpctrain.render import render_script
+from hpctrain.submission.render import render_script
 
 CANARY = "CANARY"  # replaced by a real path per example
 TEMPLATES = [

@@ -16,8 +16,8 @@ import pytest
 from hpctrain.config.job import JobSpec, load_job
 from hpctrain.config.site import load_site_file
 from hpctrain.errors import FitError
-from hpctrain.render import render_script
-from hpctrain.schedulers.state import JobState
+from hpctrain.submission.render import render_script
+from hpctrain.submission.schedulers.state import JobState
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
@@ -77,7 +77,7 @@ def test_impossible_specs_are_refused_before_sbatch(resources: dict[str, object]
 
 
 def _wait_for(job_id: str, states: set[JobState], timeout_s: float) -> JobState:
-    from hpctrain.schedulers.base import get_scheduler
+    from hpctrain.submission.schedulers.base import get_scheduler
 
     slurm = get_scheduler("slurm")
     argv = slurm.status_argv([job_id])[3]  # scontrol: works without accounting

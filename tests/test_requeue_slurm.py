@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 
-from hpctrain.registry import Registry
-from hpctrain.submission import RunHandle, submit_runs
-from hpctrain.tracking import TransportPool, poll_runs
+from hpctrain.submission.api import RunHandle, submit_runs
+from hpctrain.submission.registry import Registry
+from hpctrain.submission.tracking import TransportPool, poll_runs
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parent.parent

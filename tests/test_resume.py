@@ -66,7 +66,8 @@ def launch(spec: Path, run_dir: Path, *, nprocs: int = 2, launcher: str = "gloo"
     if launcher == "mpi":
         argv = [str(VENV_BIN / "mpiexec"), "-n", str(nprocs), *run, "--backend", "mpi"]
     else:
-        argv = [sys.executable, "-m", "hpctrain.local_launch", "--nprocs", str(nprocs), "--", *run, "--backend", "gloo"]
+        argv = [sys.executable, "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", str(nprocs), "--",
+                *run, "--backend", "gloo"]
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARIABLES and not k.startswith("HPCTRAIN_")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
     if stop_at is not None:

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 
 from hpctrain.errors import HpctrainError
-from hpctrain.registry import Registry
-from hpctrain.resume import resume_run
-from hpctrain.submission import RunHandle, submit_runs
+from hpctrain.submission.api import RunHandle, submit_runs
+from hpctrain.submission.registry import Registry
+from hpctrain.submission.resume import resume_run
 
 pytestmark = pytest.mark.timeout(420)
 SPEC = """name: {name}

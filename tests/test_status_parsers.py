@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hpctrain.schedulers import status_parsers as sp
-from hpctrain.schedulers.state import (
+from hpctrain.submission.schedulers import status_parsers as sp
+from hpctrain.submission.schedulers.state import (
     COBALT_STATES,
     PBS_STATES,
     SLURM_STATES,
@@ -22,7 +22,7 @@ from hpctrain.schedulers.state import (
     slurm_reason,
     slurm_state,
 )
-from hpctrain.schedulers.status_parsers import JobStatus
+from hpctrain.submission.schedulers.status_parsers import JobStatus
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
-from hpctrain.registry import SUBMIT_FAILED, Registry
-from hpctrain.schedulers.state import JobState
-from hpctrain.schedulers.status_parsers import JobStatus
-from hpctrain.submission import RunHandle, parse_after, parse_array, submit, submit_runs
-from hpctrain.tracking import (
+from hpctrain.submission.api import RunHandle, parse_after, parse_array, submit, submit_runs
+from hpctrain.submission.registry import SUBMIT_FAILED, Registry
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.schedulers.status_parsers import JobStatus
+from hpctrain.submission.tracking import (
     TransportPool,
     batch_script,
     combine,
@@ -26,7 +26,7 @@ from hpctrain.tracking import (
     poll_runs,
     split_sections,
 )
-from hpctrain.transport import LocalTransport
+from hpctrain.submission.transport import LocalTransport
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = """name: tiny

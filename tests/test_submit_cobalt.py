@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from conftest import write_standin_site
 
-from hpctrain.registry import Registry
-from hpctrain.submission import read_log, submit_runs
-from hpctrain.tracking import TransportPool, is_terminal, poll_runs
+from hpctrain.submission.api import read_log, submit_runs
+from hpctrain.submission.registry import Registry
+from hpctrain.submission.tracking import TransportPool, is_terminal, poll_runs
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 TINY = """name: tiny-cobalt
@@ -108,9 +108,9 @@ def test_exit_records_resolve_jobs_the_scheduler_did_not_answer_for(tmp_path: Pa
     """``apply_exit_records`` on its own: with no scheduler answer at all (None) a job with records is
     resolved along its resubmission chain, a job without records stays unknown, records of other jobs and
     broken lines are ignored, and a live answer is never overridden."""
-    from hpctrain.schedulers.state import JobState
-    from hpctrain.schedulers.status_parsers import JobStatus
-    from hpctrain.tracking import apply_exit_records
+    from hpctrain.submission.schedulers.state import JobState
+    from hpctrain.submission.schedulers.status_parsers import JobStatus
+    from hpctrain.submission.tracking import apply_exit_records
 
     with Registry(tmp_path / "reg.db") as reg:
         runs = {}

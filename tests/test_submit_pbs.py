@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from conftest import write_standin_site
 
-from hpctrain.registry import Registry
-from hpctrain.submission import read_log, submit_runs
-from hpctrain.tracking import TransportPool, poll_runs
+from hpctrain.submission.api import read_log, submit_runs
+from hpctrain.submission.registry import Registry
+from hpctrain.submission.tracking import TransportPool, poll_runs
 
 pytestmark = pytest.mark.slurm
 TINY = """name: tiny-pbs

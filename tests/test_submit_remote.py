@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from hpctrain.errors import TransportError
-from hpctrain.registry import SUBMIT_FAILED, Registry
-from hpctrain.submission import cancel_run, read_log, submit_runs
-from hpctrain.tracking import TransportPool, poll_runs
-from hpctrain.transport import Completed, SSHTransport
+from hpctrain.submission.api import cancel_run, read_log, submit_runs
+from hpctrain.submission.registry import SUBMIT_FAILED, Registry
+from hpctrain.submission.tracking import TransportPool, poll_runs
+from hpctrain.submission.transport import Completed, SSHTransport
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 from hpctrain.errors import HpctrainError, TransportError
-from hpctrain.registry import SUBMIT_FAILED, Registry
-from hpctrain.submission import RunHandle, cancel_run, submit_runs
-from hpctrain.tracking import TransportPool, poll_runs, poll_scheduler
-from hpctrain.transport import Completed, LocalTransport
+from hpctrain.submission.api import RunHandle, cancel_run, submit_runs
+from hpctrain.submission.registry import SUBMIT_FAILED, Registry
+from hpctrain.submission.tracking import TransportPool, poll_runs, poll_scheduler
+from hpctrain.submission.transport import Completed, LocalTransport
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent

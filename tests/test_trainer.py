@@ -60,7 +60,8 @@ def rank_command(launcher: str, nprocs: int, spec: Path, run_dir: Path, *extra: 
     run = [sys.executable, "-m", "hpctrain", "run", str(spec), "--run-dir", str(run_dir), *extra]
     if launcher == "mpi":
         return [str(MPIEXEC), "-n", str(nprocs), *run, "--backend", "mpi"]
-    return [sys.executable, "-m", "hpctrain.local_launch", "--nprocs", str(nprocs), "--", *run, "--backend", "gloo"]
+    return [sys.executable, "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", str(nprocs), "--",
+            *run, "--backend", "gloo"]
 
 
 def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from hpctrain.errors import TransportError
-from hpctrain.transport import (
+from hpctrain.submission.transport import (
     CommandFailed,
     LocalTransport,
     SSHTransport,

@@ -12,10 +12,9 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
@@ -24,89 +23,32 @@ from typing import Any, BinaryIO
 
 import torch
 
+from hpctrain.checkpoint.manifest import (
+    DEFAULT_CHECKSUM,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    MARKER,
+    SHARED,
+    STEP_DIR,
+    Checkpoint,
+    FileRecord,
+    file_problem,
+    rank_filename,
+    read_entries,
+    step_dirname,
+)
 from hpctrain.errors import CheckpointError
 
 log = logging.getLogger("hpctrain.checkpoint")
 
-FORMAT = "hpctrain-checkpoint"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
-MARKER = "complete.json"  # per-step copy of the manifest entry; the manifest is rebuilt from these
-SHARED = "shared.pt"
-DEFAULT_CHECKSUM = "sha256"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _OVERLAP_MIN = 1 << 20  # chunks at least this big are hashed in a second thread while written
 
 Gather = Callable[[Any], list[Any]]
 
 
-def step_dirname(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def rank_filename(rank: int) -> str:
-    return f"rank-{rank:05d}.pt"
-
-
 def _single_gather(obj: Any) -> list[Any]:
     return [obj]
-
-
-@dataclass(frozen=True)
-class FileRecord:
-    """One file of a checkpoint as the manifest records it."""
-
-    name: str
-    bytes: int
-    digest: str
-    rank: int | None = None  # None for shared.pt
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "bytes": self.bytes, "digest": self.digest, "rank": self.rank}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> FileRecord:
-        rank = d.get("rank")
-        return cls(str(d["name"]), int(d["bytes"]), str(d["digest"]), None if rank is None else int(rank))
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A complete checkpoint: its step directory, the world size that wrote it and its files."""
-
-    step: int
-    path: Path
-    world_size: int
-    files: tuple[FileRecord, ...]
-    checksum: str
-    created: str
-
-    def file(self, name: str) -> FileRecord | None:
-        return next((f for f in self.files if f.name == name), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "dir": self.path.name,
-            "world_size": self.world_size,
-            "format_version": FORMAT_VERSION,
-            "checksum": self.checksum,
-            "created": self.created,
-            "files": [f.to_json() for f in self.files],
-        }
-
-    @classmethod
-    def from_json(cls, root: Path, d: dict[str, Any]) -> Checkpoint:
-        if int(d.get("format_version", -1)) > FORMAT_VERSION:
-            raise ValueError(f"format version {d['format_version']} is newer than this hpctrain reads")
-        return cls(
-            step=int(d["step"]),
-            path=root / str(d["dir"]),
-            world_size=int(d["world_size"]),
-            files=tuple(FileRecord.from_json(f) for f in d["files"]),
-            checksum=str(d["checksum"]),
-            created=str(d["created"]),
-        )
 
 
 # ------------------------------------------------------------------------------------- atomic writing
@@ -205,19 +147,6 @@ def write_atomic(
 def _write_json(final: Path, obj: Any, *, sync_dir: bool = True) -> FileRecord:
     text = (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode()
     return write_atomic(final, lambda f: f.write(text), sync_dir=sync_dir)
-
-
-def file_digest(path: Path, checksum: str) -> tuple[int, str]:
-    """(size, hex digest) of a file, read in 8 MiB chunks."""
-    h = hashlib.new(checksum)
-    size = 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(8 << 20)
-        view = memoryview(buf)
-        while n := f.readinto(buf):
-            h.update(view[:n])
-            size += n
-    return size, h.hexdigest()
 
 
 # ------------------------------------------------------------------------------------- background saves
@@ -416,7 +345,7 @@ class CheckpointStore:
         """Rank 0: marker, one fsync of the step directory, manifest, then delete what is not kept."""
         _write_json(ckpt.path / MARKER, ckpt.to_json(), sync_dir=False)
         _fsync_dir(ckpt.path)  # shared.pt, rank-00000.pt and the marker renames become durable together
-        entries, _ = self._entries()
+        entries, _ = read_entries(self.directory)
         older = [e for e in entries if e.step < ckpt.step]  # later steps belong to an abandoned timeline
         kept = older[len(older) - (self.keep - 1) :] if self.keep > 1 else []
         kept.append(ckpt)
@@ -430,7 +359,7 @@ class CheckpointStore:
         # The list is fixed now, on the committing thread: a later save's directory (which may be written
         # while a background prune runs) is never on it.
         stale = [child for child in self.directory.iterdir()
-                 if _STEP_DIR.match(child.name) and child.name not in keep_dirs and child.is_dir()]
+                 if STEP_DIR.fullmatch(child.name) and child.name not in keep_dirs and child.is_dir()]
         if prune_in_background:
             _writer_pool().submit(self._delete, stale)
         else:
@@ -451,7 +380,7 @@ class CheckpointStore:
         """[message, hint] for a failed write; JSON-able so it can travel through gather."""
         reason = e.strerror or str(e)
         who = f"rank {self.rank}: " if self.world_size > 1 else ""
-        entries, _ = self._entries(quiet=True)
+        entries, _ = read_entries(self.directory)
         prev = (
             f"the previous checkpoint (step {entries[-1].step}) is intact"
             if entries
@@ -470,33 +399,7 @@ class CheckpointStore:
 
     def checkpoints(self) -> list[Checkpoint]:
         """Complete checkpoints by increasing step (from the manifest, or rebuilt if it is unreadable)."""
-        return self._entries(quiet=True)[0]
-
-    def _entries(self, quiet: bool = False) -> tuple[list[Checkpoint], str | None]:
-        """(complete checkpoints by step, problem with the manifest or None)."""
-        path = self.directory / MANIFEST
-        try:
-            data = json.loads(path.read_text())
-            if data.get("format") != FORMAT:
-                raise ValueError(f"not an {FORMAT} manifest")
-            entries = [Checkpoint.from_json(self.directory, d) for d in data["checkpoints"]]
-            return sorted(entries, key=lambda c: c.step), None
-        except FileNotFoundError:
-            problem = f"manifest {path} is missing"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            problem = f"manifest {path} is unreadable ({type(e).__name__}: {e})"
-        rebuilt = list(self._markers())
-        if not rebuilt:  # a fresh directory: nothing to warn about
-            return [], None
-        return sorted(rebuilt, key=lambda c: c.step), f"{problem}; rebuilt from {MARKER} markers"
-
-    def _markers(self) -> Iterator[Checkpoint]:
-        if not self.directory.is_dir():
-            return
-        for child in self.directory.iterdir():
-            if _STEP_DIR.match(child.name):
-                with suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-                    yield Checkpoint.from_json(self.directory, json.loads((child / MARKER).read_text()))
+        return read_entries(self.directory)[0]
 
     def _problem(self, ckpt: Checkpoint, verify: bool) -> str | None:
         """Why this rank cannot use ``ckpt`` (its shared file and, same world size, its own rank file)."""
@@ -505,33 +408,14 @@ class CheckpointStore:
             own = rank_filename(self.rank)
             if ckpt.file(own) is not None:
                 names.append(own)
-        for name in names:
-            rec = ckpt.file(name)
-            path = ckpt.path / name
-            if rec is None:
-                return f"{path} is not recorded in the manifest"
-            try:
-                size = path.stat().st_size
-            except OSError as e:
-                return f"{path} cannot be read: {e.strerror or e}"
-            if size != rec.bytes:
-                return f"{path} is truncated or wrong: {size} bytes, the manifest says {rec.bytes}"
-            if verify:
-                try:
-                    _, digest = file_digest(path, ckpt.checksum)
-                except OSError as e:
-                    return f"{path} cannot be read: {e.strerror or e}"
-                if digest != rec.digest:
-                    return f"{path} is corrupt: {ckpt.checksum} {digest[:12]}…, the manifest says {rec.digest[:12]}…"
-        return None
+        return file_problem(ckpt, names, verify)
 
     def latest_valid(self, verify: bool = True) -> Checkpoint | None:
         """The newest checkpoint every rank can read (sizes, and checksums when ``verify``); collective.
 
         Skipped checkpoints and a rebuilt manifest are reported in ONE warning line (rank 0 logs it).
         """
-        entries, manifest_problem = self._entries()
-        problems = [manifest_problem] if manifest_problem else []
+        entries, problems = read_entries(self.directory)
         chosen: Checkpoint | None = None
         for ckpt in reversed(entries):
             found = self._gather(self._problem(ckpt, verify))

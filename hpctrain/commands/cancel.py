@@ -13,9 +13,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from hpctrain.registry import Registry
-    from hpctrain.submission import cancel_run
-    from hpctrain.tracking import TransportPool
+    from hpctrain.submission.api import cancel_run
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.tracking import TransportPool
 
     pool = TransportPool()
     with Registry() as registry:

@@ -47,17 +47,19 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def resolve_checkpoint(path: str) -> str:
-    """A run's checkpoint directory stands for the newest valid checkpoint's shared file in it."""
+    """A run's checkpoint directory stands for the newest checkpoint in it whose shared file checks out
+    against the manifest (size and checksum); skipped checkpoints are reported on stderr."""
+    import sys
     from pathlib import Path
 
-    p = Path(path)
-    if p.is_dir() and not any(p.glob("*.pt")):
-        from hpctrain.checkpoint.store import SHARED, CheckpointStore
+    from hpctrain.checkpoint.manifest import newest_shared_file
 
-        latest = CheckpointStore(p).latest_valid()
-        if latest is not None:
-            return str(latest.path / SHARED)
-    return path
+    if not Path(path).is_dir():
+        return path
+    shared, problems = newest_shared_file(path)
+    for problem in problems:
+        print(f"hpctrain: warning: {problem}", file=sys.stderr)
+    return str(shared)
 
 
 def cmd_segment(args: argparse.Namespace) -> int:

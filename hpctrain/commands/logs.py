@@ -18,9 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from hpctrain.registry import Registry
-    from hpctrain.submission import read_log
-    from hpctrain.tracking import TransportPool, is_terminal, poll_runs
+    from hpctrain.submission.api import read_log
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.tracking import TransportPool, is_terminal, poll_runs
 
     pool = TransportPool()
     with Registry() as registry:

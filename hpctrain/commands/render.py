@@ -22,7 +22,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hpctrain.config.site import load_site
-    from hpctrain.render import render_script
+    from hpctrain.submission.render import render_script
 
     job = load_job_from_args(args)
     site = load_site(args.site)

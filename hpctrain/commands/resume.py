@@ -19,10 +19,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from hpctrain.registry import Registry
-    from hpctrain.resume import resume_run
-    from hpctrain.submission import RunHandle
-    from hpctrain.tracking import TransportPool
+    from hpctrain.submission.api import RunHandle
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.resume import resume_run
+    from hpctrain.submission.tracking import TransportPool
 
     pool = TransportPool()
     with Registry() as registry:

@@ -21,10 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _rank() -> str:
-    for name in ("RANK", "PMI_RANK", "SLURM_PROCID", "PALS_RANKID", "ALPS_APP_PE", "OMPI_COMM_WORLD_RANK"):
-        if name in os.environ:
-            return os.environ[name]
-    return "0"
+    from hpctrain.launch_env import rank_label
+
+    return rank_label(os.environ)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -34,6 +33,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpctrain.checkpoint.signals import catch_early_signals
     from hpctrain.config.job import load_job
     from hpctrain.errors import HpctrainError
+    from hpctrain.exit_codes import EXIT_REQUEUE
 
     catch_early_signals(os.environ.get("HPCTRAIN_STOP_SIGNAL", "USR2"))
     # hpctrain's local launcher prefixes every line with the rank already.
@@ -46,7 +46,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, sets=args.sets)
     run_dir = Path(args.run_dir or Path("runs") / job.name)
     try:
-        from hpctrain.runtime.trainer import EXIT_REQUEUE, train
+        from hpctrain.runtime.trainer import train
 
         outcome = train(job, run_dir, backend=args.backend, check_sync_every=args.check_sync)
     except HpctrainError as exc:

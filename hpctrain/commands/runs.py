@@ -17,8 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_json, print_table
-    from hpctrain.registry import Registry
-    from hpctrain.tracking import view_of
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.tracking import view_of
 
     with Registry() as registry:
         runs = registry.list_runs(site=args.site)

@@ -56,8 +56,8 @@ def _rich_table(views: list[Any]) -> Any:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_json, print_table
-    from hpctrain.registry import Registry
-    from hpctrain.tracking import TransportPool, is_terminal, poll_runs
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.tracking import TransportPool, is_terminal, poll_runs
 
     pool = TransportPool()
     with Registry() as registry:

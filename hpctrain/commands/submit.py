@@ -30,9 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from hpctrain.registry import Registry
-    from hpctrain.submission import RunHandle, shell_command, submit_runs
-    from hpctrain.tracking import TransportPool
+    from hpctrain.submission.api import RunHandle, shell_command, submit_runs
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.tracking import TransportPool
 
     pool = TransportPool()
     with Registry() as registry:

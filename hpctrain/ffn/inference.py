@@ -442,23 +442,20 @@ def load_model(
 ) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     """Load ``torch.save({'model': state_dict, 'model_args': {...}})``; returns (model, model_args, ckpt).
 
-    A directory is accepted and its newest ``*.pt``/``*.pth`` file used. ``model_args`` keys that
+    A checkpoint directory written by training is accepted: the newest checkpoint whose shared file matches
+    the manifest (``checkpoint.manifest.newest_shared_file``) is used. ``model_args`` keys that
     ``ConvStack3D`` does not take (``deltas``, ...) are kept for the caller but not passed to it.
     """
     import inspect
 
     import torch
 
+    from hpctrain.checkpoint.manifest import newest_shared_file
     from hpctrain.ffn.model import ConvStack3D
 
     path = Path(checkpoint_path)
-    if path.is_dir():
-        files = sorted(
-            (p for p in path.iterdir() if p.suffix in (".pt", ".pth")), key=lambda p: p.stat().st_mtime
-        )
-        if not files:
-            raise CheckpointError(f"checkpoint directory {path} holds no *.pt file", hint="pass the file")
-        path = files[-1]
+    if path.is_dir():  # a run's checkpoint directory: the newest checkpoint the manifest vouches for
+        path, _ = newest_shared_file(path)
     if not path.exists():
         raise CheckpointError(f"checkpoint {path} does not exist", hint="pass the .pt file training wrote")
     try:

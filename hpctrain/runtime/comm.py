@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from hpctrain.errors import ConfigError, RuntimeFailure
-from hpctrain.runtime.env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
+from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
 from hpctrain.runtime.watchdog import Pending, Watchdog
 
 BACKENDS = ("mpi", "gloo", "nccl", "none")

@@ -44,20 +44,3 @@ def progress_line(record: dict[str, Any], total: int, unit: str) -> str:
             parts.append(f"{key} {value:.3f}")
     return "  ".join(parts)
 
-
-def read_last_record(path: Path) -> dict[str, Any] | None:
-    """The newest complete record of a metrics file (None when there is none yet)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 65536))
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            return json.loads(line)
-        except ValueError:
-            continue
-    return None

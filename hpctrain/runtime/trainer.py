@@ -19,11 +19,11 @@ import torch
 
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import RuntimeFailure
+from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
 from hpctrain.runtime.combine import DelayedAverager, layer_kind
 from hpctrain.runtime.comm import Communicator, make_communicator
-from hpctrain.runtime.env import detect_launch_env
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
 from hpctrain.runtime.metrics import MetricsLog
 from hpctrain.runtime.optim import apply_deltas, build_optimizer, delta_step
@@ -32,7 +32,6 @@ from hpctrain.runtime.schedule import LRSchedule
 
 log = logging.getLogger("hpctrain.train")
 
-EXIT_REQUEUE = 75  # EX_TEMPFAIL: stopped by a walltime/preemption signal after a checkpoint
 
 
 @dataclass

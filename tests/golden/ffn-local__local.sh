@@ -25,7 +25,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
-python3 -m hpctrain.local_launch --nprocs 2 -- python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+python3 -m hpctrain.submission.launchers.local_launch --nprocs 2 -- python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
 if [ -n "${hpctrain_pending_signal}" ]; then
     sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)

@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
+from hpctrain.launch_env import detect_launch_env  # noqa: E402
 from hpctrain.runtime.comm import make_communicator  # noqa: E402
-from hpctrain.runtime.env import detect_launch_env  # noqa: E402
 
 
 def collectives(backend: str) -> None:

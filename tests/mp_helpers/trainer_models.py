@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import SyntheticRegressionTask
 from hpctrain.models.task import TaskContext
-from hpctrain.runtime.env import detect_launch_env
 
 
 def tiny(hidden: int = 8, inputs: int = 6, outputs: int = 2, seed: int = 0) -> nn.Module:

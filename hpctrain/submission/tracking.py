@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import HpctrainError, TransportError
-from hpctrain.registry import CREATED, SUBMIT_FAILED, Registry, Run
-from hpctrain.schedulers.base import EXIT_LOG
-from hpctrain.schedulers.state import JobState
-from hpctrain.schedulers.status_parsers import JobStatus, is_unknown_job_error
-from hpctrain.transport import LocalTransport, SSHTransport, Transport
+from hpctrain.exit_codes import EXIT_REQUEUE
+from hpctrain.submission.registry import CREATED, SUBMIT_FAILED, Registry, Run
+from hpctrain.submission.schedulers.base import EXIT_LOG
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.schedulers.status_parsers import JobStatus, is_unknown_job_error
+from hpctrain.submission.transport import LocalTransport, SSHTransport, Transport
 
 META_FILE = "submit.json"
 METRICS_FILE = "metrics.jsonl"
@@ -293,7 +294,7 @@ def poll_scheduler(transport: Transport, scheduler_name: str, job_ids: list[str]
                    timeout: float = STATUS_TIMEOUT_S) -> GroupPoll:
     """Status of ``job_ids``, the last metrics record of each path and the exit records of each of
     ``record_paths`` (EXIT_LOG files) in ONE ``transport.run``."""
-    from hpctrain.schedulers.base import get_scheduler
+    from hpctrain.submission.schedulers.base import get_scheduler
 
     scheduler = get_scheduler(scheduler_name)
     argvs = scheduler.status_argv(job_ids) if job_ids else []
@@ -352,6 +353,18 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
     return out
 
 
+def read_last_record(path: Path) -> dict[str, Any] | None:
+    """The newest complete record of a local metrics file (None when there is none yet): its last 64 KiB."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 65536))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return _last_json(text)
+
+
 def _last_json(text: str) -> dict[str, Any] | None:
     records = _json_lines(text)
     return records[-1] if records else None
@@ -362,7 +375,7 @@ _LOCAL_STATES = {s.name: s for s in JobState}
 
 def poll_local(run_dirs: Mapping[str, str]) -> dict[str, JobStatus]:
     """``{job_id: status}`` of local-site runs from their supervisor records (no transport involved)."""
-    from hpctrain import local_controller
+    from hpctrain.submission.schedulers import local_controller
 
     out = {}
     for job_id, run_dir in run_dirs.items():
@@ -464,8 +477,6 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
                 record_requeues(registry, local, active)
                 registry.update_states(local, site=site)
             for path in paths:
-                from hpctrain.runtime.metrics import read_last_record
-
                 records[path] = read_last_record(Path(path))
             continue
         if not active and not paths:
@@ -521,7 +532,7 @@ def why_it_ended(registry: Registry, run: Run) -> str:
         text = f"exit code {code}"
         if code > 128 and code - 128 < 65:
             text += f" (killed by signal {code - 128})"
-        elif code == 75:
+        elif code == EXIT_REQUEUE:
             text += " (stopped at a checkpoint; continue with `hpctrain resume`)"
         parts.append(text)
     return "; ".join(parts)

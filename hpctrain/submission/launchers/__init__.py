@@ -66,10 +66,10 @@ def get_launcher(name: str) -> Launcher:
 
 
 def gpu_wrapper(command: list[str], plan: LaunchPlan) -> list[str]:
-    """``command`` behind ``python -m hpctrain.gpu_affinity`` when ranks need their own GPUs."""
+    """``command`` behind ``python -m hpctrain.submission.launchers.gpu_affinity`` when ranks need their own GPUs."""
     if plan.gpus_per_rank <= 0 or plan.gpu_kind == "none":
         return list(command)
-    return [plan.python, "-m", "hpctrain.gpu_affinity", "--kind", plan.gpu_kind,
+    return [plan.python, "-m", "hpctrain.submission.launchers.gpu_affinity", "--kind", plan.gpu_kind,
             "--gpus-per-rank", str(plan.gpus_per_rank), "--", *command]
 
 
@@ -119,8 +119,8 @@ def local(command: list[str], plan: LaunchPlan) -> list[str]:
     """hpctrain's own launcher for a machine without scheduler (one node, a process per rank)."""
     if plan.nodes != 1:
         raise ConfigError(f"the local launcher runs on one machine, not {plan.nodes} nodes", key="resources.nodes")
-    return [plan.python, "-m", "hpctrain.local_launch", "--nprocs", str(plan.ranks), *plan.extra_args,
-            "--", *command]
+    return [plan.python, "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", str(plan.ranks),
+            *plan.extra_args, "--", *command]
 
 
 def launcher_name(site: SiteProfile) -> str:

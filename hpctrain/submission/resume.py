@@ -7,20 +7,19 @@ new job is recorded in the run's chain as kind ``resume``.
 
 from __future__ import annotations
 
-import json
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from hpctrain.checkpoint.manifest import MANIFEST, newest_step
 from hpctrain.errors import CheckpointError, ConfigError, HpctrainError, SchedulerError
-from hpctrain.registry import Registry, Run
-from hpctrain.tracking import TransportPool, poll_runs, read_meta, record_dir
+from hpctrain.submission.registry import Registry, Run
+from hpctrain.submission.tracking import TransportPool, poll_runs, read_meta, record_dir
 
 if TYPE_CHECKING:
     from hpctrain.config.job import JobSpec
-    from hpctrain.transport import Transport
+    from hpctrain.submission.transport import Transport
 
-MANIFEST = "manifest.json"  # checkpoint/store.py's commit record (not imported: it imports torch)
 
 
 @dataclass(frozen=True)
@@ -45,12 +44,10 @@ def newest_checkpoint_step(transport: Transport, directory: str) -> int | None:
     if done.returncode != 0:
         return None
     try:
-        entries = json.loads(done.stdout).get("checkpoints", [])
-        steps = [int(e["step"]) for e in entries]
-    except (ValueError, TypeError, KeyError, AttributeError):
-        raise CheckpointError(f"{directory}/{MANIFEST} on {transport.host} is not a readable manifest",
+        return newest_step(done.stdout, directory)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"{directory}/{MANIFEST} on {transport.host} is not a readable manifest ({exc})",
                               hint="`hpctrain run` rebuilds it from the step directories; inspect it by hand") from None
-    return max(steps) if steps else None
 
 
 def _spec_of(registry: Registry, run: Run, nodes: int | None, walltime: str | None,
@@ -76,8 +73,8 @@ def resume_run(registry: Registry, run_ref: str, *, nodes: int | None = None, wa
     """Submit a continuation of ``run_ref`` in its own run directory; see the module docstring."""
     from hpctrain.config.job import dump_job
     from hpctrain.config.site import load_site
-    from hpctrain.render import render_script
-    from hpctrain.submission import write_atomic
+    from hpctrain.submission.api import write_atomic
+    from hpctrain.submission.render import render_script
 
     pool = pool or TransportPool()
     run = registry.get_run(run_ref)
@@ -125,12 +122,12 @@ def resume_run(registry: Registry, run_ref: str, *, nodes: int | None = None, wa
 
 def _submit(job: JobSpec, scheduler_name: str, transport: Transport, run_dir: str) -> str:
     from hpctrain.config.common import walltime_seconds
-    from hpctrain.schedulers.base import get_scheduler
-    from hpctrain.submission import run_submit_command
+    from hpctrain.submission.api import run_submit_command
+    from hpctrain.submission.schedulers.base import get_scheduler
 
     script = f"{run_dir}/job.sh"
     if scheduler_name == "local":
-        from hpctrain import local_controller
+        from hpctrain.submission.schedulers import local_controller
 
         ckpt = job.checkpoint
         return local_controller.start(script, run_dir, walltime_s=int(walltime_seconds(job.resources.walltime)),

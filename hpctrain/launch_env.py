@@ -83,13 +83,29 @@ LAUNCHERS: tuple[LauncherRow, ...] = (
         local_rank=("SLURM_LOCALID",), local_size=("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"),
         node_rank=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
     ),
-    # torchrun-style variables set by hand or by another tool (no TORCHELASTIC_RUN_ID).
+    # torchrun-style variables set by hand or by another tool (no TORCHELASTIC_RUN_ID): hpctrain's local
+    # launcher sets exactly these (``torchrun_variables``).
     LauncherRow(
         "env", "WORLD_SIZE",
         rank=("RANK",), size=("WORLD_SIZE",), local_rank=("LOCAL_RANK",),
         local_size=("LOCAL_WORLD_SIZE",), node_rank=("GROUP_RANK", "NODE_RANK"), nodes=("GROUP_WORLD_SIZE",),
     ),
 )
+ENV_ROW = LAUNCHERS[-1]
+
+
+def torchrun_variables(rank: int, size: int, local_rank: int, local_size: int) -> dict[str, str]:
+    """The variables a launcher without a process manager sets for one rank (the ``env`` row's first names)."""
+    return {ENV_ROW.rank[0]: str(rank), ENV_ROW.size[0]: str(size), ENV_ROW.local_rank[0]: str(local_rank),
+            ENV_ROW.local_size[0]: str(local_size)}
+
+
+def rank_label(environ: Mapping[str, str]) -> str:
+    """This process's rank as text for log lines, "?" when the launcher's variables cannot be read."""
+    try:
+        return str(detect_launch_env(environ).rank)
+    except RuntimeFailure:
+        return "?"
 
 
 def _first(environ: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:

@@ -10,8 +10,8 @@ from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import SchedulerError
-from hpctrain.schedulers import status_parsers as sp
-from hpctrain.schedulers.base import RenderOptions, Scheduler
+from hpctrain.submission.schedulers import status_parsers as sp
+from hpctrain.submission.schedulers.base import RenderOptions, Scheduler
 
 
 class Local(Scheduler):

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError, TransportError
-from hpctrain.registry import Registry, Run, new_run_id
-from hpctrain.schedulers.state import JobState
-from hpctrain.schedulers.status_parsers import JobStatus
-from hpctrain.shell import is_home_relative
-from hpctrain.tracking import (
+from hpctrain.submission.registry import Registry, Run, new_run_id
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.schedulers.status_parsers import JobStatus
+from hpctrain.submission.shell import is_home_relative
+from hpctrain.submission.tracking import (
     META_FILE,
     RunMeta,
     RunView,
@@ -32,7 +32,7 @@ from hpctrain.tracking import (
     read_meta,
     record_dir,
 )
-from hpctrain.transport import CommandFailed, Completed, Transport
+from hpctrain.submission.transport import CommandFailed, Completed, Transport
 
 if TYPE_CHECKING:
     from hpctrain.config.job import JobSpec
@@ -152,7 +152,7 @@ def submit_runs(
     from hpctrain.config.fit import check_fit
     from hpctrain.config.job import JobSpec, load_job
     from hpctrain.config.site import load_site
-    from hpctrain.schedulers.base import get_scheduler
+    from hpctrain.submission.schedulers.base import get_scheduler
 
     overrides = list(sets)
     if isinstance(job, JobSpec):
@@ -248,7 +248,7 @@ def _rank_command(site: SiteProfile, python: str | None, command: list[str] | No
     """The rank command; for an array, wrapped so each task works in its own ``<array_dir>_<index>``."""
     if array_dir is None:
         return command
-    from hpctrain.render import python_for
+    from hpctrain.submission.render import python_for
 
     inner = command or [python_for(site, python), "-m", "hpctrain", "run", "job.yaml", "--run-dir", "."]
     # The scheduler sets the index variable in every task (and srun passes it on to the ranks).
@@ -258,7 +258,7 @@ def _rank_command(site: SiteProfile, python: str | None, command: list[str] | No
 def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Any, transport: Transport, registry: Registry,
              root: str, base_id: str, python: str | None, command: list[str] | None, is_array: bool) -> Submitted:
     from hpctrain.config.job import dump_job
-    from hpctrain.render import render_script
+    from hpctrain.submission.render import render_script
 
     run_dir = f"{root}/{base_id}"
     cmd = _rank_command(site, python, command, run_dir if is_array else None,
@@ -294,7 +294,7 @@ def _stage_and_submit(runs: list[Run], jobs: list[JobSpec], site: SiteProfile, s
                       is_array: bool) -> Submitted:
     from hpctrain.config.common import walltime_seconds
     from hpctrain.config.job import dump_job
-    from hpctrain.render import render_script
+    from hpctrain.submission.render import render_script
 
     index_var = ARRAY_INDEX_VARIABLE.get(site.scheduler, "")
     submit_dir = f"{root}/{base_id}" if is_array else runs[0].run_dir
@@ -324,7 +324,7 @@ def _stage_and_submit(runs: list[Run], jobs: list[JobSpec], site: SiteProfile, s
         transport.put(local, dest)
 
     if site.scheduler == "local":
-        from hpctrain import local_controller
+        from hpctrain.submission.schedulers import local_controller
 
         job = jobs[0]
         job_id = local_controller.start(script_remote, runs[0].run_dir,
@@ -379,11 +379,11 @@ def cancel_run(registry: Registry, run: Run, pool: TransportPool | None = None) 
         return None
     meta = read_meta(registry, run)
     if meta.scheduler == "local":
-        from hpctrain import local_controller
+        from hpctrain.submission.schedulers import local_controller
 
         local_controller.cancel(run.run_dir)
     else:
-        from hpctrain.schedulers.base import get_scheduler
+        from hpctrain.submission.schedulers.base import get_scheduler
 
         argv = get_scheduler(meta.scheduler).cancel_argv(job_id)
         try:

@@ -10,8 +10,8 @@ from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import SchedulerError
-from hpctrain.schedulers import status_parsers as sp
-from hpctrain.schedulers.base import (
+from hpctrain.submission.schedulers import status_parsers as sp
+from hpctrain.submission.schedulers.base import (
     RenderOptions,
     Scheduler,
     check_dependency,
@@ -22,7 +22,7 @@ from hpctrain.schedulers.base import (
     queue_submit_name,
     requeue_block,
 )
-from hpctrain.shell import directive_word
+from hpctrain.submission.shell import directive_word
 
 
 class Slurm(Scheduler):

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from hpctrain.schedulers.state import (
+from hpctrain.submission.schedulers.state import (
     COBALT_REASONS,
     COBALT_STATES,
     PBS_STATES,

@@ -22,10 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.exit_codes import EXIT_REQUEUE
+
 STATE_FILE = "job-state.json"
 PID_FILE = "job-supervisor.json"
 KILL_WAIT_S = 30.0  # Slurm's default KillWait between SIGTERM and SIGKILL
-EXIT_REQUEUE = 75  # `hpctrain run` stopped at a checkpoint after the warning signal (schedulers/base.py)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def start(script: str | Path, run_dir: str | Path, *, walltime_s: int, signal_na
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / STATE_FILE).unlink(missing_ok=True)  # a continuation in the same run dir starts afresh
     out = open(run_dir / "job.out", "ab")  # noqa: SIM115 - handed to the child
-    argv = [python or sys.executable, "-m", "hpctrain.local_controller", "supervise",
+    argv = [python or sys.executable, "-m", "hpctrain.submission.schedulers.local_controller", "supervise",
             "--run-dir", str(run_dir), "--walltime", str(walltime_s), "--signal", signal_name,
             "--lead", str(signal_lead_s), "--max-requeues", str(max_requeues), "--", "bash", str(script)]
     proc = subprocess.Popen(argv, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -207,7 +208,7 @@ def _signal_group(pid: int, sig: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpctrain.local_controller")
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.submission.schedulers.local_controller")
     sub = parser.add_subparsers(dest="action", required=True)
     p = sub.add_parser("supervise")
     p.add_argument("--run-dir", required=True)

@@ -16,13 +16,13 @@ from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import ConfigError, SchedulerError
-from hpctrain.launchers import LaunchPlan
-from hpctrain.shell import directive_word, is_home_relative
+from hpctrain.exit_codes import EXIT_REQUEUE
+from hpctrain.submission.launchers import LaunchPlan
+from hpctrain.submission.shell import directive_word, is_home_relative
 
 if TYPE_CHECKING:
-    from hpctrain.schedulers.status_parsers import JobStatus
+    from hpctrain.submission.schedulers.status_parsers import JobStatus
 
-EXIT_REQUEUE = 75  # what `hpctrain run` exits with after a signal-driven checkpoint (runtime/trainer.py)
 # The batch script's own record of how it ended, one JSON line per event, in the run directory: read by status
 # polling when the scheduler no longer lists a job (Cobalt's qstat, PBS without job history) or did not answer.
 EXIT_LOG = "job-exit.jsonl"
@@ -194,8 +194,8 @@ def requeue_block(restart_variable: str, max_requeues: int, action: list[str]) -
     return lines
 
 
-_BACKENDS = {"slurm": "hpctrain.schedulers.slurm", "pbs": "hpctrain.schedulers.pbs",
-             "cobalt": "hpctrain.schedulers.cobalt", "local": "hpctrain.schedulers.local"}
+_BACKENDS = {"slurm": "hpctrain.submission.schedulers.slurm", "pbs": "hpctrain.submission.schedulers.pbs",
+             "cobalt": "hpctrain.submission.schedulers.cobalt", "local": "hpctrain.submission.schedulers.local"}
 
 
 def get_scheduler(name: str) -> Scheduler:

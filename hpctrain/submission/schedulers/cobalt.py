@@ -12,8 +12,8 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.config.walltime import format_minutes
 from hpctrain.errors import SchedulerError
-from hpctrain.schedulers import status_parsers as sp
-from hpctrain.schedulers.base import (
+from hpctrain.submission.schedulers import status_parsers as sp
+from hpctrain.submission.schedulers.base import (
     RenderOptions,
     Scheduler,
     check_dependency,
@@ -25,7 +25,7 @@ from hpctrain.schedulers.base import (
     requeue_block,
     resubmit_action,
 )
-from hpctrain.shell import directive_word
+from hpctrain.submission.shell import directive_word
 
 
 class Cobalt(Scheduler):

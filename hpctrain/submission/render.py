@@ -17,15 +17,15 @@ from hpctrain.config.fit import Placement, check_fit
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import ConfigError
-from hpctrain.launchers import (
+from hpctrain.submission.launchers import (
     LaunchPlan,
     cpus_per_rank_for,
     get_launcher,
     hyperthreads_for,
     launcher_name,
 )
-from hpctrain.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler
-from hpctrain.shell import comment, quote, quote_path
+from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler
+from hpctrain.submission.shell import comment, quote, quote_path
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

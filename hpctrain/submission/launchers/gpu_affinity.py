@@ -1,4 +1,5 @@
-"""``python -m hpctrain.gpu_affinity --kind nvidia --gpus-per-rank 1 -- CMD...``: give each local rank its GPUs.
+"""Give each local rank its GPUs: ``python -m hpctrain.submission.launchers.gpu_affinity --kind nvidia
+--gpus-per-rank 1 -- CMD...``.
 
 Launchers without GPU binding (PALS mpiexec, hydra) start every rank seeing every GPU; this wrapper reads
 the local rank, sets CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES / ZE_AFFINITY_MASK and execs CMD.
@@ -35,7 +36,7 @@ def visible_devices(kind: str, rank: int, gpus_per_rank: int) -> tuple[str, str]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpctrain.gpu_affinity", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.submission.launchers.gpu_affinity", description=__doc__)
     parser.add_argument("--kind", required=True, choices=sorted(VISIBLE_VARIABLE))
     parser.add_argument("--gpus-per-rank", type=int, default=1)
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         os.execvp(command[0], command)
     except OSError as exc:
-        print(f"hpctrain.gpu_affinity: cannot run {command[0]!r}: {exc}", file=sys.stderr)
+        print(f"hpctrain.submission.launchers.gpu_affinity: cannot run {command[0]!r}: {exc}", file=sys.stderr)
         return 127
     return 0  # not reached
 

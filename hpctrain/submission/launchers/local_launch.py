@@ -3,7 +3,7 @@
 Each rank gets torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT). Walltime and preemption signals sent to the launcher are forwarded to every rank. When one
 rank dies, the others are stopped and the launcher exits non-zero naming the rank, so a dead rank never
-leaves the job hanging. ``python -m hpctrain.local_launch --nprocs 2 [--log-dir D] -- CMD ...``
+leaves the job hanging. ``python -m hpctrain.submission.launchers.local_launch --nprocs 2 [--log-dir D] -- CMD ...``
 """
 
 from __future__ import annotations
@@ -20,9 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from hpctrain.exit_codes import EXIT_REQUEUE
+from hpctrain.launch_env import torchrun_variables
+
 FORWARDED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 GRACE_SECONDS = 10.0
-REQUEUE_EXIT = 75  # every rank stopped at a checkpoint and asks to be requeued: not a failure
 
 
 def free_port() -> int:
@@ -33,8 +35,8 @@ def free_port() -> int:
 
 def rank_environment(base: dict[str, str], rank: int, nprocs: int, port: int) -> dict[str, str]:
     env = dict(base)
-    env.update(RANK=str(rank), WORLD_SIZE=str(nprocs), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs),
-               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HPCTRAIN_LAUNCHER="local")
+    env.update(torchrun_variables(rank, nprocs, rank, nprocs), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               HPCTRAIN_LAUNCHER="local")
     return env
 
 
@@ -93,7 +95,7 @@ def launch(command: Sequence[str], nprocs: int, *, log_dir: str | None = None, p
         while True:
             codes = [p.poll() for p in procs]
             for rank, code in enumerate(codes):
-                if code not in (None, 0, REQUEUE_EXIT) and first_failure is None:
+                if code not in (None, 0, EXIT_REQUEUE) and first_failure is None:
                     first_failure = (rank, code)
                     print(f"hpctrain local launcher: rank {rank} {describe_exit(code)}; stopping the other ranks",
                           file=sys.stderr, flush=True)
@@ -109,7 +111,7 @@ def launch(command: Sequence[str], nprocs: int, *, log_dir: str | None = None, p
         for log in logs:
             log.close()
     if first_failure is None:
-        return REQUEUE_EXIT if REQUEUE_EXIT in codes else 0
+        return EXIT_REQUEUE if EXIT_REQUEUE in codes else 0
     rank, code = first_failure
     return code if code > 0 else 128 - code
 
@@ -138,7 +140,7 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hpctrain.local_launch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.submission.launchers.local_launch", description=__doc__)
     parser.add_argument("--nprocs", type=int, required=True)
     parser.add_argument("--log-dir", default=None)
     parser.add_argument("--no-prefix", action="store_true")

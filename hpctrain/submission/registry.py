@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import HpctrainError
-from hpctrain.schedulers.state import JobState
+from hpctrain.submission.schedulers.state import JobState
 
 if TYPE_CHECKING:
-    from hpctrain.schedulers.status_parsers import JobStatus
+    from hpctrain.submission.schedulers.status_parsers import JobStatus
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 30.0

@@ -1,0 +1,232 @@
+"""What a checkpoint directory holds and which of its checkpoints can be trusted: the manifest, read without torch.
+
+A checkpoint directory has one ``step-NNNNNNNN/`` per checkpoint (``shared.pt``, ``rank-RRRRR.pt`` files and
+a ``complete.json`` marker written last) and ``manifest.json`` listing the complete ones. The store
+(``checkpoint/store.py``) writes them; this module reads them, on a compute node, in ``ffn segment`` and
+on the laptop (``hpctrain resume`` reads the manifest over ssh). Layout: docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import CheckpointError
+
+FORMAT = "hpctrain-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MARKER = "complete.json"  # per-step copy of the manifest entry; the manifest is rebuilt from these
+SHARED = "shared.pt"
+DEFAULT_CHECKSUM = "sha256"
+STEP_DIR = re.compile(r"step-(\d{8,})")
+_FILE_NAME = re.compile(r"shared\.pt|rank-\d{5,}\.pt")
+
+
+def step_dirname(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def rank_filename(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One file of a checkpoint as the manifest records it."""
+
+    name: str
+    bytes: int
+    digest: str
+    rank: int | None = None  # None for shared.pt
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "bytes": self.bytes, "digest": self.digest, "rank": self.rank}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FileRecord:
+        name = str(d["name"])
+        if not _FILE_NAME.fullmatch(name):  # a name like "../x.pt" would read outside the step directory
+            raise ValueError(f"file name {name!r} is not a checkpoint file name")
+        rank = d.get("rank")
+        return cls(name, int(d["bytes"]), str(d["digest"]), None if rank is None else int(rank))
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A complete checkpoint: its step directory, the world size that wrote it and its files."""
+
+    step: int
+    path: Path
+    world_size: int
+    files: tuple[FileRecord, ...]
+    checksum: str
+    created: str
+
+    def file(self, name: str) -> FileRecord | None:
+        return next((f for f in self.files if f.name == name), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "dir": self.path.name,
+            "world_size": self.world_size,
+            "format_version": FORMAT_VERSION,
+            "checksum": self.checksum,
+            "created": self.created,
+            "files": [f.to_json() for f in self.files],
+        }
+
+    @classmethod
+    def from_json(cls, root: Path, d: dict[str, Any]) -> Checkpoint:
+        """An entry of the manifest (or a marker); ValueError when it is malformed or points elsewhere.
+
+        The step directory must be this step's own directory inside ``root``: an entry is never allowed to
+        name a directory outside the checkpoint directory or another step's.
+        """
+        if int(d.get("format_version", -1)) > FORMAT_VERSION:
+            raise ValueError(f"format version {d['format_version']} is newer than this hpctrain reads")
+        step = int(d["step"])
+        if step < 0:
+            raise ValueError(f"step {step} is negative")
+        directory = str(d["dir"])
+        if directory != step_dirname(step):
+            raise ValueError(f"step {step} names directory {directory!r}, not its own {step_dirname(step)!r}")
+        return cls(
+            step=step,
+            path=root / directory,
+            world_size=int(d["world_size"]),
+            files=tuple(FileRecord.from_json(f) for f in d["files"]),
+            checksum=str(d["checksum"]),
+            created=str(d["created"]),
+        )
+
+
+def checksum_known(name: str) -> bool:
+    try:
+        hashlib.new(name)
+    except (ValueError, TypeError):
+        return False
+    return True
+
+
+def file_digest(path: Path, checksum: str) -> tuple[int, str]:
+    """(size, hex digest) of a file, read in 8 MiB chunks."""
+    h = hashlib.new(checksum)
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(8 << 20)
+        view = memoryview(buf)
+        while n := f.readinto(buf):
+            h.update(view[:n])
+            size += n
+    return size, h.hexdigest()
+
+
+def parse_manifest(text: str, root: Path) -> list[Checkpoint]:
+    """The checkpoints a manifest's text lists, by increasing step; ValueError when it is not a manifest."""
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ValueError(f"not an {FORMAT} manifest")
+    entries = data["checkpoints"]
+    if not isinstance(entries, list):
+        raise ValueError("'checkpoints' is not a list")
+    return sorted((Checkpoint.from_json(root, d) for d in entries), key=lambda c: c.step)
+
+
+def _markers(directory: Path) -> Iterator[tuple[Path, Checkpoint | None, str]]:
+    """Every step directory with its marker's checkpoint (None and why, when the marker is unusable)."""
+    if not directory.is_dir():
+        return
+    for child in sorted(directory.iterdir()):
+        if not STEP_DIR.fullmatch(child.name) or not child.is_dir():
+            continue
+        try:
+            ckpt = Checkpoint.from_json(directory, json.loads((child / MARKER).read_text()))
+        except FileNotFoundError:
+            yield child, None, f"{child.name} has no {MARKER} (its save did not finish)"
+            continue
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            yield child, None, f"{child.name}/{MARKER} is unreadable ({type(e).__name__}: {e})"
+            continue
+        if ckpt.path.name != child.name:
+            yield child, None, f"{child.name}/{MARKER} describes {ckpt.path.name}"
+            continue
+        yield child, ckpt, ""
+
+
+def read_entries(directory: Path) -> tuple[list[Checkpoint], list[str]]:
+    """(complete checkpoints by increasing step, problems worth a warning) of a checkpoint directory.
+
+    From the manifest; when it is missing or unreadable, rebuilt from the step directories' markers, and
+    every step directory that could not be used is named in the problems (a fresh directory has none).
+    """
+    path = directory / MANIFEST
+    try:
+        return parse_manifest(path.read_text(), directory), []
+    except FileNotFoundError:
+        problem = f"manifest {path} is missing"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        problem = f"manifest {path} is unreadable ({type(e).__name__}: {e})"
+    found = list(_markers(directory))
+    if not found:
+        return [], []
+    rebuilt = sorted((c for _, c, _ in found if c is not None), key=lambda c: c.step)
+    skipped = [why for _, c, why in found if c is None]
+    return rebuilt, [f"{problem}; rebuilt from {MARKER} markers", *(f"skipped {why}" for why in skipped)]
+
+
+def file_problem(ckpt: Checkpoint, names: Iterable[str], verify: bool) -> str | None:
+    """Why the files ``names`` of ``ckpt`` cannot be used (missing, truncated, corrupt), or None."""
+    if verify and not checksum_known(ckpt.checksum):
+        return (f"step {ckpt.step} uses checksum {ckpt.checksum!r}, which this Python's hashlib does not know: "
+                "its files cannot be verified")
+    for name in names:
+        rec = ckpt.file(name)
+        path = ckpt.path / name
+        if rec is None:
+            return f"{path} is not recorded in the manifest"
+        try:
+            size = path.stat().st_size
+        except OSError as e:
+            return f"{path} cannot be read: {e.strerror or e}"
+        if size != rec.bytes:
+            return f"{path} is truncated or wrong: {size} bytes, the manifest says {rec.bytes}"
+        if verify:
+            try:
+                _, digest = file_digest(path, ckpt.checksum)
+            except OSError as e:
+                return f"{path} cannot be read: {e.strerror or e}"
+            if digest != rec.digest:
+                return f"{path} is corrupt: {ckpt.checksum} {digest[:12]}…, the manifest says {rec.digest[:12]}…"
+    return None
+
+
+def newest_shared_file(directory: str | Path, verify: bool = True) -> tuple[Path, list[str]]:
+    """The shared file (model, step, model_args) of the newest checkpoint whose shared file checks out, and
+    the problems met on the way (skipped steps, a rebuilt manifest); CheckpointError when there is none.
+
+    For single-process readers (``hpctrain ffn segment``): only ``shared.pt`` is needed and checked.
+    """
+    directory = Path(directory)
+    entries, problems = read_entries(directory)
+    for ckpt in reversed(entries):
+        bad = file_problem(ckpt, [SHARED], verify)
+        if bad is None:
+            return ckpt.path / SHARED, problems
+        problems.append(f"step {ckpt.step} skipped: {bad}")
+    detail = "; ".join(problems) if problems else f"no {MANIFEST} and no step directories"
+    raise CheckpointError(f"no valid checkpoint in {directory}: {detail}",
+                          hint="pass a checkpoint directory that training wrote, or its step-*/shared.pt file")
+
+
+def newest_step(text: str, root: Path | str = ".") -> int | None:
+    """The newest step a manifest's text lists (None for an empty list); ValueError when it is unreadable."""
+    entries = parse_manifest(text, Path(root))
+    return entries[-1].step if entries else None
+
