@@ -9,8 +9,8 @@ All shapes, offsets and coordinates are (z, y, x).
 
 from __future__ import annotations
 
+import json
 import math
-from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,13 +21,27 @@ import torch.nn.functional as F
 
 from hpctrain.errors import DataError
 from hpctrain.ffn.examples import shard
-from hpctrain.ffn.movement import face_max_offsets
+from hpctrain.ffn.training_moves import (
+    BareSeed,
+    FixedMoves,
+    MaxPredMoves,
+    Moves,
+    box_slices,
+    crop,
+    fixed_offsets,  # noqa: F401  (the policies moved to training_moves; importable here as before)
+    fixed_shifts,
+    max_pred_offsets,  # noqa: F401
+)
 
 Zyx = tuple[int, int, int]
 
 
 def logit(p: float) -> float:
     return math.log(p / (1.0 - p))
+
+
+def _zyx(values: Sequence[int]) -> Zyx:
+    return (int(values[0]), int(values[1]), int(values[2]))
 
 
 # --------------------------------------------------------------------------------------------- mask helpers
@@ -40,84 +54,14 @@ def make_seed(shape: Sequence[int], pad: float = 0.05, seed: float = 0.95) -> np
     return canvas
 
 
-def _box(shape: Sequence[int], offset: Sequence[int], crop_shape: Sequence[int]) -> tuple[slice, ...]:
-    start = np.array(shape) // 2 - np.array(crop_shape) // 2 + np.array(offset)
-    end = start + np.array(crop_shape)
-    if np.any(start < 0) or np.any(end > np.array(shape)):
-        raise ValueError(
-            f"crop {tuple(crop_shape)} at offset {tuple(offset)} leaves an array of shape {tuple(shape)}"
-        )
-    return tuple(slice(int(s), int(e)) for s, e in zip(start, end, strict=True))
-
-
-def crop(data: np.ndarray, offset: Sequence[int], crop_shape: Sequence[int]) -> np.ndarray:
-    """View of ``crop_shape`` centred ``offset`` away from ``data``'s centre (mask.crop_and_pad, no pad)."""
-    return data[_box(data.shape, offset, crop_shape)]
-
-
 def update_at(canvas: np.ndarray, offset: Sequence[int], new_value: np.ndarray) -> None:
     """Paste ``new_value`` centred ``offset`` away from ``canvas``'s centre, in place (mask.update_at)."""
-    canvas[_box(canvas.shape, offset, new_value.shape)] = new_value
+    canvas[box_slices(canvas.shape, offset, new_value.shape)] = new_value
 
 
 def soften_labels(mask: np.ndarray, softness: float = 0.05) -> np.ndarray:
     """Boolean object mask -> float32 ``1 - softness`` / ``softness`` (inputs.soften_labels)."""
     return np.where(mask, np.float32(1.0 - softness), np.float32(softness)).astype(np.float32)
-
-
-# ---------------------------------------------------------------------------------------- movement policies
-
-
-def fixed_shifts(deltas: Sequence[int], faces_only: bool = False) -> list[Zyx]:
-    """The fixed policy's FOV shifts: all 26 of ``{-d, 0, +d}³ \\ 0`` as google/ffn ``FFNModel.shifts``
-    (x outermost, as the reference loops), or only the 6 face shifts ``±d`` along one axis."""
-    dz, dy, dx = (int(d) for d in deltas)
-    shifts: list[Zyx] = []
-    for sx in (-dx, 0, dx):
-        for sy in (-dy, 0, dy):
-            for sz in (-dz, 0, dz):
-                if (sz, sy, sx) == (0, 0, 0):
-                    continue
-                if faces_only and sum(v != 0 for v in (sz, sy, sx)) != 1:
-                    continue
-                shifts.append((sz, sy, sx))
-    return shifts
-
-
-def fixed_offsets(canvas: np.ndarray, shifts: Sequence[Zyx], threshold: float = 0.9) -> Iterator[Zyx]:
-    """train.py ``fixed_offsets``: the centre, then each shift whose new centre voxel on ``canvas`` (logits)
-    is ``>= logit(threshold)``. Lazy: each shift is tested when reached, so predictions written into the
-    canvas after the previous yield decide the next move."""
-    centre = np.array(canvas.shape) // 2
-    limit = logit(threshold)
-    for off in [(0, 0, 0), *shifts]:
-        if canvas[tuple(centre + np.array(off))] >= limit:
-            yield tuple(int(v) for v in off)  # type: ignore[misc]
-
-
-def max_pred_offsets(
-    canvas: np.ndarray, fov: Sequence[int], deltas: Sequence[int], threshold: float = 0.9
-) -> Iterator[Zyx]:
-    """train.py ``max_pred_offsets`` (policy 'max_pred_moves', as in inference): breadth-first from the
-    centre over face-maximum moves of the current prediction (``movement.face_max_offsets``, i.e.
-    get_scored_move_offsets), each quantised position visited once, never leaving the loaded training box."""
-    fov_r = np.array(fov) // 2
-    box_r = np.array(canvas.shape) // 2
-    d = np.maximum(np.array(deltas), 1)
-    queue: deque[Zyx] = deque([(0, 0, 0)])
-    done: set[Zyx] = set()
-    while queue:
-        offset = queue.popleft()
-        if np.any(np.abs(np.array(offset)) + fov_r > box_r):
-            continue
-        quantized = tuple(int(v) for v in np.array(offset) // d)
-        if quantized in done:
-            continue
-        done.add(quantized)  # type: ignore[arg-type]
-        yield offset
-        current = crop(canvas, offset, fov)
-        moves = face_max_offsets(current, deltas, logit(threshold))  # sorted, best first
-        queue.extend(tuple(int(r + o) for r, o in zip(rel, offset, strict=True)) for _, rel in moves)  # type: ignore[misc]
 
 
 # ------------------------------------------------------------------------------------- examples and batches
@@ -155,6 +99,29 @@ def load_example(
     return img, soften_labels(mask)
 
 
+def draw_transform(
+    rng: np.random.Generator, permutable_axes: Sequence[int], reflectable_axes: Sequence[int]
+) -> tuple[list[int], list[int]]:
+    """augmentation.PermuteAndReflect's random draw: (axis permutation, axes to reflect)."""
+    perm = list(range(3))
+    shuffled = rng.permutation(list(permutable_axes)) if permutable_axes else []
+    for src, dst in zip(permutable_axes, shuffled, strict=True):
+        perm[src] = int(dst)
+    flips = [ax for ax in reflectable_axes if rng.random() < 0.5]
+    return perm, flips
+
+
+def apply_transform(arrays: Sequence[np.ndarray], perm: Sequence[int], flips: Sequence[int]) -> list[np.ndarray]:
+    """Transpose every array by ``perm``, then reflect it along ``flips`` (contiguous copies)."""
+    out = []
+    for a in arrays:
+        a = np.transpose(a, list(perm))
+        if flips:
+            a = np.flip(a, axis=list(flips))
+        out.append(np.ascontiguousarray(a))
+    return out
+
+
 def permute_and_reflect(
     arrays: Sequence[np.ndarray],
     rng: np.random.Generator,
@@ -163,18 +130,7 @@ def permute_and_reflect(
 ) -> list[np.ndarray]:
     """augmentation.PermuteAndReflect: one random permutation of ``permutable_axes`` and a coin-flip
     reflection of each of ``reflectable_axes``, applied identically to every array."""
-    perm = list(range(3))
-    shuffled = rng.permutation(list(permutable_axes)) if permutable_axes else []
-    for src, dst in zip(permutable_axes, shuffled, strict=True):
-        perm[src] = int(dst)
-    flips = [ax for ax in reflectable_axes if rng.random() < 0.5]
-    out = []
-    for a in arrays:
-        a = np.transpose(a, perm)
-        if flips:
-            a = np.flip(a, axis=flips)
-        out.append(np.ascontiguousarray(a))
-    return out
+    return apply_transform(arrays, *draw_transform(rng, permutable_axes, reflectable_axes))
 
 
 @dataclass
@@ -193,11 +149,14 @@ class FovBatch:
 
 @dataclass
 class _Slot:
+    """One example in flight: its coordinate and augmentation (enough to reload its box), canvas and moves."""
+
     coord: Zyx
+    transform: tuple[list[int], list[int]]
     image: np.ndarray
     labels: np.ndarray
     canvas: np.ndarray
-    offsets: Iterator[Zyx]
+    moves: Moves
     offset: Zyx | None = None
 
 
@@ -300,30 +259,37 @@ class ExampleStream:
         # Examples this stream's coordinates had already given (a resumed run): counts toward single_fov_examples.
         self.examples_before = int(examples_before)
 
+    def _load(self, coord: Zyx, transform: tuple[list[int], list[int]]) -> tuple[np.ndarray, np.ndarray]:
+        cfg = self.config
+        img, lab = load_example(self.image, self.labels, coord, self.size,
+                                image_mean=cfg.image_mean, image_stddev=cfg.image_stddev)
+        img, lab = apply_transform([img, lab], *transform)
+        return img, lab
+
+    def _moves(self, kind: str | None = None) -> Moves:
+        """The movement policy of a new example (``kind`` given: the one a saved example used)."""
+        cfg = self.config
+        if kind is None:
+            bare = self.examples_before + self.examples_started < cfg.single_fov_examples
+            kind = "single" if bare else "fixed" if cfg.policy == "fixed" else "max_pred"
+        if kind == "single":
+            return BareSeed()
+        if kind == "fixed":
+            return FixedMoves(self._shifts, cfg.threshold)
+        return MaxPredMoves(cfg.fov, cfg.deltas, cfg.threshold)
+
     def _new_slot(self) -> _Slot:
         try:
             coord = tuple(int(v) for v in next(self._coords))
         except StopIteration:
             raise StopIteration from None
         cfg = self.config
-        img, lab = load_example(
-            self.image,
-            self.labels,
-            coord,
-            self.size,
-            image_mean=cfg.image_mean,
-            image_stddev=cfg.image_stddev,
-        )
-        img, lab = permute_and_reflect([img, lab], self._rng, cfg.permutable_axes, cfg.reflectable_axes)
+        transform = draw_transform(self._rng, cfg.permutable_axes, cfg.reflectable_axes)
+        img, lab = self._load(coord, transform)  # type: ignore[arg-type]
         canvas = make_seed(self.size, pad=cfg.seed_pad)
-        if self.examples_before + self.examples_started < cfg.single_fov_examples:
-            offsets: Iterator[Zyx] = iter([(0, 0, 0)])
-        elif cfg.policy == "fixed":
-            offsets = fixed_offsets(canvas, self._shifts, cfg.threshold)
-        else:
-            offsets = max_pred_offsets(canvas, cfg.fov, cfg.deltas, cfg.threshold)
+        moves = self._moves()
         self.examples_started += 1
-        return _Slot(coord, img, lab, canvas, offsets)  # type: ignore[arg-type]
+        return _Slot(coord, transform, img, lab, canvas, moves)  # type: ignore[arg-type]
 
     def _finish(self, slot: _Slot) -> None:
         counts = _counts(slot.canvas, slot.labels, self.config.eval_threshold)
@@ -338,7 +304,7 @@ class ExampleStream:
                 slot = self._slots[i]
                 if slot is None:
                     slot = self._slots[i] = self._new_slot()
-                offset = next(slot.offsets, None)
+                offset = slot.moves.next(slot.canvas)
                 if offset is not None:
                     slot.offset = offset
                     break
@@ -378,6 +344,43 @@ class ExampleStream:
         """Return the final-mask counts since the last reset, and start new ones."""
         counts, self.counts = self.counts, VoxelCounts()
         return counts
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything in flight between two steps: each slot's coordinate, augmentation, canvas and position
+        in its moves, the augmentation generator and the counts. Loadable with ``torch.load(weights_only)``:
+        tensors, numbers, strings and lists only. The coordinates are not here: the caller reopens them at
+        ``examples_before + examples_started``."""
+        slots = []
+        for slot in self._slots:
+            if slot is None:
+                slots.append(None)
+                continue
+            slots.append({"coord": list(slot.coord), "perm": list(slot.transform[0]), "flips": list(slot.transform[1]),
+                          "canvas": torch.from_numpy(slot.canvas.copy()), "moves": slot.moves.state_dict()})
+        c = self.counts
+        return {"slots": slots, "rng": json.dumps(self._rng.bit_generator.state),
+                "counts": [c.tp, c.fp, c.fn, c.tn, c.examples]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put back what ``state_dict`` saved, into a stream opened on the coordinates after those in flight."""
+        if len(state["slots"]) != len(self._slots):
+            raise ValueError(f"a stream of {len(state['slots'])} slots cannot resume one of {len(self._slots)}")
+        for i, saved in enumerate(state["slots"]):
+            if saved is None:
+                self._slots[i] = None
+                continue
+            coord = _zyx(saved["coord"])
+            transform = ([int(v) for v in saved["perm"]], [int(v) for v in saved["flips"]])
+            img, lab = self._load(coord, transform)
+            canvas = saved["canvas"].numpy().astype(np.float32, copy=True)
+            if canvas.shape != tuple(self.size):
+                raise ValueError(f"a saved example canvas of shape {canvas.shape} does not fit a box of {self.size}")
+            moves = self._moves(str(saved["moves"]["kind"]))
+            moves.load_state_dict(saved["moves"])
+            self._slots[i] = _Slot(coord, transform, img, lab, canvas, moves)
+        self._rng.bit_generator.state = json.loads(state["rng"])
+        tp, fp, fn, tn, examples = (int(v) for v in state["counts"])
+        self.counts = VoxelCounts(tp, fp, fn, tn, examples)
 
 
 def epoch_coordinates(
