@@ -1,4 +1,4 @@
-"""``hpctrain sites list|show|validate``: the machines hpctrain knows and checks of new profile files."""
+"""``hpctrain sites list|show|validate|discover``: the machines hpctrain knows and checks of new profile files."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_val.add_argument("paths", nargs="+", metavar="PATH")
     p_val.add_argument("--json", action="store_true")
     p_val.set_defaults(handler=cmd_validate)
+
+    _register_discover(sub)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -90,3 +92,75 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 for e in r["errors"]:
                     print(f"hpctrain: error: {e['text']}", file=sys.stderr)
     return 2 if failed else 0
+
+# --- discover (hpctrain/submission/discovery) -----------------------------------------------------------------
+
+
+def _register_discover(sub: argparse._SubParsersAction) -> None:
+    p_disc = sub.add_parser(
+        "discover", help="write a new site's profile from what its scheduler reports (or --check one)",
+        description="Ask the scheduler on the login node (here, or --remote over ssh; one round trip) for its "
+                    "queues, limits and node shape and print a validated site profile: each value's source as a "
+                    "comment, what it could not learn under `guessed:` and in a to-do list. --check FILE "
+                    "compares an existing profile with the machine instead (exit 0: no differences, 2: some).")
+    p_disc.add_argument("--remote", default=None, metavar="USER@LOGIN",
+                        help="discover over ssh on this login node (one ControlMaster connection)")
+    p_disc.add_argument("--ssh-config", default=None, metavar="FILE", help="ssh client config (ssh -F FILE)")
+    p_disc.add_argument("--name", default=None, help="the profile's name (default: the cluster's or host's name)")
+    p_disc.add_argument("-o", "--output", default=None, metavar="FILE",
+                        help="write the profile to FILE (atomically; an existing FILE needs --force)")
+    p_disc.add_argument("--force", action="store_true", help="replace an existing -o FILE")
+    p_disc.add_argument("--check", default=None, metavar="FILE",
+                        help="compare this profile (file or site name) with what the machine reports now")
+    p_disc.set_defaults(handler=cmd_discover)
+
+
+def cmd_discover(args: argparse.Namespace) -> int:
+    import sys
+
+    from hpctrain.exit_codes import EXIT_CONFIG
+    from hpctrain.submission.discovery import compare_profile, discover, draft_profile, write_profile
+    from hpctrain.submission.transport import LocalTransport, SSHTransport, Transport
+
+    if args.check and (args.output or args.name or args.force):
+        raise ConfigError("--check compares a profile with the machine and writes nothing",
+                          hint="drop -o/--name/--force, or drop --check to write a new profile")
+    if args.ssh_config and not args.remote:
+        raise ConfigError("--ssh-config is for --remote", hint="add --remote USER@LOGIN")
+    transport: Transport = SSHTransport(args.remote, ssh_config=args.ssh_config) if args.remote else LocalTransport()
+    if args.check:
+        from hpctrain.config.site import load_site
+
+        profile = load_site(args.check)
+        findings = discover(transport, args.remote)
+        result = compare_profile(profile, findings)
+        for note in result.notes:
+            print(f"note: {note}")
+        where = f"{findings.host} ({findings.scheduler.name})"
+        if not result.differences:
+            print(f"{args.check}: matches what {where} reports")
+            return 0
+        print(f"{args.check}: {len(result.differences)} difference(s) with what {where} reports:")
+        for difference in result.differences:
+            print(f"  {difference.text()}")
+        return EXIT_CONFIG
+
+    findings = discover(transport, args.remote)
+    draft = draft_profile(findings, args.name)
+    report = sys.stderr
+    if args.output:
+        path = write_profile(draft.text, args.output, force=args.force)
+        report = sys.stdout
+        print(f"wrote {path}: site {draft.profile.name!r} ({draft.profile.scheduler}, {len(draft.profile.queues)} "
+              f"queues); use it with --site {path}")
+    else:
+        sys.stdout.write(draft.text)
+        sys.stdout.flush()
+    for note in draft.notes:
+        print(f"note: {note}", file=report)
+    if draft.todo:
+        print(f"to do: {len(draft.todo)} value(s) are guesses; check them in the profile, then remove them from "
+              "`guessed:`", file=report)
+        for item in draft.todo:
+            print(f"  - {item}", file=report)
+    return 0

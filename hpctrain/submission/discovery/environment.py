@@ -1,0 +1,141 @@
+"""The login node's software around the scheduler: which launcher and MPI a job would use, the module system
+and loaded modules, a node-local scratch path, and the login node's own shape (the fallback when the
+scheduler says nothing about compute nodes).
+"""
+
+from __future__ import annotations
+
+import re
+
+from hpctrain.submission.discovery.facts import Fact, NodeFacts, SchedulerFacts, guess, learned
+from hpctrain.submission.discovery.probe import SCRATCH_DIRS, Probe
+
+# MPI families by what `mpiexec --version` prints, and the substring of MPI.Get_library_version() that
+# proves mpi4py runs on that family (what site.mpi.expected_library holds).
+_MPI_VERSION_PATTERNS = (
+    (re.compile(r"Intel\(R\) MPI", re.I), "Intel(R) MPI"),
+    (re.compile(r"Open ?MPI|OpenRTE", re.I), "Open MPI"),
+    (re.compile(r"MVAPICH", re.I), "MVAPICH"),
+    (re.compile(r"HYDRA|MPICH", re.I), "MPICH"),
+)
+# MPI modules by name (a loaded `cray-mpich/8.1.28` says more than mpiexec, which is PALS's on Cray EX).
+_MPI_MODULES = (
+    (re.compile(r"^cray-mpich(/|$)"), "CRAY MPICH"),
+    (re.compile(r"^(openmpi|ompi)(/|$)", re.I), "Open MPI"),
+    (re.compile(r"^(intel-mpi|impi|intel-oneapi-mpi)(/|$)", re.I), "Intel(R) MPI"),
+    (re.compile(r"^mvapich", re.I), "MVAPICH"),
+    (re.compile(r"^mpich(/|$)", re.I), "MPICH"),
+)
+# Environment variables whose value sites document as node-local scratch.
+_SCRATCH_VARIABLES = ("LOCAL_SCRATCH", "LOCALSCRATCH", "SCRATCH_LOCAL", "NODE_LOCAL_SCRATCH", "LOCAL_TMPDIR")
+
+
+def loaded_modules(probe: Probe) -> tuple[str | None, list[str]]:
+    """The module system (``Lmod``, ``Environment Modules``, None) and the modules a login shell has loaded."""
+    variables = probe.variables
+    login = probe.login_shell()
+    text = variables.get("LOADEDMODULES") or next((v for v in login.get("LOADEDMODULES", []) if v), "")
+    modules = [m for m in text.split(":") if m]
+    if "LMOD_VERSION" in variables or "LMOD_CMD" in variables:
+        system: str | None = "Lmod"
+    elif "MODULES_CMD" in variables or "MODULESHOME" in variables:
+        system = "Environment Modules"
+    elif login.get("MODULE_COMMAND"):
+        system = "a login shell's `module`"
+    else:
+        system = None
+    return system, modules
+
+
+def mpi_library(probe: Probe, modules: list[str]) -> tuple[Fact[str] | None, list[str]]:
+    """The MPI family a job would use (expected_library) and the loaded modules that provide it."""
+    for module in modules:
+        for pattern, family in _MPI_MODULES:
+            if pattern.search(module):
+                return learned(family, f"loaded module {module}"), [module]
+    version = probe.answered("mpi_version") or ""
+    for pattern, family in _MPI_VERSION_PATTERNS:
+        if pattern.search(version):
+            path = probe.programs.get("mpiexec", "mpiexec")
+            return learned(family, f"{path} --version"), []
+    return None, []
+
+
+def launcher(probe: Probe, scheduler: str, mpi: Fact[str] | None) -> Fact[str]:
+    """The profile's launcher for this scheduler and what the login node has."""
+    programs = probe.programs
+    if scheduler == "slurm":
+        return learned("srun", "Slurm's own launcher" + (" (found)" if "srun" in programs else ""))
+    if scheduler in ("pbs", "cobalt"):
+        if "aprun" in programs and (scheduler == "cobalt" or "mpiexec" not in programs):
+            return learned("aprun", f"Cray ALPS: {programs['aprun']}")
+        if "mpiexec" in programs:
+            return learned("mpiexec", f"{programs['mpiexec']}" + (f" ({mpi.value})" if mpi else ""))
+        return guess("mpiexec", "no mpiexec or aprun on the login node's PATH")
+    if mpi is not None and "mpiexec" in programs:
+        return learned("mpiexec", f"{programs['mpiexec']} ({mpi.value}); no scheduler")
+    return learned("local", "no scheduler and no MPI: hpctrain's own launcher")
+
+
+def srun_mpi_args(facts: SchedulerFacts, mpi: Fact[str] | None) -> Fact[list[str]]:
+    """``--mpi=PLUGIN`` for srun when Slurm's default would not start this MPI's ranks as one job."""
+    plugins, default = facts.mpi_plugins, (facts.mpi_default or "none")
+    if mpi is None:
+        return learned([], f"srun's MpiDefault={default}; no MPI found to choose a plug-in for")
+    wanted = {"CRAY MPICH": ["cray_shasta", "pmi2"], "Open MPI": ["pmix"], "MPICH": ["pmi2", "pmix"],
+              "MVAPICH": ["pmi2"], "Intel(R) MPI": ["pmi2"]}.get(mpi.value, [])
+    if default in wanted:
+        return learned([], f"MpiDefault={default} already suits {mpi.value}")
+    for plugin in wanted:
+        if plugin in plugins or any(p.startswith(plugin + "_") for p in plugins):
+            return learned([f"--mpi={plugin}"], f"srun --mpi=list offers {plugin} for {mpi.value} "
+                                                f"(MpiDefault={default})")
+    return learned([], f"srun --mpi=list offers none of {', '.join(wanted) or 'the usual plug-ins'} for "
+                       f"{mpi.value}; MpiDefault={default}")
+
+
+def comm_backend(node: NodeFacts, mpi: Fact[str] | None) -> Fact[str]:
+    """NCCL (RCCL on AMD) where nodes have NVIDIA/AMD GPUs, MPI where an MPI exists, else gloo."""
+    kind = node.gpu_kind.value
+    if node.gpus.value > 0 and kind in ("nvidia", "amd"):
+        return learned("nccl", f"chosen: {node.gpus.value} {kind} GPUs per node")
+    if mpi is not None:
+        return learned("mpi", f"chosen: {mpi.value} found")
+    return learned("gloo", "chosen: no MPI found on the login node (torch.distributed over TCP)")
+
+
+def scratch(probe: Probe, facts: SchedulerFacts) -> Fact[str] | None:
+    """A node-local scratch path: the scheduler's (Slurm TmpFS), a variable that names one, a known directory."""
+    variables = probe.variables
+    for name in _SCRATCH_VARIABLES:
+        if variables.get(name, "").startswith("/"):
+            return learned(variables[name], f"${name} on the login node")
+    if facts.scratch is not None:
+        return facts.scratch
+    for directory in probe.out("dirs").splitlines():
+        if directory in SCRATCH_DIRS:
+            return guess(directory, f"{directory} exists on the login node; sites use it for node-local scratch")
+    tmpdir = variables.get("TMPDIR", "")
+    if tmpdir.startswith("/") and tmpdir.rstrip("/") != "/tmp":
+        return guess(tmpdir, "$TMPDIR on the login node")
+    return None
+
+
+def login_node(probe: Probe, why: str, runs_jobs: bool = False) -> NodeFacts:
+    """The login node's own CPUs and memory: the machine's shape when it runs the jobs itself (no
+    scheduler, ``runs_jobs``), else guesses for compute nodes the scheduler did not describe."""
+    cpus_text = probe.out("cpus").strip()
+    cpus = int(cpus_text) if cpus_text.isdigit() and int(cpus_text) > 0 else 1
+    memory_text = probe.out("memory").strip()
+    memory = round(int(memory_text) / 2 ** 20, 1) if memory_text.isdigit() else 0.0
+    host = probe.out("host").strip() or "the login node"
+    fact = learned if runs_jobs and cpus_text.isdigit() else guess
+    return NodeFacts(
+        cores=fact(cpus, f"{why}: getconf _NPROCESSORS_ONLN on {host} (logical CPUs)"),
+        threads_per_core=guess(1, f"{why}: hardware threads per core not asked"),
+        gpus=guess(0, f"{why}: GPUs not asked"),
+        gpu_kind=guess("none", f"{why}: GPUs not asked"),
+        memory_gb=(fact(memory, f"{why}: MemTotal in /proc/meminfo on {host}") if memory > 0
+                   else guess(1.0, f"{why}: no /proc/meminfo on {host}")),
+        count=1,
+    )

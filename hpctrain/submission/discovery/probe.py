@@ -1,0 +1,205 @@
+"""ONE round trip to the login node: a POSIX sh script asks everything discovery needs, in marked sections.
+
+Only the commands that exist run (``command -v``); each section keeps its command's stdout, stderr and exit
+status apart, and every command runs under ``timeout`` where the login node has it, so one hung scheduler
+command costs its own section, not the whole answer. The readers then work on the text alone.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+from hpctrain.errors import TransportError
+from hpctrain.submission.transport import Transport
+
+MARK = "@@hpctrain-discover"
+PROBE_TIMEOUT_S = 180.0
+COMMAND_TIMEOUT_S = 40
+SLURM_SINFO_FORMAT = "%R|%a|%l|%D|%c|%z|%m|%G|%P"
+# Scheduler, launcher and MPI programs whose presence (and path) the probe reports.
+PROGRAMS = ("sinfo", "scontrol", "sacctmgr", "srun", "sbatch", "squeue", "qstat", "qsub", "pbsnodes", "partlist",
+            "cqsub", "nodelist", "aprun", "mpiexec", "mpirun")
+# Environment variables read on the login node: node-local scratch, module systems, scheduler and MPI hints.
+VARIABLES = ("TMPDIR", "LOCAL_SCRATCH", "LOCALSCRATCH", "SCRATCH_LOCAL", "NODE_LOCAL_SCRATCH", "LOCAL_TMPDIR",
+             "LOADEDMODULES", "LMOD_VERSION", "LMOD_CMD", "MODULESHOME", "MODULES_CMD", "PE_ENV",
+             "CRAY_MPICH_VERSION", "SLURM_CONF", "PBS_EXEC")
+# Directories that sites document as node-local scratch (Polaris /local/scratch, ThetaGPU /raid/scratch,
+# Frontier's NVMe /mnt/bb); seen on the login node they are only a hint for the compute nodes.
+SCRATCH_DIRS = ("/local/scratch", "/lscratch", "/scratch/local", "/raid/scratch", "/mnt/bb")
+
+_PRELUDE = f"""\
+t=$(mktemp 2>/dev/null) || t="${{TMPDIR:-/tmp}}/hpctrain-discover.$$"
+sec() {{ printf '\\n{MARK} %s\\n' "$*"; }}
+have() {{ command -v "$1" >/dev/null 2>&1; }}
+if have timeout; then T="timeout {COMMAND_TIMEOUT_S}"; else T=; fi
+run() {{ n=$1; shift; sec "$n" out; $T "$@" </dev/null 2>"$t"; rc=$?; sec "$n" err; cat "$t" 2>/dev/null; \
+sec "$n" rc "$rc"; return "$rc"; }}
+u=$(id -un 2>/dev/null) || u=${{USER:-}}
+sec host out; uname -n 2>/dev/null
+sec user out; printf '%s\\n' "$u"
+sec cpus out; getconf _NPROCESSORS_ONLN 2>/dev/null
+sec memory out; while read -r k v rest; do [ "$k" = MemTotal: ] && printf '%s\\n' "$v"; done </proc/meminfo
+sec programs out
+for c in {" ".join(PROGRAMS)}; do p=$(command -v "$c" 2>/dev/null) && printf '%s %s\\n' "$c" "$p"; done
+sec variables out
+for v in {" ".join(VARIABLES)}; do eval "x=\\${{$v-}}"; [ -n "$x" ] && printf '%s=%s\\n' "$v" "$x"; done
+sec dirs out
+for d in {" ".join(SCRATCH_DIRS)}; do [ -d "$d" ] && printf '%s\\n' "$d"; done
+"""
+
+_SCHEDULERS = f"""\
+if have sinfo || have scontrol; then
+  run slurm_partitions scontrol show partition -o
+  run slurm_nodes scontrol show node -o
+  run slurm_sinfo sinfo -h -o '{SLURM_SINFO_FORMAT}'
+  run slurm_config scontrol show config
+  have sacctmgr && run slurm_assoc sacctmgr -nP show assoc "user=$u" format=Account,Partition,QOS
+  have srun && run slurm_mpi srun --mpi=list
+elif have qstat || have pbsnodes || have partlist; then
+  have qstat && run qstat_queues qstat -Q
+  if have partlist || have cqsub; then
+    run cobalt_partlist partlist
+  else
+    have qstat && {{ run pbs_queues_json qstat -Q -f -F json || run pbs_queues qstat -Q -f; }}
+    have qstat && run pbs_server qstat -B -f
+    have pbsnodes && {{ run pbs_nodes_json pbsnodes -a -F json || run pbs_nodes pbsnodes -a; }}
+  fi
+fi
+"""
+
+# A login shell sees what `module` and the site's profile scripts set up; hpctrain's own ssh commands do not.
+# Its output is read only from lines with these prefixes: profile scripts may print anything else.
+_LOGIN_SHELL = r"""printf 'LOADEDMODULES=%s\n' "${LOADEDMODULES-}"
+type module >/dev/null 2>&1 && echo MODULE_COMMAND=yes
+for c in sinfo qstat pbsnodes partlist srun mpiexec aprun; do
+  p=$(command -v "$c" 2>/dev/null) && echo "PROGRAM=$c $p"
+done"""
+
+_TAIL = f"""\
+have mpiexec && run mpi_version mpiexec --version
+have bash && run login bash -lc {shlex.quote(_LOGIN_SHELL)}
+rm -f "$t"
+sec end
+exit 0
+"""
+
+
+def probe_script() -> str:
+    """The whole probe (POSIX sh); it always exits 0 and ends with the ``end`` section."""
+    return _PRELUDE + _SCHEDULERS + _TAIL
+
+
+@dataclass(frozen=True)
+class Section:
+    """One command's answer; ``rc`` is None for the probe's own sections and for commands that never ran."""
+
+    out: str = ""
+    err: str = ""
+    rc: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The login node's answers, by section name (missing sections: the command does not exist there)."""
+
+    sections: dict[str, Section] = field(default_factory=dict)
+
+    def get(self, name: str) -> Section | None:
+        return self.sections.get(name)
+
+    def out(self, name: str) -> str:
+        section = self.sections.get(name)
+        return section.out if section else ""
+
+    def answered(self, name: str) -> str | None:
+        """The stdout of a command that ran and exited 0, else None."""
+        section = self.sections.get(name)
+        return section.out if section is not None and section.ok else None
+
+    def failure(self, name: str) -> str | None:
+        """``name`` failed: the first line of its stderr (usage text may follow), else its exit status; None
+        when it answered or never ran."""
+        section = self.sections.get(name)
+        if section is None or section.rc is None or section.ok:
+            return None
+        lines = [ln.strip() for ln in (section.err or section.out).splitlines() if ln.strip()]
+        if section.rc == 124:
+            return f"no answer within {COMMAND_TIMEOUT_S} s"
+        return lines[0] if lines else f"exit status {section.rc}"
+
+    @property
+    def programs(self) -> dict[str, str]:
+        """Program name -> path on the login node, for the programs in PROGRAMS that exist."""
+        found = {}
+        for line in self.out("programs").splitlines():
+            name, _, path = line.partition(" ")
+            if name and path:
+                found[name] = path.strip()
+        return found
+
+    @property
+    def variables(self) -> dict[str, str]:
+        found = {}
+        for line in self.out("variables").splitlines():
+            name, sep, value = line.partition("=")
+            if sep and name in VARIABLES:
+                found[name] = value
+        return found
+
+    def login_shell(self) -> dict[str, list[str]]:
+        """Values printed by the login shell, by prefix (LOADEDMODULES, MODULE_COMMAND, PROGRAM)."""
+        found: dict[str, list[str]] = {}
+        for line in self.out("login").splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key in ("LOADEDMODULES", "MODULE_COMMAND", "PROGRAM"):
+                found.setdefault(key, []).append(value.strip())
+        return found
+
+
+def split_sections(stdout: str) -> dict[str, Section]:
+    """The sections of the probe's output (a section's text without its surrounding blank lines)."""
+    parts: dict[str, dict[str, str]] = {}
+    current: tuple[str, str] | None = None
+    buf: list[str] = []
+
+    def flush() -> None:
+        if current is not None:
+            parts.setdefault(current[0], {})[current[1]] = "\n".join(buf).strip("\n")
+
+    for line in stdout.split("\n"):
+        if line.startswith(MARK + " "):
+            flush()
+            buf = []
+            words = line[len(MARK) + 1:].split()
+            current = None
+            if len(words) >= 3 and words[1] == "rc":
+                parts.setdefault(words[0], {})["rc"] = words[2]
+            elif len(words) >= 2:
+                current = (words[0], words[1])
+            elif words:
+                parts.setdefault(words[0], {})
+            continue
+        buf.append(line)
+    flush()
+    sections = {}
+    for name, p in parts.items():
+        rc = p.get("rc")
+        sections[name] = Section(p.get("out", ""), p.get("err", ""),
+                                 int(rc) if rc is not None and rc.lstrip("-").isdigit() else None)
+    return sections
+
+
+def run_probe(transport: Transport, timeout: float = PROBE_TIMEOUT_S) -> Probe:
+    """Run the probe once through ``transport``; a probe that did not finish is a TransportError."""
+    done = transport.run(["sh", "-c", probe_script()], timeout=timeout, check=False)
+    sections = split_sections(done.stdout)
+    if "end" not in sections:
+        detail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}, no output"])[-1]
+        raise TransportError(f"the discovery probe on {transport.host} did not finish: {detail}",
+                             hint="check that a POSIX sh runs there (`ssh HOST sh -c true`)")
+    return Probe(sections)

@@ -1,0 +1,279 @@
+"""Findings -> a site profile: YAML with each value's source as a comment, every value the machine did not
+give under ``guessed:`` and in a to-do list, validated by the same schema as every shipped profile.
+
+``write_profile`` writes it atomically and never replaces an existing file unless told to.
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import TypeAdapter, ValidationError
+
+from hpctrain.config.common import Name, Word
+from hpctrain.config.site import SiteProfile
+from hpctrain.config.validation import validate_model
+from hpctrain.config.walltime import format_hms
+from hpctrain.config.yamlio import parse_yaml
+from hpctrain.errors import ConfigError, HpctrainError
+from hpctrain.submission.discovery.detect import SCHEDULER_TITLES
+from hpctrain.submission.discovery.facts import NO_LIMIT_S, NO_LIMIT_TEXT, Fact, Findings, NodeFacts, describe_shape
+
+REMOTE_ROOT = "$HOME/hpctrain-runs"
+_WORD = TypeAdapter(Word)
+_NAME = TypeAdapter(Name)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A discovered profile: its YAML text, the validated model, the to-do list and notes for the user."""
+
+    text: str
+    profile: SiteProfile
+    todo: list[str]
+    notes: list[str] = field(default_factory=list)
+
+
+def _yaml_scalar(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
+    text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
+    return text.removesuffix("\n...").removesuffix("...").strip()
+
+
+def _comment(text: str) -> str:
+    """One line of comment text: whatever a scheduler printed, it cannot end the comment or break the YAML."""
+    return " ".join("".join(c if c.isprintable() else "?" for c in text).split())
+
+
+class _Writer:
+    """Builds the YAML line by line: ``key: value  # source``; guessed facts are collected on the way."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.guessed: dict[str, tuple[Any, str]] = {}
+
+    def value(self, path: tuple[str, ...], value: Any, source: str = "", guessed: bool = False) -> None:
+        key = _yaml_scalar(path[-1])
+        note = f"  # {'GUESSED: ' if guessed else ''}{_comment(source)}" if source else ""
+        self.lines.append(f"{'  ' * (len(path) - 1)}{key}: {_yaml_scalar(value)}{note}")
+        if guessed:
+            self.guessed[".".join(path)] = (value, source)
+
+    def fact(self, path: tuple[str, ...], fact: Fact[Any], value: Any = None) -> None:
+        self.value(path, fact.value if value is None else value, fact.source, fact.guessed)
+
+    def section(self, path: tuple[str, ...], source: str = "") -> None:
+        note = f"  # {_comment(source)}" if source else ""
+        self.lines.append(f"{'  ' * (len(path) - 1)}{_yaml_scalar(path[-1])}:{note}")
+
+
+def _walltime_text(seconds: int) -> str:
+    return NO_LIMIT_TEXT if seconds >= NO_LIMIT_S else format_hms(seconds)
+
+
+def profile_name(findings: Findings, requested: str | None) -> str:
+    """``requested`` (checked), else the cluster's name, else the login host's name without ``login``/digits."""
+    if requested is not None:
+        if not _valid(_NAME, requested):
+            raise ConfigError(f"--name {requested!r} is not a valid site name",
+                              hint="use letters, digits, '_', '.' and '-' (at most 64 characters)")
+        return requested
+    candidates = [findings.scheduler.cluster_name or ""]
+    host = (findings.remote or "").rpartition("@")[2] or findings.host
+    for label in host.split("."):
+        candidates.append(re.sub(r"[-_]?(login|uan|ln)[-_]?\d*$|[-_]?\d+$", "", label, flags=re.I))
+    for candidate in candidates:
+        cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", candidate).strip("-._")[:64]
+        if cleaned and not re.fullmatch(r"(login|uan|ln)\d*", cleaned, re.I) and _valid(_NAME, cleaned):
+            return cleaned
+    return "discovered"
+
+
+def _valid(adapter: TypeAdapter[str], value: str) -> bool:
+    """True when ``value`` passes the schema's own check (Name, Word)."""
+    try:
+        adapter.validate_python(value)
+    except ValidationError:
+        return False
+    return True
+
+
+def _is_word(name: str) -> bool:
+    return _valid(_WORD, name)
+
+
+def _node(w: _Writer, path: tuple[str, ...], node: NodeFacts, base: NodeFacts | None = None) -> None:
+    """The node mapping; with ``base``, only the fields that differ from it (a queue's node override)."""
+    fields = [("cores", node.cores), ("threads_per_core", node.threads_per_core), ("gpus", node.gpus),
+              ("gpu_kind", node.gpu_kind), ("memory_gb", node.memory_gb)]
+    if base is not None:
+        ref = {"cores": base.cores, "threads_per_core": base.threads_per_core, "gpus": base.gpus,
+               "gpu_kind": base.gpu_kind, "memory_gb": base.memory_gb}
+        fields = [(k, f) for k, f in fields if f.value != ref[k].value]
+        if not fields:
+            return
+    w.section(path, f"{node.count} nodes like this" if node.count > 1 else "")
+    for key, fact in fields:
+        w.fact((*path, key), fact)
+
+
+def draft_profile(findings: Findings, name: str | None = None, *, now: datetime.datetime | None = None) -> Draft:
+    """The profile for ``findings``; a ConfigError (a bug, reported as such) if it does not validate."""
+    facts = findings.scheduler
+    site_name = profile_name(findings, name)
+    w = _Writer()
+    notes = list(findings.notes)
+    title = SCHEDULER_TITLES[facts.name]
+
+    w.value(("scheduler",), facts.name, f"{title} found on {findings.host}" if facts.name != "local"
+            else "no scheduler commands found")
+    w.fact(("launcher",), findings.launcher)
+    if findings.launcher_args.value:
+        w.fact(("launcher_args",), findings.launcher_args)
+    login = (findings.remote or "").rpartition("@")[2] or findings.host
+    w.value(("login_host",), login, "where discovery ran" + (" (over ssh)" if findings.remote else ""))
+    w.value(("remote_root",), REMOTE_ROOT, "a default: run directories must be on a file system the compute "
+            "nodes see, with room for checkpoints", guessed=facts.name != "local")
+    _node(w, ("node",), findings.node)
+
+    queues = {}
+    for qname, queue in facts.queues.items():
+        if _is_word(qname):
+            queues[qname] = queue
+        else:
+            notes.append(f"queue {qname!r} left out: its name cannot be written into a batch script")
+    if queues and facts.name != "local":
+        w.section(("queues",), f"{len(queues)} from {title}")
+        for qname, queue in queues.items():
+            path = ("queues", qname)
+            w.section(path)
+            if queue.description:
+                w.value((*path, "description"), queue.description, f"from {title}'s queue list")
+            w.fact((*path, "max_nodes"), queue.max_nodes)
+            if queue.min_nodes is not None and queue.min_nodes.value > 1:
+                w.fact((*path, "min_nodes"), queue.min_nodes)
+            w.fact((*path, "max_walltime"), queue.max_walltime_s, _walltime_text(queue.max_walltime_s.value))
+            if queue.node is not None:
+                _node(w, (*path, "node"), queue.node, base=findings.node)
+        default = facts.default_queue
+        if default is not None and default.value in queues:
+            w.fact(("default_queue",), default)
+        else:
+            w.value(("default_queue",), next(iter(queues)), "the first queue listed", guessed=True)
+
+    if facts.name != "local":
+        accounts = facts.accounts.value if facts.accounts else []
+        usable = [a for a in accounts if _is_word(a)]
+        if len(usable) == 1 and facts.accounts is not None:
+            w.value(("account",), usable[0], facts.accounts.source)
+        elif len(usable) > 1:
+            notes.append(f"you have {len(usable)} accounts ({', '.join(usable)}): set `account:` in the profile "
+                         "or `--set account=...`")
+        w.value(("account_required",), False, f"{title} does not say whether jobs must name an account",
+                guessed=True)
+
+    if findings.module_system or findings.loaded_modules:
+        loaded = ", ".join(findings.loaded_modules) or "none"
+        w.section(("environment",), f"{findings.module_system or 'modules'}; loaded on {findings.host}: {loaded}")
+        w.value(("environment", "modules"), [], "the modules your jobs need (python, the framework)",
+                guessed=True)
+    w.fact(("comm_backend",), findings.comm_backend)
+    if findings.mpi_library is not None:
+        w.section(("mpi",))
+        if findings.mpi_modules:
+            w.value(("mpi", "modules"), findings.mpi_modules, "loaded on the login node")
+        w.fact(("mpi", "expected_library"), findings.mpi_library)
+
+    node = findings.node
+    largest = max((q.max_nodes.value for q in queues.values()), default=0)
+    described = f"{title} cluster" + (f", nodes of {describe_shape(node.shape())}" if not node.cores.guessed
+                                      else "")
+    if facts.name == "local":
+        described = f"{findings.host}, no scheduler ({describe_shape(node.shape())})"
+    elif largest:
+        described += f"; largest queue {largest} nodes"
+    stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    header = [f"# Discovered by `hpctrain sites discover` on {findings.host}"
+              + (f" (as {findings.user})" if findings.user else "") + f", {stamp}.",
+              "# Each value's comment names the command it came from; GUESSED values (also under `guessed:`)",
+              "# are placeholders the machine did not report: check them, then delete them from `guessed:`."]
+    if findings.scratch is not None:
+        header.append(f"# Node-local scratch: {findings.scratch.value} ({_comment(findings.scratch.source)}); the "
+                      "profile has no key for it: point data paths there in the job spec.")
+    header += [f"# Note: {_comment(n)}" for n in notes]
+    top = [f"name: {_yaml_scalar(site_name)}", f"description: {_yaml_scalar(described)}"]
+    if w.guessed:
+        top.append("guessed:")
+        top += [f"  - {_yaml_scalar(key)}" for key in w.guessed]
+    text = "\n".join(header + top + w.lines) + "\n"
+    profile = validate_discovered(text)
+    todo = [f"{key} = {_yaml_scalar(v)}"
+            f"  ({_comment(why)})" for key, (v, why) in w.guessed.items()]
+    return Draft(text=text, profile=profile, todo=todo, notes=notes)
+
+
+def validate_discovered(text: str, path: str = "<discovered profile>") -> SiteProfile:
+    """The profile in ``text``, validated exactly as a profile file would be."""
+    try:
+        return validate_model(SiteProfile, parse_yaml(text, path))
+    except ConfigError as exc:
+        raise HpctrainError(f"discovery wrote a profile that does not validate (a bug in hpctrain): {exc}",
+                            hint="please report it with the output of `hpctrain sites discover`") from None
+
+
+def write_profile(text: str, path: str | os.PathLike[str], force: bool = False) -> Path:
+    """Write ``text`` to ``path`` atomically; an existing file is replaced only with ``force``."""
+    dest = Path(path)
+    if dest.is_dir():
+        raise ConfigError("is a directory, not a profile file", path=str(dest), hint="give a file name like NAME.yaml")
+    if dest.exists() and not force:
+        raise ConfigError("file exists; not replaced", path=str(dest), hint="pass --force to replace it")
+    directory = dest.parent if str(dest.parent) else Path(".")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise ConfigError(f"cannot write here: {exc.strerror}", path=str(dest)) from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        _publish(tmp, dest, force)
+    except FileExistsError:
+        raise ConfigError("file exists; not replaced", path=str(dest), hint="pass --force to replace it") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write the profile: {exc.strerror}", path=str(dest)) from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return dest
+
+
+def _publish(tmp: str, dest: Path, force: bool) -> None:
+    """Give the finished temp file its name: replace with ``force``, else refuse an existing name."""
+    if force:
+        os.replace(tmp, dest)
+        return
+    try:
+        # link() refuses an existing name atomically: a file created meanwhile is not overwritten either.
+        os.link(tmp, dest)
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        # File systems without hard links: check, then rename (a race window only there).
+        if dest.exists():
+            raise FileExistsError(str(dest)) from None
+        os.replace(tmp, dest)

@@ -1,0 +1,255 @@
+"""Slurm's answers to discovery: partitions and their limits (``scontrol show partition -o``), node shapes
+(``scontrol show node -o``, or ``sinfo`` when scontrol is refused), accounts (``sacctmgr show assoc``), the
+MPI plug-ins of ``srun --mpi=list`` and ``scontrol show config`` (MpiDefault, TmpFS, ClusterName).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from hpctrain.config.walltime import parse_walltime
+from hpctrain.submission.discovery.facts import (
+    NO_LIMIT_S,
+    Fact,
+    NodeFacts,
+    QueueFacts,
+    SchedulerFacts,
+    gpu_kind_of,
+    guess,
+    learned,
+    most_common,
+    node_kinds_note,
+)
+from hpctrain.submission.discovery.probe import Probe
+
+# `Key=Value` pairs of a `scontrol -o` line; a value runs until the next ` Key=` (values may hold spaces:
+# OS=Linux 6.1 #1 SMP, Reason=...).
+_PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_:/.\[\]]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/.\[\]]*=|\s*$)")
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::([^:(,]+))?:(\d+)")
+_NO_LIMIT = {"UNLIMITED", "INFINITE", "NONE"}
+
+
+def key_values(line: str) -> dict[str, str]:
+    """The ``Key=Value`` pairs of one ``scontrol show ... -o`` line."""
+    return {k: v.strip() for k, v in _PAIR.findall(line)}
+
+
+def records(text: str, first_key: str) -> list[dict[str, str]]:
+    """One dict per ``scontrol -o`` line that starts with ``first_key=``."""
+    return [key_values(ln) for ln in text.splitlines() if ln.strip().startswith(first_key + "=")]
+
+
+def slurm_seconds(text: str) -> int | None:
+    """Seconds in a Slurm time limit (``1-00:00:00``, ``02:00:00``, ``30``); None for UNLIMITED/INFINITE."""
+    if text.strip().upper() in _NO_LIMIT:
+        return None
+    return parse_walltime(text.strip())
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text is not None and text.strip().isdigit() else None
+
+
+def gres_gpus(gres: str) -> tuple[int, str | None]:
+    """GPUs per node and their model from a Gres string (``gpu:a100:4(S:0-1)``; ``(null)`` is none)."""
+    count, model = 0, None
+    for found_model, n in _GRES_GPU.findall(gres or ""):
+        count += int(n)
+        model = model or (found_model or None)
+    return count, model
+
+
+def _gpu_kind(count: int, model: str | None, source: str) -> Fact[str]:
+    if count == 0:
+        return learned("none", source)
+    kind = gpu_kind_of(model or "")
+    if kind:
+        return learned(kind, f"{source}: GPU type {model}")
+    return guess("nvidia", f"{source} names no GPU vendor ({model or 'no type'})")
+
+
+def node_from_scontrol(rec: dict[str, str]) -> NodeFacts | None:
+    """A node's shape from its ``scontrol show node -o`` fields (None when the line lacks the CPU layout)."""
+    sockets, per_socket = _int(rec.get("Sockets")), _int(rec.get("CoresPerSocket"))
+    threads = _int(rec.get("ThreadsPerCore")) or 1
+    total = _int(rec.get("CPUTot"))
+    if sockets and per_socket:
+        cores = sockets * per_socket
+    elif total:
+        cores = max(total // threads, 1)
+    else:
+        return None
+    memory = _int(rec.get("RealMemory"))
+    gpus, model = gres_gpus(rec.get("Gres", ""))
+    src = "scontrol show node"
+    return NodeFacts(
+        cores=learned(cores, f"{src}: Sockets={rec.get('Sockets')} x CoresPerSocket={rec.get('CoresPerSocket')}"),
+        threads_per_core=learned(threads, f"{src}: ThreadsPerCore={threads}"),
+        gpus=learned(gpus, f"{src}: Gres={rec.get('Gres', '(null)')}"),
+        gpu_kind=_gpu_kind(gpus, model, f"{src} Gres"),
+        memory_gb=(learned(round(memory / 1024, 1), f"{src}: RealMemory={memory} MB") if memory
+                   else guess(1.0, f"{src} gives no RealMemory")),
+        count=1,
+    )
+
+
+def node_from_sinfo(fields: list[str]) -> NodeFacts | None:
+    """A node kind from one ``sinfo -o '%R|%a|%l|%D|%c|%z|%m|%G|%P'`` row (S:C:T in %z)."""
+    try:
+        sockets, per_socket, threads = (int(x) for x in fields[5].split(":"))
+        count, memory = int(fields[3]), int(fields[6].rstrip("+"))
+    except (ValueError, IndexError):
+        return None
+    gpus, model = gres_gpus(fields[7])
+    src = "sinfo"
+    return NodeFacts(
+        cores=learned(sockets * per_socket, f"{src}: S:C:T={fields[5]}"),
+        threads_per_core=learned(threads, f"{src}: S:C:T={fields[5]}"),
+        gpus=learned(gpus, f"{src}: GRES={fields[7]}"),
+        gpu_kind=_gpu_kind(gpus, model, f"{src} GRES"),
+        memory_gb=learned(round(memory / 1024, 1), f"{src}: MEMORY={memory} MB"),
+        count=count,
+    )
+
+
+def _queue(rec: dict[str, str], node: NodeFacts | None) -> QueueFacts:
+    name = rec["PartitionName"]
+    src = f"scontrol show partition {name}"
+    total = _int(rec.get("TotalNodes")) or (node.count if node else 0) or 1
+    max_nodes_text = rec.get("MaxNodes", "UNLIMITED")
+    max_nodes = _int(max_nodes_text)
+    if max_nodes is None:
+        nodes = learned(total, f"{src}: MaxNodes={max_nodes_text}, so its TotalNodes={total}")
+    else:
+        nodes = learned(min(max_nodes, total), f"{src}: MaxNodes={max_nodes}" +
+                        (f" (but TotalNodes={total})" if max_nodes > total else ""))
+    max_time = rec.get("MaxTime", "UNLIMITED")
+    try:
+        seconds = slurm_seconds(max_time)
+        walltime = learned(seconds if seconds is not None else NO_LIMIT_S,
+                           f"{src}: MaxTime={max_time}" + ("" if seconds is not None else " (no limit)"))
+    except ValueError:
+        walltime = guess(24 * 3600, f"{src}: MaxTime={max_time} could not be read")
+    min_text = rec.get("MinNodes")
+    min_nodes = _int(min_text)
+    state = rec.get("State", "UP")
+    return QueueFacts(
+        name=name, max_nodes=nodes, max_walltime_s=walltime,
+        min_nodes=learned(max(min_nodes, 1), f"{src}: MinNodes={min_text}") if min_nodes is not None else None,
+        node=node, description="" if state == "UP" else f"State={state} when discovered",
+    )
+
+
+def _sinfo_rows(text: str) -> Iterable[list[str]]:
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) >= 9:
+            yield fields
+
+
+def read_slurm(probe: Probe) -> SchedulerFacts:
+    """Partitions, node shapes, accounts and MPI plug-ins from the probe's Slurm sections."""
+    facts = SchedulerFacts(name="slurm", answered=False)
+    partitions = probe.answered("slurm_partitions")
+    nodes_text = probe.answered("slurm_nodes")
+    sinfo_text = probe.answered("slurm_sinfo")
+
+    # Node kinds per partition: from scontrol's node lines, else from sinfo's rows.
+    shapes_of: dict[str, list[NodeFacts]] = {}
+    all_shapes: list[NodeFacts] = []
+    for rec in records(nodes_text or "", "NodeName"):
+        shape = node_from_scontrol(rec)
+        if shape is None:
+            continue
+        all_shapes.append(shape)
+        for part in filter(None, rec.get("Partitions", "").split(",")):
+            shapes_of.setdefault(part, []).append(shape)
+    if not all_shapes:
+        for fields in _sinfo_rows(sinfo_text or ""):
+            shape = node_from_sinfo(fields)
+            if shape is not None:
+                all_shapes.append(shape)
+                shapes_of.setdefault(fields[0], []).append(shape)
+    facts.node = most_common(all_shapes)
+    if facts.node is not None:
+        note = node_kinds_note(all_shapes, "the machine")
+        if note:
+            facts.notes.append(note)
+
+    default = None
+    for rec in records(partitions or "", "PartitionName"):
+        name = rec["PartitionName"]
+        facts.queues[name] = _queue(rec, most_common(shapes_of.get(name, [])))
+        if rec.get("Default") == "YES":
+            default = name
+    if not facts.queues:
+        for fields in _sinfo_rows(sinfo_text or ""):
+            name = fields[0]
+            if name in facts.queues:
+                continue
+            rec = {"PartitionName": name, "MaxTime": fields[2], "TotalNodes": fields[3]}
+            facts.queues[name] = _queue(rec, most_common(shapes_of.get(name, [])))
+            if fields[8].endswith("*"):
+                default = name
+    if default is not None:
+        facts.default_queue = learned(default, f"scontrol show partition {default}: Default=YES")
+    elif facts.queues:
+        first = next(iter(facts.queues))
+        facts.default_queue = guess(first, "no partition has Default=YES; the first one listed")
+    facts.answered = bool(facts.queues or facts.node)
+    for section in ("slurm_partitions", "slurm_nodes", "slurm_sinfo"):
+        failure = probe.failure(section)
+        if failure and not facts.answered:
+            facts.notes.append(f"{_COMMANDS[section]} failed: {failure}")
+
+    _read_config(probe, facts)
+    _read_accounts(probe, facts)
+    facts.mpi_plugins = mpi_plugins(probe.answered("slurm_mpi") or "")
+    return facts
+
+
+_COMMANDS = {"slurm_partitions": "scontrol show partition", "slurm_nodes": "scontrol show node",
+             "slurm_sinfo": "sinfo", "slurm_assoc": "sacctmgr show assoc", "slurm_config": "scontrol show config"}
+
+
+def config_values(text: str) -> dict[str, str]:
+    """``Key = Value`` lines of ``scontrol show config``."""
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            values[key.strip()] = value.strip()
+    return values
+
+
+def _read_config(probe: Probe, facts: SchedulerFacts) -> None:
+    config = config_values(probe.answered("slurm_config") or "")
+    name = config.get("ClusterName")
+    facts.cluster_name = name if name and name != "(null)" else None
+    mpi_default = config.get("MpiDefault")
+    facts.mpi_default = mpi_default if mpi_default and mpi_default != "(null)" else None
+    tmpfs = config.get("TmpFS")
+    if tmpfs and tmpfs.startswith("/"):
+        facts.scratch = learned(tmpfs, "scontrol show config: TmpFS (the jobs' node-local temporary space)")
+
+
+def _read_accounts(probe: Probe, facts: SchedulerFacts) -> None:
+    text = probe.answered("slurm_assoc")
+    if text is None:
+        failure = probe.failure("slurm_assoc")
+        if failure:
+            facts.notes.append(f"sacctmgr show assoc failed ({failure}): accounts not known")
+        return
+    accounts = sorted({ln.split("|")[0].strip() for ln in text.splitlines() if ln.split("|")[0].strip()})
+    facts.accounts = learned(accounts, "sacctmgr show assoc user=" + (probe.out("user") or "$USER"))
+
+
+def mpi_plugins(text: str) -> list[str]:
+    """Plug-in names listed by ``srun --mpi=list`` (``srun: `` prefixes and version lines dropped)."""
+    names = []
+    for line in text.splitlines():
+        word = line.strip().removeprefix("srun:").strip()
+        if word and " " not in word and not word.endswith(":"):
+            names.append(word)
+    return names
