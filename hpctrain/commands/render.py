@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from pathlib import Path
 
 from hpctrain.commands.common_args import add_job_arguments, load_job_from_args
 
@@ -19,8 +21,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from hpctrain.config.site import load_site
     from hpctrain.submission.render import render_script
 
@@ -30,12 +30,39 @@ def cmd_render(args: argparse.Namespace) -> int:
     run_dir = args.run_dir or f"{root}/{job.name}"
     rendered = render_script(job, site, run_dir=run_dir, spec_path=f"{run_dir}/job.yaml", python=args.python)
     if args.output:
-        out = Path(args.output)
-        tmp = out.with_name(f".{out.name}.tmp")
-        tmp.write_text(rendered.text, encoding="utf-8")
-        tmp.chmod(0o755)
-        tmp.replace(out)
-        print(f"wrote {out}", file=sys.stderr)
+        write_script(Path(args.output), rendered.text)
+        print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(rendered.text)
     return 0
+
+
+def write_script(out: Path, text: str) -> None:
+    """Write an executable script atomically (temp file beside it, then rename); a clean error, and no
+    temp file left behind, when ``out`` is a directory or cannot be written."""
+    import os
+    import tempfile
+
+    from hpctrain.errors import HpctrainError
+
+    if out.is_dir():
+        raise HpctrainError(f"-o {out}: is a directory", hint=f"name the script file, e.g. -o {out / 'job.sh'}")
+    parent = out.parent
+    if not parent.is_dir():
+        raise HpctrainError(f"-o {out}: directory {parent} does not exist", hint=f"create it: mkdir -p {parent}")
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, out)
+        tmp = None
+    except OSError as exc:
+        raise HpctrainError(f"-o {out}: cannot write the script: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from hpctrain.commands.output import print_json, print_table
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, ConfigErrors
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -38,16 +38,25 @@ def cmd_list(args: argparse.Namespace) -> int:
         try:
             site = load_site_file(path)
             rows.append({"name": name, "scheduler": site.scheduler, "launcher": site.launcher,
-                         "description": site.description, "path": str(path), "valid": True})
-        except ConfigError as exc:
-            rows.append({"name": name, "scheduler": "?", "launcher": "?", "description": f"INVALID: {exc}",
-                         "path": str(path), "valid": False})
+                         "description": site.description, "path": str(path), "valid": True, "error": None})
+        except (ConfigError, OSError) as exc:
+            # One broken file (someone's draft in ~/.config/hpctrain/sites) is listed, never fatal.
+            errors = exc.errors if isinstance(exc, ConfigErrors) else [exc]
+            first = str(ConfigError.__str__(errors[0]) if isinstance(errors[0], ConfigError) else errors[0])
+            more = f" (+{len(errors) - 1} more: hpctrain sites validate {path})" if len(errors) > 1 else ""
+            rows.append({"name": name, "scheduler": "?", "launcher": "?", "description": f"BROKEN: {first}{more}",
+                         "path": str(path), "valid": False, "error": str(exc)})
     if args.json:
         print_json(rows)
     else:
         print_table(["NAME", "SCHEDULER", "LAUNCHER", "DESCRIPTION"],
-                    [[r["name"], r["scheduler"], r["launcher"], r["description"]] for r in rows])
+                    [[_one_line(r["name"]), r["scheduler"], r["launcher"], _one_line(r["description"])] for r in rows])
     return 0
+
+
+def _one_line(text: str) -> str:
+    """Text for one table cell: a file name or message with control characters cannot break the table."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -66,7 +75,6 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from hpctrain.config.site import load_site_file
-    from hpctrain.errors import ConfigErrors
 
     results = []
     failed = False
@@ -92,6 +100,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 for e in r["errors"]:
                     print(f"hpctrain: error: {e['text']}", file=sys.stderr)
     return 2 if failed else 0
+
 
 # --- discover (hpctrain/submission/discovery) -----------------------------------------------------------------
 

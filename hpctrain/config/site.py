@@ -15,7 +15,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from hpctrain.config.common import DirectiveValue, EnvVars, Name, Strict, Walltime, Word
+from hpctrain.config.common import (
+    MAX_COUNT,
+    DirectiveValue,
+    EnvVars,
+    FieldProblem,
+    Name,
+    PlainName,
+    Strict,
+    Walltime,
+    Word,
+)
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file
 from hpctrain.errors import ConfigError
@@ -23,29 +33,65 @@ from hpctrain.errors import ConfigError
 SchedulerName = Literal["slurm", "pbs", "cobalt", "local"]
 LauncherName = Literal["srun", "aprun", "mpiexec", "local"]
 BackendName = Literal["mpi", "gloo", "nccl"]
-_DIRECTIVE_VALUE = re.compile(r"^[A-Za-z0-9_./+:@=,%*-]*$")
+_DIRECTIVE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+_DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_./+:@=,%*-]*")
+# Cobalt's --attrs: name=value pairs joined by ':' (values may hold ',' lists, never another ':').
+_COBALT_ATTRS = re.compile(r"[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+(?::[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+)*")
+# Options hpctrain writes itself from the checked job (nodes, walltime, queue, names, logs, arrays): a site
+# directive with the same name would override what the fit check passed, so it is refused.
+RESERVED_DIRECTIVES: dict[str, frozenset[str]] = {
+    "slurm": frozenset({
+        "J", "job-name", "N", "nodes", "n", "ntasks", "ntasks-per-node", "c", "cpus-per-task", "gpus-per-task",
+        "mem", "t", "time", "p", "partition", "q", "qos", "A", "account", "o", "output", "e", "error",
+        "signal", "requeue", "no-requeue", "open-mode", "a", "array", "d", "dependency", "H", "hold", "wrap",
+        "D", "chdir"}),
+    # One-letter keys are PBS options (-k doe), longer ones -l resources: both lists are reserved here.
+    "pbs": frozenset({
+        "N", "q", "A", "o", "e", "j", "J", "l", "W", "select", "walltime", "place", "filesystems", "nodes",
+        "ncpus", "mem", "ngpus", "mpiprocs", "ompthreads"}),
+    "cobalt": frozenset({
+        "n", "nodecount", "t", "time", "q", "queue", "A", "project", "O", "outputprefix", "o", "output", "e",
+        "error", "jobname", "dependencies", "env"}),
+    "local": frozenset(),
+}
 
 
 def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, DirectiveValue]:
     for key, value in directives.items():
-        if not re.match(r"^[A-Za-z][A-Za-z0-9_-]*$", key):
+        if not _DIRECTIVE_KEY.fullmatch(key):
             raise ValueError(f"directive name {key!r} must be a plain option name like 'constraint'")
-        if isinstance(value, str) and not _DIRECTIVE_VALUE.match(value):
+        if isinstance(value, str) and not _DIRECTIVE_VALUE.fullmatch(value):
             raise ValueError(
                 f"directive {key!r}: value {value!r} may hold only letters, digits and _ . / + : @ = , % * -"
             )
+        if key == "attrs" and not (isinstance(value, str) and _COBALT_ATTRS.fullmatch(value)):
+            raise ValueError(f"directive 'attrs': {value!r} is not Cobalt's name=value[:name=value...] "
+                             "(e.g. mcdram=cache:numa=quad)")
     return directives
 
 
+def _directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
+                        where: tuple[str | int, ...]) -> None:
+    """Refuse directives that would override what hpctrain writes, or add PBS resources through a value."""
+    for key, value in directives.items():
+        if key in RESERVED_DIRECTIVES.get(scheduler, frozenset()):
+            raise FieldProblem((*where, key), f"{scheduler} option {key!r} is written by hpctrain from the job "
+                               "(nodes, walltime, queue, account, logs): set it in the job spec, not as a directive")
+        if scheduler == "pbs" and len(key) > 1 and isinstance(value, str) and "," in value:
+            raise FieldProblem((*where, key), f"PBS resource {key!r}: a ',' in the value would add another "
+                               "resource to the -l list")
+
+
 Directives = Annotated[dict[str, DirectiveValue], AfterValidator(_check_directives)]
+Count = Annotated[int, Field(le=MAX_COUNT)]
 
 
 class NodeShape(Strict):
     """One compute node: what a rank count, thread count and GPU request are checked against."""
 
-    cores: int | Literal["auto"] = Field(description="Physical cores per node usable by jobs ('auto': this machine)")
+    cores: Count | Literal["auto"] = Field(description="Physical cores per node usable by jobs ('auto': this machine)")
     threads_per_core: int = Field(1, ge=1, le=8, description="Hardware threads per core (SMT)")
-    gpus: int | Literal["auto"] = Field(0, description="GPUs (or GPU tiles/GCDs) per node")
+    gpus: Count | Literal["auto"] = Field(0, description="GPUs (or GPU tiles/GCDs) per node")
     gpu_kind: Literal["none", "nvidia", "amd", "intel"] = "none"
     memory_gb: float | Literal["auto"] = Field(description="Main memory per node in GB ('auto': this machine)")
     hbm_gb: float | None = Field(None, ge=0, description="On-package high-bandwidth memory (e.g. KNL MCDRAM)")
@@ -54,13 +100,13 @@ class NodeShape(Strict):
     @model_validator(mode="after")
     def _positive(self) -> NodeShape:
         if isinstance(self.cores, int) and self.cores < 1:
-            raise ValueError("cores must be at least 1")
+            raise FieldProblem(("cores",), "cores must be at least 1")
         if isinstance(self.gpus, int) and self.gpus < 0:
-            raise ValueError("gpus cannot be negative")
+            raise FieldProblem(("gpus",), "gpus cannot be negative")
         if isinstance(self.memory_gb, float | int) and self.memory_gb <= 0:
-            raise ValueError("memory_gb must be positive")
+            raise FieldProblem(("memory_gb",), "memory_gb must be positive")
         if self.gpus not in (0, "auto") and self.gpu_kind == "none":
-            raise ValueError("a node with GPUs needs gpu_kind (nvidia, amd or intel)")
+            raise FieldProblem(("gpu_kind",), "a node with GPUs needs gpu_kind (nvidia, amd or intel)")
         return self
 
     def resolved(self) -> NodeShape:
@@ -74,9 +120,9 @@ class NodeShape(Strict):
 class NodeOverride(Strict):
     """Per-queue changes to the node shape (e.g. Perlmutter's CPU nodes versus its GPU nodes)."""
 
-    cores: int | None = Field(None, ge=1)
-    threads_per_core: int | None = Field(None, ge=1)
-    gpus: int | None = Field(None, ge=0)
+    cores: int | None = Field(None, ge=1, le=MAX_COUNT)
+    threads_per_core: int | None = Field(None, ge=1, le=8)
+    gpus: int | None = Field(None, ge=0, le=MAX_COUNT)
     gpu_kind: Literal["none", "nvidia", "amd", "intel"] | None = None
     memory_gb: float | None = Field(None, gt=0)
     hbm_gb: float | None = None
@@ -87,8 +133,8 @@ class Queue(Strict):
     """A queue, partition or QOS with its limits."""
 
     description: str = ""
-    max_nodes: int = Field(ge=1)
-    min_nodes: int = Field(1, ge=1)
+    max_nodes: int = Field(ge=1, le=MAX_COUNT)
+    min_nodes: int = Field(1, ge=1, le=MAX_COUNT)
     max_walltime: Walltime
     submit_as: Word | None = Field(None, description="Name passed to the scheduler if it differs from the key")
     node: NodeOverride | None = None
@@ -148,7 +194,8 @@ class SiteProfile(Strict):
     account: Word | None = None
     account_required: bool = False
     directives: Directives = Field(default_factory=dict)
-    filesystems: list[Word] = Field(default_factory=list, description="PBS '-l filesystems=' entries")
+    filesystems: list[PlainName] = Field(
+        default_factory=list, description="File systems the job needs (PBS '-l filesystems=', Cobalt --attrs)")
     environment: Environment = Field(default_factory=Environment)
     comm_backend: BackendName = "mpi"
     network: Network | None = None
@@ -158,15 +205,17 @@ class SiteProfile(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> SiteProfile:
         if self.scheduler == "local" and self.launcher not in ("local", "mpiexec"):
-            raise ValueError("a site without scheduler launches with 'local' or 'mpiexec'")
+            raise FieldProblem(("launcher",), "a site without scheduler launches with 'local' or 'mpiexec'")
         if self.default_queue is not None and self.default_queue not in self.queues:
-            raise ValueError(
-                f"default_queue {self.default_queue!r} is not one of the queues: {', '.join(self.queues) or 'none'}"
-            )
+            raise FieldProblem(("default_queue",), f"default_queue {self.default_queue!r} is not one of the queues: "
+                               f"{', '.join(self.queues) or 'none'}")
         if self.scheduler != "local" and self.queues and self.default_queue is None:
-            raise ValueError("a site with queues needs default_queue")
+            raise FieldProblem(("default_queue",), "a site with queues needs default_queue")
         if self.comm_backend == "nccl" and self.node.gpus == 0:
-            raise ValueError("comm_backend nccl needs GPUs in node.gpus")
+            raise FieldProblem(("comm_backend",), "comm_backend nccl needs GPUs in node.gpus")
+        _directive_problems(self.scheduler, self.directives, ("directives",))
+        for name, queue in self.queues.items():
+            _directive_problems(self.scheduler, queue.directives, ("queues", name, "directives"))
         return self
 
     def queue(self, name: str | None) -> tuple[str | None, Queue | None]:
@@ -224,10 +273,22 @@ def available_sites() -> dict[str, Path]:
     """Every profile name visible on the search path, mapped to its file (first match wins)."""
     found: dict[str, Path] = {}
     for directory in site_search_path():
-        if not directory.is_dir():
+        try:
+            if not directory.is_dir():
+                continue
+            paths = sorted(directory.glob("*.y*ml"))
+        except OSError:  # an unreadable directory on the search path hides nothing else
             continue
-        for path in sorted(directory.glob("*.y*ml")):
+        for path in paths:
             found.setdefault(path.stem, path)
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the OS refuses to look (a name too long, a permission)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
     return found
 
 
@@ -235,7 +296,7 @@ def locate_site(name_or_path: str) -> Path:
     """Path of the profile named ``name_or_path`` (or the path itself if it is a file)."""
     candidate = Path(name_or_path).expanduser()
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
-        if candidate.is_file():
+        if _is_file(candidate):
             return candidate
         raise ConfigError("site profile file not found", path=name_or_path)
     sites = available_sites()
@@ -265,16 +326,26 @@ def _load_raw(path: Path, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], 
     if parent_name is None:
         return loaded.data, loaded
     if not isinstance(parent_name, str):
+# Real profiles extend one or two others; a longer chain is a mistake (and each level is a recursion).
+MAX_EXTENDS = 16
+
+
         raise ConfigError("extends names one site profile", path=str(path), line=loaded.line_of(("extends",)),
                           key="extends")
-    resolved = str(path.resolve())
+    try:
+        resolved = str(path.resolve())
+    except (OSError, RuntimeError) as exc:
+        raise ConfigError(f"cannot resolve the path: {exc}", path=str(path)) from None
+    if len(chain) >= MAX_EXTENDS:
+        raise ConfigError(f"more than {MAX_EXTENDS} profiles extend each other", path=str(path), key="extends",
+                          line=loaded.line_of(("extends",)), hint="flatten the chain of profiles")
     if resolved in chain:
         raise ConfigError("profiles extend each other in a cycle", path=str(path), key="extends",
                           line=loaded.line_of(("extends",)), hint=" -> ".join(chain + (resolved,)))
     try:
         parent_path = locate_site(parent_name) if not parent_name.endswith((".yaml", ".yml")) else (
             (path.parent / parent_name) if not Path(parent_name).is_absolute() else Path(parent_name))
-        if not parent_path.is_file():
+        if not _is_file(parent_path):
             raise ConfigError("site profile file not found", path=str(parent_path))
     except ConfigError as exc:
         raise ConfigError(f"extends {parent_name!r}: {exc}", path=str(path), line=loaded.line_of(("extends",)),

@@ -1,21 +1,27 @@
 """Turn pydantic validation errors into ConfigErrors that name file, line, key and the fix.
 
 A misspelt key gets a "did you mean" suggestion computed from the fields of the model at that place,
-so the list of valid keys is derived from one source: the pydantic models themselves.
+so the list of valid keys is derived from one source: the pydantic models themselves. A key set from the
+command line (``--set``, ``--nodes``, ...) is blamed on that flag, not on a line of the file.
 """
 
 from __future__ import annotations
 
 import difflib
+import re
 import typing
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from hpctrain.config.yamlio import LoadedYaml
+from hpctrain.config.common import FieldProblem
+from hpctrain.config.yamlio import KeyPath, LoadedYaml
 from hpctrain.errors import ConfigError, ConfigErrors
 
 M = TypeVar("M", bound=BaseModel)
+_SHOWN = 60  # characters of a rejected value repeated in a message
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
 def _inner_models(annotation: Any) -> list[type[BaseModel]]:
@@ -51,38 +57,93 @@ def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | 
 
 
 def _describe(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc) if loc else "(top level)"
+    """``a.b.0``; a key that is not a plain word is shown quoted, so a newline in it cannot split the line."""
+    return ".".join(str(p) if _PLAIN_KEY.fullmatch(str(p)) else repr(p) for p in loc) if loc else "(top level)"
 
 
-def _error_for(root: type[BaseModel], loaded: LoadedYaml, err: dict[str, Any]) -> ConfigError:
-    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p.startswith("function-"))))
-    line = loaded.line_of(loc)
+def one_line(text: str) -> str:
+    """Text with control and line-separator characters escaped (a flag's value may hold anything)."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 4] + "...'"
+
+
+def _location(err: Mapping[str, Any], payload: Any) -> tuple[Any, ...]:
+    """The error's key path in the data: pydantic's union-member and validator tags (``cores.int``,
+    ``function-after[...]``) are left out by walking the path through the data itself."""
+    node, loc, parts = payload, [], list(err["loc"])
+    for i, part in enumerate(parts):
+        if isinstance(node, dict) and part in node:
+            loc.append(part)
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            loc.append(part)
+            node = node[part]
+        elif err["type"] == "missing" and i == len(parts) - 1:
+            loc.append(part)
+    problem = (err.get("ctx") or {}).get("error")
+    if isinstance(problem, FieldProblem):
+        loc += problem.loc
+    return tuple(loc)
+
+
+def _error_for(root: type[BaseModel], loaded: LoadedYaml, payload: Any, err: Mapping[str, Any],
+               origins: Mapping[KeyPath, str]) -> tuple[ConfigError, str]:
+    """The error for one pydantic complaint, and the ``(got ...)`` text to end its message with."""
+    loc = _location(err, payload)
+    flag = next((one_line(text) for path, text in origins.items() if loc[: len(path)] == path), None)
+    where: dict[str, Any] = ({"path": flag} if flag is not None else
+                             {"path": loaded.path, "line": loaded.line_of(loc)})
     kind = err["type"]
     if kind == "extra_forbidden":
         parent = _model_at(root, loc[:-1])
         valid = sorted(parent.model_fields) if parent else []
         guess = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
         hint = f"did you mean {guess[0]!r}?" if guess else ("valid keys: " + ", ".join(valid) if valid else None)
-        return ConfigError("unknown key", path=loaded.path, line=line, key=_describe(loc), hint=hint)
+        return ConfigError("unknown key", key=_describe(loc), hint=hint, **where), ""
     if kind == "missing":
-        return ConfigError("required key is missing", path=loaded.path, line=line, key=_describe(loc),
-                           hint=f"add '{loc[-1]}:' here")
+        return ConfigError("required key is missing", key=_describe(loc), hint=f"add '{loc[-1]}:' here",
+                           **where), ""
     message = err["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
     given = err.get("input")
-    if not isinstance(given, (dict, list)) and given is not None:
-        message = f"{message} (got {given!r})"
-    return ConfigError(message, path=loaded.path, line=line, key=_describe(loc))
+    got = ""
+    if not isinstance(given, (dict, list, BaseModel)) and given is not None and not isinstance(
+            (err.get("ctx") or {}).get("error"), FieldProblem) and repr(given) not in message:
+        got = f" (got {_shown(given)})"
+    return ConfigError(one_line(message), key=_describe(loc), **where), got
 
 
-def validate_model(model: type[M], loaded: LoadedYaml, data: Any = None) -> M:
-    """Validate ``data`` (default: the loaded YAML) against ``model``; every problem in one ConfigErrors."""
+def _merged(errors: list[tuple[ConfigError, str]]) -> list[ConfigError]:
+    """One error per key: a union's members each complain (``int`` and ``'auto'``); say it once."""
+    by_key: dict[tuple[str | None, str | None], tuple[ConfigError, str]] = {}
+    for e, got in errors:
+        slot = (e.path, e.key)
+        if slot not in by_key:
+            by_key[slot] = (e, got)
+        elif e.message not in by_key[slot][0].message:
+            by_key[slot][0].message += f", or {e.message}"
+    for e, got in by_key.values():
+        e.message += got
+    return [e for e, _ in by_key.values()]
+
+
+def validate_model(model: type[M], loaded: LoadedYaml, data: Any = None,
+                   origins: Mapping[KeyPath, str] | None = None) -> M:
+    """Validate ``data`` (default: the loaded YAML) against ``model``; every problem in one ConfigErrors.
+
+    ``origins`` maps key paths set outside the file to what set them (``--nodes 0``): errors under
+    those paths name the flag instead of a line of the file.
+    """
     payload = loaded.data if data is None else data
     if not isinstance(payload, dict):
         raise ConfigError("the file must hold a mapping of keys (key: value)", path=loaded.path, line=1)
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        errors = [_error_for(model, loaded, e) for e in exc.errors(include_url=False)]
-        raise ConfigErrors(errors) from None
+        errors = [_error_for(model, loaded, payload, e, origins or {}) for e in exc.errors(include_url=False)]
+        raise ConfigErrors(_merged(errors)) from None

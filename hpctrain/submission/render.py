@@ -28,7 +28,7 @@ from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_r
 from hpctrain.submission.shell import comment, quote, quote_path
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def launch_plan(job: JobSpec, site: SiteProfile, placement: Placement, python: s
 
 
 def _export(name: str, value: str) -> str:
-    if not _ENV_NAME.match(name):
+    if not _ENV_NAME.fullmatch(name):
         raise ConfigError(f"{name!r} is not a valid environment variable name", key="env")
     return f"export {name}={quote(value)}"
 
@@ -118,7 +118,11 @@ def environment_lines(job: JobSpec, site: SiteProfile, placement: Placement, pla
 
 
 def mpi_check_lines(python: str, expected: str | None) -> list[str]:
-    """Log which MPI library mpi4py loads (without MPI_Init) and warn when it is not the site's."""
+    """Log which MPI library mpi4py loads (without MPI_Init) and warn when it is not the site's.
+
+    ``expected`` is data: it is assigned once as a quoted word and only ever used as ``"${expected_mpi}"``
+    (never spliced into a double-quoted string, where a quote or ``$(...)`` in it would become code).
+    """
     code = ("import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; "
             "print(MPI.Get_library_version().splitlines()[0].strip())")
     lines = ["# which MPI library mpi4py uses (MPI is not initialised here)",
@@ -126,8 +130,9 @@ def mpi_check_lines(python: str, expected: str | None) -> list[str]:
              "${mpi_library}\"",
              'echo "hpctrain: MPI library: ${mpi_library}"']
     if expected:
-        lines += [f"case \"${{mpi_library}}\" in *{quote(expected)}*) ;; *)",
-                  f"    echo \"hpctrain: WARNING: expected the site's MPI ({quote(expected)}) but mpi4py uses"
+        lines += [f"expected_mpi={quote(expected)}",
+                  'case "${mpi_library}" in *"${expected_mpi}"*) ;; *)',
+                  "    echo \"hpctrain: WARNING: expected the site's MPI (${expected_mpi}) but mpi4py uses"
                   " ${mpi_library}; rebuild mpi4py against it (see docs)\" >&2 ;;",
                   "esac"]
     return lines

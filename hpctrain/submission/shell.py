@@ -17,7 +17,7 @@ from hpctrain.errors import ConfigError
 # \u2028 and \u2029, so those are escaped too.
 _NEEDS_ANSI_C = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 # A value that is safe inside a scheduler directive line: one word, no quotes, no shell or comment syntax.
-_DIRECTIVE_WORD = re.compile(r"^[A-Za-z0-9_./+:@=,%*-]+$")
+_DIRECTIVE_WORD = re.compile(r"[A-Za-z0-9_./+:@=,%*-]+")
 _HOME_PREFIX = re.compile(r"^(?:~|\$HOME|\$\{HOME\})(?=/|$)")
 
 
@@ -73,7 +73,7 @@ def directive_word(value: str, *, what: str) -> str:
     Directive lines are read by the scheduler, not by bash, so quoting does not help there: only plain
     words (letters, digits and ``_ . / + : @ = , % * -``) are written.
     """
-    if not _DIRECTIVE_WORD.match(value):
+    if not _DIRECTIVE_WORD.fullmatch(value):
         raise ConfigError(f"{what} {value!r} cannot be written into a scheduler directive line",
                           hint="use only letters, digits and _ . / + : @ = , % * - (no spaces or quotes)")
     return value
