@@ -269,6 +269,14 @@ def site_search_path() -> list[Path]:
     return dirs
 
 
+def _is_file(path: Path) -> bool:
+    """``path.is_file()``, False where the OS refuses to look (a name too long, a permission)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
+
+
 def available_sites() -> dict[str, Path]:
     """Every profile name visible on the search path, mapped to its file (first match wins)."""
     found: dict[str, Path] = {}
@@ -281,14 +289,6 @@ def available_sites() -> dict[str, Path]:
             continue
         for path in paths:
             found.setdefault(path.stem, path)
-def _is_file(path: Path) -> bool:
-    """``path.is_file()``, False where the OS refuses to look (a name too long, a permission)."""
-    try:
-        return path.is_file()
-    except OSError:
-        return False
-
-
     return found
 
 
@@ -318,6 +318,10 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
     return merged
 
 
+# Real profiles extend one or two others; a longer chain is a mistake (and each level is a recursion).
+MAX_EXTENDS = 16
+
+
 def _load_raw(path: Path, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], LoadedYaml]:
     loaded = load_yaml_file(path)
     if not isinstance(loaded.data, dict):
@@ -326,10 +330,6 @@ def _load_raw(path: Path, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], 
     if parent_name is None:
         return loaded.data, loaded
     if not isinstance(parent_name, str):
-# Real profiles extend one or two others; a longer chain is a mistake (and each level is a recursion).
-MAX_EXTENDS = 16
-
-
         raise ConfigError("extends names one site profile", path=str(path), line=loaded.line_of(("extends",)),
                           key="extends")
     try:
