@@ -200,7 +200,7 @@ def test_recorded_local_slurm() -> None:
     assert f.scheduler.cluster_name == "hpctrain"
     draft = draft_profile(f)
     assert draft.profile.name == "hpctrain" and draft.profile.queues["debug"].max_walltime == "8760:00:00"
-    assert "max_walltime: 365-00:00:00  # scontrol show partition debug: MaxTime=UNLIMITED" in draft.text
+    assert 'max_walltime: "365-00:00:00"  # scontrol show partition debug: MaxTime=UNLIMITED' in draft.text
 
 
 def test_recorded_slurm_gpu_cluster() -> None:

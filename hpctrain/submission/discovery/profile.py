@@ -25,11 +25,20 @@ from hpctrain.config.walltime import format_hms
 from hpctrain.config.yamlio import parse_yaml
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.submission.discovery.detect import SCHEDULER_TITLES
-from hpctrain.submission.discovery.facts import NO_LIMIT_S, NO_LIMIT_TEXT, Fact, Findings, NodeFacts, describe_shape
+from hpctrain.submission.discovery.facts import (
+    NO_LIMIT_S,
+    NO_LIMIT_TEXT,
+    Fact,
+    Findings,
+    NodeFacts,
+    QueueFacts,
+    describe_shape,
+)
 
 REMOTE_ROOT = "$HOME/hpctrain-runs"
 _WORD = TypeAdapter(Word)
 _NAME = TypeAdapter(Name)
+_CLOCK = re.compile(r"\d+(-\d+)?(:\d+)+")
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,8 @@ class Draft:
 def _yaml_scalar(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
+    if isinstance(value, str) and _CLOCK.fullmatch(value):
+        return f'"{value}"'  # walltimes quoted as in the shipped profiles: YAML 1.1 reads 24:00:00 as a number
     if isinstance(value, list):
         return "[" + ", ".join(_yaml_scalar(v) for v in value) + "]"
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
@@ -128,61 +139,51 @@ def _node(w: _Writer, path: tuple[str, ...], node: NodeFacts, base: NodeFacts | 
         w.fact((*path, key), fact)
 
 
-def draft_profile(findings: Findings, name: str | None = None, *, now: datetime.datetime | None = None) -> Draft:
-    """The profile for ``findings``; a ConfigError (a bug, reported as such) if it does not validate."""
-    facts = findings.scheduler
-    site_name = profile_name(findings, name)
-    w = _Writer()
-    notes = list(findings.notes)
-    title = SCHEDULER_TITLES[facts.name]
-
-    w.value(("scheduler",), facts.name, f"{title} found on {findings.host}" if facts.name != "local"
-            else "no scheduler commands found")
-    w.fact(("launcher",), findings.launcher)
-    if findings.launcher_args.value:
-        w.fact(("launcher_args",), findings.launcher_args)
-    login = (findings.remote or "").rpartition("@")[2] or findings.host
-    w.value(("login_host",), login, "where discovery ran" + (" (over ssh)" if findings.remote else ""))
-    w.value(("remote_root",), REMOTE_ROOT, "a default: run directories must be on a file system the compute "
-            "nodes see, with room for checkpoints", guessed=facts.name != "local")
-    _node(w, ("node",), findings.node)
-
+def _queues(w: _Writer, findings: Findings, notes: list[str]) -> dict[str, QueueFacts]:
+    """The queues mapping and default_queue; queues whose names cannot reach a script are left out."""
+    facts, title = findings.scheduler, SCHEDULER_TITLES[findings.scheduler.name]
     queues = {}
     for qname, queue in facts.queues.items():
         if _is_word(qname):
             queues[qname] = queue
         else:
             notes.append(f"queue {qname!r} left out: its name cannot be written into a batch script")
-    if queues and facts.name != "local":
-        w.section(("queues",), f"{len(queues)} from {title}")
-        for qname, queue in queues.items():
-            path = ("queues", qname)
-            w.section(path)
-            if queue.description:
-                w.value((*path, "description"), queue.description, f"from {title}'s queue list")
-            w.fact((*path, "max_nodes"), queue.max_nodes)
-            if queue.min_nodes is not None and queue.min_nodes.value > 1:
-                w.fact((*path, "min_nodes"), queue.min_nodes)
-            w.fact((*path, "max_walltime"), queue.max_walltime_s, _walltime_text(queue.max_walltime_s.value))
-            if queue.node is not None:
-                _node(w, (*path, "node"), queue.node, base=findings.node)
-        default = facts.default_queue
-        if default is not None and default.value in queues:
-            w.fact(("default_queue",), default)
-        else:
-            w.value(("default_queue",), next(iter(queues)), "the first queue listed", guessed=True)
+    if not queues or facts.name == "local":
+        return {}
+    w.section(("queues",), f"{len(queues)} from {title}")
+    for qname, queue in queues.items():
+        path = ("queues", qname)
+        w.section(path)
+        if queue.description:
+            w.value((*path, "description"), queue.description, f"from {title}'s queue list")
+        w.fact((*path, "max_nodes"), queue.max_nodes)
+        if queue.min_nodes is not None and queue.min_nodes.value > 1:
+            w.fact((*path, "min_nodes"), queue.min_nodes)
+        w.fact((*path, "max_walltime"), queue.max_walltime_s, _walltime_text(queue.max_walltime_s.value))
+        if queue.node is not None:
+            _node(w, (*path, "node"), queue.node, base=findings.node)
+    default = facts.default_queue
+    if default is not None and default.value in queues:
+        w.fact(("default_queue",), default)
+    else:
+        w.value(("default_queue",), next(iter(queues)), "the first queue listed", guessed=True)
+    return queues
 
-    if facts.name != "local":
-        accounts = facts.accounts.value if facts.accounts else []
-        usable = [a for a in accounts if _is_word(a)]
-        if len(usable) == 1 and facts.accounts is not None:
-            w.value(("account",), usable[0], facts.accounts.source)
-        elif len(usable) > 1:
-            notes.append(f"you have {len(usable)} accounts ({', '.join(usable)}): set `account:` in the profile "
-                         "or `--set account=...`")
-        w.value(("account_required",), False, f"{title} does not say whether jobs must name an account",
-                guessed=True)
 
+def _accounts(w: _Writer, findings: Findings, notes: list[str]) -> None:
+    facts = findings.scheduler
+    usable = [a for a in (facts.accounts.value if facts.accounts else []) if _is_word(a)]
+    if len(usable) == 1 and facts.accounts is not None:
+        w.value(("account",), usable[0], facts.accounts.source)
+    elif len(usable) > 1:
+        notes.append(f"you have {len(usable)} accounts ({', '.join(usable)}): set `account:` in the profile or "
+                     "resources.account in the job spec")
+    w.value(("account_required",), False,
+            f"{SCHEDULER_TITLES[facts.name]} does not say whether jobs must name an account", guessed=True)
+
+
+def _software(w: _Writer, findings: Findings) -> None:
+    """Modules, the communication backend and the MPI."""
     if findings.module_system or findings.loaded_modules:
         loaded = ", ".join(findings.loaded_modules) or "none"
         w.section(("environment",), f"{findings.module_system or 'modules'}; loaded on {findings.host}: {loaded}")
@@ -195,31 +196,55 @@ def draft_profile(findings: Findings, name: str | None = None, *, now: datetime.
             w.value(("mpi", "modules"), findings.mpi_modules, "loaded on the login node")
         w.fact(("mpi", "expected_library"), findings.mpi_library)
 
-    node = findings.node
+
+def _description(findings: Findings, queues: dict[str, QueueFacts]) -> str:
+    node, title = findings.node, SCHEDULER_TITLES[findings.scheduler.name]
+    if findings.scheduler.name == "local":
+        return f"{findings.host}, no scheduler ({describe_shape(node.shape())})"
+    text = f"{title} cluster" + ("" if node.cores.guessed else f", nodes of {describe_shape(node.shape())}")
     largest = max((q.max_nodes.value for q in queues.values()), default=0)
-    described = f"{title} cluster" + (f", nodes of {describe_shape(node.shape())}" if not node.cores.guessed
-                                      else "")
-    if facts.name == "local":
-        described = f"{findings.host}, no scheduler ({describe_shape(node.shape())})"
-    elif largest:
-        described += f"; largest queue {largest} nodes"
+    return text + (f"; largest queue {largest} nodes" if largest else "")
+
+
+def _header(findings: Findings, notes: list[str], now: datetime.datetime | None) -> list[str]:
     stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%d %H:%M UTC")
-    header = [f"# Discovered by `hpctrain sites discover` on {findings.host}"
-              + (f" (as {findings.user})" if findings.user else "") + f", {stamp}.",
-              "# Each value's comment names the command it came from; GUESSED values (also under `guessed:`)",
-              "# are placeholders the machine did not report: check them, then delete them from `guessed:`."]
+    who = f" (as {findings.user})" if findings.user else ""
+    lines = [f"# Discovered by `hpctrain sites discover` on {findings.host}{who}, {stamp}.",
+             "# Each value's comment names the command it came from; GUESSED values (also under `guessed:`)",
+             "# are placeholders the machine did not report: check them, then delete them from `guessed:`."]
     if findings.scratch is not None:
-        header.append(f"# Node-local scratch: {findings.scratch.value} ({_comment(findings.scratch.source)}); the "
-                      "profile has no key for it: point data paths there in the job spec.")
-    header += [f"# Note: {_comment(n)}" for n in notes]
-    top = [f"name: {_yaml_scalar(site_name)}", f"description: {_yaml_scalar(described)}"]
+        lines.append(f"# Node-local scratch: {findings.scratch.value} ({_comment(findings.scratch.source)}); the "
+                     "profile has no key for it: point data paths there in the job spec.")
+    return lines + [f"# Note: {_comment(n)}" for n in notes]
+
+
+def draft_profile(findings: Findings, name: str | None = None, *, now: datetime.datetime | None = None) -> Draft:
+    """The profile for ``findings``, validated (an HpctrainError naming it a bug if it does not validate)."""
+    facts = findings.scheduler
+    site_name = profile_name(findings, name)
+    w = _Writer()
+    notes = list(findings.notes)
+    w.value(("scheduler",), facts.name, f"{SCHEDULER_TITLES[facts.name]} found on {findings.host}"
+            if facts.name != "local" else "no scheduler commands found")
+    w.fact(("launcher",), findings.launcher)
+    if findings.launcher_args.value:
+        w.fact(("launcher_args",), findings.launcher_args)
+    login = (findings.remote or "").rpartition("@")[2] or findings.host
+    w.value(("login_host",), login, "where discovery ran" + (" (over ssh)" if findings.remote else ""))
+    w.value(("remote_root",), REMOTE_ROOT, "a default: run directories must be on a file system the compute "
+            "nodes see, with room for checkpoints", guessed=facts.name != "local")
+    _node(w, ("node",), findings.node)
+    queues = _queues(w, findings, notes)
+    if facts.name != "local":
+        _accounts(w, findings, notes)
+    _software(w, findings)
+
+    top = [f"name: {_yaml_scalar(site_name)}", f"description: {_yaml_scalar(_description(findings, queues))}"]
     if w.guessed:
-        top.append("guessed:")
-        top += [f"  - {_yaml_scalar(key)}" for key in w.guessed]
-    text = "\n".join(header + top + w.lines) + "\n"
+        top += ["guessed:", *(f"  - {_yaml_scalar(key)}" for key in w.guessed)]
+    text = "\n".join(_header(findings, notes, now) + top + w.lines) + "\n"
     profile = validate_discovered(text)
-    todo = [f"{key} = {_yaml_scalar(v)}"
-            f"  ({_comment(why)})" for key, (v, why) in w.guessed.items()]
+    todo = [f"{key} = {_yaml_scalar(v)}  ({_comment(why)})" for key, (v, why) in w.guessed.items()]
     return Draft(text=text, profile=profile, todo=todo, notes=notes)
 
 
