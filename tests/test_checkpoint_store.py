@@ -360,3 +360,19 @@ def test_rng_round_trip_through_a_checkpoint(tmp_path: Path) -> None:
     assert draw() == first
     with pytest.raises(ValueError, match="1 NumPy generator states were saved but 0"):
         restore_rng_state(rank_state["rng"])
+
+
+def test_a_manifest_entry_pointing_outside_is_never_loaded(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 11: ``"dir": "../outside/step-x"`` once loaded another run's step as step 30, silently."""
+    root = tmp_path / "ckpt"
+    s = _three(root)
+    other = CheckpointStore(tmp_path / "outside", keep=1)
+    other.save(99, {"w": torch.full((1000,), -1.0)})
+    manifest = json.loads((root / MANIFEST).read_text())
+    manifest["checkpoints"][-1]["dir"] = f"../outside/{step_dirname(99)}"
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    ckpt = s.latest_valid()
+    assert ckpt is not None and ckpt.step == 30 and ckpt.path == root / step_dirname(30)
+    assert s.load(ckpt)[0]["w"][0].item() == 30.0  # its own data, from the rebuilt list
+    (line,) = _warnings(caplog)
+    assert "not its own" in line and "rebuilt" in line

@@ -54,7 +54,10 @@ class FileRecord:
         if not _FILE_NAME.fullmatch(name):  # a name like "../x.pt" would read outside the step directory
             raise ValueError(f"file name {name!r} is not a checkpoint file name")
         rank = d.get("rank")
-        return cls(name, int(d["bytes"]), str(d["digest"]), None if rank is None else int(rank))
+        size = int(d["bytes"])
+        if size < 0 or (rank is not None and int(rank) < 0):
+            raise ValueError(f"file {name!r} has a negative size or rank")
+        return cls(name, size, str(d["digest"]), None if rank is None else int(rank))
 
 
 @dataclass(frozen=True)
@@ -97,10 +100,15 @@ class Checkpoint:
         directory = str(d["dir"])
         if directory != step_dirname(step):
             raise ValueError(f"step {step} names directory {directory!r}, not its own {step_dirname(step)!r}")
+        world_size = int(d["world_size"])
+        if world_size < 1:
+            raise ValueError(f"step {step} has world size {world_size}")
+        if not isinstance(d["files"], list):
+            raise ValueError(f"step {step}: 'files' is not a list")
         return cls(
             step=step,
             path=root / directory,
-            world_size=int(d["world_size"]),
+            world_size=world_size,
             files=tuple(FileRecord.from_json(f) for f in d["files"]),
             checksum=str(d["checksum"]),
             created=str(d["created"]),
@@ -108,11 +116,25 @@ class Checkpoint:
 
 
 def checksum_known(name: str) -> bool:
+    """True for a hash this Python has with a fixed-length digest (``shake_128`` needs a length: refused)."""
     try:
-        hashlib.new(name)
+        hashlib.new(name).hexdigest()
     except (ValueError, TypeError):
         return False
     return True
+
+
+# What a malformed entry raises besides ValueError: a missing key, a wrong type, ``Infinity`` given to
+# int(), or JSON nested past the recursion limit. Readers turn all of them into "unreadable".
+_MALFORMED = (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError)
+
+
+def load_entry(root: Path, text: str) -> Checkpoint:
+    """A marker's (or one entry's) JSON text as a Checkpoint; ValueError for anything malformed."""
+    try:
+        return Checkpoint.from_json(root, json.loads(text))
+    except _MALFORMED as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
 
 
 def file_digest(path: Path, checksum: str) -> tuple[int, str]:
@@ -129,14 +151,20 @@ def file_digest(path: Path, checksum: str) -> tuple[int, str]:
 
 
 def parse_manifest(text: str, root: Path) -> list[Checkpoint]:
-    """The checkpoints a manifest's text lists, by increasing step; ValueError when it is not a manifest."""
-    data = json.loads(text)
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ValueError(f"not an {FORMAT} manifest")
-    entries = data["checkpoints"]
-    if not isinstance(entries, list):
-        raise ValueError("'checkpoints' is not a list")
-    return sorted((Checkpoint.from_json(root, d) for d in entries), key=lambda c: c.step)
+    """The checkpoints a manifest's text lists, by increasing step; ValueError (only) when it is not a
+    manifest or an entry is malformed or points outside its own step directory."""
+    try:
+        data = json.loads(text)
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ValueError(f"not an {FORMAT} manifest")
+        entries = data["checkpoints"]
+        if not isinstance(entries, list):
+            raise ValueError("'checkpoints' is not a list")
+        return sorted((Checkpoint.from_json(root, d) for d in entries), key=lambda c: c.step)
+    except ValueError:
+        raise
+    except _MALFORMED as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from None
 
 
 def _markers(directory: Path) -> Iterator[tuple[Path, Checkpoint | None, str]]:
@@ -147,12 +175,12 @@ def _markers(directory: Path) -> Iterator[tuple[Path, Checkpoint | None, str]]:
         if not STEP_DIR.fullmatch(child.name) or not child.is_dir():
             continue
         try:
-            ckpt = Checkpoint.from_json(directory, json.loads((child / MARKER).read_text()))
+            ckpt = load_entry(directory, (child / MARKER).read_text())
         except FileNotFoundError:
             yield child, None, f"{child.name} has no {MARKER} (its save did not finish)"
             continue
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            yield child, None, f"{child.name}/{MARKER} is unreadable ({type(e).__name__}: {e})"
+        except (OSError, ValueError) as e:
+            yield child, None, f"{child.name}/{MARKER} is unreadable ({e})"
             continue
         if ckpt.path.name != child.name:
             yield child, None, f"{child.name}/{MARKER} describes {ckpt.path.name}"
@@ -171,8 +199,8 @@ def read_entries(directory: Path) -> tuple[list[Checkpoint], list[str]]:
         return parse_manifest(path.read_text(), directory), []
     except FileNotFoundError:
         problem = f"manifest {path} is missing"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        problem = f"manifest {path} is unreadable ({type(e).__name__}: {e})"
+    except (OSError, ValueError) as e:
+        problem = f"manifest {path} is unreadable ({e})"
     found = list(_markers(directory))
     if not found:
         return [], []
