@@ -505,6 +505,23 @@ def test_a_login_node_without_scheduler_gives_a_minimal_local_profile(tmp_path: 
     assert draft.profile.comm_backend == "gloo" and draft.profile.queues == {}
 
 
+def test_a_program_that_leaves_a_daemon_behind_does_not_hold_the_probe(tmp_path: Path) -> None:
+    """A login node's `mpiexec` that starts a background process still holding its stdout (as daemons that
+    profile scripts start do): the probe's commands write to files, so the answer is not held open."""
+    bin_dir = tmp_path / "bin"
+    shim(bin_dir, [])
+    pid_file = tmp_path / "daemon.pid"
+    (bin_dir / "mpiexec").write_text(f"#!/bin/sh\nsleep 300 & echo $! > {pid_file}\necho 'HYDRA build details:'\n")
+    (bin_dir / "mpiexec").chmod(0o755)
+    try:
+        probe = run_probe(EnvTransport(PATH=str(bin_dir)), timeout=120)
+    finally:
+        if pid_file.exists():
+            os.kill(int(pid_file.read_text()), 15)
+    assert probe.answered("mpi_version") == "HYDRA build details:"
+    assert findings_from(probe).mpi_library.value == "MPICH"
+
+
 @pytest.mark.slurm
 def test_a_slurm_that_does_not_answer_gives_a_guessed_profile_and_a_clear_message(tmp_path: Path) -> None:
     """Slurm's real client commands, pointed at a controller port nobody listens on."""

@@ -1,8 +1,8 @@
 """ONE round trip to the login node: a POSIX sh script asks everything discovery needs, in marked sections.
 
 Only the commands that exist run (``command -v``); each section keeps its command's stdout, stderr and exit
-status apart, and every command runs under ``timeout`` where the login node has it, so one hung scheduler
-command costs its own section, not the whole answer. The readers then work on the text alone.
+status apart. Every command runs under ``timeout`` where the login node has it and writes to temp files, not
+to our pipe: a hung scheduler command, or a daemon a login shell leaves behind, costs its own section only.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ VARIABLES = ("TMPDIR", "LOCAL_SCRATCH", "LOCALSCRATCH", "SCRATCH_LOCAL", "NODE_L
 SCRATCH_DIRS = ("/local/scratch", "/lscratch", "/scratch/local", "/raid/scratch", "/mnt/bb")
 
 _PRELUDE = f"""\
-t=$(mktemp 2>/dev/null) || t="${{TMPDIR:-/tmp}}/hpctrain-discover.$$"
+o=$(mktemp 2>/dev/null) || o="${{TMPDIR:-/tmp}}/hpctrain-discover-out.$$"
+t=$(mktemp 2>/dev/null) || t="${{TMPDIR:-/tmp}}/hpctrain-discover-err.$$"
 sec() {{ printf '\\n{MARK} %s\\n' "$*"; }}
 have() {{ command -v "$1" >/dev/null 2>&1; }}
 if have timeout; then T="timeout {COMMAND_TIMEOUT_S}"; else T=; fi
-run() {{ n=$1; shift; sec "$n" out; $T "$@" </dev/null 2>"$t"; rc=$?; sec "$n" err; cat "$t" 2>/dev/null; \
-sec "$n" rc "$rc"; return "$rc"; }}
+run() {{ n=$1; shift; $T "$@" </dev/null >"$o" 2>"$t"; rc=$?; sec "$n" out; cat "$o" 2>/dev/null; sec "$n" err; \
+cat "$t" 2>/dev/null; sec "$n" rc "$rc"; return "$rc"; }}
 u=$(id -un 2>/dev/null) || u=${{USER:-}}
 sec host out; uname -n 2>/dev/null
 sec user out; printf '%s\\n' "$u"
@@ -79,7 +80,7 @@ done"""
 _TAIL = f"""\
 have mpiexec && run mpi_version mpiexec --version
 have bash && run login bash -lc {shlex.quote(_LOGIN_SHELL)}
-rm -f "$t"
+rm -f "$o" "$t"
 sec end
 exit 0
 """
