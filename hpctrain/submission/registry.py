@@ -12,12 +12,13 @@ import random
 import secrets
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from hpctrain.errors import HpctrainError
 from hpctrain.submission.schedulers.state import JobState
@@ -26,12 +27,16 @@ if TYPE_CHECKING:
     from hpctrain.submission.schedulers.status_parsers import JobStatus
 
 SCHEMA_VERSION = 1
-BUSY_TIMEOUT_S = 30.0
+TABLES = ("runs", "submissions", "checkpoints")
+# Bounded waits for another process's lock, in all (not per retry): writers wait longer than readers.
+WRITE_LOCK_WAIT_S = 30.0
+READ_LOCK_WAIT_S = 10.0
 SUBMISSION_KINDS = ("submit", "requeue", "resubmit", "resume")
 # Run states besides JobState values: nothing submitted yet, or every submission attempt failed.
 CREATED = "created"
 SUBMIT_FAILED = "submit_failed"
 ACTIVE_STATES = tuple(s.value for s in JobState if s.is_active)
+T = TypeVar("T")
 
 _SCHEMA_V1 = """
 CREATE TABLE runs (
@@ -153,25 +158,201 @@ def new_run_id(name: str, when: datetime | None = None) -> str:
     return f"{name}-{when:%Y%m%d-%H%M}-{secrets.token_hex(2)}"
 
 
-class Registry:
-    """The run registry. Every write is one ``BEGIN IMMEDIATE`` transaction, retried while busy."""
+class RegistryLocked(HpctrainError):
+    """The registry stayed locked by another process for longer than the bounded wait."""
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, retries: int = 8) -> None:
-        self.path = Path(path) if path is not None else default_registry_path()
-        self.retries = retries
+
+class _Guarded:
+    """The registry's connection: every statement's rows are fetched at once, and SQLite's errors become
+    HpctrainErrors that name the file and the way out (a damaged file, a lock, a read-only file, a full disk).
+
+    Constraint violations (IntegrityError) pass through: the callers that expect them handle them.
+    """
+
+    def __init__(self, connection: sqlite3.Connection, path: Path, lock_timeout_s: float) -> None:
+        self.connection = connection
+        self.path = path
+        self.lock_timeout_s = lock_timeout_s
+
+    def execute(self, sql: str, args: Iterable[object] = ()) -> _Rows:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # isolation_level=None: we issue BEGIN/COMMIT ourselves.
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
-        except (OSError, sqlite3.Error) as exc:
-            raise HpctrainError(f"cannot open the run registry {self.path}: {exc}",
+            cursor = self.connection.execute(sql, tuple(args))
+            return _Rows(cursor.fetchall())
+        except sqlite3.Error as exc:
+            raise registry_error(exc, self.path, self.lock_timeout_s) from None
+
+    @property
+    def in_transaction(self) -> bool:
+        return self.connection.in_transaction
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+class _Rows(list):  # type: ignore[type-arg]
+    """A statement's rows, read in full (so a damaged page fails inside ``execute``, not while iterating)."""
+
+    def fetchone(self) -> sqlite3.Row | None:
+        return self[0] if self else None
+
+    def fetchall(self) -> list[sqlite3.Row]:
+        return list(self)
+
+
+def registry_error(exc: sqlite3.Error, path: Path, waited_s: float = 0.0) -> Exception:
+    """The HpctrainError for an SQLite error on the registry at ``path`` (IntegrityError and programming
+    errors are returned unchanged: they are not the user's to fix)."""
+    if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError):
+        return exc
+    msg = str(exc)
+    low = msg.lower()
+    if "locked" in low or "busy" in low:
+        return RegistryLocked(f"the run registry {path} is locked by another process (waited {waited_s:g} s: "
+                              f"{msg})",
+                              hint=f"another hpctrain command is writing to it or is stuck: try again, or find it "
+                                   f"with `fuser {path}`")
+    if "readonly" in low or "read-only" in low or ("unable to open" in low and _read_only_place(path)):
+        return HpctrainError(f"the run registry {path} is read-only and this command writes to it ({msg})",
+                             hint="make the file and its directory writable, or set HPCTRAIN_REGISTRY to a "
+                                  "writable copy")
+    if "full" in low:
+        return HpctrainError(f"the run registry {path} cannot grow: the disk is full ({msg})",
+                             hint="free space on that file system")
+    if "unable to open" in low:
+        return HpctrainError(f"cannot open the run registry {path} ({msg})",
+                             hint="check the directory exists and is readable, or set HPCTRAIN_REGISTRY")
+    return damaged(path, msg)
+
+
+class RegistryDamaged(HpctrainError):
+    """The registry file is not (or no longer) a readable registry; ``why`` says what was found."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.why = why
+        super().__init__(f"the run registry {path} is damaged: {why}",
+                         hint="`hpctrain runs --repair` keeps a copy of it and rebuilds it from the rows that can "
+                              "still be read")
+
+
+def _read_only_place(path: Path) -> bool:
+    """True when the registry's file system is mounted read-only (root ignores file modes, not this)."""
+    try:
+        return bool(os.statvfs(path if path.exists() else path.parent).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def damaged(path: Path, why: str) -> RegistryDamaged:
+    """The error for a registry file that is not (or no longer) a readable registry."""
+    return RegistryDamaged(path, why)
+
+
+def _connect_read_only(path: Path, timeout: float) -> sqlite3.Connection:
+    """A read-only connection (``mode=ro``): SQLite refuses every write through it and takes no write lock."""
+    uri = "file:" + urllib.parse.quote(str(path.resolve()), safe="/")
+    con = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=timeout, isolation_level=None)
+    try:
+        con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # opens the file now, not later
+        return con
+    except sqlite3.OperationalError as exc:
+        con.close()
+        if "unable to open" not in str(exc):
+            raise
+    # A WAL file on a read-only file system, whose -shm cannot be created: nobody can be writing to it, so
+    # SQLite may read it without locks.
+    return sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, timeout=timeout, isolation_level=None)
+
+
+def _schema_statements() -> list[str]:
+    return [s for s in _SCHEMA_V1.split(";") if s.strip()]
+
+
+def create_database(path: Path) -> None:
+    """Write a new, empty registry file at ``path`` (which must not exist yet), schema and WAL mode set."""
+    con = sqlite3.connect(path, isolation_level=None)
+    try:
+        con.execute("PRAGMA journal_mode = WAL")
+        con.execute("BEGIN")
+        for statement in _schema_statements():
+            con.execute(statement)
+        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        con.execute("COMMIT")
+    finally:
+        con.close()  # the last connection checkpoints the WAL into the file and removes it
+
+
+def _create_atomically(path: Path) -> None:
+    """Create the registry file complete or not at all: built beside it, then hard-linked into place (a link
+    never replaces a file another process created meanwhile). So a zero-length registry is always damage."""
+    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{secrets.token_hex(3)}")
+    try:
+        create_database(tmp)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            pass  # another process made it first: use theirs
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+    finally:
+        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+            with suppress(OSError):
+                leftover.unlink()
+
+
+class Registry:
+    """The run registry. Every write is one ``BEGIN IMMEDIATE`` transaction, retried while busy.
+
+    ``readonly=True`` (``hpctrain runs``, ``logs``) opens the file read-only: no write transaction, no
+    lock taken, and a registry that does not exist yet reads as empty. Waits for a lock are bounded by
+    ``lock_timeout_s`` in all; rows that cannot be decoded are skipped and described in ``damaged_rows``.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, *, readonly: bool = False,
+                 lock_timeout_s: float | None = None) -> None:
+        self.path = Path(path) if path is not None else default_registry_path()
+        self.readonly = readonly
+        self.lock_timeout_s = lock_timeout_s if lock_timeout_s is not None else (
+            READ_LOCK_WAIT_S if readonly else WRITE_LOCK_WAIT_S)
+        self.damaged_rows: list[str] = []
+        self._db = _Guarded(self._connect(), self.path, self.lock_timeout_s)
+        try:
+            if readonly:
+                self._check_readable()
+            else:
+                self._db.execute("PRAGMA synchronous = NORMAL")
+                self._db.execute("PRAGMA foreign_keys = ON")
+                self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
+
+    def _connect(self) -> sqlite3.Connection:
+        exists = self.path.exists()
+        if exists and self.path.is_file() and self.path.stat().st_size == 0:
+            raise damaged(self.path, "the file is empty (0 bytes): it was truncated")
+        try:
+            if self.readonly:
+                if not exists:  # nothing registered yet: an empty registry, without creating the file
+                    con = sqlite3.connect(":memory:", isolation_level=None)
+                    for statement in _schema_statements():
+                        con.execute(statement)
+                else:
+                    con = _connect_read_only(self.path, self.lock_timeout_s)
+            else:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                if not exists:
+                    _create_atomically(self.path)
+                # isolation_level=None: we issue BEGIN/COMMIT ourselves.
+                con = sqlite3.connect(self.path, timeout=self.lock_timeout_s, isolation_level=None)
+        except OSError as exc:
+            raise HpctrainError(f"cannot open the run registry {self.path}: {exc.strerror or exc}",
                                 hint="set HPCTRAIN_REGISTRY to a writable file") from None
-        self._db.row_factory = sqlite3.Row
-        self._db.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-        self._retry(lambda: self._db.execute("PRAGMA journal_mode = WAL").fetchone())
-        self._db.execute("PRAGMA synchronous = NORMAL")
-        self._db.execute("PRAGMA foreign_keys = ON")
-        self._migrate()
+        except sqlite3.Error as exc:
+            raise registry_error(exc, self.path, self.lock_timeout_s) from None
+        con.row_factory = sqlite3.Row
+        con.execute(f"PRAGMA busy_timeout = {int(self.lock_timeout_s * 1000)}")
+        return con
 
     # --- plumbing -----------------------------------------------------------------------------------------
 
@@ -186,54 +367,84 @@ class Registry:
         self.close()
 
     def _retry(self, fn: Callable[[], object]) -> object:
-        """Run ``fn``; on SQLITE_BUSY/LOCKED past busy_timeout, back off and try again."""
+        """Run ``fn``; while the registry is locked, back off and try again until ``lock_timeout_s`` is spent."""
+        deadline = time.monotonic() + self.lock_timeout_s
         delay = 0.05
-        for attempt in range(self.retries + 1):
+        while True:
             try:
                 return fn()
-            except sqlite3.OperationalError as exc:
-                msg = str(exc)
-                if "locked" not in msg and "busy" not in msg:
+            except RegistryLocked:
+                if time.monotonic() >= deadline:
                     raise
-                if attempt == self.retries:
-                    raise HpctrainError(f"the run registry {self.path} stayed locked by another process: "
-                                        f"{msg}",
-                                        hint="another hpctrain command may be stuck; retry later") from None
-                time.sleep(delay * (1 + random.random()))
+                time.sleep(min(delay * (1 + random.random()), max(deadline - time.monotonic(), 0.0)))
                 delay = min(delay * 2, 2.0)
-        raise AssertionError("unreachable")
 
     @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> Iterator[_Guarded]:
         self._retry(lambda: self._db.execute("BEGIN IMMEDIATE"))
         try:
             yield self._db
             self._retry(lambda: self._db.execute("COMMIT"))
         except BaseException:
             if self._db.in_transaction:
-                self._db.execute("ROLLBACK")
+                with suppress(sqlite3.Error, HpctrainError):
+                    self._db.connection.execute("ROLLBACK")
             raise
 
+    def _tables(self) -> set[str]:
+        return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def _check_version(self, version: int) -> None:
+        if version > SCHEMA_VERSION:
+            raise HpctrainError(f"the run registry {self.path} has schema version {version}, newer than "
+                                f"this hpctrain understands ({SCHEMA_VERSION})", hint="upgrade hpctrain")
+
+    def _check_tables(self) -> None:
+        missing = sorted(set(TABLES) - self._tables())
+        if missing:
+            raise damaged(self.path, f"table {', '.join(missing)} is missing")
+
+    def _check_readable(self) -> None:
+        version = self.schema_version
+        self._check_version(version)
+        if version == 0 and not self._tables():
+            # Made by an older hpctrain that had not written its schema yet: nothing registered.
+            self._db.close()
+            self._db = _Guarded(sqlite3.connect(":memory:", isolation_level=None), self.path, self.lock_timeout_s)
+            self._db.connection.row_factory = sqlite3.Row
+            for statement in _schema_statements():
+                self._db.execute(statement)
+            return
+        self._check_tables()
+
     def _migrate(self) -> None:
+        version = self.schema_version
+        self._check_version(version)
+        if version == SCHEMA_VERSION:  # the usual case: no write transaction just to open the registry
+            self._check_tables()
+            return
+        self._retry(lambda: self._db.execute("PRAGMA journal_mode = WAL"))
         with self._write() as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise HpctrainError(f"the run registry {self.path} has schema version {version}, newer than "
-                                    f"this hpctrain understands ({SCHEMA_VERSION})", hint="upgrade hpctrain")
+            self._check_version(version)
             if version == 0:
-                for statement in _SCHEMA_V1.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
+                for statement in _schema_statements():
+                    db.execute(statement)
                 version = 1
             while version < SCHEMA_VERSION:
-                MIGRATIONS[version](db)
+                MIGRATIONS[version](db.connection)
                 version += 1
             db.execute(f"PRAGMA user_version = {version}")
+        self._check_tables()
 
     @property
     def schema_version(self) -> int:
         """``PRAGMA user_version`` of the file."""
-        return int(self._db.execute("PRAGMA user_version").fetchone()[0])
+        row = self._db.execute("PRAGMA user_version").fetchone()
+        if row is None or not isinstance(row[0], int):
+            raise damaged(self.path, "no schema version")
+        return int(row[0])
+
 
     # --- runs ---------------------------------------------------------------------------------------------
 
@@ -266,7 +477,7 @@ class Registry:
         """The run with this id, or the one run whose id starts with it."""
         row = self._db.execute("SELECT * FROM runs WHERE run_id = ?", (run_id_or_prefix,)).fetchone()
         if row is not None:
-            return _run(row)
+            return self._decode_run(row)
         rows = self._db.execute(
             "SELECT * FROM runs WHERE substr(run_id, 1, ?) = ? ORDER BY created DESC",
             (len(run_id_or_prefix), run_id_or_prefix),
@@ -278,7 +489,7 @@ class Registry:
             shown = ", ".join(r["run_id"] for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
             raise HpctrainError(f"{run_id_or_prefix!r} matches {len(rows)} runs: {shown}",
                                 hint="give more of the run id")
-        return _run(rows[0])
+        return self._decode_run(rows[0])
 
     def list_runs(self, site: str | None = None, active_only: bool = False) -> list[Run]:
         """Runs, newest first, optionally of one site and/or only those still active."""
@@ -289,7 +500,7 @@ class Registry:
         if active_only:
             sql += f" AND state IN ({','.join('?' * len(ACTIVE_STATES))})"
             args.extend(ACTIVE_STATES)
-        return [_run(r) for r in self._db.execute(sql + " ORDER BY created DESC, run_id", args)]
+        return self._decoded(self._db.execute(sql + " ORDER BY created DESC, run_id", args), _run, "run")
 
     # --- submissions --------------------------------------------------------------------------------------
 
@@ -323,6 +534,24 @@ class Registry:
                            (SUBMIT_FAILED, error, run_id))
         return self._submission(run_id, seq)
 
+    def _decode_run(self, row: sqlite3.Row) -> Run:
+        try:
+            return _run(row)
+        except BadRow as exc:
+            raise damaged(self.path, f"the row of run {_row_name(row)} cannot be read: {exc}") from None
+
+    def _decoded(self, rows: Iterable[sqlite3.Row], decode: Callable[[sqlite3.Row], T], what: str) -> list[T]:
+        """Rows decoded; one that cannot be is skipped and described in ``damaged_rows`` (the rest still show)."""
+        out: list[T] = []
+        for row in rows:
+            try:
+                out.append(decode(row))
+            except BadRow as exc:
+                note = f"{what} row of run {_row_name(row)} skipped: {exc}"
+                if note not in self.damaged_rows:
+                    self.damaged_rows.append(note)
+        return out
+
     def _submission(self, run_id: str, seq: int) -> Submission:
         row = self._db.execute("SELECT * FROM submissions WHERE run_id = ? AND seq = ?",
                                (run_id, seq)).fetchone()
@@ -332,7 +561,7 @@ class Registry:
         """Every submission attempt of a run, oldest first (failed ones included)."""
         rid = self.get_run(run_id).run_id
         rows = self._db.execute("SELECT * FROM submissions WHERE run_id = ? ORDER BY seq", (rid,))
-        return [_submission(r) for r in rows]
+        return self._decoded(rows, _submission, "submission")
 
     def update_states(self, statuses: Mapping[str, JobStatus], site: str | None = None) -> int:
         """Store polled job states (one transaction); returns how many submissions changed state.
@@ -385,6 +614,10 @@ class Registry:
         )
         out: dict[str, list[str]] = {}
         for row in rows:
+            if not isinstance(row["site"], str) or not isinstance(row["job_id"], str):
+                self.damaged_rows.append(f"submission of a run on site {str(row['site'])[:40]!r} skipped: "
+                                         f"job id {str(row['job_id'])[:40]!r} is not text")
+                continue
             ids = out.setdefault(row["site"], [])
             if row["job_id"] not in ids:
                 ids.append(row["job_id"])
@@ -401,16 +634,121 @@ class Registry:
     def checkpoints(self, run_id: str) -> list[Checkpoint]:
         """A run's checkpoints, oldest step first."""
         rows = self._db.execute("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY step", (run_id,))
-        return [Checkpoint(r["run_id"], r["step"], r["path"], r["created"]) for r in rows]
+        return self._decoded(rows, _checkpoint, "checkpoint")
+
+    # --- housekeeping -------------------------------------------------------------------------------------
+
+    def integrity_problems(self) -> list[str]:
+        """SQLite's integrity check plus every row decoded: what is wrong (an empty list when healthy)."""
+        result = [str(r[0]) for r in self._db.execute("PRAGMA integrity_check")]
+        if result != ["ok"]:
+            return [f"SQLite integrity check: {'; '.join(result[:5])}"]
+        problems: list[str] = []
+        for table in TABLES:
+            for row in self._db.execute(f"SELECT * FROM {table}"):
+                try:
+                    DECODERS[table](row)
+                except BadRow as exc:
+                    problems.append(f"{table} row of run {_row_name(row)}: {exc}")
+        return problems
 
 
-def _run(row: sqlite3.Row) -> Run:
-    return Run(row["run_id"], row["name"], row["site"], row["remote"], row["spec_hash"], row["spec_path"],
-               row["run_dir"], row["created"], row["state"], row["state_reason"], row["array_parent"],
-               row["array_index"], json.loads(row["overrides"]))
+    def never_ran(self, registered_before: datetime) -> list[Run]:
+        """Runs that never reached a scheduler (``created``, ``submit_failed``) registered before the given
+        time, oldest first; an array task is left out while a task that is kept still names it as parent."""
+        cutoff = registered_before.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        rows = self._db.execute("SELECT * FROM runs WHERE state IN (?, ?) AND created < ? ORDER BY created",
+                                (CREATED, SUBMIT_FAILED, cutoff))
+        runs = self._decoded(rows, _run, "run")
+        chosen = {r.run_id for r in runs}
+        links = [(row[0], row[1]) for row in
+                 self._db.execute("SELECT run_id, array_parent FROM runs WHERE array_parent IS NOT NULL")]
+        while True:  # a parent row stays while any task that is kept points at it (foreign key)
+            blocked = {parent for child, parent in links if parent in chosen and child not in chosen}
+            if not blocked:
+                break
+            chosen -= blocked
+        return [r for r in runs if r.run_id in chosen]
+
+    def delete_runs(self, run_ids: Iterable[str]) -> int:
+        """Remove runs with their submissions and checkpoint records (one transaction); returns how many."""
+        ids = list(dict.fromkeys(run_ids))
+        if not ids:
+            return 0
+        marks = ",".join("?" * len(ids))
+        with self._write() as db:
+            db.execute(f"DELETE FROM checkpoints WHERE run_id IN ({marks})", ids)
+            db.execute(f"DELETE FROM submissions WHERE run_id IN ({marks})", ids)
+            before = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+            db.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", ids)
+            after = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+        return int(before - after)
 
 
-def _submission(row: sqlite3.Row) -> Submission:
-    return Submission(row["run_id"], row["seq"], row["job_id"], row["kind"], row["submitted_at"],
-                      bool(row["ok"]), row["error"], row["state"], row["state_reason"], row["exit_code"],
-                      row["restart_count"], row["updated_at"])
+class BadRow(ValueError):
+    """A registry row whose values are not what the schema promises (a damaged or hand-edited file)."""
+
+
+_TEXT, _OPT_TEXT, _INT, _OPT_INT = (str,), (str, type(None)), (int,), (int, type(None))
+_RUN_COLUMNS = {"run_id": _TEXT, "name": _TEXT, "site": _TEXT, "remote": _OPT_TEXT, "spec_hash": _TEXT,
+                "spec_path": _OPT_TEXT, "run_dir": _TEXT, "created": _TEXT, "state": _TEXT, "state_reason": _TEXT,
+                "array_parent": _OPT_TEXT, "array_index": _OPT_INT, "overrides": _TEXT}
+_SUBMISSION_COLUMNS = {"run_id": _TEXT, "seq": _INT, "job_id": _OPT_TEXT, "kind": _TEXT, "submitted_at": _TEXT,
+                       "ok": _INT, "error": _OPT_TEXT, "state": _OPT_TEXT, "state_reason": _TEXT,
+                       "exit_code": _OPT_INT, "restart_count": _INT, "updated_at": _OPT_TEXT}
+_CHECKPOINT_COLUMNS = {"run_id": _TEXT, "step": _INT, "path": _TEXT, "created": _TEXT}
+COLUMNS = {"runs": _RUN_COLUMNS, "submissions": _SUBMISSION_COLUMNS, "checkpoints": _CHECKPOINT_COLUMNS}
+
+
+def _checked(row: Mapping[str, object] | sqlite3.Row, columns: Mapping[str, tuple[type, ...]]) -> dict[str, object]:
+    values = {name: row[name] for name in columns}
+    for name, types in columns.items():
+        value = values[name]
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise BadRow(f"{name} holds {type(value).__name__} {str(value)[:40]!r}")
+    return values
+
+
+def decode_overrides(text: str) -> list[str]:
+    """A run's ``overrides`` column: a JSON list of ``KEY=VALUE`` strings."""
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise BadRow(f"overrides is not JSON ({str(exc)[:60]})") from None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise BadRow("overrides is not a list of KEY=VALUE texts")
+    return value
+
+
+def _run(row: Mapping[str, object] | sqlite3.Row) -> Run:
+    """A run row as a Run; BadRow when a value is not of its column's type."""
+    v = _checked(row, _RUN_COLUMNS)
+    return Run(v["run_id"], v["name"], v["site"], v["remote"], v["spec_hash"], v["spec_path"],  # type: ignore[arg-type]
+               v["run_dir"], v["created"], v["state"], v["state_reason"], v["array_parent"],  # type: ignore[arg-type]
+               v["array_index"], decode_overrides(v["overrides"]))  # type: ignore[arg-type]
+
+
+def _submission(row: Mapping[str, object] | sqlite3.Row) -> Submission:
+    """A submission row as a Submission; BadRow when a value is not of its column's type."""
+    v = _checked(row, _SUBMISSION_COLUMNS)
+    if v["kind"] not in SUBMISSION_KINDS or v["ok"] not in (0, 1):
+        raise BadRow(f"kind {v['kind']!r} / ok {v['ok']!r} are not values this registry writes")
+    return Submission(v["run_id"], v["seq"], v["job_id"], v["kind"], v["submitted_at"],  # type: ignore[arg-type]
+                      bool(v["ok"]), v["error"], v["state"], v["state_reason"], v["exit_code"],  # type: ignore[arg-type]
+                      v["restart_count"], v["updated_at"])  # type: ignore[arg-type]
+
+
+def _checkpoint(row: Mapping[str, object] | sqlite3.Row) -> Checkpoint:
+    v = _checked(row, _CHECKPOINT_COLUMNS)
+    return Checkpoint(v["run_id"], v["step"], v["path"], v["created"])  # type: ignore[arg-type]
+
+
+DECODERS: dict[str, Callable[[Mapping[str, object] | sqlite3.Row], object]] = {
+    "runs": _run, "submissions": _submission, "checkpoints": _checkpoint}
+
+
+def _row_name(row: Mapping[str, object] | sqlite3.Row) -> str:
+    try:
+        return repr(row["run_id"])[:80]
+    except (IndexError, KeyError):
+        return "?"
