@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import warnings
 from collections.abc import Sequence
+from typing import TextIO
 
 from hpctrain import __version__
 from hpctrain.errors import HpctrainError
@@ -46,7 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_python_showwarning = warnings.showwarning
+
+
+def _show_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                  file: TextIO | None = None, line: str | None = None) -> None:
+    """hpctrain's own warnings (e.g. the preflight's) as one plain line; others as Python shows them."""
+    if category.__module__.startswith("hpctrain"):
+        print(f"hpctrain: warning: {message}", file=sys.stderr)
+    else:
+        _python_showwarning(message, category, filename, lineno, file, line)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    warnings.showwarning = _show_warning
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

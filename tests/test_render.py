@@ -72,7 +72,7 @@ def test_golden_scripts_pass_bash_syntax_check() -> None:
 
 def _job(**resources: object) -> JobSpec:
     base = {"nodes": 1, "ranks_per_node": 2, "threads_per_rank": 1, "walltime": "00:10:00"}
-    return JobSpec.model_validate({"name": "tiny", "model": "ffn", "train": {"steps": 1, "batch_per_rank": 1,
+    return JobSpec.model_validate({"name": "tiny", "model": "resnet", "train": {"steps": 1, "batch_per_rank": 1,
                                    "lr": 0.1}, "resources": {**base, **resources}})
 
 

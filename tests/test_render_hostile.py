@@ -77,8 +77,10 @@ def _documents(scheduler: str, field: str, payload: str, venv_home: Path) -> tup
         "queues": {"q": {"max_nodes": 1, "max_walltime": "01:00:00"}}, "default_queue": "q",
         "environment": {"modules": ["gcc/12"], "env": {"SITE_VAR": "1"}},
     }
+    # A plug-in with no schema: its model_args and data are not checked before start, so hostile values there
+    # reach the renderer (the built-in models' schemas would refuse most of them first).
     job: dict[str, Any] = {
-        "name": "hostile-job", "model": "ffn",
+        "name": "hostile-job", "model": "hostile_plugin:build",
         "train": {"steps": 1, "batch_per_rank": 1, "lr": 0.1},
         "resources": {"nodes": 1, "ranks_per_node": 2, "walltime": "00:05:00"},
         "env": {"HOSTILE": "benign"},

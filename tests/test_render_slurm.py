@@ -34,7 +34,7 @@ def _site():
 
 def _job(**resources: object) -> JobSpec:
     base = {"nodes": 1, "ranks_per_node": 2, "threads_per_rank": 1, "walltime": "00:05:00"}
-    return JobSpec.model_validate({"name": "render-slurm-test", "model": "ffn",
+    return JobSpec.model_validate({"name": "render-slurm-test", "model": "resnet",
                                    "train": {"steps": 1, "batch_per_rank": 1, "lr": 0.1},
                                    "resources": {**base, **resources}, "checkpoint": {"signal_lead_s": 30}})
 

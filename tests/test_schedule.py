@@ -6,8 +6,9 @@ import math
 
 import pytest
 
+from hpctrain.config.schedule_rules import warmup_steps_legw
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.schedule import LRSchedule, scaled_lr, warmup_steps_legw
+from hpctrain.runtime.schedule import LRSchedule, scaled_lr
 
 
 def test_scaled_lr_rules() -> None:

@@ -354,8 +354,9 @@ def test_an_unknown_model_is_one_readable_error_on_every_rank(tmp_path: Path) ->
     errors = [line for line in proc.stdout.splitlines() if line.startswith("hpctrain: error:")]
     assert errors, proc.stdout
     for line in errors:
-        assert re.fullmatch(r"hpctrain: error: rank [01]: model: unknown model 'no_such_model'; use one of .*",
-                            line), line
+        # the ranks check the spec before anything else, naming the spec's line
+        assert re.fullmatch(rf"hpctrain: error: rank [01]: {re.escape(str(spec))}:\d+: model: unknown model "
+                            r"'no_such_model'; use one of .*", line), line
     assert "Traceback" not in proc.stdout
 
 
@@ -372,7 +373,7 @@ def test_a_missing_ffn_volume_is_a_data_error_without_a_hang(tmp_path: Path) -> 
         "train": {"steps": 2, "batch_per_rank": 2, "lr": 0.1, "collective_timeout_s": 20}}))
     proc = launch("mpi", 2, spec, tmp_path / "run", timeout=90)
     assert proc.returncode == DataError.exit_code, proc.stdout
-    assert f"hpctrain: error: rank 0: volume file {missing} does not exist" in proc.stdout, proc.stdout
+    assert f"data.train.image: {missing} does not exist" in proc.stdout, proc.stdout
     assert "Traceback" not in proc.stdout
 
 

@@ -1,4 +1,5 @@
-"""``hpctrain jobs validate|show``: check job specs (and that they fit a site) without rendering."""
+"""``hpctrain jobs validate|show``: check job specs (the model's arguments and data, the LR schedule, the fit
+on a site) as far as the laptop can, without rendering."""
 
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("jobs", help="validate and show job specs")
     sub = parser.add_subparsers(dest="jobs_command", metavar="ACTION")
     sub.required = True
-    p_val = sub.add_parser("validate", help="validate a job spec; with --site also check it fits the site")
+    p_val = sub.add_parser("validate", help="check a job spec as the ranks will at start; with --site also that "
+                                            "it fits the site")
     add_job_arguments(p_val)
+    p_val.add_argument("--check-paths", action="store_true",
+                       help="check that the data files exist on this machine (implied with --site local); "
+                            "run it where the job will be submitted")
     p_val.add_argument("--json", action="store_true")
     p_val.set_defaults(handler=cmd_validate)
     p_show = sub.add_parser("show", help="the job spec with defaults and overrides applied")
@@ -25,20 +30,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from hpctrain.config.fit import check_fit
+    from hpctrain.config.preflight import check_job
     from hpctrain.config.site import load_site
 
     job = load_job_from_args(args)
     result = {"job": job.name, "valid": True, "site": None}
+    site = None
     if args.site:
         site = load_site(args.site)
         placement = check_fit(job, site)
         result.update(site=site.name, queue=placement.queue_name, backend=placement.backend,
                       ranks=job.resources.ranks)
+    result["warnings"] = check_job(job, site, local_paths=args.check_paths)
     if args.json:
         print_json(result)
-    else:
-        where = f" on {result['site']} (queue {result.get('queue')}, {result.get('backend')})" if args.site else ""
-        print(f"{args.job}: ok{where}", file=sys.stdout)
+        return 0
+    for warning in result["warnings"]:
+        print(f"hpctrain: warning: {warning}", file=sys.stderr)
+    where = f" on {result['site']} (queue {result.get('queue')}, {result.get('backend')})" if args.site else ""
+    print(f"{args.job}: ok{where}", file=sys.stdout)
     return 0
 
 

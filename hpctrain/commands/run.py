@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpctrain.config.job import JobSpec
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,6 +50,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     job = load_job(args.spec, sets=args.sets)
     run_dir = Path(args.run_dir or Path("runs") / job.name)
     try:
+        _preflight(job)
         from hpctrain.runtime.trainer import train
 
         outcome = train(job, run_dir, backend=args.backend, check_sync_every=args.check_sync)
@@ -68,6 +73,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"hpctrain: training finished at step {outcome.end_step}; parameter checksum "
               f"{outcome.parameters_checksum:.10e}", file=sys.stderr)
     return 0
+
+
+def _preflight(job: JobSpec) -> None:
+    """The laptop's checks again, on every rank before any data is read: a spec that skipped them (or data
+    that moved since) fails here with the same message, not hours later."""
+    from hpctrain.config.preflight import check_job
+    from hpctrain.launch_env import detect_launch_env
+
+    world = detect_launch_env(os.environ).size
+    for warning in check_job(job, local_paths=True, at_start=True, world_size=world):
+        if _rank() == "0":
+            print(f"hpctrain: warning: {warning}", file=sys.stderr, flush=True)
 
 
 def _abort_others(code: int) -> None:

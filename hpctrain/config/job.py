@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, model_validator
+from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 
 from hpctrain.config.common import EnvVars, Name, Strict, Walltime, Word
+from hpctrain.config.origin import JobOrigin
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file, parse_yaml
 from hpctrain.errors import ConfigError
@@ -145,6 +146,7 @@ class JobSpec(Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     env: EnvVars = Field(default_factory=dict, description="Extra environment variables for the ranks")
+    _origin: JobOrigin | None = PrivateAttr(None)
 
     @model_validator(mode="after")
     def _consistent(self) -> JobSpec:
@@ -154,6 +156,11 @@ class JobSpec(Strict):
         if warm.kind == "legw" and self.train.lr_scaling != "sqrt":
             raise ValueError("LEGW warm-up pairs with lr_scaling: sqrt (You et al.: peak LR grows with sqrt(k))")
         return self
+
+    @property
+    def origin(self) -> JobOrigin | None:
+        """The file lines and flags the values came from (None for a spec built in Python)."""
+        return self._origin
 
     def schedule_config(self) -> dict[str, Any]:
         """The ``train`` keys that runtime.schedule.LRSchedule.from_spec reads (only keys the user set)."""
@@ -230,7 +237,10 @@ def job_from_loaded(
         assignments.append((["resources", "queue"], queue))
     for parts, value in assignments:
         apply_assignment(data, parts, value)
-    return validate_model(JobSpec, loaded, data)
+    job = validate_model(JobSpec, loaded, data)
+    # Later checks (preflight) name the same file lines, or the --set flag that set a key.
+    job._origin = JobOrigin(loaded, {tuple(parts): f"--set {s}" for (parts, _), s in zip(assignments, sets)})
+    return job
 
 
 def dump_job(job: JobSpec) -> str:

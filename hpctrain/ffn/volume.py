@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn import parse_volume_spec
 from hpctrain.errors import DataError
 
 VolumeSpec = str | Mapping[str, Any]
@@ -66,24 +67,6 @@ class Volume:
         return f"Volume({self.name!r}, shape={self.shape}, dtype={self.dtype})"
 
 
-def parse_spec(spec: VolumeSpec) -> tuple[Path, str | None]:
-    """``"path.h5:dataset"`` or ``{"path": ..., "dataset": ...}`` -> (path, dataset or None)."""
-    if isinstance(spec, Mapping):
-        if "path" not in spec:
-            raise DataError(
-                f"volume spec {dict(spec)!r} has no 'path'", hint="write {path: FILE, dataset: NAME}"
-            )
-        dataset = spec.get("dataset")
-        return Path(str(spec["path"])), None if dataset is None else str(dataset)
-    text = str(spec)
-    # Split on the last ':' after the file suffix so that Windows-like or odd paths keep working.
-    for suffix in (".h5:", ".hdf5:", ".hdf:", ".zarr:"):
-        at = text.rfind(suffix)
-        if at >= 0:
-            return Path(text[: at + len(suffix) - 1]), text[at + len(suffix) :] or None
-    return Path(text), None
-
-
 def _h5_datasets(f: Any) -> list[str]:
     import h5py
 
@@ -106,7 +89,7 @@ def _zarr_arrays(group: Any, prefix: str = "") -> list[str]:
 
 def open_volume(spec: VolumeSpec) -> Volume:
     """Open a volume lazily; raise DataError naming the file and the datasets that do exist."""
-    path, dataset = parse_spec(spec)
+    path, dataset = parse_volume_spec(spec)
     name = f"{path}:{dataset}" if dataset else str(path)
     if not path.exists():
         raise DataError(f"volume file {path} does not exist", hint="check the data path in the job spec")

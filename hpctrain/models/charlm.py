@@ -1,6 +1,7 @@
 """A character-level LSTM language model on English text that ships with Python (pydoc's topic help).
 
 Used for the large-batch LEGW experiments: the text needs no download and is the same everywhere.
+``model_args`` and ``data`` are read through their schema (hpctrain/config/plugins/charlm.py).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.config.plugins.charlm import HOLDOUT_SHARE, SCHEMA
 from hpctrain.models.task import TaskContext, TrainingTask
 
 
@@ -39,17 +41,16 @@ class CharLMTask(TrainingTask):
     sample_unit = "sequences"
 
     def __init__(self, ctx: TaskContext) -> None:
-        args = dict(ctx.model_args)
-        text = python_help_text(int(ctx.data.get("max_chars", 400_000)))
+        args, data = SCHEMA.parse(ctx.model_args, ctx.data)
+        text = python_help_text(data.max_chars)
         vocab = sorted(set(text))
         lookup = {c: i for i, c in enumerate(vocab)}
         self.encoded = torch.tensor([lookup[c] for c in text], dtype=torch.long)
-        holdout = len(self.encoded) // 20
+        holdout = len(self.encoded) // HOLDOUT_SHARE
         self.valid, self.train = self.encoded[:holdout], self.encoded[holdout:]
-        self.seq_len = int(args.get("seq_len", 64))
+        self.seq_len = args.seq_len
         torch.manual_seed(ctx.seed)
-        self.model = CharLSTM(len(vocab), int(args.get("embed", 32)), int(args.get("hidden", 128)),
-                              int(args.get("layers", 1)))
+        self.model = CharLSTM(len(vocab), args.embed, args.hidden, args.layers)
         self.batch, self.rank, self.seed, self.step = ctx.batch_per_rank, ctx.rank, ctx.seed, 0
 
     @property

@@ -1,4 +1,7 @@
-"""A small residual CNN on scikit-learn's bundled 8x8 digits images (no download)."""
+"""A small residual CNN on scikit-learn's bundled 8x8 digits images (no download).
+
+``model_args`` and ``data`` are read through their schema (hpctrain/config/plugins/digits.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.config.plugins.digits import SCHEMA
 from hpctrain.models.task import ShardedIndexStream, TaskContext, TrainingTask
 
 
@@ -44,11 +48,11 @@ def load_digits_tensors() -> tuple[torch.Tensor, torch.Tensor]:
 
 class DigitsTask(TrainingTask):
     def __init__(self, ctx: TaskContext) -> None:
-        args = dict(ctx.model_args)
+        args, data = SCHEMA.parse(ctx.model_args, ctx.data)
         torch.manual_seed(ctx.seed)
-        self.model = SmallResNet(channels=int(args.get("channels", 16)), blocks=int(args.get("blocks", 2)))
+        self.model = SmallResNet(channels=args.channels, blocks=args.blocks)
         images, labels = load_digits_tensors()
-        holdout = int(ctx.data.get("holdout", 297))
+        holdout = data.holdout
         self.train_x, self.train_y = images[holdout:], labels[holdout:]
         self.test_x, self.test_y = images[:holdout], labels[:holdout]
         self.batch = ctx.batch_per_rank

@@ -2,7 +2,8 @@
 
 A user's factory receives the job spec's ``model_args`` as keyword arguments and returns either a
 ``TrainingTask`` (full control of data) or a plain ``nn.Module`` trained on synthetic regression data
-described by ``data.synthetic`` ({input_shape, outputs, samples}).
+described by ``data.synthetic`` ({input_shape, outputs, samples}). The names and the schemas of the
+built-ins are in config/catalog.py, where the laptop reads them without torch.
 """
 
 from __future__ import annotations
@@ -14,14 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.config.catalog import BUILTIN, unknown_model
 from hpctrain.errors import ConfigError
 from hpctrain.models.task import ShardedIndexStream, TaskContext, TrainingTask
-
-BUILTIN = {
-    "resnet": "hpctrain.models.digits:DigitsTask",
-    "lstm": "hpctrain.models.charlm:CharLMTask",
-    "ffn": "hpctrain.ffn.task:FFNTask",
-}
 
 
 def _import(target: str) -> Callable[..., Any]:
@@ -40,10 +36,9 @@ def _import(target: str) -> Callable[..., Any]:
 def build_task(model: str, ctx: TaskContext) -> TrainingTask:
     """The training task for a spec's ``model`` value."""
     if model in BUILTIN:
-        return _import(BUILTIN[model])(ctx)
+        return _import(BUILTIN[model].task)(ctx)
     if ":" not in model:
-        raise ConfigError(f"unknown model {model!r}", key="model",
-                          hint="use one of " + ", ".join(sorted(BUILTIN)) + " or package.module:factory")
+        raise unknown_model(model)
     factory = _import(model)
     try:
         made = factory(**ctx.model_args)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hpctrain.config.job import JobSpec
+from hpctrain.config.preflight import steps_per_epoch
 from hpctrain.errors import RuntimeFailure
 from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
@@ -221,7 +222,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     task: TrainingTask = build_task(job.model, ctx)
     model = task.model.to(device)
     broadcast_model(model, comm)
-    schedule = LRSchedule.from_spec(job.schedule_config(), size)
+    schedule = LRSchedule.from_spec(job.schedule_config(), size, steps_per_epoch(job, size))
     optimizer = build_optimizer(model.parameters(), job.train.optimizer.model_dump(exclude_none=True),
                                 lr=schedule.lr_at(0))
     model, optimizer, _ = maybe_optimize(model, optimizer, wanted=intel_extension, device=device,

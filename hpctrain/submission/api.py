@@ -151,6 +151,7 @@ def submit_runs(
     """Check, register, stage, copy and submit; see the module docstring."""
     from hpctrain.config.fit import check_fit
     from hpctrain.config.job import JobSpec, load_job
+    from hpctrain.config.preflight import check_job, warn
     from hpctrain.config.site import load_site
     from hpctrain.submission.schedulers.base import get_scheduler
 
@@ -184,6 +185,8 @@ def submit_runs(
     jobs = [job if a is None else _variant(job, a) for a in assignments]
     for j in jobs:
         check_fit(j, site_profile)
+        # What would fail at start fails now; data paths are checked where the ranks will read them.
+        warn(check_job(j, site_profile, local_paths=remote is None))
 
     registry = registry or Registry()
     pool = pool or TransportPool()

@@ -1,6 +1,7 @@
 """Site profile + job spec -> batch script text (directives, environment, the launch line).
 
-``render_script`` checks the fit first, so an impossible spec is refused before any text is written.
+``render_script`` checks the fit and the job (config/preflight.py) first, so an impossible spec is refused
+before any text is written.
 Scripts are deterministic (no timestamps): the same inputs always give the same bytes.
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from hpctrain.config.common import walltime_seconds
 from hpctrain.config.fit import Placement, check_fit
 from hpctrain.config.job import JobSpec
+from hpctrain.config.preflight import check_job
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import ConfigError
 from hpctrain.submission.launchers import (
@@ -152,6 +154,8 @@ def render_script(
     ``command`` replaces the rank command ``PYTHON -m hpctrain run SPEC --run-dir RUN_DIR`` (tests).
     """
     placement = check_fit(job, site)
+    # What would fail when the ranks start fails here; warnings are for jobs validate and submit to show.
+    check_job(job, site, local_paths=False)
     scheduler = get_scheduler(site.scheduler)
     interpreter = python_for(site, python)
     plan = launch_plan(job, site, placement, interpreter)

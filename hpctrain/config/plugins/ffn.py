@@ -1,0 +1,280 @@
+"""The Flood-Filling Network's ``model_args`` and ``data`` (``model: ffn``), checked without torch or numpy.
+
+``hpctrain.ffn.task`` builds the model and the training-example stream from these validated values; the
+preflight uses the same models to refuse, on the laptop, a FOV that is even-sized, a policy that does not
+exist or a training volume too small to hold one training box.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+
+from hpctrain.config.common import Strict
+from hpctrain.config.job import JobSpec
+from hpctrain.config.plugin import ModelSchema
+from hpctrain.errors import ConfigError, DataError
+
+Zyx = tuple[int, int, int]
+GRADIENT_CLIP = 0.7  # google/ffn max_gradient_entry_mag
+DEFAULT_SYNTHETIC_SHAPE: Zyx = (48, 96, 96)
+
+
+def _as_triple(value: object) -> object:
+    """One integer stands for a cube; YAML gives lists, the models hold tuples."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value, value)
+    if isinstance(value, list | tuple) and len(value) == 3:
+        return tuple(value)
+    raise ValueError("give one integer or three [z, y, x]")
+
+
+def _odd(sizes: Zyx) -> Zyx:
+    if any(s < 1 or s % 2 == 0 for s in sizes):
+        raise ValueError(f"FOV sizes must be odd and >= 1 (a FOV has a centre voxel), got {list(sizes)}")
+    return sizes
+
+
+def _non_negative(sizes: Zyx) -> Zyx:
+    if any(s < 0 for s in sizes):
+        raise ValueError(f"must be >= 0 on every axis, got {list(sizes)}")
+    return sizes
+
+
+def _positive(sizes: Zyx) -> Zyx:
+    if any(s < 1 for s in sizes):
+        raise ValueError(f"must be >= 1 on every axis, got {list(sizes)}")
+    return sizes
+
+
+def _as_tuple(value: object) -> object:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _axes(axes: tuple[int, ...]) -> tuple[int, ...]:
+    if any(a not in (0, 1, 2) for a in axes) or len(set(axes)) != len(axes):
+        raise ValueError(f"must be distinct axes 0 (z), 1 (y), 2 (x); got {list(axes)}")
+    return axes
+
+
+def _thresholds(values: tuple[float, ...]) -> tuple[float, ...]:
+    if not values or any(not 0 < v < 1 for v in values) or list(values) != sorted(set(values)):
+        raise ValueError("must be increasing fractions strictly between 0 and 1, e.g. [0.1, 0.5, 0.9]")
+    return values
+
+
+Triple = Annotated[tuple[int, int, int], BeforeValidator(_as_triple)]
+FovSize = Annotated[Triple, AfterValidator(_odd)]
+Offsets = Annotated[Triple, AfterValidator(_non_negative)]
+Shape = Annotated[Triple, AfterValidator(_positive)]
+Axes = Annotated[tuple[int, ...], BeforeValidator(_as_tuple), AfterValidator(_axes)]
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+
+
+class FFNModelArgs(Strict):
+    """``model_args`` of ``model: ffn``: the ConvStack3D and google/ffn train.py's training-example options."""
+
+    depth: int = Field(9, ge=1, description="Convolution modules (ConvStack3D depth)")
+    features: int = Field(32, ge=1, description="Feature maps per convolution")
+    fov: FovSize = Field((33, 33, 33), description="Field of view (z, y, x), odd sizes; one integer for a cube")
+    deltas: Offsets = Field((8, 8, 8), description="FOV movement step (z, y, x)")
+    fov_policy: Literal["fixed", "max_pred_moves"] = Field("fixed", description="--fov_policy")
+    fov_moves: int = Field(1, ge=1, description="--fov_moves (max_pred_moves only)")
+    faces_only: bool = Field(False, description="fixed policy: the 6 face shifts instead of all 26")
+    move_threshold: Fraction = Field(0.9, description="--threshold: probability needed to move the FOV there")
+    permutable_axes: Axes = Field((1, 2), description="--permutable_axes (0 = z, 1 = y, 2 = x)")
+    reflectable_axes: Axes = Field((0, 1, 2), description="--reflectable_axes")
+    single_fov_steps: int = Field(0, ge=0, description="First steps train on bare-seed FOVs only (no movement)")
+    image_mean: float | None = Field(None, description="Image normalisation (default: the training volume's)")
+    image_stddev: float | None = Field(None, gt=0, description="Image normalisation (default: the volume's)")
+    clip: float = Field(GRADIENT_CLIP, gt=0, description="Per-element gradient clip after the reduction")
+
+    @model_validator(mode="after")
+    def _permutable_axes_match(self) -> FFNModelArgs:
+        box = self.training_box()
+        for i, a in enumerate(self.permutable_axes):
+            for b in self.permutable_axes[i + 1:]:
+                if box[a] != box[b]:
+                    raise ValueError(f"permutable_axes {a} and {b} need the same FOV and deltas on both axes "
+                                     f"(training box {list(box)}); drop one of them from permutable_axes")
+        return self
+
+    def training_box(self) -> Zyx:
+        """Box read per example: fov + 2 x deltas x moves (google/ffn train_image_size)."""
+        moves = self.fov_moves + 1 if self.fov_policy == "max_pred_moves" else 1
+        return tuple(f + 2 * d * moves for f, d in zip(self.fov, self.deltas, strict=True))  # type: ignore[return-value]
+
+    def box_margin(self) -> Zyx:
+        """Distance from the border a training centre needs so that its box stays inside the volume."""
+        return tuple(s // 2 for s in self.training_box())  # type: ignore[return-value]
+
+    def lom_radius(self) -> Zyx:
+        """google/ffn's recommended partition radius: fov // 2 + deltas (z, y, x)."""
+        return tuple(f // 2 + d for f, d in zip(self.fov, self.deltas, strict=True))  # type: ignore[return-value]
+
+
+class VolumeRef(Strict):
+    path: str
+    dataset: str | None = None
+
+
+VolumeSpec = str | VolumeRef
+
+
+def parse_volume_spec(spec: str | Mapping[str, Any] | VolumeRef) -> tuple[Path, str | None]:
+    """``"path.h5:dataset"`` or ``{path: ..., dataset: ...}`` -> (path, dataset or None)."""
+    if isinstance(spec, VolumeRef):
+        return Path(spec.path), spec.dataset
+    if isinstance(spec, Mapping):
+        if "path" not in spec:
+            raise DataError(f"volume spec {dict(spec)!r} has no 'path'", hint="write {path: FILE, dataset: NAME}")
+        dataset = spec.get("dataset")
+        return Path(str(spec["path"])), None if dataset is None else str(dataset)
+    text = str(spec)
+    # Split on the last ':' after the file suffix so that Windows-like or odd paths keep working.
+    for suffix in (".h5:", ".hdf5:", ".hdf:", ".zarr:"):
+        at = text.rfind(suffix)
+        if at >= 0:
+            return Path(text[: at + len(suffix) - 1]), text[at + len(suffix):] or None
+    return Path(text), None
+
+
+class SyntheticVolume(Strict):
+    """A synthetic EM volume (hpctrain.ffn.synthetic.make_synthetic_volume); unset knobs keep its defaults."""
+
+    shape: Shape = Field(DEFAULT_SYNTHETIC_SHAPE, description="(z, y, x)")
+    seed: int = 0
+    neurites: int | None = Field(None, ge=1)
+    branch_prob: float | None = Field(None, ge=0, le=1)
+    blobs: int | None = Field(None, ge=0)
+    wiggle: float | None = Field(None, ge=0)
+    membrane_contrast: float | None = Field(None, ge=0)
+    faint_fraction: float | None = Field(None, ge=0, le=1)
+    faint_contrast: float | None = Field(None, ge=0)
+    blur_sigma: float | None = Field(None, ge=0)
+    noise_sigma: float | None = Field(None, ge=0)
+    shading: float | None = Field(None, ge=0)
+
+    def options(self) -> dict[str, Any]:
+        """The knobs that were set (keyword arguments of make_synthetic_volume besides shape and seed)."""
+        return self.model_dump(exclude={"shape", "seed"}, exclude_none=True)
+
+
+class _VolumeSource(Strict):
+    synthetic: SyntheticVolume | None = None
+    image: VolumeSpec | None = Field(None, description="FILE.h5:DATASET, a .zarr, or {path, dataset}")
+    labels: VolumeSpec | None = Field(None, description="Ground-truth object ids, same shape as the image")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> _VolumeSource:
+        files = self.image is not None or self.labels is not None
+        if self.synthetic is not None and files:
+            raise ValueError("give either synthetic or image + labels, not both")
+        if self.synthetic is None and (self.image is None or self.labels is None):
+            raise ValueError("needs synthetic: {shape: [z, y, x]} or both image and labels")
+        return self
+
+
+class TrainVolume(_VolumeSource):
+    """``data.train``: the labelled training volume."""
+
+
+class InferenceSettings(Strict):
+    """``data.eval.inference``: hpctrain.ffn.inference.InferenceConfig keys; unset ones keep its defaults."""
+
+    fov: FovSize | None = None
+    deltas: Offsets | None = None
+    move_threshold: Fraction | None = None
+    segment_threshold: Fraction | None = None
+    min_segment_size: int | None = Field(None, ge=0)
+    init_activation: Fraction | None = None
+    pad_value: Fraction | None = None
+    min_boundary_dist: Offsets | None = None
+    seed_policy: Literal["peaks", "grid"] | None = None
+    seed_args: dict[str, Any] | None = None
+    image_mean: float | None = None
+    image_stddev: float | None = Field(None, gt=0)
+    movement_order: Literal["fifo", "score"] | None = None
+    device: str | None = None
+    reseed_passes: int | None = Field(None, ge=0)
+    expand_labels: int | None = Field(None, ge=0)
+
+
+class EvalVolume(_VolumeSource):
+    """``data.eval``: a held-out volume and the segmentation settings used on it (``hpctrain demo``)."""
+
+    inference: InferenceSettings | None = None
+
+
+class Partitions(Strict):
+    """``data.partitions``: how training coordinates are balanced (google/ffn compute_partitions)."""
+
+    thresholds: Annotated[tuple[float, ...], BeforeValidator(_as_tuple), AfterValidator(_thresholds)] | None = \
+        Field(None, description="Active-fraction thresholds (default: google/ffn's)")
+    min_size: int = Field(1000, ge=0, description="Objects smaller than this (voxels) become background")
+    seed: int = 0
+
+
+class FFNData(Strict):
+    """``data`` of ``model: ffn``."""
+
+    train: TrainVolume
+    eval: EvalVolume | None = None
+    coordinates: str | None = Field(None, description="Prepared training coordinates (.npz); skips partitions")
+    partitions: Partitions = Field(default_factory=Partitions)
+    margin: Offsets | None = Field(None, description="Training centres' distance from the border "
+                                                     "(default: half the training box)")
+
+
+def volume_paths(prefix: str, source: _VolumeSource | None) -> dict[str, str]:
+    """``{prefix.image: file, prefix.labels: file}`` of a volume source given as files."""
+    if source is None:
+        return {}
+    return {f"{prefix}.{key}": str(parse_volume_spec(spec)[0])
+            for key, spec in (("image", source.image), ("labels", source.labels)) if spec is not None}
+
+
+class FFNSchema(ModelSchema):
+    model_args = FFNModelArgs
+    data = FFNData
+
+    def data_paths(self, args: FFNModelArgs, data: FFNData) -> dict[str, str]:
+        paths = {**volume_paths("data.train", data.train), **volume_paths("data.eval", data.eval)}
+        if data.coordinates:
+            paths["data.coordinates"] = data.coordinates
+        return paths
+
+    def check(self, args: FFNModelArgs, data: FFNData, job: JobSpec, world_size: int) -> list[str]:
+        margin = training_margin(args, data)
+        if data.margin is not None and any(m < b for m, b in zip(data.margin, args.box_margin(), strict=True)):
+            raise ConfigError(
+                f"margin {list(data.margin)} is smaller than half the training box {list(args.training_box())} "
+                f"(FOV {list(args.fov)} + 2 x deltas {list(args.deltas)} per move): boxes around centres near the "
+                "border would leave the volume", key="data.margin",
+                hint=f"use at least {list(args.box_margin())}, or leave data.margin out")
+        synthetic = data.train.synthetic
+        if synthetic is not None:
+            inner = [max(m, r) for m, r in zip(margin, args.lom_radius(), strict=True)]
+            need = [2 * i + 1 for i in inner]
+            if any(s < n for s, n in zip(synthetic.shape, need, strict=True)):
+                raise ConfigError(
+                    f"a training volume of {list(synthetic.shape)} cannot hold one training box: centres need "
+                    f"{inner} voxels to every border (FOV {list(args.fov)}, deltas {list(args.deltas)}), so every "
+                    f"axis needs at least {need}", key="data.train.synthetic.shape",
+                    hint="enlarge the volume or make model_args.fov / deltas smaller")
+        warnings = []
+        if args.single_fov_steps >= job.train.steps > 0:
+            warnings.append(f"model_args.single_fov_steps ({args.single_fov_steps}) >= train.steps "
+                            f"({job.train.steps}): every step trains on bare-seed FOVs, FOV movement is never trained")
+        return warnings
+
+
+def training_margin(args: FFNModelArgs, data: FFNData) -> Zyx:
+    """Training centres' distance from the border: ``data.margin``, else half the training box."""
+    return data.margin if data.margin is not None else args.box_margin()
+
+
+SCHEMA = FFNSchema()

@@ -1,0 +1,138 @@
+"""Everything that can be checked about a job before it waits in a queue, checked the way the ranks check it.
+
+``check_job`` validates the model plug-in's ``model_args`` and ``data`` (its ``ModelSchema``), the learning-
+rate schedule (config/schedule_rules.py, the rules the ranks use), the batch against the dataset, the
+checkpoint interval and the data paths. It raises a ConfigError naming the file line (or the flag) and the
+key; it returns warnings for what would run but is probably not meant. ``jobs validate``, every render
+(render, submit, resume) and ``hpctrain run`` on the ranks call it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from hpctrain.config.catalog import find_schema, schema_module_name
+from hpctrain.config.job import JobSpec
+from hpctrain.config.origin import locate
+from hpctrain.config.plugin import ModelSchema
+from hpctrain.config.schedule_rules import schedule_parameters
+from hpctrain.config.site import SiteProfile
+from hpctrain.errors import ConfigError, ConfigErrors, HpctrainError
+
+
+class PreflightWarning(UserWarning):
+    """A job that will run, but probably not as meant (the CLI prints it as ``hpctrain: warning: ...``)."""
+
+
+def check_job(job: JobSpec, site: SiteProfile | None = None, *, local_paths: bool, at_start: bool = False,
+              world_size: int | None = None) -> list[str]:
+    """Check ``job`` as its ranks will at start; returns warnings, raises ConfigError naming the key.
+
+    ``local_paths``: the data files must exist on this machine (a submission from the machine the job runs
+    on, or the ranks themselves); otherwise they are reported as not checked. A job submitted to a ``site``
+    runs in its run directory, so its data paths must be absolute; ``at_start`` (the ranks) reads them from
+    the current directory and does not repeat what only the submitter needs to hear. ``world_size`` defaults
+    to the job's ranks (nodes x ranks_per_node).
+    """
+    origin = job.origin
+    world = world_size or job.resources.ranks
+    local_paths = local_paths or (site is not None and site.scheduler == "local")
+    try:
+        schema, missing = find_schema(job.model)
+    except ConfigError as exc:
+        raise locate(exc, origin) from None
+    found: list[str] = []
+    epoch_steps = None
+    if schema is None:
+        if not at_start:
+            found.append(f"model {job.model}: {missing}, so its model_args and data are checked only when the "
+                         f"ranks start; declare SCHEMA in {schema_module_name(job.model)} to check them here")
+    else:
+        args, data = schema.parse(job.model_args, job.data, origin)
+        found += _plugin_checks(schema, args, data, job, world)
+        epoch_steps = _epoch_steps(schema, args, data, job, world)
+        found += _path_checks(schema.data_paths(args, data), job, local_paths=local_paths, at_start=at_start)
+    try:
+        schedule = schedule_parameters(job.schedule_config(), world, epoch_steps)
+    except ConfigError as exc:
+        raise locate(exc, origin) from None
+    found += _schedule_warnings(job, schedule)
+    found += _checkpoint_warnings(job)
+    return found
+
+
+def steps_per_epoch(job: JobSpec, world_size: int) -> int | None:
+    """Whole steps in one epoch of the training data on ``world_size`` ranks, where the plug-in knows its size."""
+    schema, _ = find_schema(job.model)
+    if schema is None:
+        return None
+    args, data = schema.parse(job.model_args, job.data, job.origin)
+    return _epoch_steps(schema, args, data, job, world_size)
+
+
+def warn(messages: Iterable[str]) -> None:
+    """Issue each message as a PreflightWarning (shown once per process for the same text)."""
+    for message in messages:
+        warnings.warn(message, PreflightWarning, stacklevel=2)
+
+
+def _plugin_checks(schema: ModelSchema, args: Any, data: Any, job: JobSpec, world: int) -> list[str]:
+    try:
+        return list(schema.check(args, data, job, world))
+    except HpctrainError as exc:
+        raise (locate(exc, job.origin) if isinstance(exc, ConfigError) else exc) from None
+    except Exception as exc:  # a user's schema hook is broken: name it, not a traceback
+        raise locate(ConfigError(f"the schema of {job.model} failed in check(): {type(exc).__name__}: {exc}",
+                                 key="model"), job.origin) from None
+
+
+def _epoch_steps(schema: ModelSchema, args: Any, data: Any, job: JobSpec, world: int) -> int | None:
+    size = schema.dataset_size(args, data)
+    if size is None:
+        return None
+    per_step = job.train.batch_per_rank * world
+    if size < per_step:
+        raise locate(ConfigError(f"{size} samples cannot fill one step of {world} ranks x {job.train.batch_per_rank}",
+                                 key="train.batch_per_rank", hint="lower batch_per_rank or use fewer ranks"),
+                     job.origin)
+    return size // per_step
+
+
+def _path_checks(paths: dict[str, str], job: JobSpec, *, local_paths: bool, at_start: bool) -> list[str]:
+    if not paths:
+        return []
+    problems = []
+    for key, path in paths.items():
+        if not at_start and not Path(path).is_absolute():
+            problems.append(ConfigError(
+                f"{path!r} is a relative path, but the ranks start in the run directory", key=key,
+                hint="give an absolute path"))
+        elif local_paths and not Path(path).exists():
+            problems.append(ConfigError(f"{path} does not exist", key=key,
+                                        hint="check the path: the ranks read it when they start"))
+    if problems:
+        raise locate(ConfigErrors(problems), job.origin)
+    if local_paths or at_start:
+        return []
+    return [f"{', '.join(paths)}: not checked on this machine; the ranks read them where the job runs (submit "
+            "without --remote and jobs validate --check-paths check them here)"]
+
+
+def _schedule_warnings(job: JobSpec, schedule: dict[str, Any]) -> list[str]:
+    warmup, steps = schedule["warmup_steps"], job.train.steps
+    if schedule["warmup_kind"] != "none" and warmup > steps:
+        return [f"train.warmup lasts {warmup} steps, longer than train.steps ({steps}): "
+                "the learning rate never reaches its peak"]
+    return []
+
+
+def _checkpoint_warnings(job: JobSpec) -> list[str]:
+    # Only an interval the user chose: the default (100) on a short test job is not a mistake.
+    every, steps = job.checkpoint.every_steps, job.train.steps
+    if "every_steps" in job.checkpoint.model_fields_set and every > steps:
+        return [f"checkpoint.every_steps ({every}) is more than train.steps ({steps}): no checkpoint before the "
+                "end; a crash loses the whole run (the walltime signal still writes one)"]
+    return []
