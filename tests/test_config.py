@@ -272,3 +272,268 @@ def test_submission_path_imports_no_heavy_modules() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == ""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Issue 11: hostile or careless input gets one readable error (file, line, key), never a traceback or a hang
+
+SITE_OK = """\
+    name: box
+    scheduler: slurm
+    launcher: srun
+    node: {cores: 4, memory_gb: 8}
+    """
+JOB_OK = """\
+    name: j
+    model: resnet
+    train: {steps: 1, batch_per_rank: 1, lr: 0.1}
+    resources: {walltime: "00:30:00"}
+    """
+
+
+def _one_error(exc: ConfigError) -> str:
+    text = str(exc)
+    assert "\n" not in text, f"more than one line: {text!r}"
+    return text
+
+
+def cli_limited(*args: str, env: dict | None = None, memory_gb: float = 1.5) -> subprocess.CompletedProcess:
+    """The CLI under an address-space limit: a YAML bomb that is not refused dies with MemoryError here
+    (a traceback, which the callers refuse) instead of swapping the test machine."""
+    limit = int(memory_gb * 2**30)
+    return subprocess.run(
+        [sys.executable, "-c", f"import resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit})); "
+                               "from hpctrain.cli import main; sys.exit(main(sys.argv[1:]))", *args],
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+
+
+@pytest.mark.parametrize("field,doc", [
+    ("name", 'name: "evilsite\\n"\nscheduler: slurm\nlauncher: srun\nnode: {cores: 4, memory_gb: 8}\n'),
+    ("environment.env", 'name: box\nscheduler: slurm\nlauncher: srun\nnode: {cores: 4, memory_gb: 8}\n'
+                        'environment: {env: {"FOO\\n": x}}\n'),
+    ("queues", 'name: box\nscheduler: slurm\nlauncher: srun\nnode: {cores: 4, memory_gb: 8}\n'
+               'queues: {"q\\n": {max_nodes: 1, max_walltime: "1:00:00"}}\ndefault_queue: "q\\n"\n'),
+    ("environment.modules.0", 'name: box\nscheduler: slurm\nlauncher: srun\nnode: {cores: 4, memory_gb: 8}\n'
+                              'environment: {modules: ["gcc\\n"]}\n'),
+    ("directives", 'name: box\nscheduler: slurm\nlauncher: srun\nnode: {cores: 4, memory_gb: 8}\n'
+                   'directives: {"constraint\\n": gpu}\n'),
+])
+def test_a_trailing_newline_fails_the_name_checks(tmp_path: Path, field: str, doc: str) -> None:
+    """re.match(r"...$") matches before a final newline; every pattern is checked with fullmatch."""
+    path = tmp_path / "site.yaml"
+    path.write_text(doc)
+    with pytest.raises(ConfigError) as info:
+        load_site_file(path)
+    text = _one_error(info.value) if not hasattr(info.value, "errors") or len(info.value.errors) == 1 else \
+        str(info.value).splitlines()[0]
+    assert text.startswith(f"{path}:") and f" {field}" in text
+
+
+def test_a_job_name_with_a_trailing_newline_is_refused_naming_file_and_key(tmp_path: Path) -> None:
+    path = write(tmp_path, "j.yaml", JOB_OK.replace("name: j", 'name: "x\\n"'))
+    with pytest.raises(ConfigError) as info:
+        load_job(path)
+    assert _one_error(info.value).startswith(f"{path}:1: name: names may hold only")
+
+
+def test_a_filesystem_entry_cannot_add_resources(tmp_path: Path) -> None:
+    """The polaris injection: an element of `filesystems` must be one plain name, not ',walltime=72:00:00'."""
+    path = write(tmp_path, "evil.yaml", """\
+        name: evil
+        extends: polaris
+        filesystems: ["home,walltime=72:00:00,select=496:ncpus=64"]
+        """)
+    with pytest.raises(ConfigError) as info:
+        load_site_file(path)
+    assert _one_error(info.value).startswith(f"{path}:3: filesystems.0: must be a plain name")
+    for bad in ("home:grand", "eagle=1", "a b"):
+        write(tmp_path, "evil.yaml", f"name: evil\nextends: polaris\nfilesystems: [home, '{bad}']\n")
+        with pytest.raises(ConfigError, match="filesystems.1"):
+            load_site_file(path)
+    write(tmp_path, "fine.yaml", "name: fine\nextends: polaris\nfilesystems: [home, grand, eagle]\n")
+    assert load_site_file(tmp_path / "fine.yaml").filesystems == ["home", "grand", "eagle"]
+
+
+@pytest.mark.parametrize("attrs", ["mcdram=cache:numa=quad,walltime=100", "mcdram", "a=b::c=d", "x=y:",
+                                   "filesystems=home:location=x y"])
+def test_cobalt_attrs_follow_their_grammar(tmp_path: Path, attrs: str) -> None:
+    good = "mcdram=cache:numa=quad"
+    path = write(tmp_path, "t.yaml", f"name: t\nextends: theta\ndirectives: {{attrs: '{good}'}}\n")
+    assert load_site_file(path).directives["attrs"] == good
+    write(tmp_path, "t.yaml", f"name: t\nextends: theta\ndirectives: {{attrs: '{attrs}'}}\n")
+    with pytest.raises(ConfigError) as info:
+        load_site_file(path)
+    assert "directives" in str(info.value) and str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("site,directive", [
+    ("polaris", "walltime: '72:00:00'"), ("polaris", "select: '496:ncpus=64'"), ("polaris", "l: 'walltime=72:00:00'"),
+    ("perlmutter", "time: '99:00:00'"), ("perlmutter", "nodes: 4000"), ("theta", "t: 9999"),
+    ("polaris", "place: 'scatter,walltime=72:00:00'"),
+])
+def test_site_directives_cannot_override_what_the_fit_check_passed(tmp_path: Path, site: str, directive: str) -> None:
+    path = write(tmp_path, "s.yaml", f"name: s\nextends: {site}\ndirectives: {{{directive}}}\n")
+    with pytest.raises(ConfigError) as info:
+        load_site_file(path)
+    key = directive.split(":")[0]
+    assert _one_error(info.value).startswith(f"{path}:3: directives.{key}: ")
+
+
+def test_a_pbs_resource_value_cannot_carry_a_second_resource(tmp_path: Path) -> None:
+    path = write(tmp_path, "s.yaml", "name: s\nextends: polaris\ndirectives: {foo: 'bar,walltime=72:00:00'}\n")
+    with pytest.raises(ConfigError, match=r"directives.foo: PBS resource 'foo': a ',' in the value"):
+        load_site_file(path)
+
+
+BILLION_LAUGHS = "".join(
+    f"{chr(97 + i)}: &{chr(97 + i)} [{', '.join([f'*{chr(96 + i)}'] * 9) if i else ', '.join(['lol'] * 9)}]\n"
+    for i in range(10))
+
+
+def test_yaml_bombs_are_refused_quickly_and_cleanly(tmp_path: Path) -> None:
+    """A 442-byte alias bomb, a 50 MB spec and 3000 nested lists: one error each, under a 1.5 GB memory cap."""
+    assert len(BILLION_LAUGHS) < 600
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(BILLION_LAUGHS)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("name: j\nmodel: resnet\ndata: {blob: '" + "x" * (50 << 20) + "'}\n")
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("name: j\nmodel_args: {a: " + "[" * 3000 + "]" * 3000 + "}\n")
+    for path, words in ((bomb, "expands to more than"), (huge, "larger than"), (deep, "nest deeper than")):
+        for args in (("jobs", "validate", str(path)), ("sites", "validate", str(path))):
+            done = cli_limited(*args)
+            assert done.returncode == 2, done.stderr[-2000:]
+            assert "Traceback" not in done.stderr and words in done.stderr and str(path) in done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1
+    set_bomb = cli_limited("render", str(write(tmp_path, "j.yaml", JOB_OK)), "--set",
+                           "model_args=" + BILLION_LAUGHS.replace("\n", ", ").join("{}"))
+    assert set_bomb.returncode == 2 and "Traceback" not in set_bomb.stderr
+    assert "--set model_args=" in set_bomb.stderr
+
+
+@pytest.mark.parametrize("raw,line", [(b"name: box\x01\n", 1), (b"name: box\nscheduler: \x0b\n", 2),
+                                      (b"name: box\n\x1b[31m: x\n", 2), (b"name: box\ndescription: \xff\n", 2)])
+def test_control_characters_and_bad_bytes_name_file_and_line(tmp_path: Path, raw: bytes, line: int) -> None:
+    path = tmp_path / "ctl.yaml"
+    path.write_bytes(raw)
+    with pytest.raises(ConfigError) as info:
+        load_site_file(path)
+    assert _one_error(info.value).startswith(f"{path}:{line}: ")
+
+
+def test_one_broken_profile_never_breaks_sites_list(tmp_path: Path) -> None:
+    sites_dir = tmp_path / "sites"
+    sites_dir.mkdir()
+    (sites_dir / "broken.yaml").write_bytes(b"name: broken\x01\n")
+    (sites_dir / "bomb.yaml").write_text(BILLION_LAUGHS)
+    write(sites_dir, "mine.yaml", "name: mine\nextends: polaris\n")
+    env = {**__import__("os").environ, "HPCTRAIN_SITES": str(sites_dir)}
+    listing = cli_limited("sites", "list", "--json", env=env)
+    assert listing.returncode == 0, listing.stderr
+    rows = {r["name"]: r for r in json.loads(listing.stdout)}
+    assert rows["mine"]["valid"] and rows["theta"]["valid"]
+    assert not rows["broken"]["valid"] and "character U+0001" in rows["broken"]["error"]
+    assert not rows["bomb"]["valid"] and "expands to more than" in rows["bomb"]["error"]
+    table = cli_limited("sites", "list", env=env)
+    assert table.returncode == 0 and "Traceback" not in table.stderr
+    broken_line = next(ln for ln in table.stdout.splitlines() if ln.startswith("broken "))
+    assert "BROKEN: " in broken_line and str(sites_dir / "broken.yaml") in broken_line
+
+
+@pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
+def test_memory_must_be_finite(tmp_path: Path, value: str) -> None:
+    site = write(tmp_path, "s.yaml", SITE_OK.replace("memory_gb: 8", f"memory_gb: {value}"))
+    with pytest.raises(ConfigError) as info:
+        load_site_file(site)
+    assert _one_error(info.value).startswith(f"{site}:4: node.memory_gb: ")
+    job = write(tmp_path, "j.yaml", JOB_OK)
+    with pytest.raises(ConfigError, match=r"^--set resources.memory_gb=\S+: resources.memory_gb: .*finite"):
+        load_job(job, sets=[f"resources.memory_gb={value}"])
+
+
+@pytest.mark.parametrize("bad", ["01:99:00", "00:00:60", "1-24:00:00", "1-00:60", "01:30:99", "99999999", "400-00"])
+def test_walltime_fields_are_bounded(bad: str) -> None:
+    with pytest.raises(ValueError):
+        parse_walltime(bad)
+
+
+def test_values_that_used_to_be_silently_changed_are_refused(tmp_path: Path) -> None:
+    job = write(tmp_path, "j.yaml", JOB_OK)
+    cases = {
+        "--walltime 01:99:00": dict(walltime="01:99:00"),
+        "--set resources.memory_gb=0.0001": dict(sets=["resources.memory_gb=0.0001"]),
+        "--set resources.nodes=true": dict(sets=["resources.nodes=true"]),
+        "--set resources.nodes='4'": dict(sets=["resources.nodes='4'"]),
+        "--set checkpoint.max_requeues=99999999999999999999": dict(sets=["checkpoint.max_requeues=99999999999999999999"]),
+        "--nodes 0": dict(nodes=0),
+        "--set train.optimizer.nesterov=1": dict(sets=["train.optimizer.nesterov=1"]),
+    }
+    for flag, kwargs in cases.items():
+        with pytest.raises(ConfigError) as info:
+            load_job(job, **kwargs)
+        text = _one_error(info.value)
+        assert text.startswith(f"{flag}: "), text  # blamed on the flag, not on a line of j.yaml
+        assert str(job) not in text
+    assert load_job(job, sets=["resources.memory_gb=0.5"]).resources.memory_mb == 512
+    assert load_job(job, sets=["resources.memory_gb=0.001"]).resources.memory_mb == 2  # rounded up, never 0
+
+
+def test_signal_lead_must_be_below_the_walltime_naming_both(tmp_path: Path) -> None:
+    job = write(tmp_path, "j.yaml", JOB_OK.rstrip(" ") + "    checkpoint: {signal_lead_s: 7200}\n")
+    with pytest.raises(ConfigError) as info:
+        load_job(job)
+    text = _one_error(info.value)
+    assert text.startswith(f"{job}:5: checkpoint.signal_lead_s: 7200 s is not below resources.walltime (00:30:00")
+    assert load_job(job, walltime="03:00:00").checkpoint.signal_lead_s == 7200
+
+
+def test_strict_types_in_the_file_name_line_and_key(tmp_path: Path) -> None:
+    site = write(tmp_path, "s.yaml", SITE_OK.replace("cores: 4", "cores: true"))
+    with pytest.raises(ConfigError) as info:
+        load_site_file(site)
+    # int | 'auto': the two members' complaints are merged into one line naming the key, not "cores.int".
+    assert _one_error(info.value).startswith(f"{site}:4: node.cores: Input should be a valid integer, or ")
+    job = write(tmp_path, "j.yaml", JOB_OK.replace("steps: 1", "steps: 1.5"))
+    with pytest.raises(ConfigError, match=rf"^{job}:3: train.steps: "):
+        load_job(job)
+    betas = load_job(write(tmp_path, "a.yaml", JOB_OK), sets=["train.optimizer={name: adam, betas: [0.9, 0.99]}"])
+    assert betas.train.optimizer.betas == (0.9, 0.99)
+
+
+@pytest.mark.parametrize("text,words", [
+    ("a: &x [1, *x]\n", "alias refers to the list or mapping that contains it"),
+    ("? [a, b]\n: 1\n", "a key must be a plain word"),
+    ('name: "a\\0b"\n', "NUL character"),
+    ('name: "a\\ud800"\n', "unpaired surrogate"),
+])
+def test_yaml_shapes_that_cannot_be_configuration(tmp_path: Path, text: str, words: str) -> None:
+    path = tmp_path / "x.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_site_file(path)
+    assert words in _one_error(info.value) and str(path) in str(info.value)
+
+
+def test_render_output_errors_are_clean_and_leave_no_temp_file(tmp_path: Path) -> None:
+    job = str(write(tmp_path, "j.yaml", JOB_OK))
+    missing = cli("render", job, "-o", str(tmp_path / "missing_dir" / "x.sh"))
+    assert missing.returncode != 0 and "Traceback" not in missing.stderr
+    assert "missing_dir does not exist" in missing.stderr
+    into_dir = cli("render", job, "-o", str(tmp_path))
+    assert into_dir.returncode != 0 and "Traceback" not in into_dir.stderr and "is a directory" in into_dir.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j.yaml"]
+    ok = cli("render", job, "-o", str(tmp_path / "job.sh"))
+    assert ok.returncode == 0, ok.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["j.yaml", "job.sh"]
+    assert (tmp_path / "job.sh").stat().st_mode & 0o111
+
+
+def test_extends_chains_and_unreadable_paths_are_config_errors(tmp_path: Path) -> None:
+    for i in range(20):
+        write(tmp_path, f"s{i}.yaml", f"name: s{i}\nextends: s{i + 1}.yaml\n")
+    write(tmp_path, "s20.yaml", SITE_OK)
+    with pytest.raises(ConfigError, match="more than 16 profiles extend each other"):
+        load_site_file(tmp_path / "s0.yaml")
+    long_name = write(tmp_path, "long.yaml", f"name: long\nextends: {'x' * 5000}.yaml\n")
+    with pytest.raises(ConfigError, match="extends"):
+        load_site_file(long_name)

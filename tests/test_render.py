@@ -325,3 +325,17 @@ def test_unknown_queue_is_refused_before_rendering() -> None:
     site: SiteProfile = golden.golden_site("perlmutter")
     with pytest.raises(FitError, match="did you mean 'gpu_debug'"):
         render_script(_job(queue="debug", account="m1"), site, run_dir="/r", spec_path="/r/j.yaml")
+
+
+@pytest.mark.parametrize("memory_gb,mib", [(0.5, 512), (0.001, 2), (16, 16384), (1.0001, 1025)])
+def test_memory_is_rendered_in_whole_mib_rounded_up(memory_gb: float, mib: int) -> None:
+    """Issue 11: 0.0001 GB rendered --mem=0M (all of the node to Slurm) and 0.5 GB mem=0gb on PBS."""
+    job = load_job(ROOT / "jobs/ffn-polaris.yaml", sets=[f"resources.memory_gb={memory_gb}", "resources.account=p"])
+    pbs = render_script(job, load_site_file(ROOT / "site_configs/polaris.yaml"), run_dir="/r", spec_path="/r/j")
+    assert f":mem={mib}mb:" in pbs.text
+    check_pbs_directives(pbs.text)
+    slurm_job = load_job(ROOT / "jobs/ffn-perlmutter.yaml",
+                         sets=[f"resources.memory_gb={memory_gb}", "resources.account=p"])
+    slurm = render_script(slurm_job, load_site_file(ROOT / "site_configs/perlmutter.yaml"), run_dir="/r",
+                          spec_path="/r/j")
+    assert f"#SBATCH --mem={mib}M\n" in slurm.text

@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
 
-from hpctrain.config.common import EnvVars, Name, Strict, Walltime, Word
+from hpctrain.config.common import MAX_COUNT, EnvVars, FieldProblem, Name, Strict, Walltime, Word, walltime_seconds
 from hpctrain.config.origin import JobOrigin
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file, parse_yaml
@@ -30,6 +31,17 @@ def _kinded(value: object) -> object:
     return {"kind": value} if isinstance(value, str) else value
 
 
+def _pair(value: object) -> object:
+    """YAML has no tuples: ``betas: [0.9, 0.999]`` arrives as a list."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+# Schedulers take whole megabytes, and Slurm reads --mem=0 as "all of the node's memory".
+MIN_MEMORY_GB = 0.001
+# Requeues beyond this are a loop, not a plan (and the count is compared in the script's shell arithmetic).
+MAX_REQUEUES = 1000
+
+
 class OptimizerConfig(Strict):
     """Keys left out take torch's defaults; each optimizer accepts only its own keys."""
 
@@ -38,7 +50,7 @@ class OptimizerConfig(Strict):
     nesterov: bool | None = Field(None, description="sgd")
     dampening: float | None = Field(None, ge=0, description="sgd")
     weight_decay: float | None = Field(None, ge=0, description="all (decoupled for lamb)")
-    betas: tuple[float, float] | None = Field(None, description="adam, lamb")
+    betas: Annotated[tuple[float, float] | None, BeforeValidator(_pair)] = Field(None, description="adam, lamb")
     eps: float | None = Field(None, gt=0, description="adam, lamb")
     amsgrad: bool | None = Field(None, description="adam")
 
@@ -113,27 +125,33 @@ class TrainConfig(Strict):
 
 
 class ResourcesConfig(Strict):
-    nodes: int = Field(1, ge=1)
-    ranks_per_node: int = Field(1, ge=1)
-    threads_per_rank: int = Field(1, ge=1)
-    gpus_per_rank: int = Field(0, ge=0)
+    nodes: int = Field(1, ge=1, le=MAX_COUNT)
+    ranks_per_node: int = Field(1, ge=1, le=MAX_COUNT)
+    threads_per_rank: int = Field(1, ge=1, le=MAX_COUNT)
+    gpus_per_rank: int = Field(0, ge=0, le=MAX_COUNT)
     walltime: Walltime = "01:00:00"
     queue: Word | None = None
     account: Word | None = None
-    memory_gb: float | None = Field(None, gt=0, description="Memory per node to request")
+    memory_gb: float | None = Field(None, ge=MIN_MEMORY_GB, description="Memory per node to request (at least 1 MB)")
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def memory_mb(self) -> int | None:
+        """``memory_gb`` in whole MiB, rounded up (what ``--mem=NM`` and ``mem=Nmb`` carry)."""
+        return None if self.memory_gb is None else math.ceil(self.memory_gb * 1024)
 
 
 class CheckpointConfig(Strict):
     every_steps: int = Field(100, ge=1)
     dir: str = "checkpoints"
     keep: int = Field(3, ge=1)
-    max_requeues: int = Field(3, ge=0)
+    max_requeues: int = Field(3, ge=0, le=MAX_REQUEUES)
     signal: Literal["USR1", "USR2", "TERM", "INT", "HUP", "XCPU"] = "USR2"
-    signal_lead_s: int = Field(120, ge=10, description="Seconds before the walltime the warning signal comes")
+    signal_lead_s: int = Field(120, ge=10, le=MAX_COUNT,
+                               description="Seconds before the walltime the warning signal comes (below the walltime)")
 
 
 class JobSpec(Strict):
@@ -155,6 +173,12 @@ class JobSpec(Strict):
             raise ValueError("train.warmup needs exactly one of steps or epochs")
         if warm.kind == "legw" and self.train.lr_scaling != "sqrt":
             raise ValueError("LEGW warm-up pairs with lr_scaling: sqrt (You et al.: peak LR grows with sqrt(k))")
+        walltime = walltime_seconds(self.resources.walltime)
+        if self.checkpoint.signal_lead_s >= walltime:
+            raise FieldProblem(("checkpoint", "signal_lead_s"), (
+                f"{self.checkpoint.signal_lead_s} s is not below resources.walltime "
+                f"({self.resources.walltime} = {walltime} s): the stop signal would come as the job starts; "
+                "lower signal_lead_s or lengthen the walltime"))
         return self
 
     @property
@@ -186,7 +210,7 @@ def parse_assignment(text: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".")]
     if not parts or any(not p for p in parts):
         raise ConfigError(f"--set {text!r}: the key must be dotted names like train.lr")
-    value = parse_yaml(raw, "--set").data if raw.strip() else ""
+    value = parse_yaml(raw, f"--set {text}").data if raw.strip() else ""
     return parts, value
 
 
@@ -228,18 +252,20 @@ def job_from_loaded(
     if not isinstance(loaded.data, dict):
         raise ConfigError("a job spec must be a mapping of keys", path=loaded.path, line=1)
     data = copy.deepcopy(loaded.data)
-    assignments = [parse_assignment(s) for s in sets]
+    # (key path, value, the flag that set it): errors under an overridden key name the flag, not the file.
+    assignments = [(*parse_assignment(s), f"--set {s}") for s in sets]
     if nodes is not None:
-        assignments.append((["resources", "nodes"], nodes))
+        assignments.append((["resources", "nodes"], nodes, f"--nodes {nodes}"))
     if walltime is not None:
-        assignments.append((["resources", "walltime"], walltime))
+        assignments.append((["resources", "walltime"], walltime, f"--walltime {walltime}"))
     if queue is not None:
-        assignments.append((["resources", "queue"], queue))
-    for parts, value in assignments:
+        assignments.append((["resources", "queue"], queue, f"--queue {queue}"))
+    origins: dict[tuple[str | int, ...], str] = {}
+    for parts, value, flag in assignments:
         apply_assignment(data, parts, value)
-    job = validate_model(JobSpec, loaded, data)
-    # Later checks (preflight) name the same file lines, or the --set flag that set a key.
-    job._origin = JobOrigin(loaded, {tuple(parts): f"--set {s}" for (parts, _), s in zip(assignments, sets)})
+        origins[tuple(parts)] = flag
+    job = validate_model(JobSpec, loaded, data, origins)
+    job._origin = JobOrigin(loaded, origins)  # later checks (preflight) name the same file lines and flags
     return job
 
 

@@ -44,8 +44,8 @@ class PBSPro(Scheduler):
         chunk = [str(res.nodes), f"ncpus={node.cores * node.threads_per_core}"]
         if node.gpus > 0:
             chunk.append(f"ngpus={node.gpus}")
-        if res.memory_gb is not None:
-            chunk.append(f"mem={int(res.memory_gb)}gb")
+        if res.memory_mb is not None:  # whole MiB, rounded up: int(GB) wrote mem=0gb below 1 GB
+            chunk.append(f"mem={res.memory_mb}mb")
         chunk.append(f"mpiprocs={res.ranks_per_node}")
         chunk.append(f"ompthreads={res.threads_per_rank}")
         opts = [f"-N {name}", f"-l select={':'.join(chunk)}", f"-l walltime={res.walltime}", "-l place=scatter"]

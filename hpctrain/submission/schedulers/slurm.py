@@ -40,8 +40,8 @@ class Slurm(Scheduler):
                 f"--cpus-per-task={plan.cpus_per_task}"]
         if res.gpus_per_rank > 0:
             opts.append(f"--gpus-per-task={res.gpus_per_rank}")
-        if res.memory_gb is not None:
-            opts.append(f"--mem={int(res.memory_gb * 1024)}M")
+        if res.memory_mb is not None:  # rounded up: --mem=0 means all of the node's memory to Slurm
+            opts.append(f"--mem={res.memory_mb}M")
         opts.append(f"--time={res.walltime}")
         queue = queue_submit_name(placement)
         if queue:
