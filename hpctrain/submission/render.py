@@ -16,6 +16,7 @@ from pathlib import Path
 from hpctrain.config.common import walltime_seconds
 from hpctrain.config.fit import Placement, check_fit
 from hpctrain.config.job import JobSpec
+from hpctrain.config.origin import locate
 from hpctrain.config.preflight import check_job
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import ConfigError
@@ -153,6 +154,15 @@ def render_script(
 
     ``command`` replaces the rank command ``PYTHON -m hpctrain run SPEC --run-dir RUN_DIR`` (tests).
     """
+    try:
+        return _render(job, site, run_dir=run_dir, spec_path=spec_path, python=python, command=command)
+    except ConfigError as exc:
+        # The fit and directive checks know a key, not where its value came from: name the spec's line or flag.
+        raise locate(exc, job.origin) from None
+
+
+def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, python: str | None,
+            command: list[str] | None) -> RenderedScript:
     placement = check_fit(job, site)
     # What would fail when the ranks start fails here; warnings are for jobs validate and submit to show.
     check_job(job, site, local_paths=False)
@@ -166,8 +176,10 @@ def render_script(
     options = RenderOptions(run_dir=run_dir, spec_path=spec_path, plan=plan)
     directives = scheduler.render_directives(job, site, placement, options)
     ckpt = job.checkpoint
-    header = [f"# hpctrain job {job.name!s} for site {site.name!s} ({scheduler.name}, launcher "
-              f"{launcher_name(site)}, backend {placement.backend}); written by `hpctrain render`"]
+    # comment() although names are validated: a model changed with model_copy(update=...) skips validation.
+    header = ["# " + comment(f"hpctrain job {job.name} for site {site.name} ({scheduler.name}, launcher "
+                             f"{launcher_name(site)}, backend {placement.backend}); written by `hpctrain render`",
+                             limit=400)]
     if job.description:
         header.append(f"# {comment(job.description)}")
     timer, timer_stop = "", ""

@@ -38,8 +38,9 @@ source "$HOME"/hpctrain-venv/bin/activate
 # which MPI library mpi4py uses (MPI is not initialised here)
 mpi_library=$("$HOME"/hpctrain-venv/bin/python -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1) || mpi_library="mpi4py failed: ${mpi_library}"
 echo "hpctrain: MPI library: ${mpi_library}"
-case "${mpi_library}" in *MPICH*) ;; *)
-    echo "hpctrain: WARNING: expected the site's MPI (MPICH) but mpi4py uses ${mpi_library}; rebuild mpi4py against it (see docs)" >&2 ;;
+expected_mpi=MPICH
+case "${mpi_library}" in *"${expected_mpi}"*) ;; *)
+    echo "hpctrain: WARNING: expected the site's MPI (${expected_mpi}) but mpi4py uses ${mpi_library}; rebuild mpi4py against it (see docs)" >&2 ;;
 esac
 # ---- hpctrain: launch ------------------------------------------------------------------------------------
 # The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.

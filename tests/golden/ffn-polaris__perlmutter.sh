@@ -1,1 +1,1 @@
-REFUSED: resources.queue: site 'perlmutter' has no queue 'debug'; did you mean 'gpu_debug'?
+REFUSED: jobs/ffn-polaris.yaml:22: resources.queue: site 'perlmutter' has no queue 'debug'; did you mean 'gpu_debug'?
