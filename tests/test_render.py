@@ -54,7 +54,8 @@ def test_no_stale_golden_files_and_every_site_renders_at_least_once() -> None:
 def test_rendering_is_deterministic_and_refusals_name_the_limit() -> None:
     assert golden.render_case("ffn-theta", "theta") == golden.render_case("ffn-theta", "theta")
     refused = golden.render_case("ffn-polaris", "ci-slurm")
-    assert refused.startswith("REFUSED: resources.nodes: 2 nodes requested") and "at most 1" in refused
+    assert refused.startswith("REFUSED: jobs/ffn-polaris.yaml:") and "at most 1" in refused
+    assert ": resources.nodes: 2 nodes requested" in refused  # the line of the spec that asks for them
 
 
 def test_golden_scripts_pass_bash_syntax_check() -> None:
