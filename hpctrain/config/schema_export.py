@@ -1,7 +1,8 @@
 """Export the site-profile and job-spec models as JSON Schema and a Markdown reference page.
 
 The pydantic models are the one source: ``hpctrain schema export docs/`` regenerates
-``docs/site-profile.schema.json``, ``docs/job-spec.schema.json`` and ``docs/reference.md``.
+``docs/site-profile.schema.json``, ``docs/job-spec.schema.json`` and ``docs/reference.md`` (which also lists
+the built-in model plug-ins' ``model_args`` and ``data``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from hpctrain.config.catalog import BUILTIN
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 
@@ -67,6 +69,17 @@ def reference_markdown() -> str:
         for name, sub in defs.items():
             if sub.get("type") == "object" and "properties" in sub:
                 out += _section(name, sub, defs)
+    out += ["## Model plug-ins (`model_args` and `data` of jobs/*.yaml)", "",
+            "Checked on the laptop by `hpctrain jobs validate`, `render` and `submit`, and by the ranks at start.", ""]
+    for name, builtin in sorted(BUILTIN.items()):
+        out += [f"**`model: {name}`**", ""]
+        for model in (builtin.schema.model_args, builtin.schema.data):
+            schema = json_schema(model)
+            defs = schema.get("$defs", {})
+            out += _section(model.__name__, schema, defs)
+            for sub_name, sub in defs.items():
+                if sub.get("type") == "object" and "properties" in sub:
+                    out += _section(sub_name, sub, defs)
     return "\n".join(out).rstrip() + "\n"
 
 
