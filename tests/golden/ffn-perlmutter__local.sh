@@ -1,1 +1,1 @@
-REFUSED: resources.queue: site 'local' has no queues, but queue 'gpu' was asked for; remove resources.queue for this site
+REFUSED: jobs/ffn-perlmutter.yaml:23: resources.queue: site 'local' has no queues, but queue 'gpu' was asked for; remove resources.queue for this site
