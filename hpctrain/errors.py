@@ -63,6 +63,12 @@ class ConfigErrors(ConfigError):
         return "\n".join(ConfigError.__str__(e) for e in self.errors)
 
 
+class UnknownRun(HpctrainError):
+    """A run id (or prefix) names no run, or several, in the registry: a command-line value to correct."""
+
+    exit_code = exit_codes.EXIT_CONFIG
+
+
 class FitError(ConfigError):
     """A job spec does not fit its site: names the limit that is exceeded."""
 

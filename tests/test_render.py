@@ -279,19 +279,22 @@ def test_slurm_contract_argv_and_job_id() -> None:
     assert slurm.parse_job_id("Submitted batch job 77\n") == "77"
     with pytest.raises(SchedulerError):
         slurm.parse_job_id("sbatch: error: Batch job submission failed")
-    argvs = slurm.status_argv(["1", "2"])
-    assert [a[0] for a in argvs] == ["sacct", "sacct", "squeue", "scontrol"] and argvs[1][1] == "-c"
-    assert slurm.requeue_argv("5") == ["scontrol", "requeue", "5"]
+    chains = slurm.status_probes({"1": "/r/1", "2": "/r/2"})
+    assert [[(p.name, p.role) for p in chain] for chain in chains] == [
+        [("sacct", "accounting"), ("sacct -c", "accounting")], [("squeue", "live"), ("scontrol", "live")]]
+    assert chains[0][1].argv[:2] == ["sacct", "-c"] and chains[0][1].ended_runs and not chains[0][0].ended_runs
     assert slurm.test_only_argv("s.sh") == ["sbatch", "--test-only", "s.sh"]
+    assert slurm.log_names("7_2") == ["slurm-7_2.out"] and slurm.array_task_id("7", 2) == "7_2"
     with pytest.raises(SchedulerError):
-        slurm.cancel_argv("1; rm -rf ~")
+        slurm.cancel_argv("1; rm -rf ~", "/r/1")
     with pytest.raises(SchedulerError):
         slurm.submit_argv("s.sh", dependency=("whenever", "1"))
 
 
 def test_slurm_parse_status_uses_the_shared_parsers() -> None:
     slurm = get_scheduler("slurm")
-    squeue = slurm.parse_status(2, "17|RUNNING|None|0:05|localhost|job\n18|TIMEOUT|TimeLimit|1:00|localhost|x\n")
+    probe = slurm.status_probes({"17": "/r", "18": "/r"})[1][0]
+    squeue = probe.parse("17|RUNNING|None|0:05|localhost|job\n18|TIMEOUT|TimeLimit|1:00|localhost|x\n")
     assert squeue["17"].state is JobState.RUNNING and squeue["18"].state is JobState.TIMEOUT
 
 
@@ -301,9 +304,11 @@ def test_pbs_and_cobalt_contract() -> None:
         "qsub", "-W", "depend=afterany:12.server", "-J", "0-3", "-h", "j.sh"]
     assert pbs.parse_job_id("1234567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov\n") == \
         "1234567.polaris-pbs-01.hsn.cm.polaris.alcf.anl.gov"
-    assert pbs.status_argv(["1.s"]) == [["qstat", "-x", "-f", "-F", "json", "1.s"]]
-    assert pbs.requeue_argv("1.s") is None and pbs.cancel_argv("1.s") == ["qdel", "1.s"]
-    parsed = pbs.parse_status(0, '{"Jobs": {"1.s": {"job_state": "R"}}}')
+    ((probe,),) = pbs.status_probes({"1.s": "/r"})
+    assert probe.argv == ["qstat", "-x", "-f", "-F", "json", "1.s"] and probe.role == "live"
+    assert pbs.cancel_argv("1.s", "/r") == ["qdel", "1.s"]
+    assert pbs.array_task_id("12[].s", 3) == "12[3].s" and pbs.log_names("12.s") == ["pbs.out", "job.sh.o12"]
+    parsed = probe.parse('{"Jobs": {"1.s": {"job_state": "R"}}}')
     assert parsed["1.s"].state is JobState.RUNNING
     assert cobalt.submit_argv("j.sh", dependency=("afterok", "99")) == ["qsub", "--dependencies", "99", "j.sh"]
     assert cobalt.parse_job_id("WARNING: something\n123456\n") == "123456"

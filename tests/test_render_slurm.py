@@ -80,12 +80,13 @@ def _wait_for(job_id: str, states: set[JobState], timeout_s: float) -> JobState:
     from hpctrain.submission.schedulers.base import get_scheduler
 
     slurm = get_scheduler("slurm")
-    argv = slurm.status_argv([job_id])[3]  # scontrol: works without accounting
+    probe = slurm.status_probes({job_id: "/tmp"})[1][1]  # scontrol: works without accounting
+    assert probe.name == "scontrol"
     deadline = time.monotonic() + timeout_s
     state = JobState.MISSING
     while time.monotonic() < deadline:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=20)
-        status = slurm.parse_status(3, out.stdout).get(job_id)
+        out = subprocess.run(probe.argv, capture_output=True, text=True, timeout=20)
+        status = probe.parse(out.stdout).get(job_id)
         state = status.state if status else JobState.MISSING
         if state in states:
             return state

@@ -27,7 +27,8 @@ import pytest
 
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import Registry
-from hpctrain.submission.tracking import TransportPool, poll_runs
+from hpctrain.submission.tracking import poll_runs
+from hpctrain.submission.transport import TransportPool
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parent.parent

@@ -18,15 +18,8 @@ from hpctrain.submission.api import RunHandle, parse_after, parse_array, submit,
 from hpctrain.submission.registry import SUBMIT_FAILED, Registry
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
-from hpctrain.submission.tracking import (
-    TransportPool,
-    batch_script,
-    combine,
-    expand_array_ranges,
-    poll_runs,
-    split_sections,
-)
-from hpctrain.submission.transport import LocalTransport
+from hpctrain.submission.tracking import batch_script, combine, expand_array_ranges, poll_runs, split_sections
+from hpctrain.submission.transport import LocalTransport, TransportPool
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = """name: tiny
@@ -207,7 +200,9 @@ def test_fit_error_registers_nothing(env: Path) -> None:
     assert json.loads(_cli("runs", "--json", env_dir=env).stdout) == []
 
 
-def test_local_status_makes_no_transport_call(env: Path) -> None:
+def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> None:
+    """The local back-end is a back-end: submit, status and cancel are argv lists (the local controller's
+    submit/status/cancel) run through the transport, and a poll is ONE batched call."""
     calls: list[list[str]] = []
 
     class Counting(LocalTransport):
@@ -216,12 +211,19 @@ def test_local_status_makes_no_transport_call(env: Path) -> None:
             return super().run(argv, **kw)
 
     pool = TransportPool(lambda remote, cfg: Counting())
+    controller = "hpctrain.submission.schedulers.local_controller"
     with Registry() as reg:
         done = submit_runs(env / "tiny.yaml", "local", registry=reg, pool=pool, command=["sleep", "30"])
+        submitted = [c for c in calls if controller in c]
+        assert len(submitted) == 1 and submitted[0][:2] == ["env", "-C"] and "submit" in submitted[0]
         calls.clear()
         (view,) = poll_runs(reg, done.runs, pool)
-        assert view.state == "running" and calls == []
-        RunHandle(view.run_id).cancel()
+        assert view.state == "running" and len(calls) == 1
+        assert calls[0][:2] == ["sh", "-c"] and f"{controller} status" in calls[0][2]
+        calls.clear()
+        assert RunHandle(view.run_id, pool=pool).cancel().sent
+        assert [c[-3:] for c in calls if controller in c and "cancel" in c] == [["--", done.job_ids[0],
+                                                                                done.runs[0].run_dir]]
 
 
 def test_eight_processes_submit_and_poll_at_once(env: Path) -> None:

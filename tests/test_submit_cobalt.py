@@ -19,7 +19,9 @@ from conftest import write_standin_site
 
 from hpctrain.submission.api import read_log, submit_runs
 from hpctrain.submission.registry import Registry
-from hpctrain.submission.tracking import TransportPool, is_terminal, poll_runs
+from hpctrain.submission.tracking import poll_runs
+from hpctrain.submission.transport import TransportPool
+from hpctrain.submission.views import is_terminal
 
 STANDINS = Path(__file__).resolve().parent / "standins"
 TINY = """name: tiny-cobalt

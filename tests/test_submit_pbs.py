@@ -19,7 +19,8 @@ from conftest import write_standin_site
 
 from hpctrain.submission.api import read_log, submit_runs
 from hpctrain.submission.registry import Registry
-from hpctrain.submission.tracking import TransportPool, poll_runs
+from hpctrain.submission.tracking import poll_runs
+from hpctrain.submission.transport import TransportPool
 
 pytestmark = pytest.mark.slurm
 TINY = """name: tiny-pbs

@@ -25,8 +25,8 @@ import pytest
 from hpctrain.errors import TransportError
 from hpctrain.submission.api import cancel_run, read_log, submit_runs
 from hpctrain.submission.registry import SUBMIT_FAILED, Registry
-from hpctrain.submission.tracking import TransportPool, poll_runs
-from hpctrain.submission.transport import Completed, SSHTransport
+from hpctrain.submission.tracking import poll_runs
+from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent

@@ -20,8 +20,9 @@ import pytest
 from hpctrain.errors import HpctrainError, TransportError
 from hpctrain.submission.api import RunHandle, cancel_run, submit_runs
 from hpctrain.submission.registry import SUBMIT_FAILED, Registry
-from hpctrain.submission.tracking import TransportPool, poll_runs, poll_scheduler
-from hpctrain.submission.transport import Completed, LocalTransport
+from hpctrain.submission.schedulers.base import get_scheduler
+from hpctrain.submission.tracking import poll_runs, poll_scheduler
+from hpctrain.submission.transport import Completed, LocalTransport, TransportPool
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
@@ -31,6 +32,7 @@ train: {steps: 2, batch_per_rank: 2, lr: 0.01}
 resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
 checkpoint: {signal_lead_s: 10}
 """
+SLURM = get_scheduler("slurm")
 BASIC_TOOLS = ["sh", "env", "mktemp", "cat", "rm", "tail", "printf", "mkdir", "mv", "bash", "sleep", "true"]
 
 
@@ -84,7 +86,7 @@ def test_states_with_accounting_off_sacct_c_and_a_forgotten_job(env: Path, slurm
     slurm.wait_for_state(ids[slow.run_id], ["RUNNING"])
 
     t = CountingTransport()
-    answer = poll_scheduler(t, "slurm", list(ids.values()) + ["99999999"])
+    answer = poll_scheduler(t, SLURM, dict.fromkeys([*ids.values(), "99999999"], str(env)))
     assert answer.sources == ("sacct -c", "squeue")  # plain sacct failed: accounting storage is off
     assert len(t.calls) == 1
     t.calls.clear()
@@ -106,12 +108,12 @@ def test_squeue_and_sacct_missing_falls_back_to_scontrol(env: Path, slurm: Any) 
     job_id = done.job_ids[0]
     slurm.wait_for_state(job_id, ["RUNNING"])
     t = CountingTransport(shim_path(env, ["scontrol"]))
-    answer = poll_scheduler(t, "slurm", [job_id, "99999999"])
+    answer = poll_scheduler(t, SLURM, {job_id: str(env), "99999999": str(env)})
     assert answer.sources == ("scontrol",)
     assert answer.statuses is not None
     assert answer.statuses[job_id].state.value == "running"
     assert answer.statuses["99999999"].state.value == "missing"
-    nothing = poll_scheduler(CountingTransport(shim_path(env / "bin", [])), "slurm", [job_id])
+    nothing = poll_scheduler(CountingTransport(shim_path(env / "bin", [])), SLURM, {job_id: str(env)})
     assert nothing.statuses is None and "no status command answered" in nothing.error  # never MISSING
     subprocess.run(["scancel", job_id], check=True)
 

@@ -138,6 +138,20 @@ def test_name_does_not_resolve(tmp_path: Path) -> None:
         t.run(["true"], timeout=30)
 
 
+def test_unknown_remote_alias_is_named_as_such(short_dir: Path) -> None:
+    """Without --ssh-config ssh reads only the user's own config: an alias defined elsewhere does not resolve,
+    and the message says so (about --remote), not about the site profile's login_host."""
+    t = SSHTransport("no-such-alias-hpctrain", control_dir=str(short_dir), connect_timeout=5)
+    with pytest.raises(TransportError, match="its name does not resolve") as e:
+        t.run(["true"], timeout=30)
+    text = str(e.value)
+    assert "'no-such-alias-hpctrain' (from --remote)" in text and "--ssh-config FILE" in text
+    assert "login_host" not in text
+    given = classify_ssh_failure("me@alias", 255, "ssh: Could not resolve hostname alias: Name or service not known",
+                                 "/etc/my_ssh_config")
+    assert given is not None and "/etc/my_ssh_config has `Host alias`" in str(given)
+
+
 def test_authentication_failure(sshd: SshLogin, wrong_key_config: Path, short_dir: Path) -> None:
     t = SSHTransport(sshd.host, ssh_config=str(wrong_key_config), control_dir=str(short_dir))
     with pytest.raises(TransportError, match=f"authentication to {sshd.host} failed") as e:

@@ -1,4 +1,8 @@
-"""``hpctrain cancel RUN...``: cancel runs' current jobs (scancel, qdel, or the local controller)."""
+"""``hpctrain cancel RUN...``: cancel runs' current jobs (scancel, qdel, or the local controller).
+
+A run whose job has already ended is reported as such and nothing is sent; that is not an error (exit 0):
+after the command, none of the named runs is running.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +19,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_cancel(args: argparse.Namespace) -> int:
     from hpctrain.submission.api import cancel_run
     from hpctrain.submission.registry import Registry
-    from hpctrain.submission.tracking import TransportPool
+    from hpctrain.submission.transport import TransportPool
 
     pool = TransportPool()
     with Registry() as registry:
         for ref in args.runs:
             run = registry.get_run(ref)
-            job_id = cancel_run(registry, run, pool)
-            print(f"{run.run_id} {'cancelled job ' + job_id if job_id else 'had no job to cancel'}")
+            done = cancel_run(registry, run, pool)
+            if done.sent:
+                print(f"{run.run_id} cancelled job {done.job_id}")
+            elif done.job_id is None:
+                print(f"{run.run_id} had no job to cancel ({done.state})")
+            else:
+                print(f"{run.run_id} had already ended ({done.state}): nothing sent to job {done.job_id}")
     return 0

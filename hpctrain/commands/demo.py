@@ -72,7 +72,7 @@ def train(job_path: Path, sets: list[str], run_root: Path, ranks: int) -> Path:
     """Submit the job to the local site (the same path as any cluster) and follow it to the end."""
     from hpctrain.submission.api import submit
     from hpctrain.submission.schedulers.state import JobState
-    from hpctrain.submission.tracking import is_terminal
+    from hpctrain.submission.views import is_terminal
 
     handle = submit(str(job_path), site="local", sets=sets, run_root=str(run_root))
     view = handle.status()

@@ -29,16 +29,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from hpctrain.config.fit import check_fit
     from hpctrain.config.preflight import check_job
     from hpctrain.config.site import load_site
+    from hpctrain.submission.schedulers.base import place
 
     job = load_job_from_args(args)
     result = {"job": job.name, "valid": True, "site": None}
     site = None
     if args.site:
         site = load_site(args.site)
-        placement = check_fit(job, site)
+        placement = place(job, site)
         result.update(site=site.name, queue=placement.queue_name, backend=placement.backend,
                       ranks=job.resources.ranks)
     result["warnings"] = check_job(job, site, local_paths=args.check_paths)

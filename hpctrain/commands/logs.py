@@ -20,7 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_logs(args: argparse.Namespace) -> int:
     from hpctrain.submission.api import read_log
     from hpctrain.submission.registry import Registry
-    from hpctrain.submission.tracking import TransportPool, is_terminal, poll_runs
+    from hpctrain.submission.tracking import poll_runs
+    from hpctrain.submission.transport import TransportPool
+    from hpctrain.submission.views import is_terminal
 
     pool = TransportPool()
     with Registry() as registry:

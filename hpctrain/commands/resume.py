@@ -14,15 +14,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--queue", default=None, help="queue of the continuation")
     parser.add_argument("--ssh-config", default=None, metavar="FILE",
                         help="ssh client config for a remote run (default: the one given at submit)")
-    parser.add_argument("--wait", action="store_true", help="wait until the run ends; exit 0 if it completed")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait until the run ends; exit 0 if it completed, 5 if it did not")
     parser.set_defaults(handler=cmd_resume)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    from hpctrain.exit_codes import EXIT_OK, EXIT_RUNTIME
     from hpctrain.submission.api import RunHandle
     from hpctrain.submission.registry import Registry
     from hpctrain.submission.resume import resume_run
-    from hpctrain.submission.tracking import TransportPool
+    from hpctrain.submission.transport import TransportPool
 
     pool = TransportPool()
     with Registry() as registry:
@@ -30,7 +32,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                           ssh_config=args.ssh_config, pool=pool)
     print(f"{done.run.run_id} {done.job_id} (continues from step {done.from_step} of {done.total_steps})")
     if not args.wait:
-        return 0
+        return EXIT_OK
     view = RunHandle(done.run.run_id, pool=pool).wait()
     print(f"{view.run_id} {view.state}" + (f" ({view.reason})" if view.reason else ""))
-    return 0 if view.state == "completed" else 1
+    return EXIT_OK if view.state == "completed" else EXIT_RUNTIME

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -32,7 +33,6 @@ def _rank() -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     import logging
-    from pathlib import Path
 
     from hpctrain.checkpoint.signals import catch_early_signals
     from hpctrain.config.job import load_job
@@ -47,15 +47,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     # MPI launchers report a dead process by pid: this line maps it to a rank.
     print(f"hpctrain: rank {_rank()} is pid {os.getpid()} on {socket.gethostname()}", file=sys.stderr, flush=True)
-    job = load_job(args.spec, sets=args.sets)
-    run_dir = Path(args.run_dir or Path("runs") / job.name)
+    run_dir = Path(args.run_dir) if args.run_dir else None
     try:
+        job = load_job(args.spec, sets=args.sets)
+        run_dir = run_dir or Path("runs") / job.name
         _preflight(job)
         from hpctrain.runtime.trainer import train
 
         outcome = train(job, run_dir, backend=args.backend, check_sync_every=args.check_sync)
     except HpctrainError as exc:
         print(f"hpctrain: error: rank {_rank()}: {exc}", file=sys.stderr, flush=True)
+        _note_failure(run_dir, f"rank {_rank()}: {exc}")
         _abort_others(exc.exit_code)
         return exc.exit_code
     except Exception as exc:  # a bug or a library failure on one rank must not leave the others waiting
@@ -63,6 +65,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         traceback.print_exc()
         print(f"hpctrain: error: rank {_rank()} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        _note_failure(run_dir, f"rank {_rank()} failed: {type(exc).__name__}: {exc}")
         _abort_others(1)
         return 1
     if outcome.stopped_by_signal:
@@ -85,6 +88,14 @@ def _preflight(job: JobSpec) -> None:
     for warning in check_job(job, local_paths=True, at_start=True, world_size=world):
         if _rank() == "0":
             print(f"hpctrain: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _note_failure(run_dir: Path | None, message: str) -> None:
+    """The run's failure note (first rank to fail wins): what ``hpctrain status`` shows as the reason."""
+    if run_dir is not None:
+        from hpctrain.submission.failure import record_failure
+
+        record_failure(run_dir, message)
 
 
 def _abort_others(code: int) -> None:

@@ -1,4 +1,7 @@
-"""``hpctrain runs [--site SITE] [--all] [--json]``: the run registry as a table (no scheduler calls)."""
+"""``hpctrain runs [--site SITE] [--all] [--json]``: the run registry as a table (no scheduler calls).
+
+States, reasons (failure notes, "restart 1 of 5") and progress are what the last poll recorded.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_runs(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_json, print_table
     from hpctrain.submission.registry import Registry
-    from hpctrain.submission.tracking import view_of
+    from hpctrain.submission.views import view_of
 
     with Registry() as registry:
         runs = registry.list_runs(site=args.site)
@@ -31,7 +34,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                          "overrides": r.overrides,
                          "chain": [s.__dict__ for s in registry.chain(r.run_id)]} for r, v in views])
             return 0
-    print_table(["RUN", "SITE", "WHERE", "JOB", "STATE", "CREATED", "RUN DIR"],
-                [[v.run_id, v.site, v.remote or "-", v.job_id or "-", v.state, r.created[:19], v.run_dir]
+    print_table(["RUN", "SITE", "WHERE", "JOB", "STATE", "CREATED", "RUN DIR", "REASON"],
+                [[v.run_id, v.site, v.remote or "-", v.job_id or "-", v.state, r.created[:19], v.run_dir, v.reason]
                  for r, v in views])
     return 0

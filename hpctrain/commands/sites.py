@@ -75,12 +75,14 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from hpctrain.config.site import load_site_file
+    from hpctrain.submission.schedulers.base import get_scheduler
 
     results = []
     failed = False
     for path in args.paths:
         try:
             site = load_site_file(path)
+            get_scheduler(site.scheduler).check_site(site)  # what the scheduler itself cannot run (its launchers)
             results.append({"path": path, "valid": True, "name": site.name, "errors": []})
         except ConfigError as exc:
             failed = True

@@ -1,7 +1,9 @@
 """``hpctrain status [RUN...] [--json] [--watch]``: poll runs (one call per site and login node) and show them.
 
 Without RUN it shows the active runs (or the newest few when none is active). ``--watch`` redraws a table,
-polling every 2 s at first and backing off to 30 s while nothing changes.
+polling every 2 s at first and backing off to 30 s while nothing changes; when its output is not a terminal
+it prints a plain table each time something changed. The exit status is 0, or the code of the first cause
+that kept a run from being polled (3 scheduler, 4 login node unreachable; see docs/submitting.md).
 """
 
 from __future__ import annotations
@@ -9,10 +11,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 RECENT = 10
 FIRST_POLL_S, MAX_POLL_S = 2.0, 30.0
+HEADERS = ["RUN", "SITE", "JOB", "STATE", "PROGRESS", "REASON"]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,14 +46,24 @@ def rows_of(views: list[Any]) -> list[list[str]]:
     return rows
 
 
-HEADERS = ["RUN", "SITE", "JOB", "STATE", "PROGRESS", "REASON"]
+def exit_status(views: list[Any]) -> int:
+    """0, or the exit code of a poll error (the highest: an unreachable host over a scheduler failure)."""
+    return max((v.poll_error_code or 1 for v in views if v.poll_error), default=0)
 
 
 def _rich_table(views: list[Any]) -> Any:
     from rich.table import Table
 
-    table = Table(*HEADERS, title=f"hpctrain runs at {time.strftime('%H:%M:%S')}")
-    for row in rows_of(views):
+    rows = rows_of(views)
+    table = Table(title=f"hpctrain runs at {time.strftime('%H:%M:%S')}")
+    for i, header in enumerate(HEADERS):
+        # Ids are never cut or wrapped (they are what the next command needs); the reason wraps instead.
+        if header in ("RUN", "JOB", "STATE"):
+            width = max([len(header)] + [len(r[i]) for r in rows])
+            table.add_column(header, no_wrap=True, min_width=width)
+        else:
+            table.add_column(header, overflow="fold")
+    for row in rows:
         table.add_row(*row)
     return table
 
@@ -57,7 +71,8 @@ def _rich_table(views: list[Any]) -> Any:
 def cmd_status(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_json, print_table
     from hpctrain.submission.registry import Registry
-    from hpctrain.submission.tracking import TransportPool, is_terminal, poll_runs
+    from hpctrain.submission.tracking import poll_runs
+    from hpctrain.submission.transport import TransportPool
 
     pool = TransportPool()
     with Registry() as registry:
@@ -74,34 +89,49 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print_table(HEADERS, rows_of(views))
             else:
                 print("no runs in the registry", file=sys.stderr)
-            return 1 if any(v.poll_error for v in views) else 0
-        return _watch(views, poll, is_terminal, print_table)
+            return exit_status(views)
+        if sys.stdout.isatty():
+            return _watch_live(views, poll)
+        return _watch_plain(views, poll, lambda vs: print_table(HEADERS, rows_of(vs)))
 
 
-def _watch(views: list[Any], poll: Any, is_terminal: Any, print_table: Any) -> int:
+def _done(views: list[Any]) -> bool:
+    from hpctrain.submission.views import is_terminal
+
+    return all(is_terminal(v.state) for v in views)
+
+
+def _next_delay(delay: float, old: list[Any], new: list[Any]) -> float:
+    """Poll soon again after a state changed, else back off (progress alone does not count)."""
+    changed = [(v.state, v.reason) for v in new] != [(v.state, v.reason) for v in old]
+    return FIRST_POLL_S if changed else min(delay * 1.5, MAX_POLL_S)
+
+
+def _watch_live(views: list[Any], poll: Callable[[], list[Any]]) -> int:
+    from rich.live import Live
+
     delay = FIRST_POLL_S
-    try:
-        from rich.live import Live
-    except ImportError:  # plain reprint
-        Live = None  # noqa: N806
-    def done(vs: list[Any]) -> bool:
-        return all(is_terminal(v.state) for v in vs)
-    if Live is not None:
-        with Live(_rich_table(views), refresh_per_second=2) as live:
-            while not done(views):
-                time.sleep(delay)
-                new = poll()
-                delay = FIRST_POLL_S if [v.state for v in new] != [v.state for v in views] else \
-                    min(delay * 1.5, MAX_POLL_S)
-                views = new
-                live.update(_rich_table(views))
-        return 0
-    print_table(HEADERS, rows_of(views))
-    while not done(views):
+    with Live(_rich_table(views), refresh_per_second=2) as live:
+        while not _done(views):
+            time.sleep(delay)
+            new = poll()
+            delay, views = _next_delay(delay, views, new), new
+            live.update(_rich_table(views))
+    return exit_status(views)
+
+
+def _watch_plain(views: list[Any], poll: Callable[[], list[Any]], show: Callable[[list[Any]], None]) -> int:
+    """Not a terminal (a pipe, a log file): a plain table now and after every change, nothing in between."""
+    show(views)
+    sys.stdout.flush()
+    delay = FIRST_POLL_S
+    while not _done(views):
         time.sleep(delay)
         new = poll()
-        delay = FIRST_POLL_S if [v.state for v in new] != [v.state for v in views] else min(delay * 1.5, MAX_POLL_S)
-        views = new
-        print()
-        print_table(HEADERS, rows_of(views))
-    return 0
+        changed = rows_of(new) != rows_of(views)
+        delay, views = _next_delay(delay, views, new), new
+        if changed:
+            print()
+            show(views)
+            sys.stdout.flush()
+    return exit_status(views)

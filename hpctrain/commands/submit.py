@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hpctrain.commands.common_args import add_job_arguments
 
@@ -22,17 +23,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--after", default=None, metavar="RUN[:afterok|afterany]",
                         help="start only after RUN's current job ends (afterok by default)")
     parser.add_argument("--dry-run", action="store_true",
-                        help="render and check the script (sbatch --test-only where available); submit nothing")
-    parser.add_argument("--wait", action="store_true", help="wait until the run ends; exit 0 if it completed")
+                        help="render and check the script (sbatch --test-only where available); submit nothing "
+                             "(the files go to dry-run/ beside the run registry)")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait until the run ends; exit 0 if it completed, 5 if it did not")
     # Replaces the rank command (`python -m hpctrain run ...`); for tests and quick experiments.
     parser.add_argument("--command", default=None, help=argparse.SUPPRESS)
     parser.set_defaults(handler=cmd_submit)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    from hpctrain.exit_codes import EXIT_OK, EXIT_RUNTIME
     from hpctrain.submission.api import RunHandle, shell_command, submit_runs
     from hpctrain.submission.registry import Registry
-    from hpctrain.submission.tracking import TransportPool
+    from hpctrain.submission.transport import TransportPool
 
     pool = TransportPool()
     with Registry() as registry:
@@ -44,15 +48,17 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if done.dry_run:
         if done.message:
             print(done.message, file=sys.stderr)
-        print(f"script: {done.script_path} (dry run: nothing submitted)")
-        return 0
+        folder = Path(done.script_path).parent
+        print(f"script: {done.script_path} (dry run: nothing submitted; the rendered script and spec are in "
+              f"{folder}/, which `hpctrain runs --prune` clears)")
+        return EXIT_OK
     for run, job_id in zip(done.runs, done.job_ids, strict=True):
         print(f"{run.run_id} {job_id}")
     if not args.wait:
-        return 0
+        return EXIT_OK
     ok = True
     for run in done.runs:
         view = RunHandle(run.run_id, pool=pool).wait()
         print(f"{view.run_id} {view.state}" + (f" ({view.reason})" if view.reason else ""))
         ok = ok and view.state == "completed"
-    return 0 if ok else 1
+    return EXIT_OK if ok else EXIT_RUNTIME

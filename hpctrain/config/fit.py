@@ -1,7 +1,8 @@
-"""Check that a job spec fits its site before anything is rendered or submitted.
+"""Check that a job spec fits its site profile before anything is rendered or submitted.
 
 Each refusal is a FitError naming the limit: the queue's node or walltime limit, the node's cores,
-threads, GPUs or memory, or a backend the site cannot run.
+threads, GPUs or memory, or a backend the site cannot run. Limits of the scheduler itself (the local
+one runs on one node) are its back-end's: ``hpctrain.submission.schedulers.base.place`` checks both.
 """
 
 from __future__ import annotations
@@ -36,9 +37,6 @@ def check_fit(job: JobSpec, site: SiteProfile) -> Placement:
     node = site.node_for(queue_name)
     assert isinstance(node.cores, int) and isinstance(node.gpus, int) and not isinstance(node.memory_gb, str)
 
-    if site.scheduler == "local" and res.nodes != 1:
-        raise FitError(f"{res.nodes} nodes requested but {where} has no scheduler: it runs on this one machine",
-                       key="resources.nodes", hint="set resources.nodes: 1 or choose a cluster site")
     if queue is not None:
         qwhere = f"queue {queue_name!r} of {where}"
         if res.nodes > queue.max_nodes:

@@ -204,12 +204,10 @@ class SiteProfile(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> SiteProfile:
-        if self.scheduler == "local" and self.launcher not in ("local", "mpiexec"):
-            raise FieldProblem(("launcher",), "a site without scheduler launches with 'local' or 'mpiexec'")
         if self.default_queue is not None and self.default_queue not in self.queues:
             raise FieldProblem(("default_queue",), f"default_queue {self.default_queue!r} is not one of the queues: "
                                f"{', '.join(self.queues) or 'none'}")
-        if self.scheduler != "local" and self.queues and self.default_queue is None:
+        if self.queues and self.default_queue is None:
             raise FieldProblem(("default_queue",), "a site with queues needs default_queue")
         if self.comm_backend == "nccl" and self.node.gpus == 0:
             raise FieldProblem(("comm_backend",), "comm_backend nccl needs GPUs in node.gpus")

@@ -1,8 +1,9 @@
 """Submit a job to a site — on this login node, over ssh from a laptop, or on this machine (``local``).
 
-``submit_runs`` does the work (check fit, register, stage job.yaml + job.sh, copy to the run dir, submit,
-record); every failure after registration is recorded as a failed attempt. ``submit`` is the Python API and
-returns ``RunHandle`` objects with ``status()``, ``wait()``, ``logs()`` and ``cancel()``.
+``submit_runs`` checks and registers; ``stage_and_submit`` is the one path from a checked spec to a job, used
+by submit and resume alike: render, stage atomically beside the registry, copy into the run directory,
+submit, record (every failure after registration is recorded as a failed attempt). ``submit`` is the Python
+API and returns ``RunHandle`` objects with ``status()``, ``wait()``, ``logs()`` and ``cancel()``.
 """
 
 from __future__ import annotations
@@ -16,52 +17,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.errors import ConfigError, HpctrainError, SchedulerError, TransportError
+from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
 from hpctrain.submission.registry import Registry, Run, new_run_id
+from hpctrain.submission.run_record import (
+    META_FILE,
+    SITE_FILE,
+    RunMeta,
+    dump_site,
+    read_meta,
+    record_dir,
+    write_atomic,
+)
+from hpctrain.submission.schedulers.base import DEPENDENCY_KINDS, Scheduler, get_scheduler, place
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.shell import is_home_relative
-from hpctrain.submission.tracking import (
-    META_FILE,
-    RunMeta,
-    RunView,
-    TransportPool,
-    is_terminal,
-    latest_job_id,
-    poll_runs,
-    read_meta,
-    record_dir,
-)
-from hpctrain.submission.transport import CommandFailed, Completed, Transport
+from hpctrain.submission.tracking import poll_runs
+from hpctrain.submission.transport import CommandFailed, Completed, Transport, TransportPool
+from hpctrain.submission.views import RunView, is_terminal, latest_job_id
 
 if TYPE_CHECKING:
     from hpctrain.config.job import JobSpec
     from hpctrain.config.site import SiteProfile
 
 SUBMIT_TIMEOUT_S = 120.0
-# The variable a scheduler sets in each array task to its index.
-ARRAY_INDEX_VARIABLE = {"slurm": "SLURM_ARRAY_TASK_ID", "pbs": "PBS_ARRAY_INDEX"}
-LOG_NAMES = {"slurm": "slurm-{job_id}.out", "pbs": "pbs.out", "cobalt": "cobalt.output", "local": "job.out"}
-DEPENDENCY_KINDS = ("afterok", "afterany")
 
 
 # --- small helpers --------------------------------------------------------------------------------------------
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write a file beside its final name, then rename (never a half-written file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.chmod(mode)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise HpctrainError(f"cannot write {path}: {exc.strerror}", hint="free space or check permissions") from None
 
 
 def parse_array(text: str) -> tuple[str, list[str]]:
@@ -74,7 +56,7 @@ def parse_array(text: str) -> tuple[str, list[str]]:
 
 
 def parse_after(text: str) -> tuple[str, str]:
-    """``RUN[:afterok|afterany]`` -> (run, kind)."""
+    """``RUN[:afterok|afterany|...]`` -> (run, kind)."""
     run, sep, kind = text.rpartition(":")
     if not sep or kind not in DEPENDENCY_KINDS:
         return text, "afterok"
@@ -113,6 +95,11 @@ def default_run_root(site: SiteProfile, remote: str | None) -> str:
     return os.environ.get("HPCTRAIN_RUNS") or str(Path("runs").resolve())
 
 
+def dry_run_dir(registry: Registry) -> Path:
+    """Where ``--dry-run`` leaves what it rendered: ``dry-run/`` beside the registry, one folder per try."""
+    return Path(registry.path).parent / "dry-run"
+
+
 # --- the result ----------------------------------------------------------------------------------------------
 
 
@@ -148,65 +135,46 @@ def submit_runs(
     registry: Registry | None = None,
     pool: TransportPool | None = None,
 ) -> Submitted:
-    """Check, register, stage, copy and submit; see the module docstring."""
-    from hpctrain.config.fit import check_fit
+    """Check and register the runs, then ``stage_and_submit``; see the module docstring."""
     from hpctrain.config.job import JobSpec, load_job
     from hpctrain.config.preflight import check_job, warn
     from hpctrain.config.site import load_site
-    from hpctrain.submission.schedulers.base import get_scheduler
 
-    overrides = list(sets)
+    extra = [*([f"resources.nodes={nodes}"] if nodes is not None else []),
+             *([f"resources.walltime={walltime}"] if walltime is not None else []),
+             *([f"resources.queue={queue}"] if queue is not None else [])]
+    overrides = [*sets, *extra]
     if isinstance(job, JobSpec):
-        if sets or nodes is not None or walltime is not None or queue is not None:
-            extra = [*sets, *([f"resources.nodes={nodes}"] if nodes is not None else []),
-                     *([f"resources.walltime={walltime}"] if walltime is not None else []),
-                     *([f"resources.queue={queue}"] if queue is not None else [])]
-            for assignment in extra:
-                job = _variant(job, assignment)
+        for assignment in overrides:
+            job = _variant(job, assignment)
     else:
         job = load_job(job, sets=list(sets), nodes=nodes, walltime=walltime, queue=queue)
-        overrides += ([f"resources.nodes={nodes}"] if nodes is not None else []) + \
-            ([f"resources.walltime={walltime}"] if walltime is not None else []) + \
-            ([f"resources.queue={queue}"] if queue is not None else [])
     site_profile = site if not isinstance(site, str | type(None)) else load_site(site)
     scheduler = get_scheduler(site_profile.scheduler)
-    if remote is not None and site_profile.scheduler == "local":
-        raise ConfigError("--site local runs on this machine; it cannot be used with --remote",
-                          hint="pick the remote machine's site profile")
+    if remote is not None and not scheduler.submits_over_ssh:
+        raise ConfigError(f"--site {site_profile.name} runs on this machine ({scheduler.name} scheduler); it cannot "
+                          "be used with --remote", hint="pick the remote machine's site profile")
 
     # Variants (one per array task), each checked before anything is registered or written.
     assignments: list[str | None] = [None]
     if array is not None:
-        if site_profile.scheduler not in ARRAY_INDEX_VARIABLE:
-            raise SchedulerError(f"site {site_profile.name!r} ({site_profile.scheduler}) cannot run job arrays",
+        if scheduler.array_index_variable is None:
+            raise SchedulerError(f"site {site_profile.name!r} ({scheduler.name}) cannot run job arrays",
                                  hint="submit one run per value with --set instead")
         key, values = parse_array(array)
         assignments = [f"{key}={v}" for v in values]
     jobs = [job if a is None else _variant(job, a) for a in assignments]
     for j in jobs:
-        check_fit(j, site_profile)
+        place(j, site_profile)
         # What would fail at start fails now; data paths are checked where the ranks will read them.
         warn(check_job(j, site_profile, local_paths=remote is None))
 
     registry = registry or Registry()
     pool = pool or TransportPool()
-    transport = pool.get(remote, ssh_config)
-
-    dependency = None
-    if after is not None:
-        parent_ref, kind = parse_after(after)
-        parent = registry.get_run(parent_ref)
-        if parent.site != site_profile.name or parent.remote != remote:
-            raise SchedulerError(f"--after {parent.run_id}: that run is on {parent.site} "
-                                 f"({parent.remote or 'login node'}), not on {site_profile.name} "
-                                 f"({remote or 'login node'})")
-        parent_job = latest_job_id(registry, parent.run_id)
-        if parent_job is None:
-            raise SchedulerError(f"--after {parent.run_id}: that run has no submitted job to depend on")
-        dependency = (kind, parent_job)
+    dependency = _dependency(registry, after, site_profile, remote) if after is not None else None
     # The back-end refuses what it cannot do (arrays on Cobalt, dependencies locally) before we register.
     scheduler.submit_argv("job.sh", dependency=dependency, array="0-0" if array else None)
-
+    transport = pool.get(remote, ssh_config)
     root = run_root or default_run_root(site_profile, remote)
     root = _expand_home(transport, root).rstrip("/") or "/"
     python = sys.executable if remote is None else None
@@ -217,19 +185,24 @@ def submit_runs(
                         array is not None)
 
     runs = _register(registry, jobs, site_profile, remote, root, base_id, overrides, assignments)
-    try:
-        return _stage_and_submit(runs, jobs, site_profile, scheduler, transport, registry, root, base_id,
-                                 python, command, dependency, ssh_config, array is not None)
-    except BaseException as exc:
-        message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
-        for run in runs:
-            try:
-                registry.add_submission(run.run_id, None, "submit", ok=False, error=message or "interrupted")
-            except HpctrainError:
-                pass
-        if isinstance(exc, HpctrainError) or not isinstance(exc, Exception):
-            raise
-        raise HpctrainError(f"submission of {job.name} failed: {message}") from exc
+    job_ids = stage_and_submit(registry, transport, site_profile, runs, jobs, kind="submit",
+                               submit_dir=f"{root}/{base_id}" if array is not None else runs[0].run_dir,
+                               array=array is not None, python=python, command=command, dependency=dependency,
+                               ssh_config=ssh_config)
+    return Submitted([registry.get_run(r.run_id) for r in runs], list(job_ids),
+                     str(record_dir(registry, runs[0].run_id) / "job.sh"))
+
+
+def _dependency(registry: Registry, after: str, site: SiteProfile, remote: str | None) -> tuple[str, str]:
+    parent_ref, kind = parse_after(after)
+    parent = registry.get_run(parent_ref)
+    if parent.site != site.name or parent.remote != remote:
+        raise SchedulerError(f"--after {parent.run_id}: that run is on {parent.site} "
+                             f"({parent.remote or 'login node'}), not on {site.name} ({remote or 'login node'})")
+    parent_job = latest_job_id(registry, parent.run_id)
+    if parent_job is None:
+        raise SchedulerError(f"--after {parent.run_id}: that run has no submitted job to depend on")
+    return kind, parent_job
 
 
 def _register(registry: Registry, jobs: list[JobSpec], site: SiteProfile, remote: str | None, root: str,
@@ -246,43 +219,40 @@ def _register(registry: Registry, jobs: list[JobSpec], site: SiteProfile, remote
     return runs
 
 
-def _rank_command(site: SiteProfile, python: str | None, command: list[str] | None, array_dir: str | None,
-                  index_var: str) -> list[str] | None:
+def _rank_command(site: SiteProfile, scheduler: Scheduler, python: str | None, command: list[str] | None,
+                  array_dir: str | None) -> list[str] | None:
     """The rank command; for an array, wrapped so each task works in its own ``<array_dir>_<index>``."""
     if array_dir is None:
         return command
     from hpctrain.submission.render import python_for
 
     inner = command or [python_for(site, python), "-m", "hpctrain", "run", "job.yaml", "--run-dir", "."]
-    # The scheduler sets the index variable in every task (and srun passes it on to the ranks).
-    return ["bash", "-c", f'cd -- "${{0}}_${{{index_var}}}" && exec "$@"', array_dir, *inner]
+    # The scheduler sets the index variable in every task (and the launcher passes it on to the ranks).
+    return ["bash", "-c", f'cd -- "${{0}}_${{{scheduler.array_index_variable}}}" && exec "$@"', array_dir, *inner]
 
 
-def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Any, transport: Transport, registry: Registry,
-             root: str, base_id: str, python: str | None, command: list[str] | None, is_array: bool) -> Submitted:
+def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Scheduler, transport: Transport,
+             registry: Registry, root: str, base_id: str, python: str | None, command: list[str] | None,
+             is_array: bool) -> Submitted:
     from hpctrain.config.job import dump_job
     from hpctrain.submission.render import render_script
 
     run_dir = f"{root}/{base_id}"
-    cmd = _rank_command(site, python, command, run_dir if is_array else None,
-                        ARRAY_INDEX_VARIABLE.get(site.scheduler, ""))
+    cmd = _rank_command(site, scheduler, python, command, run_dir if is_array else None)
     rendered = render_script(jobs[0], site, run_dir=run_dir, spec_path=f"{run_dir}/job.yaml", python=python,
                              command=cmd)
-    stage = Path(registry.path).parent / "dry-run" / base_id
+    stage = dry_run_dir(registry) / base_id
     write_atomic(stage / "job.sh", rendered.text, 0o755)
     for i, j in enumerate(jobs):
         write_atomic(stage / (f"job-{i}.yaml" if is_array else "job.yaml"), dump_job(j))
     message = ""
     test_argv = scheduler.test_only_argv("/dev/stdin")
-    if site.scheduler == "local":
-        test_argv = ["bash", "-n", "/dev/stdin"]
     if test_argv is not None:
         done = transport.run(test_argv, timeout=SUBMIT_TIMEOUT_S, input=rendered.text.encode(), check=False)
         message = (done.stderr + done.stdout).strip()
         if done.returncode != 0:
-            raise SchedulerError(f"{test_argv[0]} {'--test-only ' if test_argv[0] == 'sbatch' else ''}"
-                                 f"refused the script on {transport.host}: {_last(message)}",
-                                 hint=f"the script is in {stage / 'job.sh'}")
+            raise SchedulerError(f"{shlex.join(test_argv[:-1])} refused the script on {transport.host}: "
+                                 f"{_last(message)}", hint=f"the script is in {stage / 'job.sh'}")
     return Submitted([], [], str(stage / "job.sh"), dry_run=True, message=message)
 
 
@@ -291,131 +261,134 @@ def _last(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def _stage_and_submit(runs: list[Run], jobs: list[JobSpec], site: SiteProfile, scheduler: Any,
-                      transport: Transport, registry: Registry, root: str, base_id: str, python: str | None,
+def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],
+                     jobs: list[JobSpec], *, kind: str, submit_dir: str, array: bool = False,
+                     python: str | None = None, command: list[str] | None = None,
+                     dependency: tuple[str, str] | None = None, ssh_config: str | None = None,
+                     remove: Sequence[str] = ()) -> list[str]:
+    """Render, stage, copy and submit the job of ``runs`` (with ``array``: one array job, a task per run);
+    record each run's new job (``kind``: submit or resume) and return the job ids.
+
+    The script lives in ``submit_dir`` (an array's own directory, else the run directory); the submit
+    command runs there. ``remove``: file names deleted from the run directories first (what a previous job
+    left that must not be read as this one's: its failure note). Any failure is recorded as a failed
+    attempt of every run and raised.
+    """
+    try:
+        return _stage_and_submit(registry, transport, site, runs, jobs, kind, submit_dir, array, python, command,
+                                 dependency, ssh_config, remove)
+    except BaseException as exc:
+        message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
+        for run in runs:
+            try:
+                registry.add_submission(run.run_id, None, kind, ok=False, error=message or "interrupted")
+            except HpctrainError:
+                pass
+        if isinstance(exc, HpctrainError) or not isinstance(exc, Exception):
+            raise
+        raise HpctrainError(f"submission of {jobs[0].name} failed: {message}") from exc
+
+
+def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],
+                      jobs: list[JobSpec], kind: str, submit_dir: str, is_array: bool, python: str | None,
                       command: list[str] | None, dependency: tuple[str, str] | None, ssh_config: str | None,
-                      is_array: bool) -> Submitted:
-    from hpctrain.config.common import walltime_seconds
+                      remove: Sequence[str]) -> list[str]:
     from hpctrain.config.job import dump_job
     from hpctrain.submission.render import render_script
 
-    index_var = ARRAY_INDEX_VARIABLE.get(site.scheduler, "")
-    submit_dir = f"{root}/{base_id}" if is_array else runs[0].run_dir
-    cmd = _rank_command(site, python, command, submit_dir if is_array else None, index_var)
+    scheduler = get_scheduler(site.scheduler)
+    cmd = _rank_command(site, scheduler, python, command, submit_dir if is_array else None)
     rendered = render_script(jobs[0], site, run_dir=submit_dir, spec_path=f"{runs[0].run_dir}/job.yaml",
                              python=python, command=cmd)
     # Stage locally (atomic writes), then copy into the run directories (atomic on the other side too).
     staged: list[tuple[Path, str]] = []
+    site_text = dump_site(site)
     for run, j in zip(runs, jobs, strict=True):
         rec = record_dir(registry, run.run_id)
         write_atomic(rec / "job.yaml", dump_job(j))
+        write_atomic(rec / SITE_FILE, site_text)
+        meta = RunMeta(scheduler=scheduler.name, ssh_config=ssh_config, total_steps=j.train.steps,
+                       max_requeues=j.checkpoint.max_requeues)
+        write_atomic(rec / META_FILE, meta.to_json())
         staged.append((rec / "job.yaml", f"{run.run_dir}/job.yaml"))
     script_local = record_dir(registry, runs[0].run_id) / "job.sh"
     write_atomic(script_local, rendered.text, 0o755)
     script_remote = f"{submit_dir}/job.sh"
     staged.append((script_local, script_remote))
-    log_name = LOG_NAMES.get(site.scheduler, "")
-    for run, j in zip(runs, jobs, strict=True):
-        meta = RunMeta(scheduler=site.scheduler, ssh_config=ssh_config,
-                       log_name=("slurm-{job_id}.out" if is_array and site.scheduler == "slurm" else log_name),
-                       total_steps=j.train.steps)
-        write_atomic(record_dir(registry, run.run_id) / META_FILE, meta.to_json())
 
     for d in sorted({submit_dir, *(r.run_dir for r in runs)}):
         transport.mkdir_p(d)
+    if remove:
+        transport.run(["rm", "-f", "--", *(f"{r.run_dir}/{name}" for r in runs for name in remove)],
+                      timeout=SUBMIT_TIMEOUT_S)
     for local, dest in staged:
         transport.put(local, dest)
 
-    if site.scheduler == "local":
-        from hpctrain.submission.schedulers import local_controller
-
-        job = jobs[0]
-        job_id = local_controller.start(script_remote, runs[0].run_dir,
-                                        walltime_s=int(walltime_seconds(job.resources.walltime)),
-                                        signal_name=job.checkpoint.signal, signal_lead_s=job.checkpoint.signal_lead_s,
-                                        max_requeues=job.checkpoint.max_requeues)
-        registry.add_submission(runs[0].run_id, job_id, "submit", ok=True)
-        return Submitted([registry.get_run(runs[0].run_id)], [job_id], str(script_local))
-
-    array_range = f"0-{len(runs) - 1}" if is_array else None
-    argv = scheduler.submit_argv(script_remote, dependency=dependency, array=array_range)
-    if is_array and site.scheduler == "slurm":
-        # Each task's output goes to its own run directory (command-line options beat #SBATCH lines).
-        out = f"--output={root}/{base_id}_%a/slurm-%A_%a.out"
-        argv = [*argv[:-1], out, out.replace("--output", "--error"), argv[-1]]
-    done = run_submit_command(transport, ["env", "-C", submit_dir, *argv])
+    argv = scheduler.submit_argv(script_remote, dependency=dependency,
+                                 array=f"0-{len(runs) - 1}" if is_array else None,
+                                 array_dir=submit_dir if is_array else None)
+    done = run_submit_command(transport, ["env", "-C", submit_dir, *argv], scheduler.name)
     master = scheduler.parse_job_id(done.stdout)
-    job_ids: list[str | None] = []
-    for i, run in enumerate(runs):
-        job_id = _task_id(master, i) if is_array else master
-        registry.add_submission(run.run_id, job_id, "submit", ok=True)
-        job_ids.append(job_id)
-    return Submitted([registry.get_run(r.run_id) for r in runs], job_ids, str(script_local),
-                     message=done.stdout.strip())
+    job_ids = [scheduler.array_task_id(master, i) if is_array else master for i in range(len(runs))]
+    for run, job_id in zip(runs, job_ids, strict=True):
+        registry.add_submission(run.run_id, job_id, kind, ok=True)
+    return job_ids
 
 
-def _task_id(master: str, index: int) -> str:
-    """Slurm ``123`` -> ``123_4``; PBS ``123[].server`` -> ``123[4].server``."""
-    if "[]" in master:
-        return master.replace("[]", f"[{index}]", 1)
-    return f"{master}_{index}"
-
-
-def run_submit_command(transport: Transport, argv: list[str]) -> Completed:
+def run_submit_command(transport: Transport, argv: list[str], scheduler_name: str) -> Completed:
     """Run a submit command (``env -C DIR sbatch ...``); a refusal becomes one SchedulerError line."""
     try:
         return transport.run(argv, timeout=SUBMIT_TIMEOUT_S)
     except CommandFailed as exc:
         detail = _last(exc.completed.stderr or exc.completed.stdout)
-        prog = argv[3] if argv[:2] == ["env", "-C"] else argv[0]
-        raise SchedulerError(f"{prog} on {transport.host} refused the job: {detail}") from None
+        raise SchedulerError(f"{scheduler_name} on {transport.host} refused the job: {detail}") from None
 
 
 # --- control ---------------------------------------------------------------------------------------------------
 
 
-def cancel_run(registry: Registry, run: Run, pool: TransportPool | None = None) -> str | None:
-    """Cancel a run's current job and record it; returns the job id (None when nothing was submitted)."""
+@dataclass(frozen=True)
+class Cancelled:
+    """What ``cancel_run`` did: ``sent`` is False when the run had no job or its job had already ended
+    (``state`` then says how it ended) — nothing is sent to the scheduler then."""
+
+    run_id: str
+    job_id: str | None
+    sent: bool
+    state: str
+
+
+def cancel_run(registry: Registry, run: Run, pool: TransportPool | None = None) -> Cancelled:
+    """Cancel a run's current job and record it; a run that has already ended is left alone.
+
+    The run is polled first (one call), so a job that ended since the last ``status`` is not cancelled
+    after the fact and its real end (completed, failed) is what the registry keeps.
+    """
     pool = pool or TransportPool()
     job_id = latest_job_id(registry, run.run_id)
     if job_id is None:
-        return None
+        return Cancelled(run.run_id, None, False, run.state)
     meta = read_meta(registry, run)
-    if meta.scheduler == "local":
-        from hpctrain.submission.schedulers import local_controller
-
-        local_controller.cancel(run.run_dir)
-    else:
-        from hpctrain.submission.schedulers.base import get_scheduler
-
-        argv = get_scheduler(meta.scheduler).cancel_argv(job_id)
-        try:
-            pool.get(run.remote, meta.ssh_config).run(argv, timeout=SUBMIT_TIMEOUT_S)
-        except CommandFailed as exc:
-            detail = _last(exc.completed.stderr or exc.completed.stdout)
-            raise SchedulerError(f"{argv[0]} {job_id} failed: {detail}") from None
-    if run.is_active:
-        registry.update_states({job_id: JobStatus(job_id, JobState.CANCELLED, "cancelled by the user")},
-                               site=run.site)
-    return job_id
+    view = poll_runs(registry, [run], pool, progress=False)[0]
+    if is_terminal(view.state):
+        return Cancelled(run.run_id, job_id, False, view.state)
+    argv = get_scheduler(meta.scheduler).cancel_argv(job_id, run.run_dir)
+    try:
+        pool.get(run.remote, meta.ssh_config).run(argv, timeout=SUBMIT_TIMEOUT_S)
+    except CommandFailed as exc:
+        detail = _last(exc.completed.stderr or exc.completed.stdout)
+        raise SchedulerError(f"cancelling job {job_id} of run {run.run_id} failed: {detail}") from None
+    registry.update_states({job_id: JobStatus(job_id, JobState.CANCELLED, "cancelled by the user")}, site=run.site)
+    return Cancelled(run.run_id, job_id, True, JobState.CANCELLED.value)
 
 
 def log_paths(registry: Registry, run: Run, rank: int | None = None) -> list[str]:
-    """Where the run's scheduler output (or rank N's own log) may be, most likely first.
-
-    PBS falls back to its default ``job.sh.o<seq>`` (what a server that ignores ``#PBS -o`` writes, e.g.
-    the torque wrappers over Slurm).
-    """
+    """Where the run's scheduler output (or rank N's own log) may be, most likely first."""
     if rank is not None:
         return [f"{run.run_dir}/rank-{rank}.log"]
     meta = read_meta(registry, run)
     job_id = latest_job_id(registry, run.run_id) or ""
-    if not meta.log_name:
-        raise SchedulerError(f"no known log file for scheduler {meta.scheduler}")
-    paths = [f"{run.run_dir}/{meta.log_name.format(job_id=job_id)}"]
-    if meta.scheduler == "pbs":
-        paths.append(f"{run.run_dir}/job.sh.o{job_id.split('.')[0]}")
-    return paths
+    return [f"{run.run_dir}/{name}" for name in get_scheduler(meta.scheduler).log_names(job_id)]
 
 
 def read_log(registry: Registry, run: Run, pool: TransportPool | None = None, *, rank: int | None = None,
@@ -467,7 +440,8 @@ class RunHandle:
             return reg.get_run(self.run_id)
 
     def status(self) -> RunView:
-        """Poll the scheduler once (if the run is active) and return the run's view."""
+        """Poll the scheduler once (if the run is active) and return the run's view (``reason`` names why
+        a failed run failed: the first error a rank wrote)."""
         with self._registry() as reg:
             return poll_runs(reg, [reg.get_run(self.run_id)], self._pool)[0]
 
@@ -489,10 +463,10 @@ class RunHandle:
         with self._registry() as reg:
             return read_log(reg, reg.get_run(self.run_id), self._pool, rank=rank)
 
-    def cancel(self) -> None:
-        """Cancel the run's current job."""
+    def cancel(self) -> Cancelled:
+        """Cancel the run's current job (nothing is sent when it has already ended)."""
         with self._registry() as reg:
-            cancel_run(reg, reg.get_run(self.run_id), self._pool)
+            return cancel_run(reg, reg.get_run(self.run_id), self._pool)
 
 
 def submit(job: JobSpec | str | os.PathLike[str], site: SiteProfile | str | None = None, *,
@@ -519,5 +493,5 @@ def shell_command(text: str) -> list[str]:
     return argv
 
 
-__all__ = ["RunHandle", "RunView", "Submitted", "cancel_run", "read_log", "submit", "submit_runs",
-           "TransportError"]
+__all__ = ["Cancelled", "RunHandle", "RunView", "Submitted", "cancel_run", "read_log", "stage_and_submit",
+           "submit", "submit_runs"]

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from hpctrain.errors import HpctrainError
+from hpctrain.errors import HpctrainError, UnknownRun
 from hpctrain.submission.schedulers.state import JobState
 
 if TYPE_CHECKING:
@@ -483,12 +483,12 @@ class Registry:
             (len(run_id_or_prefix), run_id_or_prefix),
         ).fetchall()
         if not rows:
-            raise HpctrainError(f"no run matches {run_id_or_prefix!r} in {self.path}",
-                                hint="`hpctrain status` lists the runs")
+            raise UnknownRun(f"no run matches {run_id_or_prefix!r} in {self.path}",
+                             hint="`hpctrain runs` lists the runs")
         if len(rows) > 1:
             shown = ", ".join(r["run_id"] for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
-            raise HpctrainError(f"{run_id_or_prefix!r} matches {len(rows)} runs: {shown}",
-                                hint="give more of the run id")
+            raise UnknownRun(f"{run_id_or_prefix!r} matches {len(rows)} runs: {shown}",
+                             hint="give more of the run id")
         return self._decode_run(rows[0])
 
     def list_runs(self, site: str | None = None, active_only: bool = False) -> list[Run]:
@@ -562,6 +562,13 @@ class Registry:
         rid = self.get_run(run_id).run_id
         rows = self._db.execute("SELECT * FROM submissions WHERE run_id = ? ORDER BY seq", (rid,))
         return self._decoded(rows, _submission, "submission")
+
+    def end_submission(self, run_id: str, seq: int, state: str, reason: str, exit_code: int | None) -> None:
+        """Close an earlier submission of a run whose job went on under a newer entry (a requeue keeps the
+        job id: polling updates only the newest entry carrying it)."""
+        with self._write() as db:
+            db.execute("UPDATE submissions SET state = ?, state_reason = ?, exit_code = ?, updated_at = ?"
+                       " WHERE run_id = ? AND seq = ?", (state, reason, exit_code, _now(), run_id, seq))
 
     def update_states(self, statuses: Mapping[str, JobStatus], site: str | None = None) -> int:
         """Store polled job states (one transaction); returns how many submissions changed state.

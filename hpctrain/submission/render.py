@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 
 from hpctrain.config.common import walltime_seconds
-from hpctrain.config.fit import Placement, check_fit
+from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
 from hpctrain.config.origin import locate
 from hpctrain.config.preflight import check_job
@@ -27,7 +27,7 @@ from hpctrain.submission.launchers import (
     hyperthreads_for,
     launcher_name,
 )
-from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler
+from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler, place
 from hpctrain.submission.shell import comment, quote, quote_path
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
@@ -163,7 +163,7 @@ def render_script(
 
 def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, python: str | None,
             command: list[str] | None) -> RenderedScript:
-    placement = check_fit(job, site)
+    placement = place(job, site)
     # What would fail when the ranks start fails here; warnings are for jobs validate and submit to show.
     check_job(job, site, local_paths=False)
     scheduler = get_scheduler(site.scheduler)

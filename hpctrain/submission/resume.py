@@ -1,25 +1,31 @@
 """Continue a stopped run: submit its job again in the same run directory, so it resumes from its checkpoint.
 
-Used by ``hpctrain resume RUN`` from the login node or a laptop (the same transport as ``submit``). It refuses
-a run that is still active, one without a checkpoint, and one whose newest checkpoint is its last step; the
-new job is recorded in the run's chain as kind ``resume``.
+Used by ``hpctrain resume RUN`` from the login node or a laptop (the same transport as ``submit``, and the same
+``stage_and_submit`` path, with the site profile recorded at submit). It refuses a run that is still active,
+one without a checkpoint, and one whose newest checkpoint is its last step; the new job is recorded in the
+run's chain as kind ``resume``.
 """
 
 from __future__ import annotations
 
+import shlex
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hpctrain.checkpoint.manifest import MANIFEST, newest_step
-from hpctrain.errors import CheckpointError, ConfigError, HpctrainError, SchedulerError
+from hpctrain.errors import CheckpointError, ConfigError, SchedulerError, TransportError
+from hpctrain.exit_codes import EXIT_TRANSPORT
+from hpctrain.submission.api import stage_and_submit
+from hpctrain.submission.failure import FAILURE_FILE
 from hpctrain.submission.registry import Registry, Run
-from hpctrain.submission.tracking import TransportPool, poll_runs, read_meta, record_dir
+from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir, run_site
+from hpctrain.submission.tracking import poll_runs
+from hpctrain.submission.transport import TransportPool
 
 if TYPE_CHECKING:
     from hpctrain.config.job import JobSpec
     from hpctrain.submission.transport import Transport
-
 
 
 @dataclass(frozen=True)
@@ -50,14 +56,26 @@ def newest_checkpoint_step(transport: Transport, directory: str) -> int | None:
                               hint="`hpctrain run` rebuilds it from the step directories; inspect it by hand") from None
 
 
+def resubmit_hint(registry: Registry, run: Run) -> str:
+    """How to start the run afresh, naming only files that exist here (what was staged for it)."""
+    rec = record_dir(registry, run.run_id)
+    spec, site = rec / "job.yaml", rec / SITE_FILE
+    if not spec.is_file():
+        return "submit your job spec again with `hpctrain submit`"
+    words = ["hpctrain", "submit", str(spec), "--site", str(site) if site.is_file() else run.site]
+    if run.remote:
+        words += ["--remote", run.remote]
+    return f"start it afresh: {shlex.join(words)}"
+
+
 def _spec_of(registry: Registry, run: Run, nodes: int | None, walltime: str | None,
              queue: str | None) -> JobSpec:
     from hpctrain.config.job import load_job
 
     staged = record_dir(registry, run.run_id) / "job.yaml"
     if not staged.is_file():
-        raise HpctrainError(f"the spec submitted for run {run.run_id} is gone ({staged})",
-                            hint="resume it by hand: submit the run directory's job.yaml with --run-root")
+        raise ConfigError(f"the spec submitted for run {run.run_id} is gone", path=str(staged),
+                          hint="resume it by hand: submit the run directory's job.yaml with --run-root")
     job = load_job(staged, nodes=nodes, walltime=walltime, queue=queue)
     original = load_job(staged)
     if job.resources.nodes > original.resources.nodes:
@@ -71,68 +89,34 @@ def resume_run(registry: Registry, run_ref: str, *, nodes: int | None = None, wa
                queue: str | None = None, ssh_config: str | None = None,
                pool: TransportPool | None = None) -> Resumed:
     """Submit a continuation of ``run_ref`` in its own run directory; see the module docstring."""
-    from hpctrain.config.job import dump_job
-    from hpctrain.config.site import load_site
-    from hpctrain.submission.api import write_atomic
-    from hpctrain.submission.render import render_script
-
     pool = pool or TransportPool()
     run = registry.get_run(run_ref)
-    meta = read_meta(registry, run)
-    cfg = ssh_config or meta.ssh_config
+    cfg = ssh_config or read_meta(registry, run).ssh_config
     view = poll_runs(registry, [run], pool, progress=False, ssh_config=cfg)[0]
     if view.poll_error:
-        raise SchedulerError(f"cannot tell whether run {run.run_id} is still active: {view.poll_error}")
+        error = TransportError if view.poll_error_code == EXIT_TRANSPORT else SchedulerError
+        raise error(f"cannot tell whether run {run.run_id} is still active: {view.poll_error}")
     run = registry.get_run(run.run_id)
     if run.is_active:
         raise SchedulerError(f"run {run.run_id} is still {run.state.upper()} (job {view.job_id}); a continuation "
                              "would write into the same checkpoints",
                              hint=f"wait for it to end, or `hpctrain cancel {run.run_id}` first")
     job = _spec_of(registry, run, nodes, walltime, queue)
-    site = load_site(run.site)
+    site = run_site(registry, run)
     transport = pool.get(run.remote, cfg)
     ckpt_dir = checkpoint_dir(job, run.run_dir)
     step = newest_checkpoint_step(transport, ckpt_dir)
     where = f"{ckpt_dir} on {transport.host}"
     if step is None:
         raise CheckpointError(f"run {run.run_id} has no checkpoint in {where}: there is nothing to resume from",
-                              hint=f"submit the job again: hpctrain submit {run.run_dir}/job.yaml --site {run.site}")
+                              hint=resubmit_hint(registry, run))
     if step >= job.train.steps:
-        raise HpctrainError(f"run {run.run_id} already completed all {job.train.steps} steps (checkpoint of step "
-                            f"{step} in {where}); nothing to resume",
-                            hint="raise train.steps in a new run to train longer")
-
-    python = sys.executable if run.remote is None else None
-    spec_path = f"{run.run_dir}/job.yaml"
-    rendered = render_script(job, site, run_dir=run.run_dir, spec_path=spec_path, python=python)
-    rec = record_dir(registry, run.run_id)
-    # The run dir's job.yaml and job.sh are replaced: the runtime and a PBS/Cobalt resubmission read them.
-    write_atomic(rec / "job.yaml", dump_job(job))
-    write_atomic(rec / "job.sh", rendered.text, 0o755)
-    try:
-        transport.put(rec / "job.yaml", spec_path)
-        transport.put(rec / "job.sh", f"{run.run_dir}/job.sh")
-        job_id = _submit(job, site.scheduler, transport, run.run_dir)
-    except HpctrainError as exc:
-        registry.add_submission(run.run_id, None, "resume", ok=False, error=str(exc))
-        raise
-    registry.add_submission(run.run_id, job_id, "resume", ok=True)
+        raise CheckpointError(f"run {run.run_id} already completed all {job.train.steps} steps (checkpoint of step "
+                              f"{step} in {where}); nothing to resume",
+                              hint="raise train.steps in a new run to train longer")
+    # The run dir's job.yaml and job.sh are replaced (the runtime and a PBS/Cobalt resubmission read them);
+    # the previous job's failure note goes, so that this job's status is not read from it.
+    (job_id,) = stage_and_submit(registry, transport, site, [run], [job], kind="resume", submit_dir=run.run_dir,
+                                 python=sys.executable if run.remote is None else None, ssh_config=cfg,
+                                 remove=[FAILURE_FILE])
     return Resumed(registry.get_run(run.run_id), job_id, step, job.train.steps)
-
-
-def _submit(job: JobSpec, scheduler_name: str, transport: Transport, run_dir: str) -> str:
-    from hpctrain.config.common import walltime_seconds
-    from hpctrain.submission.api import run_submit_command
-    from hpctrain.submission.schedulers.base import get_scheduler
-
-    script = f"{run_dir}/job.sh"
-    if scheduler_name == "local":
-        from hpctrain.submission.schedulers import local_controller
-
-        ckpt = job.checkpoint
-        return local_controller.start(script, run_dir, walltime_s=int(walltime_seconds(job.resources.walltime)),
-                                      signal_name=ckpt.signal, signal_lead_s=ckpt.signal_lead_s,
-                                      max_requeues=ckpt.max_requeues)
-    scheduler = get_scheduler(scheduler_name)
-    done = run_submit_command(transport, ["env", "-C", run_dir, *scheduler.submit_argv(script)])
-    return scheduler.parse_job_id(done.stdout)

@@ -12,7 +12,8 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -72,7 +73,7 @@ def _missing_program_message(prog: str, where: str) -> str:
     scheduler = _SCHEDULER_OF.get(os.path.basename(prog))
     if scheduler:
         return (f"{prog} not found on {where}: load the {scheduler} module in the site profile's environment "
-                f"or check login_host")
+                f"or check that --remote names a login node of this site")
     return f"{prog} not found on {where}"
 
 
@@ -122,8 +123,8 @@ class LocalTransport:
                                   stdin=None if input is not None else subprocess.DEVNULL)
         except FileNotFoundError:
             raise TransportError(f"{argv[0]} not found on this machine; is this a login node?",
-                                 hint="run hpctrain where the scheduler commands exist, or set login_host "
-                                      "in the site profile to submit over ssh") from None
+                                 hint="run hpctrain where the scheduler commands exist, or submit from here "
+                                      "over ssh with --remote USER@LOGIN_NODE") from None
         except subprocess.TimeoutExpired:
             raise TransportError(f"{argv[0]} did not answer within {timeout:g} s on this machine") from None
         completed = Completed(proc.returncode, _decode(proc.stdout), _decode(proc.stderr))
@@ -168,22 +169,34 @@ _SSH_ERRORS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 
-def classify_ssh_failure(destination: str, returncode: int, stderr: str) -> TransportError | None:
-    """The TransportError for an ssh-level failure (exit 255 plus stderr), or None when it is not one."""
+def classify_ssh_failure(destination: str, returncode: int, stderr: str,
+                         ssh_config: str | None = None) -> TransportError | None:
+    """The TransportError for an ssh-level failure (exit 255 plus stderr), or None when it is not one.
+
+    ``ssh_config`` is the file given with ``--ssh-config`` (None: ssh read the user's own config).
+    """
     if returncode != 255:
         return None
     detail = _last_line(stderr)
+    host = destination.rpartition("@")[2]
     for pattern, kind in _SSH_ERRORS:
         if pattern.search(stderr):
             if kind == "name":
+                if ssh_config is None:
+                    hint = (f"{host!r} (from --remote) is neither a host name this machine resolves nor a Host "
+                            "alias in your ~/.ssh/config: check its spelling, or pass --ssh-config FILE when "
+                            "the alias is defined in another file")
+                else:
+                    hint = f"check the spelling given to --remote and that {ssh_config} has `Host {host}`"
                 return TransportError(f"cannot reach {destination}: host unreachable, its name does not "
-                                      f"resolve ({detail})", hint="check login_host in the site profile")
+                                      f"resolve ({detail})", hint=hint)
             if kind == "auth":
                 return TransportError(f"authentication to {destination} failed ({detail})",
                                       hint=f"load your key (ssh-add) and check that `ssh {destination} true` "
                                            f"works without a password")
             return TransportError(f"cannot reach {destination}: host unreachable ({detail})",
-                                  hint="check login_host, the network or VPN, and that the host is up")
+                                  hint="check the host given to --remote, the network or VPN, and that the "
+                                       "host is up")
     return None
 
 
@@ -211,6 +224,7 @@ class SSHTransport:
                                  "Host alias from your ssh config")
         self.destination = destination
         self.host = destination
+        self.ssh_config = ssh_config
         self.control_dir = control_dir or default_control_dir()
         if len(self.control_dir) + 1 + 40 > _MAX_SOCKET_PATH:
             raise TransportError(f"ssh control_dir {self.control_dir} is too long for a unix socket "
@@ -253,7 +267,7 @@ class SSHTransport:
             out.seek(0)
             err.seek(0)
             stdout, stderr = out.read(), _decode(err.read())
-        failure = classify_ssh_failure(self.destination, proc.returncode, stderr)
+        failure = classify_ssh_failure(self.destination, proc.returncode, stderr, self.ssh_config)
         if failure is not None:
             raise failure
         return proc.returncode, stdout, stderr
@@ -305,3 +319,36 @@ class SSHTransport:
             self._exec(self.ssh_argv(None, "-O", "exit"), timeout=timeout, input=None, what="ssh -O exit")
         except TransportError:
             pass
+
+
+TransportFactory = Callable[[str | None, str | None], Transport]
+
+
+def default_transport_factory(remote: str | None, ssh_config: str | None) -> Transport:
+    """LocalTransport on the login node, else one SSHTransport (ControlMaster) for ``remote``."""
+    if remote is None:
+        return LocalTransport()
+    return SSHTransport(remote, ssh_config=ssh_config)
+
+
+@dataclass
+class TransportPool:
+    """One transport per (remote, ssh config) for the life of a command: every call reuses its master."""
+
+    factory: TransportFactory = default_transport_factory
+    _made: dict[tuple[str | None, str | None], Transport] = field(default_factory=dict)
+
+    def get(self, remote: str | None, ssh_config: str | None = None) -> Transport:
+        key = (remote, ssh_config)
+        if key not in self._made:
+            self._made[key] = self.factory(remote, ssh_config)
+        return self._made[key]
+
+    def close(self, stop_masters: bool = False) -> None:
+        """Forget the transports; ``stop_masters`` also ends their ssh masters (else they persist)."""
+        if stop_masters:
+            for t in self._made.values():
+                close = getattr(t, "close", None)
+                if close is not None:
+                    close()
+        self._made.clear()

@@ -1,8 +1,14 @@
 #!/bin/bash
+#LOCAL --walltime-s=1800
+#LOCAL --signal=USR2@120
+#LOCAL --max-requeues=3
+#
 # hpctrain job ffn-local for site local (local, launcher local, backend gloo); written by `hpctrain render`
 # Small FFN on synthetic EM, 2 ranks on the local machine (the demo)
-# No scheduler: run this script with bash on this machine. SIGUSR2 sent to it is forwarded to the
-# ranks so they checkpoint (the local controller sends it before a time limit).
+# No scheduler: hpctrain's local controller runs this script on this machine (`hpctrain submit --site local`,
+# or by hand: python -m hpctrain.submission.schedulers.local_controller submit job.sh, in the run directory),
+# reading the #LOCAL lines above. It sends SIGUSR2 before the walltime; the launch section forwards it
+# to the ranks so they checkpoint, and the controller runs the script again when they stopped for it.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
 # A warning signal may come while the environment is still being set up: remember it (it is passed to the
 # ranks once they run) instead of letting it kill this shell.

@@ -124,10 +124,10 @@ def local(command: list[str], plan: LaunchPlan) -> list[str]:
 
 
 def launcher_name(site: SiteProfile) -> str:
-    """The registered launcher for a site: ``mpiexec`` is PALS under PBS Pro and hydra elsewhere."""
-    if site.launcher == "mpiexec":
-        return "mpiexec-pals" if site.scheduler == "pbs" else "mpiexec-hydra"
-    return site.launcher
+    """The registered launcher for a site: ``mpiexec`` is the scheduler's (PALS under PBS Pro, else hydra)."""
+    from hpctrain.submission.schedulers.base import get_scheduler  # the back-ends import this module
+
+    return get_scheduler(site.scheduler).launcher_for(site)
 
 
 def hyperthreads_for(node: NodeShape, ranks_per_node: int, threads_per_rank: int) -> int:

@@ -1,27 +1,28 @@
-"""The contract every batch-scheduler back-end fills in (PSI/J style): directives, submit, status, cancel.
+"""The contract every batch-scheduler back-end fills in (PSI/J style): its facts, directives, submit, status, cancel.
 
-Back-ends (``slurm.py``, ``pbs.py``, ``cobalt.py``, ``local.py``) only build argv lists and directive
-lines and parse text; nothing here runs a command. ``get_scheduler(name)`` returns one by name.
+A back-end is one module here (``slurm.py``, ``pbs.py``, ``cobalt.py``, ``local.py``) holding one ``Scheduler``
+subclass as ``SCHEDULER``, plus its template in ``templates/``. Back-ends only build argv lists and directive
+lines and parse text; nothing here runs a command. ``get_scheduler(name)`` imports the module of that name.
 """
 
 from __future__ import annotations
 
 import importlib
 import re
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import ClassVar, Literal
 
 from hpctrain.config.common import DirectiveValue
-from hpctrain.config.fit import Placement
+from hpctrain.config.fit import Placement, check_fit
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
-from hpctrain.errors import ConfigError, SchedulerError
+from hpctrain.errors import ConfigError, FitError, SchedulerError
 from hpctrain.exit_codes import EXIT_REQUEUE
 from hpctrain.submission.launchers import LaunchPlan
+from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.shell import directive_word, is_home_relative
-
-if TYPE_CHECKING:
-    from hpctrain.submission.schedulers.status_parsers import JobStatus
 
 # The batch script's own record of how it ended, one JSON line per event, in the run directory: read by status
 # polling when the scheduler no longer lists a job (Cobalt's qstat, PBS without job history) or did not answer.
@@ -47,9 +48,12 @@ def resubmit_action(job_id_variable: str, qsub_line: str) -> list[str]:
         "    exit 0",
         "fi",
     ]
+
+
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok", "after")
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.\[\]-]+$")
 _LINE_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+_MODULE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -72,50 +76,97 @@ class RenderOptions:
         return directive_word(f"{self.run_dir.rstrip('/')}/{file_name}", what="run directory")
 
 
-class Scheduler:
-    """One batch scheduler. Subclasses set the class attributes and fill in the methods."""
+ProbeRole = Literal["accounting", "live"]
 
-    name: str = ""
-    directive_prefix: str = ""
-    template: str = ""  # file name in schedulers/templates/
-    job_id_variable: str = ""  # set in the batch shell, for the log line
-    needs_signal_timer: bool = False  # True when the scheduler sends no warning before the walltime
+
+@dataclass(frozen=True)
+class StatusProbe:
+    """One status command for many jobs at once, and the parser of its output.
+
+    ``role``: ``accounting`` knows how jobs ended (exit codes) but may lag or know only ended jobs;
+    ``live`` knows queued and running jobs and may forget finished ones. ``ended_runs``: every record the
+    probe returns is one run of the job that ended (``sacct -c``), so an active job with a record was requeued.
+    """
+
+    name: str  # shown in messages: "sacct -c", "squeue"
+    role: ProbeRole
+    argv: list[str]
+    parse: Callable[[str], dict[str, JobStatus]]
+    ended_runs: bool = False
+
+
+class Scheduler(ABC):
+    """One batch scheduler: the facts hpctrain needs about it and the commands that drive it.
+
+    Subclasses set the class attributes below (``name``, ``template``, ``job_id_variable`` are required) and
+    implement the abstract methods; everything else has a default that fits a scheduler without the feature.
+    """
+
+    name: ClassVar[str]
+    template: ClassVar[str]  # file name in schedulers/templates/
+    job_id_variable: ClassVar[str]  # set in the batch shell, for the log line and the exit record
+    directive_prefix: ClassVar[str] = ""
+    needs_signal_timer: ClassVar[bool] = False  # True when the scheduler sends no warning before the walltime
+    array_index_variable: ClassVar[str | None] = None  # set in each array task to its index; None: no arrays
+    dependency_kinds: ClassVar[tuple[str, ...]] = ()  # what ``--after RUN:KIND`` may ask for; (): none
+    supports_hold: ClassVar[bool] = False
+    submits_over_ssh: ClassVar[bool] = True  # False: the scheduler is this machine (no --remote)
+    max_nodes: ClassVar[int | None] = None  # None: the queue's limits decide
+    launchers: ClassVar[tuple[str, ...] | None] = None  # launchers that can start ranks here; None: any
+    mpiexec_launcher: ClassVar[str] = "mpiexec-hydra"  # the registered launcher a site's `mpiexec` means here
+    # Pending reasons (as JobStatus.reason_text) that only mean "held briefly after a requeue".
+    requeue_hold_reasons: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        missing = [a for a in ("name", "template", "job_id_variable") if not getattr(cls, a, "")]
+        if missing:
+            raise TypeError(f"scheduler back-end {cls.__name__} does not set {', '.join(missing)}")
 
     # -- rendering --------------------------------------------------------------------------------------
+    @abstractmethod
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
         """The directive lines (``#SBATCH ...``) of the script, in a fixed order."""
-        raise NotImplementedError
 
     # -- submission ------------------------------------------------------------------------------------
+    @abstractmethod
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
-                    array: str | None = None, hold: bool = False) -> list[str]:
-        """The command that submits ``script_path``."""
-        raise NotImplementedError
+                    array: str | None = None, array_dir: str | None = None, hold: bool = False) -> list[str]:
+        """The command that submits ``script_path``; it runs in the run directory (``env -C``).
 
+        ``array`` is a range ("0-2"); each task's output should go to ``{array_dir}_{index}/`` where the
+        scheduler can be told so. A back-end refuses (SchedulerError) what it cannot do.
+        """
+
+    @abstractmethod
     def parse_job_id(self, stdout: str) -> str:
         """The job id in the submit command's output."""
-        raise NotImplementedError
+
+    def array_task_id(self, master: str, index: int) -> str:
+        """The id of task ``index`` of the array job ``master``."""
+        raise SchedulerError(f"{self.name} has no job arrays", hint="submit one run per value with --set instead")
 
     def test_only_argv(self, script_path: str) -> list[str] | None:
         """A command that checks a script without submitting it, when the scheduler has one."""
         return None
 
     # -- status and control ----------------------------------------------------------------------------
-    def status_argv(self, job_ids: list[str]) -> list[list[str]]:
-        """Status commands for many jobs at once, best first; callers fall back along the list."""
-        raise NotImplementedError
+    @abstractmethod
+    def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
+        """Status commands for ``jobs`` (job id -> run directory) as fallback chains.
 
-    def parse_status(self, argv_index: int, stdout: str) -> dict[str, JobStatus]:
-        """Parse the output of ``status_argv(...)[argv_index]``."""
-        raise NotImplementedError
+        Each chain holds probes of one role, best first: polling runs a chain's probes until one answers;
+        the answers of the chains are combined (the live view while a job is active, else its accounting).
+        """
 
-    def cancel_argv(self, job_id: str) -> list[str]:
-        raise NotImplementedError
+    @abstractmethod
+    def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
+        """The command that cancels one job."""
 
-    def requeue_argv(self, job_id: str) -> list[str] | None:
-        """The command that puts a job back in the queue, or None when the scheduler cannot."""
-        return None
+    @abstractmethod
+    def log_names(self, job_id: str) -> list[str]:
+        """File names, in the run directory, of the job's scheduler output: the most likely first."""
 
     def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
         """Shell lines run when the ranks stopped at a checkpoint (exit 75): put the job back in line.
@@ -124,6 +175,25 @@ class Scheduler:
         job ends with status 75 and ``hpctrain resume`` continues it).
         """
         return []
+
+    # -- what fits ---------------------------------------------------------------------------------------
+    def launcher_for(self, site: SiteProfile) -> str:
+        """The registered launcher (launchers/) that starts the ranks of ``site``."""
+        return self.mpiexec_launcher if site.launcher == "mpiexec" else site.launcher
+
+    def check_site(self, site: SiteProfile) -> None:
+        """Refuse a site profile this scheduler cannot run (its launcher)."""
+        if self.launchers is not None and site.launcher not in self.launchers:
+            raise ConfigError(f"site {site.name!r}: scheduler {self.name} starts ranks with "
+                              f"{' or '.join(self.launchers)}, not {site.launcher!r}", key="launcher",
+                              hint=f"set launcher: {self.launchers[0]}")
+
+    def check_job(self, job: JobSpec, site: SiteProfile) -> None:
+        """Refuse a job this scheduler cannot place (more nodes than it has)."""
+        if self.max_nodes is not None and job.resources.nodes > self.max_nodes:
+            raise FitError(f"{job.resources.nodes} nodes requested but site {site.name!r} ({self.name}) runs on "
+                           f"at most {self.max_nodes}", key="resources.nodes",
+                           hint=f"set resources.nodes: {self.max_nodes} or choose a cluster site")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -159,12 +229,21 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def check_dependency(dependency: tuple[str, str] | None) -> tuple[str, str] | None:
+def check_request(scheduler: Scheduler, *, dependency: tuple[str, str] | None, array: str | None,
+                  hold: bool) -> tuple[str, str] | None:
+    """Refuse what ``scheduler`` cannot do (arrays, this dependency kind, holds); the checked dependency."""
+    if array and scheduler.array_index_variable is None:
+        raise SchedulerError(f"{scheduler.name} has no job arrays", hint="submit one run per value with --set instead")
+    if hold and not scheduler.supports_hold:
+        raise SchedulerError(f"{scheduler.name} cannot submit a job on hold")
     if dependency is None:
         return None
     kind, job_id = dependency
     if kind not in DEPENDENCY_KINDS:
         raise SchedulerError(f"unknown dependency kind {kind!r}", hint="use one of " + ", ".join(DEPENDENCY_KINDS))
+    if kind not in scheduler.dependency_kinds:
+        can = ", ".join(scheduler.dependency_kinds) or "none"
+        raise SchedulerError(f"{scheduler.name} cannot start a job {kind} another (it supports: {can})")
     return kind, check_job_id(job_id)
 
 
@@ -194,15 +273,43 @@ def requeue_block(restart_variable: str, max_requeues: int, action: list[str]) -
     return lines
 
 
-_BACKENDS = {"slurm": "hpctrain.submission.schedulers.slurm", "pbs": "hpctrain.submission.schedulers.pbs",
-             "cobalt": "hpctrain.submission.schedulers.cobalt", "local": "hpctrain.submission.schedulers.local"}
+# ---------------------------------------------------------------------------------------------------------
+# Finding a back-end
 
 
 def get_scheduler(name: str) -> Scheduler:
-    """The back-end for a site's ``scheduler:`` value."""
-    try:
-        module = importlib.import_module(_BACKENDS[name])
-    except KeyError:
+    """The back-end for a site's ``scheduler:`` value: ``SCHEDULER`` of the module of that name here."""
+    module = None
+    if _MODULE_NAME.match(name) and name not in ("base", "state", "status_parsers", "local_controller"):
+        try:
+            module = importlib.import_module(f"{__package__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__package__}.{name}":
+                raise
+    scheduler = getattr(module, "SCHEDULER", None)
+    if not isinstance(scheduler, Scheduler):
         raise ConfigError(f"no scheduler back-end named {name!r}", key="scheduler",
-                          hint="known: " + ", ".join(sorted(_BACKENDS))) from None
-    return module.SCHEDULER
+                          hint="known: " + ", ".join(known_schedulers()))
+    return scheduler
+
+
+def known_schedulers() -> list[str]:
+    """The names of the back-end modules in this package (those defining ``SCHEDULER``)."""
+    import pkgutil
+    from pathlib import Path
+
+    names = []
+    for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):
+        text = (Path(__file__).resolve().parent / f"{info.name}.py").read_text(encoding="utf-8")
+        if re.search(r"^SCHEDULER = ", text, re.M):
+            names.append(info.name)
+    return sorted(names)
+
+
+def place(job: JobSpec, site: SiteProfile) -> Placement:
+    """Where ``job`` runs on ``site``: the profile's limits (``check_fit``) and the scheduler's own."""
+    scheduler = get_scheduler(site.scheduler)
+    scheduler.check_site(site)
+    placement = check_fit(job, site)
+    scheduler.check_job(job, site)
+    return placement

@@ -6,6 +6,8 @@ Cobalt takes the walltime in minutes (``-t``), node attributes through ``--attrs
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from hpctrain.config.common import walltime_seconds
 from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
@@ -16,9 +18,10 @@ from hpctrain.submission.schedulers import status_parsers as sp
 from hpctrain.submission.schedulers.base import (
     RenderOptions,
     Scheduler,
-    check_dependency,
+    StatusProbe,
     check_directive_lines,
     check_job_id,
+    check_request,
     directive_value,
     merged_directives,
     queue_submit_name,
@@ -34,6 +37,8 @@ class Cobalt(Scheduler):
     template = "cobalt.tmpl"
     job_id_variable = "COBALT_JOBID"
     needs_signal_timer = True
+    dependency_kinds = ("afterok", "afterany")  # --dependencies: the job starts after the others succeeded
+    supports_hold = True
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
@@ -60,14 +65,10 @@ class Cobalt(Scheduler):
         return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
-                    array: str | None = None, hold: bool = False) -> list[str]:
-        if array:
-            raise SchedulerError("Cobalt has no job arrays", hint="submit one job per task instead")
+                    array: str | None = None, array_dir: str | None = None, hold: bool = False) -> list[str]:
         argv = ["qsub"]
-        dep = check_dependency(dependency)
+        dep = check_request(self, dependency=dependency, array=array, hold=hold)
         if dep:
-            if dep[0] not in ("afterok", "afterany"):
-                raise SchedulerError(f"Cobalt dependencies run after success only, not {dep[0]!r}")
             argv += ["--dependencies", dep[1]]
         if hold:
             argv.append("-h")
@@ -85,14 +86,15 @@ class Cobalt(Scheduler):
                 return line.strip()
         raise SchedulerError(f"no job id in Cobalt qsub output {stdout.strip()[:200]!r}")
 
-    def status_argv(self, job_ids: list[str]) -> list[list[str]]:
-        return [sp.cobalt_qstat_argv([check_job_id(j) for j in job_ids])]
+    def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
+        argv = sp.cobalt_qstat_argv([check_job_id(j) for j in jobs])
+        return [[StatusProbe("qstat", "live", argv, sp.parse_cobalt_qstat)]]
 
-    def parse_status(self, argv_index: int, stdout: str) -> dict[str, sp.JobStatus]:
-        return sp.parse_cobalt_qstat(stdout)
-
-    def cancel_argv(self, job_id: str) -> list[str]:
+    def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["qdel", check_job_id(job_id)]
+
+    def log_names(self, job_id: str) -> list[str]:
+        return ["cobalt.output"]
 
 
 SCHEDULER = Cobalt()

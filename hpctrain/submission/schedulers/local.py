@@ -1,46 +1,101 @@
-"""The ``local`` back-end: no scheduler, the script is a plain bash script run on this machine.
+"""The ``local`` back-end: this machine is the scheduler, through hpctrain's local controller.
 
-It has no directives and no queue; submitting means running ``bash SCRIPT`` (the local controller that
-runs it in the background and records its process lives outside this module).
+Its ``#LOCAL`` directives carry the walltime, the warning signal and the requeue budget; submitting runs
+``local_controller submit`` (a detached supervisor whose pid is the job id), status reads the supervisors'
+records and cancel signals one — argv lists run through the transport like ``sbatch``/``squeue``/``scancel``.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Mapping
+
+from hpctrain.config.common import walltime_seconds
 from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import SchedulerError
-from hpctrain.submission.schedulers import status_parsers as sp
-from hpctrain.submission.schedulers.base import RenderOptions, Scheduler
+from hpctrain.submission.schedulers.base import (
+    RenderOptions,
+    Scheduler,
+    StatusProbe,
+    check_directive_lines,
+    check_job_id,
+    check_request,
+)
+from hpctrain.submission.schedulers.local_controller import LOG_FILE, STATES
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.schedulers.status_parsers import JobStatus
+
+CONTROLLER = "hpctrain.submission.schedulers.local_controller"
+
+
+def controller_argv(action: str, *args: str) -> list[str]:
+    """``python -m ...local_controller ACTION ARGS`` with this interpreter (the machine is this one)."""
+    return [sys.executable, "-m", CONTROLLER, action, *args]
+
+
+def parse_controller_status(text: str) -> dict[str, JobStatus]:
+    """Parse ``local_controller status``: one JSON object per job (job, state, exit_code, reason, restarts)."""
+    out: dict[str, JobStatus] = {}
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("job"), str):
+            continue
+        raw = str(record.get("state", ""))
+        state = JobState[raw] if raw in STATES else JobState.FAILED
+        code = record.get("exit_code")
+        out[record["job"]] = JobStatus(record["job"], state, str(record.get("reason", "")),
+                                       code if isinstance(code, int) else None,
+                                       int(record.get("restarts", 0) or 0), raw)
+    return out
 
 
 class Local(Scheduler):
     name = "local"
-    directive_prefix = ""
+    directive_prefix = "#LOCAL"
     template = "local.tmpl"
     job_id_variable = "HPCTRAIN_LOCAL_JOB_ID"
+    submits_over_ssh = False
+    max_nodes = 1
+    launchers = ("local", "mpiexec")
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
-        return []
+        ckpt = job.checkpoint
+        opts = [f"--walltime-s={int(walltime_seconds(job.resources.walltime))}",
+                f"--signal={ckpt.signal}@{ckpt.signal_lead_s}",
+                f"--max-requeues={ckpt.max_requeues}"]
+        return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
-                    array: str | None = None, hold: bool = False) -> list[str]:
-        if dependency or array or hold:
-            raise SchedulerError("the local site runs one script at once: no dependencies, arrays or holds")
-        return ["bash", script_path]
+                    array: str | None = None, array_dir: str | None = None, hold: bool = False) -> list[str]:
+        check_request(self, dependency=dependency, array=array, hold=hold)
+        return controller_argv("submit", script_path)
 
     def parse_job_id(self, stdout: str) -> str:
-        raise SchedulerError("a local run has no scheduler job id; the local controller records its process id")
+        for line in reversed(stdout.strip().splitlines()):
+            if line.strip().isdigit():
+                return line.strip()
+        raise SchedulerError(f"no job id in the local controller's output {stdout.strip()[:200]!r}")
 
-    def status_argv(self, job_ids: list[str]) -> list[list[str]]:
-        return []
+    def test_only_argv(self, script_path: str) -> list[str] | None:
+        return ["bash", "-n", script_path]
 
-    def parse_status(self, argv_index: int, stdout: str) -> dict[str, sp.JobStatus]:
-        raise SchedulerError("a local run has no status command")
+    def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
+        pairs = [word for job, run_dir in jobs.items() for word in (check_job_id(job), run_dir)]
+        return [[StatusProbe("local controller", "live", controller_argv("status", "--", *pairs),
+                             parse_controller_status)]]
 
-    def cancel_argv(self, job_id: str) -> list[str]:
-        raise SchedulerError("a local run is stopped by signalling its process, not by a command")
+    def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
+        return controller_argv("cancel", "--", check_job_id(job_id), run_dir)
+
+    def log_names(self, job_id: str) -> list[str]:
+        return [LOG_FILE]
 
 
 SCHEDULER = Local()

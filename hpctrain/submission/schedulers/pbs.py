@@ -1,10 +1,12 @@
 """PBS Pro back-end (Polaris, Aurora): ``#PBS`` directives with ``-l select=``, ``qsub``, ``qstat -F json``.
 
 PBS sends no warning signal before the walltime, so the script starts its own timer (see the template);
-PBS Pro has no requeue for a running job that hpctrain uses, so ``requeue_argv`` is None.
+PBS cannot requeue a running job from inside it, so after a checkpoint the script submits itself again.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
@@ -14,9 +16,10 @@ from hpctrain.submission.schedulers import status_parsers as sp
 from hpctrain.submission.schedulers.base import (
     RenderOptions,
     Scheduler,
-    check_dependency,
+    StatusProbe,
     check_directive_lines,
     check_job_id,
+    check_request,
     directive_value,
     merged_directives,
     queue_submit_name,
@@ -35,6 +38,10 @@ class PBSPro(Scheduler):
     template = "pbs.tmpl"
     job_id_variable = "PBS_JOBID"
     needs_signal_timer = True
+    array_index_variable = "PBS_ARRAY_INDEX"
+    mpiexec_launcher = "mpiexec-pals"  # HPE Cray PALS, the mpiexec of PBS Pro machines (Polaris, Aurora)
+    dependency_kinds = ("afterok", "afterany", "afternotok", "after")
+    supports_hold = True
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
@@ -67,9 +74,10 @@ class PBSPro(Scheduler):
         return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
-                    array: str | None = None, hold: bool = False) -> list[str]:
+                    array: str | None = None, array_dir: str | None = None, hold: bool = False) -> list[str]:
+        # Array tasks share the script's -o file (PBS joins sub-job output names with the index itself).
         argv = ["qsub"]
-        dep = check_dependency(dependency)
+        dep = check_request(self, dependency=dependency, array=array, hold=hold)
         if dep:
             argv += ["-W", f"depend={dep[0]}:{dep[1]}"]
         if array:
@@ -91,14 +99,20 @@ class PBSPro(Scheduler):
                 return check_job_id(word)
         raise SchedulerError(f"no job id in qsub output {stdout.strip()[:200]!r}")
 
-    def status_argv(self, job_ids: list[str]) -> list[list[str]]:
-        return [sp.pbs_qstat_argv([check_job_id(j) for j in job_ids])]
+    def array_task_id(self, master: str, index: int) -> str:
+        # "123[].server" -> "123[4].server"
+        return master.replace("[]", f"[{index}]", 1) if "[]" in master else f"{master}[{index}]"
 
-    def parse_status(self, argv_index: int, stdout: str) -> dict[str, sp.JobStatus]:
-        return sp.parse_pbs_qstat_json(stdout)
+    def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
+        argv = sp.pbs_qstat_argv([check_job_id(j) for j in jobs])
+        return [[StatusProbe("qstat", "live", argv, sp.parse_pbs_qstat_json)]]
 
-    def cancel_argv(self, job_id: str) -> list[str]:
+    def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["qdel", check_job_id(job_id)]
+
+    def log_names(self, job_id: str) -> list[str]:
+        # A server that ignores `#PBS -o` (the torque wrappers over Slurm) writes its default job.sh.o<seq>.
+        return ["pbs.out", f"job.sh.o{job_id.split('.')[0]}"]
 
 
 SCHEDULER = PBSPro()

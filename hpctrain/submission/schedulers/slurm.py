@@ -1,10 +1,12 @@
 """Slurm back-end: ``#SBATCH`` directives, ``sbatch --parsable``, status through sacct/squeue/scontrol.
 
-Status polling falls back along sacct (slurmdbd), ``sacct -c`` (job-completion file), ``squeue -t all``
-and ``scontrol show job``: real sites differ in which of these work.
+Status polling falls back along sacct (slurmdbd) then ``sacct -c`` (job-completion file) for accounting, and
+``squeue -t all`` then ``scontrol show job`` for the live view: real sites differ in which of these work.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
@@ -14,9 +16,10 @@ from hpctrain.submission.schedulers import status_parsers as sp
 from hpctrain.submission.schedulers.base import (
     RenderOptions,
     Scheduler,
-    check_dependency,
+    StatusProbe,
     check_directive_lines,
     check_job_id,
+    check_request,
     directive_value,
     merged_directives,
     queue_submit_name,
@@ -30,6 +33,11 @@ class Slurm(Scheduler):
     directive_prefix = "#SBATCH"
     template = "slurm.tmpl"
     job_id_variable = "SLURM_JOB_ID"
+    array_index_variable = "SLURM_ARRAY_TASK_ID"
+    dependency_kinds = ("afterok", "afterany", "afternotok", "after")
+    supports_hold = True
+    # A requeued job is held until its BeginTime (about cred_expire seconds): not a start time anyone asked for.
+    requeue_hold_reasons = frozenset({sp.slurm_reason("BeginTime")})
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
@@ -63,16 +71,23 @@ class Slurm(Scheduler):
         return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
-                    array: str | None = None, hold: bool = False) -> list[str]:
+                    array: str | None = None, array_dir: str | None = None, hold: bool = False) -> list[str]:
         argv = ["sbatch", "--parsable"]
-        dep = check_dependency(dependency)
+        dep = check_request(self, dependency=dependency, array=array, hold=hold)
         if dep:
             argv.append(f"--dependency={dep[0]}:{dep[1]}")
         if array:
             argv.append(f"--array={directive_word(array, what='array range')}")
+            if array_dir:
+                # Each task's output goes to its own run directory (command-line options beat #SBATCH lines).
+                out = f"{array_dir}_%a/slurm-%A_%a.out"
+                argv += [f"--output={out}", f"--error={out}"]
         if hold:
             argv.append("--hold")
         return [*argv, script_path]
+
+    def array_task_id(self, master: str, index: int) -> str:
+        return f"{master}_{index}"
 
     def parse_job_id(self, stdout: str) -> str:
         # --parsable prints "ID" or "ID;cluster"; without it "Submitted batch job ID".
@@ -85,20 +100,23 @@ class Slurm(Scheduler):
     def test_only_argv(self, script_path: str) -> list[str] | None:
         return ["sbatch", "--test-only", script_path]
 
-    def status_argv(self, job_ids: list[str]) -> list[list[str]]:
-        ids = [check_job_id(j) for j in job_ids]
+    def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
+        ids = [check_job_id(j) for j in jobs]
         scontrol = sp.scontrol_argv(ids[0]) if len(ids) == 1 else ["scontrol", "show", "job", "-o"]
-        return [sp.sacct_argv(ids), sp.sacct_completion_argv(ids), sp.squeue_argv(ids), scontrol]
+        return [
+            [StatusProbe("sacct", "accounting", sp.sacct_argv(ids), sp.parse_sacct),
+             StatusProbe("sacct -c", "accounting", sp.sacct_completion_argv(ids), sp.parse_sacct_completion,
+                         ended_runs=True)],
+            [StatusProbe("squeue", "live", sp.squeue_argv(ids), sp.parse_squeue),
+             StatusProbe("scontrol", "live", scontrol, sp.parse_scontrol_job)],
+        ]
 
-    def parse_status(self, argv_index: int, stdout: str) -> dict[str, sp.JobStatus]:
-        parsers = (sp.parse_sacct, sp.parse_sacct_completion, sp.parse_squeue, sp.parse_scontrol_job)
-        return parsers[argv_index](stdout)
-
-    def cancel_argv(self, job_id: str) -> list[str]:
+    def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["scancel", check_job_id(job_id)]
 
-    def requeue_argv(self, job_id: str) -> list[str] | None:
-        return ["scontrol", "requeue", check_job_id(job_id)]
+    def log_names(self, job_id: str) -> list[str]:
+        # An array task's id (123_4) names its file too: --output=..._%a/slurm-%A_%a.out.
+        return [f"slurm-{job_id}.out"]
 
     def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
         # The job keeps its id; Slurm counts restarts in SLURM_RESTART_COUNT (the job has --requeue).

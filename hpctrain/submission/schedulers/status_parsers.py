@@ -42,8 +42,9 @@ SQUEUE_FORMAT = "%i|%T|%r|%M|%N|%j"  # job name last: it may itself contain '|'
 
 
 def sacct_argv(job_ids: Iterable[str]) -> list[str]:
-    """``sacct`` for many jobs at once (needs slurmdbd accounting)."""
-    return ["sacct", "-P", "-n", "-X", "-o", ",".join(SACCT_FIELDS), "-j", ",".join(job_ids)]
+    """``sacct`` for many jobs at once (needs slurmdbd accounting); ``-D`` lists each run of a requeued job,
+    oldest first, so ``parse_sacct`` counts the restarts."""
+    return ["sacct", "-P", "-n", "-X", "-o", ",".join(SACCT_FIELDS), "-D", "-j", ",".join(job_ids)]
 
 
 def sacct_completion_argv(job_ids: Iterable[str]) -> list[str]:

@@ -1,0 +1,186 @@
+"""What ``status``, ``runs`` and ``RunHandle`` show for a run, read from the registry and the run's record.
+
+A view names why a run ended (the ranks' failure note, else the scheduler's words and the exit code) and
+whether it was requeued ("restart 1 of 5"), so a chain of requeues reads as one run going on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hpctrain.errors import HpctrainError
+from hpctrain.exit_codes import EXIT_REQUEUE
+from hpctrain.submission.registry import CREATED, SUBMIT_FAILED, Registry, Run, Submission
+from hpctrain.submission.run_record import read_meta, saved_progress
+from hpctrain.submission.schedulers.state import JobState
+
+# Chain entries that continue the job before them (same run, same submission) rather than start anew.
+CONTINUATIONS = ("requeue", "resubmit")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Training progress from the last line of a run's metrics.jsonl."""
+
+    step: int | None
+    total: int | None
+    loss: float | None
+    rate: float | None
+
+    def text(self) -> str:
+        if self.step is None:
+            return ""
+        parts = [f"step {self.step}" + (f"/{self.total}" if self.total else "")]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4g}")
+        if self.rate is not None:
+            parts.append(f"{self.rate:.3g}/s/rank")
+        return "  ".join(parts)
+
+
+def progress_from_record(record: Mapping[str, Any] | None, total: int | None) -> Progress | None:
+    if not record:
+        return None
+
+    def num(key: str) -> float | None:
+        value = record.get(key)
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    step = record.get("step")
+    return Progress(int(step) if isinstance(step, int | float) else None, total, num("loss"),
+                    num("per_rank_rate"))
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What ``hpctrain status`` shows for one run.
+
+    ``restart``: how many times the current submission was requeued (or resubmitted itself) after a
+    checkpoint, of at most ``max_requeues``. ``poll_error_code``: the exit status that fits ``poll_error``.
+    """
+
+    run_id: str
+    name: str
+    site: str
+    remote: str | None
+    job_id: str | None
+    state: str
+    reason: str
+    run_dir: str
+    progress: Progress | None = None
+    poll_error: str = ""
+    restart: int = 0
+    max_requeues: int | None = None
+    poll_error_code: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["progress"] = asdict(self.progress) if self.progress else None
+        return d
+
+
+def latest_job_id(registry: Registry, run_id: str) -> str | None:
+    """The job id of a run's newest successful submission."""
+    for sub in reversed(registry.chain(run_id)):
+        if sub.ok:
+            return sub.job_id
+    return None
+
+
+def restarts_of(chain: list[Submission]) -> int:
+    """Requeues and self-resubmissions since the run's newest submit or resume."""
+    count = 0
+    for sub in reversed(chain):
+        if not sub.ok:
+            continue
+        if sub.kind not in CONTINUATIONS:
+            break
+        count += 1
+    return count
+
+
+def restart_text(restart: int, max_requeues: int | None) -> str:
+    return f"restart {restart}" + (f" of {max_requeues}" if max_requeues is not None else "")
+
+
+def view_of(registry: Registry, run: Run, progress: Progress | None = None, poll_error: str = "",
+            poll_error_code: int = 0) -> RunView:
+    """A RunView from the registry and the run's record alone (no polling)."""
+    chain = registry.chain(run.run_id)
+    try:
+        meta = read_meta(registry, run)
+    except HpctrainError as exc:
+        meta = None
+        poll_error = poll_error or str(exc)
+        poll_error_code = poll_error_code or exc.exit_code
+    if progress is None:
+        progress = progress_from_record(saved_progress(registry, run.run_id), meta.total_steps if meta else None)
+    reason = run.state_reason
+    if run.state == CREATED:
+        reason = reason or "registered, not submitted"
+    if run.state == SUBMIT_FAILED:
+        reason = reason or "submission failed"
+    if run.state in _ENDED_BADLY:
+        reason = why_it_ended(chain, run)
+    restart = restarts_of(chain)
+    limit = meta.max_requeues if meta else None
+    if restart:
+        reason = _with_restart(reason, run.state, restart, limit, meta.scheduler if meta else None)
+    job_id = next((s.job_id for s in reversed(chain) if s.ok), None)
+    return RunView(run.run_id, run.name, run.site, run.remote, job_id, run.state, reason, run.run_dir, progress,
+                   poll_error, restart, limit, poll_error_code)
+
+
+def _with_restart(reason: str, state: str, restart: int, limit: int | None, scheduler: str | None) -> str:
+    """The reason of a requeued run: the restart first while it goes on, after the reason once it has ended."""
+    where = restart_text(restart, limit)
+    if state == JobState.PENDING.value:
+        hold = _requeue_hold_reasons(scheduler)
+        words = "" if reason in hold else reason
+        return f"requeued after a checkpoint ({where}), waiting to start again" + (f"; {words}" if words else "")
+    if state in (JobState.RUNNING.value, JobState.REQUEUED.value):
+        return f"{where}, after a checkpoint" + (f"; {reason}" if reason else "")
+    return (f"{reason}; " if reason else "") + f"in {where}"
+
+
+def _requeue_hold_reasons(scheduler: str | None) -> frozenset[str]:
+    if scheduler is None:
+        return frozenset()
+    from hpctrain.submission.schedulers.base import get_scheduler
+
+    try:
+        return get_scheduler(scheduler).requeue_hold_reasons
+    except HpctrainError:
+        return frozenset()
+
+
+_ENDED_BADLY = frozenset(s.value for s in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED,
+                                           JobState.PREEMPTED, JobState.MISSING))
+
+
+def why_it_ended(chain: list[Submission], run: Run) -> str:
+    """The reason (the ranks' failure note or the scheduler's words) plus the exit code / signal of the run's
+    newest job, e.g. ``rank 0: train.decay.steps: ...; exit code 2``."""
+    parts = [run.state_reason] if run.state_reason else []
+    newest = next((s for s in reversed(chain) if s.ok), None)
+    code = newest.exit_code if newest is not None else None
+    if code is not None and not any("exit code " in p for p in parts):
+        text = f"exit code {code}"
+        if code > 128 and code - 128 < 65:
+            text += f" (killed by signal {code - 128})"
+        elif code == EXIT_REQUEUE:
+            text += " (stopped at a checkpoint; continue with `hpctrain resume`)"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def is_terminal(state: str) -> bool:
+    """True for states that will not change by themselves (including a failed submission)."""
+    if state == SUBMIT_FAILED:
+        return True
+    try:
+        return JobState(state).is_terminal
+    except ValueError:
+        return False

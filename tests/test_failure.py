@@ -1,0 +1,77 @@
+"""The failure note (hpctrain/submission/failure.py): written once by the first failing rank, whole or not at
+all, and shown as the run's reason by ``status``, ``runs`` and ``RunHandle.wait()`` — here with real ranks
+(``hpctrain run`` under the local launcher, two ranks refusing the same value) on the ``local`` site.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.submission.api import RunHandle, submit_runs
+from hpctrain.submission.failure import FAILURE_FILE, MAX_CHARS, failure_line, record_failure
+from hpctrain.submission.registry import Registry
+
+REPO = Path(__file__).resolve().parent.parent
+TWO_RANKS = """name: twofail
+model: resnet
+train: {steps: 2, batch_per_rank: 2, lr: 0.01}
+resources: {nodes: 1, ranks_per_node: 2, walltime: "00:05:00"}
+checkpoint: {signal_lead_s: 10}
+"""
+
+
+def test_failure_line_is_one_printable_line() -> None:
+    assert failure_line("\n  first: cause\nsecond line\n") == "first: cause"
+    assert failure_line("tab\there\x1b[31m") == "tab here [31m"
+    long = failure_line("x" * 1000)
+    assert len(long) == MAX_CHARS and long.endswith("...")
+    assert failure_line("") == ""
+
+
+def test_first_writer_wins_among_racing_processes(tmp_path: Path) -> None:
+    """Eight processes write at once: exactly one wins, the note is one whole line, no temporary is left."""
+    code = ("import sys; from hpctrain.submission.failure import record_failure; "
+            "print(record_failure(sys.argv[1], 'rank ' + sys.argv[2] + ': ' + 'why ' * 50))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), str(i)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(REPO)}) for i in range(8)]
+    won = [p.communicate(timeout=60)[0].strip() for p in procs]
+    assert won.count("True") == 1 and won.count("False") == 7
+    winner = won.index("True")
+    assert (tmp_path / FAILURE_FILE).read_text() == f"rank {winner}: " + ("why " * 50).strip() + "\n"
+    assert [p.name for p in tmp_path.iterdir()] == [FAILURE_FILE]
+    assert not record_failure(tmp_path, "a later failure")  # the first cause stands
+
+
+def test_failed_ranks_name_the_cause_in_status_runs_and_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """Both ranks run the real ``hpctrain run`` and refuse a value only the ranks see (``--set`` on the rank
+    command): the run's reason is that rank's line, not only its exit code, wherever the run is shown."""
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
+    (tmp_path / "job.yaml").write_text(TWO_RANKS)
+    rank = [sys.executable, "-m", "hpctrain", "run", "job.yaml", "--run-dir", ".", "--set", "train.lr=-1"]
+    with Registry() as reg:
+        run = submit_runs(tmp_path / "job.yaml", "local", command=rank, registry=reg).runs[0]
+    view = RunHandle(run.run_id).wait(timeout=120, poll_s=0.5)
+    cause = "--set train.lr=-1: train.lr: Input should be greater than 0"
+    assert view.state == "failed"
+    assert view.reason.startswith(("rank 0: ", "rank 1: ")) and cause in view.reason, view.reason
+    assert "exit code" in view.reason  # the code still follows the cause
+    note = Path(run.run_dir, FAILURE_FILE).read_text()
+    assert note.count("\n") == 1 and cause in note
+
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
+    status = subprocess.run([sys.executable, "-m", "hpctrain", "status", run.run_id, "--json"], env=environ,
+                            capture_output=True, text=True, timeout=60)
+    assert cause in json.loads(status.stdout)[0]["reason"]
+    runs = subprocess.run([sys.executable, "-m", "hpctrain", "runs"], env=environ, capture_output=True, text=True,
+                          timeout=60)
+    (line,) = [ln for ln in runs.stdout.splitlines() if ln.startswith(run.run_id)]
+    assert " failed " in line and cause in line  # `runs` makes no scheduler call: the reason was recorded

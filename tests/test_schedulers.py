@@ -1,0 +1,174 @@
+"""The scheduler back-end contract (hpctrain/submission/schedulers/base.py): every back-end is one module plus
+its template, found by name; nothing else in submission/ knows a scheduler by name; a new back-end's status
+probes are polled by tracking.py without any change there; the local back-end reads its own directives.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
+
+import hpctrain.submission
+from hpctrain.config.site import SchedulerName
+from hpctrain.errors import ConfigError, FitError, SchedulerError
+from hpctrain.submission.schedulers import base
+from hpctrain.submission.schedulers.base import Scheduler, StatusProbe, get_scheduler, known_schedulers
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.schedulers.status_parsers import JobStatus
+from hpctrain.submission.tracking import poll_scheduler
+from hpctrain.submission.transport import LocalTransport
+
+SUBMISSION = Path(hpctrain.submission.__file__).resolve().parent
+TEMPLATES = SUBMISSION / "schedulers" / "templates"
+NAMES = frozenset(typing.get_args(SchedulerName))
+
+
+def test_every_backend_is_one_module_and_its_template() -> None:
+    assert set(known_schedulers()) == NAMES  # the profile schema and the modules agree
+    for name in NAMES:
+        scheduler = get_scheduler(name)
+        assert scheduler.name == name and (TEMPLATES / scheduler.template).is_file()
+        assert scheduler.log_names("12") and scheduler.launcher_for.__self__ is scheduler
+        text = (TEMPLATES / scheduler.template).read_text()
+        assert "${prologue}" in text and "${launch}" in text
+        if scheduler.directive_prefix:
+            assert "${directives}" in text
+    with pytest.raises(ConfigError, match="no scheduler back-end named 'lsf'.*known: cobalt, local, pbs, slurm"):
+        get_scheduler("lsf")
+    with pytest.raises(ConfigError):
+        get_scheduler("status_parsers")  # a helper module is not a back-end
+
+
+def test_the_contract_is_abstract() -> None:
+    class Half(Scheduler):
+        name, template, job_id_variable = "half", "half.tmpl", "HALF_ID"
+
+        def parse_job_id(self, stdout: str) -> str:
+            return stdout
+
+    with pytest.raises(TypeError, match="abstract"):
+        Half()  # type: ignore[abstract]
+    with pytest.raises(TypeError, match="does not set template, job_id_variable"):
+        type("Nameless", (Scheduler,), {"name": "x"})
+
+
+_SCHEDULER_WORDS = {"slurm", "pbs", "cobalt", "local"}
+_BACKEND_MODULES = {f"schedulers/{n}.py" for n in _SCHEDULER_WORDS} | {"schedulers/local_controller.py"}
+
+
+def _names_compared(path: Path) -> list[str]:
+    """``x == "slurm"``, ``x in ("pbs", ...)`` and ``{"cobalt": ...}`` in a module: scheduler facts by name."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        constants: list[ast.expr] = []
+        if isinstance(node, ast.Compare):
+            for side in [node.left, *node.comparators]:
+                constants += side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+        elif isinstance(node, ast.Dict):
+            constants += [k for k in node.keys if k is not None]
+        for c in constants:
+            if isinstance(c, ast.Constant) and c.value in _SCHEDULER_WORDS:
+                found.append(f"{path.relative_to(SUBMISSION)}:{c.lineno}: {c.value!r}")
+    return found
+
+
+def test_no_scheduler_is_known_by_name_outside_its_backend() -> None:
+    # discovery/ asks an unknown login node which scheduler it runs: naming them is its job.
+    modules = [p for p in SUBMISSION.rglob("*.py") if "discovery" not in p.parts
+               and str(p.relative_to(SUBMISSION)) not in _BACKEND_MODULES]
+    assert len(modules) > 10
+    found = [hit for path in modules for hit in _names_compared(path)]
+    assert not found, "scheduler facts by name outside the back-ends:\n" + "\n".join(found)
+
+
+class Echo(Scheduler):
+    """A made-up scheduler whose status command is ``sh -c 'echo ...'`` (fallback after a missing command)."""
+
+    name, template, job_id_variable = "echo", "echo.tmpl", "ECHO_JOB"
+
+    def render_directives(self, job: object, site: object, placement: object, options: object) -> list[str]:
+        return []
+
+    def submit_argv(self, script_path: str, **kw: object) -> list[str]:
+        return ["sh", script_path]
+
+    def parse_job_id(self, stdout: str) -> str:
+        return stdout.strip()
+
+    def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
+        lines = "".join(f"{job} {'done' if run_dir.endswith('a') else 'busy'}\\n" for job, run_dir in jobs.items())
+        return [[StatusProbe("echoq-missing", "live", ["hpctrain-no-such-echoq"], self.parse),
+                 StatusProbe("echoq", "live", ["sh", "-c", f"printf '{lines}'"], self.parse)]]
+
+    @staticmethod
+    def parse(text: str) -> dict[str, JobStatus]:
+        states = {"done": JobState.COMPLETED, "busy": JobState.RUNNING}
+        return {job: JobStatus(job, states[word]) for job, word in (ln.split() for ln in text.splitlines())}
+
+    def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
+        return ["true"]
+
+    def log_names(self, job_id: str) -> list[str]:
+        return ["echo.out"]
+
+
+def test_a_new_backend_is_found_and_polled_without_changes_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("hpctrain.submission.schedulers.echo")
+    module.SCHEDULER = Echo()  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    echo = get_scheduler("echo")
+    answer = poll_scheduler(LocalTransport(), echo, {"7": "/runs/a", "8": "/runs/b"})
+    assert answer.sources == ("echoq",)  # the missing command was skipped along the chain
+    assert answer.statuses is not None
+    assert answer.statuses["7"].state is JobState.COMPLETED and answer.statuses["8"].state is JobState.RUNNING
+
+
+def test_backend_facts_refuse_what_the_scheduler_cannot_do() -> None:
+    local, cobalt, slurm = get_scheduler("local"), get_scheduler("cobalt"), get_scheduler("slurm")
+    with pytest.raises(SchedulerError, match="local has no job arrays"):
+        local.submit_argv("job.sh", array="0-1")
+    with pytest.raises(SchedulerError, match="local cannot start a job afterok another"):
+        local.submit_argv("job.sh", dependency=("afterok", "12"))
+    with pytest.raises(SchedulerError, match=r"cobalt cannot start a job afternotok another \(it supports"):
+        cobalt.submit_argv("job.sh", dependency=("afternotok", "12"))
+    assert slurm.submit_argv("/r/job.sh", array="0-2", array_dir="/r/base") == [
+        "sbatch", "--parsable", "--array=0-2", "--output=/r/base_%a/slurm-%A_%a.out",
+        "--error=/r/base_%a/slurm-%A_%a.out", "/r/job.sh"]
+    assert get_scheduler("pbs").launcher_for.__func__ is base.Scheduler.launcher_for
+
+
+def test_local_limits_are_the_backends(tmp_path: Path) -> None:
+    from hpctrain.config.job import load_job
+    from hpctrain.config.site import SiteProfile, load_site
+
+    repo = Path(__file__).resolve().parent.parent
+    with pytest.raises(FitError, match="4 nodes requested but site 'local' \\(local\\) runs on at most 1"):
+        base.place(load_job(repo / "jobs/ffn-local.yaml", nodes=4), load_site("local"))
+    srun_here = SiteProfile(name="odd", scheduler="local", launcher="srun", node={"cores": 2, "memory_gb": 1})
+    with pytest.raises(ConfigError, match="scheduler local starts ranks with local or mpiexec, not 'srun'"):
+        base.place(load_job(repo / "jobs/ffn-local.yaml"), srun_here)
+
+
+def test_the_local_controller_reads_the_scripts_directives(tmp_path: Path) -> None:
+    from hpctrain.config.job import load_job
+    from hpctrain.config.site import load_site
+    from hpctrain.submission.render import render_script
+    from hpctrain.submission.schedulers.local_controller import read_directives
+
+    repo = Path(__file__).resolve().parent.parent
+    job = load_job(repo / "jobs/ffn-local.yaml", walltime="00:03:00",
+                   sets=["checkpoint.signal=TERM", "checkpoint.signal_lead_s=20", "checkpoint.max_requeues=4"])
+    script = tmp_path / "job.sh"
+    script.write_text(render_script(job, load_site("local"), run_dir=str(tmp_path),
+                                    spec_path=str(tmp_path / "job.yaml")).text)
+    opts = read_directives(script)
+    assert (opts.walltime_s, opts.signal, opts.lead, opts.max_requeues) == (180, "TERM", 20, 4)
+    script.write_text("#!/bin/bash\necho hi\n#LOCAL --walltime-s=5\n")  # after the first command: not read
+    with pytest.raises(SystemExit):
+        read_directives(script)
