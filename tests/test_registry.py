@@ -4,8 +4,11 @@ processes writing and polling at once."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import re
 import sqlite3
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -221,3 +224,237 @@ def test_eight_processes_at_once(tmp_path: Path) -> None:
     failed = reg._db.execute("SELECT COUNT(*) FROM submissions WHERE ok = 0 AND job_id IS NULL").fetchone()[0]
     assert failed == sum(1 for r in results for i, _ in enumerate(r[2]) if i % 5 == 4)
     reg.close()
+
+
+# --- damage, locks, read-only files, repair and prune (issue 11) ------------------------------------------
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _filled(path: Path, n: int = 300) -> list[str]:
+    """A registry with ``n`` runs, each with one submission and one checkpoint record."""
+    with Registry(path) as reg:
+        ids = []
+        for i in range(n):
+            rid = reg.create_run(f"job{i}", "local", "h", f"/runs/job{i}", overrides=[f"train.lr={i}"]).run_id
+            reg.add_submission(rid, str(1000 + i), "submit", ok=True)
+            reg.record_checkpoint(rid, i, f"/ck/{i}")
+            ids.append(rid)
+    return ids
+
+
+def _runs_cli(path: Path, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HPCTRAIN_REGISTRY": str(path)}
+    return subprocess.run([sys.executable, "-m", "hpctrain", "runs", *args], capture_output=True, text=True,
+                          cwd=REPO, env=env, timeout=120)
+
+
+def _flip(path: Path, offsets: list[int]) -> None:
+    data = bytearray(path.read_bytes())
+    for offset in offsets:
+        data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def _garbage(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 400)
+
+
+def _truncate(path: Path) -> None:
+    os.truncate(path, path.stat().st_size // 3)
+
+
+def _drop_table(path: Path) -> None:
+    con = sqlite3.connect(path)
+    con.execute("DROP TABLE submissions")
+    con.commit()
+    con.close()
+
+
+def _zero(path: Path) -> None:
+    path.write_bytes(b"")
+
+
+def _bit_flips(path: Path) -> None:
+    _flip(path, [4096 * 3 + 200, 4096 * 10 + 37, 4096 * 20 + 5])
+
+
+DAMAGE = {"garbage": _garbage, "truncated": _truncate, "dropped table": _drop_table, "zero length": _zero,
+          "bit flips": _bit_flips}
+
+
+@pytest.mark.parametrize("kind", sorted(DAMAGE))
+def test_damage_gives_a_clear_error_and_repair_salvages_with_a_backup(tmp_path: Path, kind: str) -> None:
+    path = tmp_path / "registry.db"
+    ids = _filled(path)
+    for extra in (Path(f"{path}-wal"), Path(f"{path}-shm")):
+        extra.unlink(missing_ok=True)
+    DAMAGE[kind](path)
+    damaged_bytes = path.read_bytes()
+
+    listed = _runs_cli(path, "--all")
+    if kind != "bit flips":  # a flip may land where no query of `runs` reads: then the listing is fine
+        assert listed.returncode != 0, listed.stdout[-500:]
+    if listed.returncode != 0:
+        assert "Traceback" not in listed.stderr
+        assert f"the run registry {path} is damaged" in listed.stderr and "hpctrain runs --repair" in listed.stderr
+        assert len(listed.stderr.strip().splitlines()) == 1
+    with pytest.raises(HpctrainError, match="damaged"):
+        with Registry(path) as reg:  # a writer is refused too, and never "recreates" the file empty
+            reg.list_runs()
+            for rid in ids:
+                reg.chain(rid)
+            reg.create_run("after", "local", "h", "/r")
+    assert path.read_bytes() == damaged_bytes
+
+    repaired = _runs_cli(path, "--repair")
+    assert repaired.returncode == 0 and "Traceback" not in repaired.stderr, repaired.stderr
+    backups = sorted(tmp_path.glob("registry.db.damaged-*"))
+    assert backups and backups[0].read_bytes() == damaged_bytes  # the damaged file, byte for byte
+    assert f"kept at {backups[0]}" in repaired.stdout
+    with Registry(path) as reg:
+        assert reg.integrity_problems() == []
+        kept = {r.run_id for r in reg.list_runs()}
+        assert kept <= set(ids) and not reg.damaged_rows
+        for rid in kept:  # what was salvaged is whole: its submission came along, or it was dropped with it
+            assert [s.job_id for s in reg.chain(rid)] in ([], [str(1000 + ids.index(rid))])
+        reg.create_run("after", "local", "h", "/r")  # usable again
+    if kind in ("dropped table", "bit flips"):
+        assert len(kept) >= len(ids) // 2, repaired.stdout  # most rows survive these
+    assert _runs_cli(path, "--all").returncode == 0
+
+
+def test_a_row_with_malformed_json_is_reported_and_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "registry.db"
+    ids = _filled(path, 5)
+    con = sqlite3.connect(path)
+    con.execute("UPDATE runs SET overrides = '[not json' WHERE run_id = ?", (ids[2],))
+    con.execute("UPDATE submissions SET exit_code = 'x' WHERE run_id = ?", (ids[3],))
+    con.commit()
+    con.close()
+    with Registry(path, readonly=True) as reg:
+        assert {r.run_id for r in reg.list_runs()} == set(ids) - {ids[2]}  # one bad row hides only itself
+        assert reg.chain(ids[3]) == [] and len(reg.damaged_rows) == 2
+        with pytest.raises(HpctrainError, match=rf"run '{ids[2]}' cannot be read: overrides is not JSON"):
+            reg.get_run(ids[2])
+    listed = _runs_cli(path, "--all", "--json")
+    assert listed.returncode == 0 and {r["run_id"] for r in __import__("json").loads(listed.stdout)} == \
+        set(ids) - {ids[2]}
+    assert f"run row of run '{ids[2]}' skipped" in listed.stderr and "--repair" in listed.stderr
+    repaired = _runs_cli(path, "--repair")
+    assert "overrides were reset to none" in repaired.stdout
+    with Registry(path) as reg:
+        assert reg.get_run(ids[2]).overrides == [] and reg.integrity_problems() == []
+        assert reg.chain(ids[3]) == []  # the submission with a text exit code could not be kept
+
+
+def test_read_only_commands_never_write(tmp_path: Path) -> None:
+    path = tmp_path / "registry.db"
+    ids = _filled(path, 3)
+    with Registry(path, readonly=True) as reg:
+        assert len(reg.list_runs()) == 3
+        with pytest.raises(HpctrainError, match="read-only and this command writes"):
+            reg.create_run("x", "local", "h", "/r")
+    missing = tmp_path / "none" / "registry.db"
+    with Registry(missing, readonly=True) as reg:  # nothing registered yet: empty, and nothing is created
+        assert reg.list_runs() == []
+    assert not missing.parent.exists()
+    assert _runs_cli(path).returncode == 0 and ids[0] in _runs_cli(path, "--all").stdout
+
+
+def test_runs_on_a_read_only_file_system(tmp_path: Path) -> None:
+    """A registry on a file system mounted read-only (root ignores file modes, not this): listing works,
+    a write is refused with a message saying so."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("mount -t tmpfs not allowed here")
+    try:
+        path = mnt / "registry.db"
+        ids = _filled(path, 3)
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        listed = _runs_cli(path, "--all")
+        assert listed.returncode == 0, listed.stderr
+        assert all(rid in listed.stdout for rid in ids)
+        pruned = _runs_cli(path, "--prune")
+        assert pruned.returncode != 0 and "Traceback" not in pruned.stderr and "read-only" in pruned.stderr
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+HOLD_LOCK = """
+import sqlite3, sys, time
+con = sqlite3.connect(sys.argv[1], isolation_level=None)
+con.execute("PRAGMA locking_mode = EXCLUSIVE")
+con.execute("BEGIN EXCLUSIVE")
+con.execute("UPDATE runs SET state = state")
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_locked_registry_is_a_bounded_wait_with_a_clear_message(tmp_path: Path) -> None:
+    path = tmp_path / "registry.db"
+    _filled(path, 2)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        for readonly in (True, False):
+            with pytest.raises(HpctrainError) as info:
+                with Registry(path, readonly=readonly, lock_timeout_s=0.5) as reg:
+                    reg.list_runs()
+                    reg.create_run("x", "local", "h", "/r")
+            text = str(info.value)
+            assert f"the run registry {path} is locked by another process (waited 0.5 s" in text
+            assert "fuser" in text
+    finally:
+        holder.communicate("", timeout=30)
+    with Registry(path, lock_timeout_s=0.5) as reg:  # released: usable again
+        assert len(reg.list_runs()) == 2
+
+
+def test_prune_removes_only_old_runs_that_never_ran_and_old_dry_runs(tmp_path: Path) -> None:
+    path = tmp_path / "registry.db"
+    with Registry(path) as reg:
+        failed = reg.create_run("failed", "local", "h", "/r").run_id
+        reg.add_submission(failed, None, "submit", ok=False, error="sbatch: error: no")
+        created = reg.create_run("created", "local", "h", "/r").run_id
+        ran = reg.create_run("ran", "local", "h", "/r").run_id
+        reg.add_submission(ran, "77", "submit", ok=True)
+        fresh = reg.create_run("fresh", "local", "h", "/r").run_id
+        parent = reg.create_run("arr", "local", "h", "/r", run_id="arr-1_0", array_parent=None).run_id
+        reg.create_run("arr", "local", "h", "/r", run_id="arr-1_1", array_parent=parent)
+        reg.add_submission("arr-1_1", "78", "submit", ok=True)  # a task that ran keeps its parent row
+        reg.record_checkpoint(failed, 5, "/ck/5")
+        escape = reg.create_run("escape", "local", "h", "/r", run_id="../escape").run_id  # a hostile id
+        old = "2020-01-01T00:00:00.000000Z"
+        reg._db.execute("UPDATE runs SET created = ? WHERE run_id != ?", (old, fresh))
+    records = tmp_path / "runs"
+    for rid in (failed, created, ran):
+        (records / rid).mkdir(parents=True)
+    (tmp_path / "escape").mkdir()  # where record_dir("../escape") points: must survive
+    dry = tmp_path / "dry-run"
+    (dry / "old-try").mkdir(parents=True)
+    (dry / "new-try").mkdir()
+    os.utime(dry / "old-try", (0, 0))
+
+    preview = _runs_cli(path, "--prune", "--older-than", "7d", "--dry-run")
+    assert preview.returncode == 0, preview.stderr
+    assert "would remove 3 run(s)" in preview.stdout and "3 folder(s)" in preview.stdout
+    for rid in (failed, created, escape):
+        assert rid in preview.stdout
+    assert parent not in preview.stdout  # array task 1 ran and still names it as its parent
+    with Registry(path) as reg:
+        assert len(reg.list_runs()) == 7  # the preview changed nothing
+    assert (dry / "old-try").is_dir()
+
+    done = _runs_cli(path, "--prune", "--older-than", "7d")
+    assert done.returncode == 0, done.stderr
+    with Registry(path) as reg:
+        assert {r.run_id for r in reg.list_runs()} == {ran, fresh, parent, "arr-1_1"}
+        assert reg.checkpoints(failed) == []
+    assert sorted(p.name for p in records.iterdir()) == [ran] and (tmp_path / "escape").is_dir()
+    assert sorted(p.name for p in dry.iterdir()) == ["new-try"]
+    bad_age = _runs_cli(path, "--prune", "--older-than", "soon")
+    assert bad_age.returncode != 0 and "12h, 7d or 2w" in bad_age.stderr and "Traceback" not in bad_age.stderr

@@ -1,11 +1,16 @@
 """``hpctrain runs [--site SITE] [--all] [--json]``: the run registry as a table (no scheduler calls).
 
 States, reasons (failure notes, "restart 1 of 5") and progress are what the last poll recorded.
+``--repair`` rebuilds a damaged registry (keeping a copy); ``--prune`` clears away runs that never ran.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpctrain.submission.registry import Registry
 
 DEFAULT_LIMIT = 20
 
@@ -15,6 +20,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--site", default=None, help="only runs of this site")
     parser.add_argument("--all", action="store_true", help=f"every run, not only the newest {DEFAULT_LIMIT}")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    upkeep = parser.add_mutually_exclusive_group()
+    upkeep.add_argument("--repair", action="store_true",
+                        help="check the registry; if it is damaged, keep a copy and rebuild it from what can be read")
+    upkeep.add_argument("--prune", action="store_true",
+                        help="remove runs that never ran (created, submit_failed) and --dry-run folders older "
+                             "than --older-than")
+    parser.add_argument("--older-than", default=None, metavar="AGE",
+                        help="with --prune: age like 12h, 7d (default) or 2w")
+    parser.add_argument("--dry-run", action="store_true", help="with --prune: list what would go, remove nothing")
     parser.set_defaults(handler=cmd_runs)
 
 
@@ -23,7 +37,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from hpctrain.submission.registry import Registry
     from hpctrain.submission.views import view_of
 
-    with Registry() as registry:
+    if args.repair:
+        return _repair()
+    if args.prune:
+        return _prune(args)
+    if args.older_than or args.dry_run:
+        from hpctrain.errors import ConfigError
+
+        raise ConfigError("--older-than and --dry-run go with --prune", hint="hpctrain runs --prune --dry-run")
+    with Registry(readonly=True) as registry:  # listing never writes, so it works on a read-only registry
         runs = registry.list_runs(site=args.site)
         if not args.all:
             runs = runs[:DEFAULT_LIMIT]
@@ -33,8 +55,53 @@ def cmd_runs(args: argparse.Namespace) -> int:
                          "array_parent": r.array_parent, "array_index": r.array_index,
                          "overrides": r.overrides,
                          "chain": [s.__dict__ for s in registry.chain(r.run_id)]} for r, v in views])
+            _warn_damaged(registry)
             return 0
+        _warn_damaged(registry)
     print_table(["RUN", "SITE", "WHERE", "JOB", "STATE", "CREATED", "RUN DIR", "REASON"],
                 [[v.run_id, v.site, v.remote or "-", v.job_id or "-", v.state, r.created[:19], v.run_dir, v.reason]
                  for r, v in views])
     return 0
+
+
+def _warn_damaged(registry: Registry) -> None:
+    """Rows that could not be read were skipped: say so (on stderr), with the way to salvage them."""
+    import sys
+
+    for note in registry.damaged_rows:
+        print(f"hpctrain: warning: {note}", file=sys.stderr)
+    if registry.damaged_rows:
+        print(f"hpctrain: the registry {registry.path} has damaged rows; `hpctrain runs --repair` keeps a copy "
+              "of it and rebuilds it from what can be read", file=sys.stderr)
+
+
+def _repair() -> int:
+    from hpctrain.submission.registry import default_registry_path
+    from hpctrain.submission.registry_repair import repair_registry
+
+    print(repair_registry(default_registry_path()).summary())
+    return 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    from hpctrain.commands.output import print_table
+    from hpctrain.submission.housekeeping import DEFAULT_AGE, age_text, apply_prune, parse_age, plan_prune
+    from hpctrain.submission.registry import Registry
+
+    age = parse_age(args.older_than or DEFAULT_AGE)
+    with Registry(readonly=args.dry_run) as registry:
+        plan = plan_prune(registry, age)
+        verb = "would remove" if args.dry_run else "removing"
+        print(f"{verb} {len(plan.runs)} run(s) that never ran and {len(plan.folders)} folder(s), "
+              f"older than {args.older_than or DEFAULT_AGE}")
+        if plan.runs:
+            print_table(["RUN", "SITE", "STATE", "AGE", "RUN DIR (left alone)"],
+                        [[r.run_id, r.site, r.state, age_text(r.created), r.run_dir] for r in plan.runs])
+        for folder in plan.folders:
+            print(f"  {folder}")
+        if args.dry_run:
+            return 0
+        problems = apply_prune(registry, plan)
+    for problem in problems:
+        print(f"hpctrain: warning: could not remove {problem}")
+    return 1 if problems else 0
