@@ -345,3 +345,14 @@ def test_memory_is_rendered_in_whole_mib_rounded_up(memory_gb: float, mib: int) 
     slurm = render_script(slurm_job, load_site_file(ROOT / "site_configs/perlmutter.yaml"), run_dir="/r",
                           spec_path="/r/j")
     assert f"#SBATCH --mem={mib}M\n" in slurm.text
+
+
+
+def test_a_job_id_ending_in_a_newline_is_refused() -> None:
+    """fullmatch, not match: ``re.match(r"^...$")`` accepts a value that ends in a newline (issue 11, item 2)."""
+    from hpctrain.submission.schedulers.base import check_job_id
+
+    assert check_job_id("123[4].polaris-pbs-01") == "123[4].polaris-pbs-01"
+    for bad in ("123\n", "123\n; rm -rf ~", "12 3", ""):
+        with pytest.raises(SchedulerError, match="does not look like a job id"):
+            check_job_id(bad)

@@ -224,7 +224,7 @@ def check_directive_lines(lines: list[str], prefix: str) -> list[str]:
 
 def check_job_id(job_id: str) -> str:
     """A job id that is safe to pass as an argument (digits, names, array brackets)."""
-    if not _JOB_ID.match(job_id):
+    if not _JOB_ID.fullmatch(job_id):  # match() would pass "123\n"
         raise SchedulerError(f"{job_id!r} does not look like a job id")
     return job_id
 
@@ -280,7 +280,7 @@ def requeue_block(restart_variable: str, max_requeues: int, action: list[str]) -
 def get_scheduler(name: str) -> Scheduler:
     """The back-end for a site's ``scheduler:`` value: ``SCHEDULER`` of the module of that name here."""
     module = None
-    if _MODULE_NAME.match(name) and name not in ("base", "state", "status_parsers", "local_controller"):
+    if _MODULE_NAME.fullmatch(name) and name not in ("base", "state", "status_parsers", "local_controller"):
         try:
             module = importlib.import_module(f"{__package__}.{name}")
         except ModuleNotFoundError as exc:
