@@ -25,7 +25,8 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from hpctrain.submission.views import is_terminal
 
     pool = TransportPool()
-    with Registry() as registry:
+    # Without --follow nothing is polled, so nothing is written: a read-only registry (file system) will do.
+    with Registry(readonly=not args.follow) as registry:
         run = registry.get_run(args.run)
         offset = 0
         delay = FOLLOW_FIRST_S
