@@ -466,7 +466,7 @@ def test_values_that_used_to_be_silently_changed_are_refused(tmp_path: Path) -> 
         "--set resources.memory_gb=0.0001": dict(sets=["resources.memory_gb=0.0001"]),
         "--set resources.nodes=true": dict(sets=["resources.nodes=true"]),
         "--set resources.nodes='4'": dict(sets=["resources.nodes='4'"]),
-        "--set checkpoint.max_requeues=99999999999999999999": dict(sets=["checkpoint.max_requeues=99999999999999999999"]),
+        f"--set checkpoint.max_requeues={10**20}": dict(sets=[f"checkpoint.max_requeues={10**20}"]),
         "--nodes 0": dict(nodes=0),
         "--set train.optimizer.nesterov=1": dict(sets=["train.optimizer.nesterov=1"]),
     }
