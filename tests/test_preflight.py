@@ -252,6 +252,7 @@ def test_schemas_match_what_the_ranks_build() -> None:
     for name, builtin in BUILTIN.items():
         module, _, attr = builtin.task.partition(":")
         assert hasattr(__import__(module, fromlist=[attr]), attr), name
+        assert find_schema(name) == (builtin.schema, None)
 
 
 # ---------------------------------------------------------------------------------------------- data paths
@@ -388,3 +389,24 @@ def test_json_output_lists_warnings(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["warnings"] == ["train.warmup lasts 20 steps, longer than train.steps (10): "
                                                    "the learning rate never reaches its peak"]
+
+
+def test_ffn_prepare_keeps_centres_a_whole_training_box_from_the_border(tmp_path: Path) -> None:
+    """max_pred_moves loads fov + 2 x deltas x (moves + 1) per example: with the old default margin (fov // 2 +
+    deltas) centres near the border made the ranks fail with "training box ... leaves the volume"."""
+    import numpy as np
+
+    path = spec(tmp_path, """\
+        name: moves
+        model: ffn
+        model_args: {fov: 9, deltas: 2, fov_policy: max_pred_moves, fov_moves: 2}
+        data:
+          train: {synthetic: {shape: [26, 40, 40], seed: 1}}
+          partitions: {min_size: 10}
+        train: {steps: 10, batch_per_rank: 2, lr: 0.1}
+        """)
+    done = cli("ffn", "prepare", str(path), "--out", str(tmp_path / "prepared"))
+    assert done.returncode == 0, done.stderr
+    coords = np.load(tmp_path / "prepared" / "coordinates.npz")["coords"]
+    assert len(coords) > 0
+    assert coords.min() >= 10 and (coords <= np.array([26, 40, 40]) - 11).all()  # box 21: half 10 each side

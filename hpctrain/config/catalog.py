@@ -12,7 +12,6 @@ import importlib
 from dataclasses import dataclass
 
 from hpctrain.config.plugin import ModelSchema
-from hpctrain.config.plugins import charlm, digits, ffn
 from hpctrain.errors import ConfigError
 
 SCHEMA_SUFFIX = "_schema"
@@ -20,16 +19,21 @@ SCHEMA_SUFFIX = "_schema"
 
 @dataclass(frozen=True)
 class Builtin:
-    """A built-in plug-in: its task class on the ranks (``module:Class``) and its schema."""
+    """A built-in plug-in: its task class on the ranks (``module:Class``) and the module of its schema."""
 
     task: str
-    schema: ModelSchema
+    schema_module: str
+
+    @property
+    def schema(self) -> ModelSchema:
+        # Imported when asked for: a job pays for its own model's pydantic models only (CLI start-up).
+        return importlib.import_module(self.schema_module).SCHEMA
 
 
 BUILTIN: dict[str, Builtin] = {
-    "ffn": Builtin("hpctrain.ffn.task:FFNTask", ffn.SCHEMA),
-    "resnet": Builtin("hpctrain.models.digits:DigitsTask", digits.SCHEMA),
-    "lstm": Builtin("hpctrain.models.charlm:CharLMTask", charlm.SCHEMA),
+    "ffn": Builtin("hpctrain.ffn.task:FFNTask", "hpctrain.config.plugins.ffn"),
+    "resnet": Builtin("hpctrain.models.digits:DigitsTask", "hpctrain.config.plugins.digits"),
+    "lstm": Builtin("hpctrain.models.charlm:CharLMTask", "hpctrain.config.plugins.charlm"),
 }
 
 
