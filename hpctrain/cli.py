@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "cancel",
     "resume",
     "runs",
+    "plan",
     "ffn",
     "demo",
 )

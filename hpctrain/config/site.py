@@ -155,11 +155,18 @@ class Environment(Strict):
 
 
 class Network(Strict):
-    """Interconnect figures for the scaling planner."""
+    """Interconnect and file-system figures for the scaling planner; one left out becomes a named assumption."""
 
-    latency_us: float = Field(gt=0)
-    bandwidth_gbps: float = Field(gt=0, description="Injection bandwidth per node, GB/s")
     topology: str = ""
+    nodes: int | None = Field(None, ge=1, description="Compute nodes in the machine (the planner's upper bound)")
+    latency_us: float | None = Field(None, gt=0, description="Message latency between nodes, microseconds")
+    nics_per_node: int = Field(1, ge=1, le=64, description="Network interfaces per node")
+    nic_gbps: float | None = Field(None, gt=0, description="Injection bandwidth of one interface, GB/s")
+    intra_latency_us: float | None = Field(None, gt=0, description="Latency between ranks on one node, microseconds")
+    intra_bandwidth_gbps: float | None = Field(None, gt=0, description="Bandwidth between ranks on one node, GB/s")
+    reduce_gbps: float | None = Field(None, gt=0, description="Rate at which one rank sums float32 vectors, GB/s")
+    filesystem_gbps: float | None = Field(None, gt=0, description="Aggregate read bandwidth of the shared file system")
+    metadata_ops_per_s: float | None = Field(None, gt=0, description="File opens per second of the shared file system")
 
 
 class MPISetup(Strict):

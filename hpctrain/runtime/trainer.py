@@ -28,6 +28,7 @@ from hpctrain.runtime.comm import Communicator, make_communicator
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
 from hpctrain.runtime.metrics import MetricsLog
 from hpctrain.runtime.optim import apply_deltas, build_optimizer, delta_step
+from hpctrain.runtime.profile import start_profile
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
 from hpctrain.runtime.schedule import LRSchedule
 
@@ -234,27 +235,33 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     start = session.restore()
     metrics = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 else None, job.train.steps, task.sample_unit)
     clip = getattr(task, "clip_gradients", None)
+    profiler = start_profile(job, run_dir, comm, model, exchange.reducer, exchange, task)  # for `hpctrain plan`
     loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
     step = start
     stopped = False
     try:
         while step < job.train.steps:
+            profiler.begin()
             lr = schedule.lr_at(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             batch = task.next_batch()
+            profiler.mark("input")
             exchange.zero_grad()
             loss, aux = task.forward_loss(batch)
             if not torch.isfinite(loss):
                 raise RuntimeFailure(f"rank {rank}: loss is {loss.item()} at step {step}",
                                      hint="lower train.lr or check the data")
             exchange.backward(loss)
+            profiler.mark("backward")
             exchange.after_backward()
+            profiler.mark("reduced")
             if clip is not None:
                 clip()
             exchange.optimizer_step()
             exchange.after_step()
             task.observe(batch, aux)
+            profiler.end()
             step += 1
             loss_sum, loss_count, interval_steps = loss_sum + float(loss.detach()), loss_count + 1, interval_steps + 1
             if step % job.train.log_every == 0 or step == job.train.steps:
@@ -279,6 +286,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
                 stopped = step < job.train.steps
                 break
     finally:
+        profiler.write()
         metrics.close()
         session.close()
     if exchange.averager is not None:

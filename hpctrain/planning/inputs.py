@@ -1,0 +1,228 @@
+"""Gather the planner's numbers: the job spec, the site profile's network figures, a run's measurements, and
+named assumptions for the rest; ``--set`` overrides any of them. Each keeps the file, key or reason it came from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import SiteProfile, locate_site
+from hpctrain.config.walltime import parse_walltime
+from hpctrain.errors import ConfigError
+from hpctrain.planning.measurements import Measurements
+from hpctrain.planning.model import Workload, even_buckets
+from hpctrain.planning.parameters import Param, Parameters, Value, apply_sets
+
+# What hpctrain's runtime does, and costs that one node cannot show: each with the reason it is assumed.
+ASSUMED: dict[str, tuple[Value, str]] = {
+    "reduction_overlap": (True, "hpctrain reduces gradient buckets during backward (runtime/reducer.py)"),
+    "input_overlap": (False, "hpctrain's tasks read the next batch on the training thread"),
+    "input_sharding": ("shard", "hpctrain's tasks read their own shard of the input stream"),
+    "startup_staged": (False, "hpctrain's batch scripts start Python from the shared file system"),
+    "multinode_overhead_s": (0.0, "not measurable on one node; fit it from a multi-node run and --set it"),
+    "launch_overhead_s": (20e-6, "about 20 us of Python per collective, measured on the test machine "
+                                 "(docs/runtime.md)"),
+    "record_s": (0.0, "a sharded input's per-record cost is inside the measured input time"),
+    "input_bytes": (0.0, "per-step reads do not contend on the shared file system"),
+    "stream_bytes": (0.0, "no input stream is read at start-up beyond the measured one-node start-up"),
+    "env_files": (33028.0, "files of the test machine's Python environment (.venv with the torch CPU stack)"),
+    "env_bytes": (1.5e9, "size of the test machine's Python environment"),
+    "adacomp_ratio": (0.02, "AdaComp sends about 1/50 of the dense bytes (no AdaComp run measured)"),
+    "overlap_window_s": (0.0, "no gradient bucket timing measured: no overlap window"),
+    "input_std_s": (0.0, "no input timing measured"),
+    "input_s": (0.0, "no input timing measured"),
+    "startup_s": (0.0, "no start-up measured"),
+    "background_load": (0.0, "the job has its nodes to itself"),
+}
+# Network figures a site profile may leave out, with the typical value used instead.
+SITE_DEFAULTS: dict[str, tuple[float, str]] = {
+    "latency_us": (2.0, "a typical HPC interconnect's MPI latency"),
+    "nic_gbps": (12.5, "a 100 Gbit/s network interface"),
+    "intra_latency_us": (1.0, "shared memory between ranks of one node"),
+    "intra_bandwidth_gbps": (10.0, "shared memory between ranks of one node"),
+    "reduce_gbps": (5.0, "one core summing float32 vectors from memory"),
+    "filesystem_gbps": (100.0, "a parallel file system of a mid-sized machine"),
+    "metadata_ops_per_s": (50000.0, "a Lustre metadata server's file opens per second"),
+}
+# A rank sums half precision in software on CPUs: measured on the test machine, an fp16 all-reduce of 0.85 MB
+# took 5.5 ms against 0.33 ms in float32 over MPI (docs/runtime.md).
+HALF_GAMMA = {"nccl": (1.0, "GPUs sum fp16/bf16 natively"),
+              "mpi": (16.0, "fp16 all-reduce 16x slower than float32 on the test machine (docs/runtime.md)"),
+              "gloo": (16.0, "CPU libraries sum fp16/bf16 in software (docs/runtime.md)")}
+# Parameters that only a run can give; without a run they must come from --set.
+MEASURED_ONLY = ("compute_s", "compute_std_s", "grad_bytes")
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """The workload plus what the report needs to say about the job."""
+
+    workload: Workload
+    job_name: str
+    site_name: str
+    sample_unit: str
+    lr_scaling: str
+    warmup_kind: str
+    max_nodes: int | None
+
+
+def _site_file(site: SiteProfile) -> str:
+    try:
+        return str(locate_site(site.name))
+    except ConfigError:
+        return f"site {site.name}"
+
+
+def _job_params(job: JobSpec, where: str, site: SiteProfile) -> list[Param]:
+    res, train, comb = job.resources, job.train, job.train.combiner
+    out = [
+        Param("ranks_per_node", float(res.ranks_per_node), "job", f"{where}: resources.ranks_per_node"),
+        Param("threads_per_rank", float(res.threads_per_rank), "job", f"{where}: resources.threads_per_rank"),
+        Param("batch_per_rank", float(train.batch_per_rank), "job", f"{where}: train.batch_per_rank"),
+        Param("bucket_mb", float(comb.bucket_mb), "job", f"{where}: train.combiner.bucket_mb"),
+        Param("combiner", comb.name, "job", f"{where}: train.combiner.name"),
+        Param("compression", comb.compression, "job", f"{where}: train.combiner.compression"),
+        Param("dasgd_period", float(comb.period), "job", f"{where}: train.combiner.period"),
+        Param("dasgd_delay", float(comb.delay), "job", f"{where}: train.combiner.delay"),
+        Param("walltime_s", float(parse_walltime(res.walltime)), "job", f"{where}: resources.walltime"),
+    ]
+    if train.comm_backend != "auto":
+        out.append(Param("backend", train.comm_backend, "job", f"{where}: train.comm_backend"))
+    else:
+        out.append(Param("backend", site.comm_backend, "site", f"{_site_file(site)}: comm_backend"))
+    return out
+
+
+def site_parameters(site: SiteProfile) -> list[Param]:
+    """The network and node figures of ``site``, each a named default where the profile has none."""
+    where = _site_file(site)
+    node = site.node.resolved()
+    assert isinstance(node.cores, int)
+    auto = " (auto: this machine)" if site.node.cores == "auto" else ""
+    out = [Param("node_threads", float(node.cores * node.threads_per_core), "site",
+                 f"{where}: node.cores x node.threads_per_core{auto}")]
+    net = site.network
+    out.append(Param("nics_per_node", float(net.nics_per_node if net else 1), "site" if net else "assumed",
+                     f"{where}: network.nics_per_node" if net else "one network interface per node"))
+    for name, (default, why) in SITE_DEFAULTS.items():
+        value = getattr(net, name, None) if net is not None else None
+        if value is None:
+            out.append(Param(name, default, "assumed", f"{why} ({where} has no network.{name})"))
+        else:
+            guessed = " (an estimate: listed under guessed)" if f"network.{name}" in site.guessed else ""
+            out.append(Param(name, float(value), "site", f"{where}: network.{name}{guessed}"))
+    return out
+
+
+def _measured_params(m: Measurements, node_threads: float) -> list[Param]:
+    where = m.where
+    out = [
+        Param("compute_s", m.compute.mean, "measured", f"{where}: compute_s mean of {m.compute.count} steps"),
+        Param("compute_std_s", m.compute.std, "measured", f"{where}: compute_s spread"),
+        Param("input_s", m.input.mean, "measured", f"{where}: input_s mean"),
+        Param("input_std_s", m.input.std, "measured", f"{where}: input_s spread"),
+        Param("overlap_window_s", m.overlap_window_s, "measured", f"{where}: overlap_window_s"),
+        Param("grad_bytes", m.grad_bytes, "measured", f"{where}: the model's gradient ({len(m.buckets)} buckets)"),
+        Param("calibration_ranks_per_node", float(m.ranks_per_node), "measured", f"{where}: ranks_per_node"),
+    ]
+    if m.startup_s is not None:
+        out.append(Param("startup_s", m.startup_s, "measured", f"{where}: startup_s"))
+    if m.wire_ratio is not None:
+        out.append(Param("adacomp_ratio", m.wire_ratio, "measured", f"{where}: wire_ratio"))
+    background = _background(m, node_threads)
+    if background is not None:
+        out.append(background)
+    return out
+
+
+STARVED = 0.95  # a rank on a CPU less than this share of its step waited for one
+
+
+def _background(m: Measurements, node_threads: float) -> Param | None:
+    """Other work on the calibration node, in runnable threads. A rank that got only a share s of a CPU
+    shared the node's C threads fairly with B others: s = C / (own + B); one that never waited shows only
+    that the node had room, and the load average (minus the run itself) is the best estimate left."""
+    own = m.ranks_per_node * m.threads_per_rank
+    share = m.cpu_share
+    if share is not None and share < STARVED:
+        return Param("background_load", max(0.0, node_threads / share - own), "measured",
+                     f"{m.where}: its ranks were on a CPU {share:.0%} of each step ({node_threads:.0f} "
+                     f"hardware threads shared with other work)")
+    if m.loadavg_1m is not None:
+        return Param("background_load", max(0.0, min(m.loadavg_1m - own, node_threads - own)), "measured",
+                     f"{m.where}: 1-minute load average {m.loadavg_1m:.2f} minus its own {own} threads")
+    return None
+
+
+def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
+                     sets: list[str] | tuple[str, ...] = ()) -> Parameters:
+    """Every planner parameter for ``job`` on ``site``: measured, job, site, assumed, then ``--set``."""
+    params: dict[str, Param] = {}
+
+    def put(p: Param) -> None:
+        params[p.name] = p
+
+    for name, (value, why) in ASSUMED.items():
+        put(Param(name, value, "assumed", why))
+    for p in [*site_parameters(site), *_job_params(job, job_path, site)]:
+        put(p)
+    backend = str(params["backend"].value)
+    put(Param("half_gamma_factor", HALF_GAMMA[backend][0], "assumed", HALF_GAMMA[backend][1]))
+    put(Param("calibration_ranks_per_node", params["ranks_per_node"].value, "assumed",
+              "no run measured: the job's own ranks per node"))
+    if site.network is not None and site.network.nodes is not None:
+        put(Param("site_nodes", float(site.network.nodes), "site", f"{_site_file(site)}: network.nodes"))
+    if measured is not None:
+        for p in _measured_params(measured, float(params["node_threads"].value)):
+            put(p)
+    result = apply_sets(Parameters(params), list(sets))
+    missing = [name for name in MEASURED_ONLY if name not in result]
+    if missing:
+        raise ConfigError(
+            f"no measurement of {', '.join(missing)}: the planner needs this job's step time on one node",
+            hint="give --from RUN (a run of this job), or --calibrate, or --set "
+                 + " ".join(f"{n}=..." for n in missing))
+    return result
+
+
+def workload_for(params: Parameters, measured: Measurements | None, sets: list[str] | tuple[str, ...] = ()) -> Workload:
+    """The workload: the measured bucket layout, or an even layout over the overlap window when there is no
+    measured one or ``--set`` changed the gradient size, bucket size or window."""
+    relayout = {"grad_bytes", "bucket_mb", "overlap_window_s"}
+    changed = {s.partition("=")[0].strip() for s in sets}
+    if measured is not None and measured.buckets and not (changed & relayout):
+        return Workload(params, measured.buckets)
+    layout = even_buckets(params.num("grad_bytes"), params.num("bucket_mb") * 2**20, params.num("overlap_window_s"))
+    return Workload(params, layout)
+
+
+def max_nodes(site: SiteProfile) -> int | None:
+    """The machine's node count (network.nodes), else its largest queue, else unknown."""
+    if site.network is not None and site.network.nodes is not None:
+        return site.network.nodes
+    if site.queues:
+        return max(q.max_nodes for q in site.queues.values())
+    if site.scheduler == "local":
+        return 1
+    return None
+
+
+def plan_inputs(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
+                sets: list[str] | tuple[str, ...] = ()) -> PlanInputs:
+    """Everything ``hpctrain plan`` needs to predict ``job`` on ``site``."""
+    params = build_parameters(job, job_path, site, measured, sets)
+    unit = measured.sample_unit if measured is not None else "samples"
+    return PlanInputs(workload_for(params, measured, sets), job.name, site.name, unit, job.train.lr_scaling,
+                      job.train.warmup.kind, max_nodes(site))
+
+
+def check_nodes(nodes: list[int], inputs: PlanInputs) -> None:
+    """A node count the machine does not have is an error naming the limit."""
+    bad = [n for n in nodes if n < 1]
+    if bad:
+        raise ConfigError(f"--nodes {bad[0]}: a node count must be at least 1", key="--nodes")
+    limit = inputs.max_nodes
+    if limit is not None and max(nodes) > limit:
+        raise ConfigError(f"--nodes {max(nodes)}: site {inputs.site_name!r} has {limit} nodes",
+                          key="--nodes", hint=f"plan for at most {limit} nodes")

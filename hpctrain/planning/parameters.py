@@ -1,0 +1,192 @@
+"""Every number the planner uses, with where it came from: measured, the job, the site profile, an assumption,
+a fit, or ``--set``. One table names them all, so a typo in ``--set`` is an error listing the valid keys.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+
+from hpctrain.errors import ConfigError
+
+SOURCES = ("measured", "job", "site", "assumed", "fitted", "set", "study")
+Value = float | bool | str
+
+
+@dataclass(frozen=True)
+class Spec:
+    """What a parameter means: its unit, its type (float, int, bool, or a tuple of choices) and a description."""
+
+    unit: str
+    kind: type | tuple[str, ...]
+    description: str
+
+
+SPECS: dict[str, Spec] = {
+    # -- measured on one node (a run's profile), or given
+    "compute_s": Spec("s", float, "mean per-step compute of one rank: forward, backward, optimizer"),
+    "compute_std_s": Spec("s", float, "spread (standard deviation) of the per-step compute time"),
+    "overlap_window_s": Spec("s", float, "time from the first gradient bucket being ready to the end of backward"),
+    "input_s": Spec("s", float, "per-step time to produce the next batch (read, crop, augment)"),
+    "input_std_s": Spec("s", float, "spread of the per-step input time"),
+    "startup_s": Spec("s", float, "start-up on one node: process start to the first step"),
+    "grad_bytes": Spec("B", float, "gradient bytes each rank reduces per step"),
+    "adacomp_ratio": Spec("", float, "AdaComp: bytes on the wire / dense gradient bytes"),
+    "calibration_ranks_per_node": Spec("", int, "ranks per node in the run the measurements come from"),
+    # -- the job
+    "ranks_per_node": Spec("", int, "ranks per node"),
+    "threads_per_rank": Spec("", int, "threads per rank"),
+    "batch_per_rank": Spec("samples", int, "samples per rank per step"),
+    "bucket_mb": Spec("MB", float, "fused gradient bucket size"),
+    "combiner": Spec("", ("mean", "adasum", "adacomp", "dasgd"), "how gradients are combined"),
+    "compression": Spec("", ("none", "fp16", "bf16"), "wire precision of the mean"),
+    "dasgd_period": Spec("steps", int, "DaSGD: steps between model averages"),
+    "dasgd_delay": Spec("steps", int, "DaSGD: steps an average stays in flight"),
+    "walltime_s": Spec("s", float, "walltime of one job (start-up is amortised over it)"),
+    "backend": Spec("", ("mpi", "gloo", "nccl"), "communication backend"),
+    # -- the site
+    "site_nodes": Spec("", int, "compute nodes in the machine"),
+    "node_threads": Spec("", int, "hardware threads per node usable by the job (cores x threads per core)"),
+    "background_load": Spec("", float, "runnable threads of other work on a node (load average minus the job)"),
+    "latency_us": Spec("us", float, "inter-node message latency (alpha)"),
+    "nics_per_node": Spec("", int, "network interfaces per node"),
+    "nic_gbps": Spec("GB/s", float, "injection bandwidth of one network interface"),
+    "intra_latency_us": Spec("us", float, "latency between ranks on one node"),
+    "intra_bandwidth_gbps": Spec("GB/s", float, "bandwidth between ranks on one node"),
+    "reduce_gbps": Spec("GB/s", float, "rate at which one rank sums two float32 vectors (gamma = 1/rate)"),
+    "filesystem_gbps": Spec("GB/s", float, "aggregate read bandwidth of the shared file system"),
+    "metadata_ops_per_s": Spec("1/s", float, "file opens/stats per second the shared file system serves"),
+    # -- design: how the job's runtime behaves
+    "reduction_overlap": Spec("", bool, "gradient buckets are reduced during backward"),
+    "input_overlap": Spec("", bool, "the next batch is read while the current one trains"),
+    "input_sharding": Spec("", ("shard", "whole"), "each rank reads its 1/N of the input stream, or all of it"),
+    "startup_staged": Spec("", bool, "the software environment is staged to the nodes, not read by every rank"),
+    # -- costs not measured on one node
+    "multinode_overhead_s": Spec("s", float, "fixed per-step cost once a job spans nodes, beyond the collectives"),
+    "launch_overhead_s": Spec("s", float, "software cost of starting one collective"),
+    "half_gamma_factor": Spec("", float, "how much slower a rank sums fp16/bf16 than float32"),
+    "record_s": Spec("s", float, "cost of one record of the input stream (read + parse)"),
+    "input_bytes": Spec("B", float, "bytes each rank reads from the shared file system per step"),
+    "stream_bytes": Spec("B", float, "size of the input stream (read at start-up; by every rank if 'whole')"),
+    "env_files": Spec("", float, "files a rank opens to start (the Python environment)"),
+    "env_bytes": Spec("B", float, "bytes of the Python environment (what staging copies)"),
+}
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter's value and where it came from (``detail``: the file, key, run or reason)."""
+
+    name: str
+    value: Value
+    source: str
+    detail: str
+
+    @property
+    def spec(self) -> Spec:
+        return SPECS[self.name]
+
+    def text(self) -> str:
+        """The value with its unit, e.g. ``1.5 us``."""
+        v = self.value
+        shown = (("yes" if v else "no") if isinstance(v, bool) else
+                 f"{v:.4g}" if isinstance(v, float) else str(v))
+        return f"{shown} {self.spec.unit}".rstrip()
+
+
+class Parameters(Mapping[str, Param]):
+    """An immutable set of parameters; ``value(name)`` reads one, ``updated`` returns a changed copy."""
+
+    def __init__(self, params: Mapping[str, Param]) -> None:
+        unknown = set(params) - set(SPECS)
+        if unknown:
+            raise ValueError(f"unknown planner parameters: {sorted(unknown)}")
+        self._params = dict(params)
+
+    def __getitem__(self, name: str) -> Param:
+        return self._params[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._params)
+
+    def __len__(self) -> int:
+        return len(self._params)
+
+    def value(self, name: str) -> Value:
+        try:
+            return self._params[name].value
+        except KeyError:
+            raise ConfigError(f"the planner has no value for {name!r}",
+                              hint=f"give one with --set {name}=VALUE ({SPECS[name].description})") from None
+
+    def num(self, name: str) -> float:
+        value = self.value(name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"planner parameter {name!r} is {value!r}, not a number")
+        return float(value)
+
+    def flag(self, name: str) -> bool:
+        return bool(self.value(name))
+
+    def updated(self, *params: Param) -> Parameters:
+        merged = dict(self._params)
+        merged.update({p.name: p for p in params})
+        return Parameters(merged)
+
+    def set_value(self, name: str, value: Value, source: str, detail: str) -> Parameters:
+        return self.updated(Param(name, check_value(name, value), source, detail))
+
+    def with_source(self, name: str, source: str, detail: str) -> Parameters:
+        return self.updated(replace(self._params[name], source=source, detail=detail))
+
+
+def check_value(name: str, value: Value) -> Value:
+    """``value`` converted to the parameter's type; a ConfigError naming the key when it does not fit."""
+    spec = SPECS[name]
+    kind = spec.kind
+    if isinstance(kind, tuple):
+        if value not in kind:
+            raise ConfigError(f"{value!r} is not one of {', '.join(kind)}", key=name)
+        return value
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("1", "true", "yes", "on"):
+            return True
+        if text in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{value!r} is not yes/no", key=name)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{value!r} is not a number", key=name, hint=f"unit: {spec.unit or 'none'}") from None
+    if number != number or number < 0 or number == float("inf"):
+        raise ConfigError(f"{value!r} must be a finite number >= 0", key=name)
+    if kind is int:
+        if number != int(number):
+            raise ConfigError(f"{value!r} must be a whole number", key=name)
+        return float(int(number))
+    return number
+
+
+def parse_assignment(text: str) -> tuple[str, str]:
+    """``latency_us=2.5`` -> ("latency_us", "2.5"); an unknown name lists the closest valid ones."""
+    name, sep, raw = text.partition("=")
+    name = name.strip()
+    if not sep or not name or not raw.strip():
+        raise ConfigError(f"--set {text!r}: expected NAME=VALUE, e.g. --set latency_us=2.5")
+    if name not in SPECS:
+        close = difflib.get_close_matches(name, list(SPECS), n=3)
+        hint = f"did you mean {', '.join(close)}?" if close else "planner parameters: " + ", ".join(SPECS)
+        raise ConfigError(f"--set {name}: not a planner parameter", hint=hint)
+    return name, raw.strip()
+
+
+def apply_sets(params: Parameters, sets: list[str]) -> Parameters:
+    """``params`` with every ``NAME=VALUE`` of ``--set`` applied (source ``set``)."""
+    for text in sets:
+        name, raw = parse_assignment(text)
+        params = params.set_value(name, raw, "set", f"--set {name}={raw}")
+    return params

@@ -1,0 +1,56 @@
+"""``--plot FILE.png``: efficiency against node count with the loss terms stacked above it to 1.
+
+matplotlib (with numpy) is imported here only, when a plot is asked for; it is the ``plot`` extra.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hpctrain.errors import ConfigError
+from hpctrain.planning.model import LOSS_TERMS, Prediction
+
+COLOURS = {"oversubscription": "#8c564b", "reduction": "#1f77b4", "straggler": "#ff7f0e", "overhead": "#9467bd",
+           "input": "#d62728", "startup": "#7f7f7f"}
+
+
+def plot(predictions: list[Prediction], path: str, title: str) -> Path:
+    """Write the figure to ``path`` (atomically) and return the path."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ConfigError("--plot needs matplotlib", hint="pip install 'hpctrain[plot]'") from None
+    out = Path(path)
+    if out.suffix.lower() != ".png":
+        raise ConfigError(f"--plot {path}: write a .png file", key="--plot")
+    nodes = [p.nodes for p in predictions]
+    efficiency = [p.efficiency for p in predictions]
+    layers = [efficiency] + [[p.losses[t] for p in predictions] for t in LOSS_TERMS]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.stackplot(nodes, layers, labels=["efficiency", *LOSS_TERMS],
+                 colors=["#2ca02c", *[COLOURS[t] for t in LOSS_TERMS]], alpha=0.85)
+    ax.plot(nodes, efficiency, color="black", marker="o", linewidth=1.5)
+    if len(nodes) > 1 and max(nodes) / min(nodes) >= 4:
+        ax.set_xscale("log", base=2)
+    ax.set_xlim(min(nodes), max(nodes))
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("share of the step")
+    ax.set_title(title)
+    ax.legend(loc="lower left", fontsize=8, ncol=4)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}.png")
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"--plot {path}: cannot write it ({exc.strerror})", key="--plot") from None
+    finally:
+        plt.close(fig)
+    return out

@@ -1,0 +1,96 @@
+"""The runtime's step profile (hpctrain/runtime/profile.py) from real training runs, and the planner reading it:
+a 1-rank run (what --calibrate measures) and a 2-rank MPI run with small buckets (bucket timing, reduction wait).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.planning.measurements import parse_profile
+from hpctrain.runtime.profile import SKIP_STEPS, RunningStat, StepProfiler
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = """name: tiny
+model: resnet
+train: {steps: 12, batch_per_rank: 2, lr: 0.01, log_every: 4, combiner: {name: mean, bucket_mb: 0.02}}
+resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
+checkpoint: {every_steps: 12}
+"""
+
+
+def train(tmp_path: Path, ranks: int) -> Path:
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    run_dir = tmp_path / f"run{ranks}"
+    cmd = [sys.executable, "-m", "hpctrain", "run", str(tmp_path / "tiny.yaml"), "--run-dir", str(run_dir)]
+    if ranks > 1:
+        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks), *cmd, "--backend", "mpi"]
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return run_dir
+
+
+def test_running_stat_matches_statistics() -> None:
+    values = [0.3, 0.1, 0.4, 0.15, 0.9, 0.26]
+    s = RunningStat()
+    for v in values:
+        s.add(v)
+    assert s.count == 6 and s.mean == pytest.approx(statistics.mean(values))
+    assert s.std == pytest.approx(statistics.stdev(values))
+
+
+def test_one_rank_run_writes_a_profile_the_planner_reads(tmp_path: Path) -> None:
+    run_dir = train(tmp_path, 1)
+    raw = json.loads((run_dir / "profile.json").read_text())
+    m = parse_profile((run_dir / "profile.json").read_text(), "test")
+    assert m.compute.count == 12 - SKIP_STEPS and m.ranks == 1 and m.backend == "none"
+    assert m.compute.mean > 0 and m.compute.std > 0 and m.step.mean >= m.compute.mean
+    assert m.step.mean == pytest.approx(m.compute.mean + m.input.mean + m.reduction_wait.mean, rel=1e-6)
+    assert len(m.buckets) > 1 and m.grad_bytes == raw["grad_bytes"]  # 0.02 MB buckets: several
+    assert m.buckets[-1].lead_s == 0.0  # the last bucket is reduced after backward
+    assert any(b.lead_s > 0 for b in m.buckets[:-1]) and m.overlap_window_s > 0
+    assert m.startup_s is not None and m.startup_s > 0
+    assert 0 < (m.cpu_share or 0) <= 1
+    out = subprocess.run([sys.executable, "-m", "hpctrain", "plan", str(tmp_path / "tiny.yaml"), "--from",
+                          str(run_dir), "--set", "ranks_per_node=2", "--json"],
+                         capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["parameters"]["compute_s"]["value"] == pytest.approx(m.compute.mean)
+    assert [b["bytes"] for b in plan["buckets"]] == [b.nbytes for b in m.buckets]
+
+
+def test_two_rank_mpi_run_records_the_reduction(tmp_path: Path) -> None:
+    m = parse_profile((train(tmp_path, 2) / "profile.json").read_text(), "test")
+    assert m.ranks == 2 and m.ranks_per_node == 2 and m.backend == "mpi"
+    assert m.reduction_wait.count == 12 - SKIP_STEPS and m.reduction_wait.mean > 0
+
+
+def test_only_rank_zero_writes_and_writes_atomically(tmp_path: Path) -> None:
+    class Model:
+        def parameters(self) -> list:
+            return []
+
+    def profiler(path: Path | None) -> StepProfiler:
+        return StepProfiler(path, model=Model(), reducer=None, combiner_state=None, ranks=2, ranks_per_node=2,
+                            threads_per_rank=1, backend="gloo", combiner="mean", samples_per_step=1,
+                            sample_unit="samples")
+
+    path = tmp_path / "profile.json"
+    quiet, loud = profiler(None), profiler(path)
+    for p in (quiet, loud):
+        for _ in range(SKIP_STEPS + 2):
+            p.begin()
+            for label in ("input", "backward", "reduced"):
+                p.mark(label)
+            p.end()
+        p.write()
+    assert [f.name for f in tmp_path.iterdir()] == ["profile.json"]  # no temporary file left behind
+    data = json.loads(path.read_text())
+    assert data["compute_s"]["count"] == 2 and data["buckets"] == [] and math.isfinite(data["step_s"]["mean"])
