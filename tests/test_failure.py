@@ -1,15 +1,20 @@
 """The failure note (hpctrain/submission/failure.py): written once by the first failing rank, whole or not at
-all, and shown as the run's reason by ``status``, ``runs`` and ``RunHandle.wait()`` — here with real ranks
-(``hpctrain run`` under the local launcher, two ranks refusing the same value) on the ``local`` site.
+all, and shown as the run's reason by ``status``, ``runs`` and ``RunHandle.wait()`` — with real ranks
+(``hpctrain run`` under the local launcher, two ranks refusing the same value) on the ``local`` site, and
+under srun on the real Slurm behind the loopback sshd (the note comes in the poll's one ssh round trip).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -75,3 +80,43 @@ def test_failed_ranks_name_the_cause_in_status_runs_and_wait(tmp_path: Path, mon
                           timeout=60)
     (line,) = [ln for ln in runs.stdout.splitlines() if ln.startswith(run.run_id)]
     assert " failed " in line and cause in line  # `runs` makes no scheduler call: the reason was recorded
+
+
+@pytest.mark.slurm
+def test_the_note_comes_over_ssh_in_the_same_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         sshd: Any, slurm: Any) -> None:
+    """A remote run on the real Slurm whose rank (srun, the real ``hpctrain run``) refuses a value: each poll
+    is one ssh call, and the one that sees the job FAILED brings the rank's line with it."""
+    from hpctrain.submission.tracking import poll_runs
+    from hpctrain.submission.transport import SSHTransport, TransportPool
+
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    (tmp_path / "job.yaml").write_text(TWO_RANKS.replace("ranks_per_node: 2", "ranks_per_node: 1"))
+    control = Path(tempfile.mkdtemp(prefix="hfn", dir="/tmp"))
+    calls: list[list[str]] = []
+
+    class Counting(SSHTransport):
+        def run(self, argv: list[str], **kw: Any) -> Any:
+            calls.append(argv)
+            return super().run(argv, **kw)
+
+    pool = TransportPool(lambda r, c: Counting(r, ssh_config=c, control_dir=str(control), connect_timeout=5))
+    rank = [sys.executable, "-m", "hpctrain", "run", "job.yaml", "--run-dir", ".", "--set", "train.lr=-1"]
+    try:
+        with Registry() as reg:
+            run = submit_runs(tmp_path / "job.yaml", "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
+                              run_root=str(tmp_path / "remote-runs"), command=rank, registry=reg, pool=pool).runs[0]
+            deadline = time.monotonic() + 120
+            while True:
+                before = len(calls)
+                (view,) = poll_runs(reg, [run], pool)
+                assert len(calls) == before + 1
+                if view.state not in ("pending", "running") or time.monotonic() > deadline:
+                    break
+                time.sleep(1)
+        assert view.state == "failed", view
+        assert view.reason.startswith("rank 0: --set train.lr=-1: train.lr: Input should be greater than 0"), view
+    finally:
+        pool.close(stop_masters=True)
+        shutil.rmtree(control, ignore_errors=True)
