@@ -43,9 +43,12 @@ train: {{steps: 2, batch_per_rank: 2, lr: 0.01}}
 resources: {{nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}}
 checkpoint: {{signal_lead_s: 10, max_requeues: {requeues}}}
 """
-# Exits 75 (stopped at a checkpoint) in its first run, then writes a metrics line and ends well: what a run
-# that met its walltime once does. The restart counter is the scheduler's (Slurm) or the controller's (local).
-REQUEUE_ONCE = ("if [ \"${SLURM_RESTART_COUNT:-${HPCTRAIN_RESTART_COUNT:-0}}\" -ge 1 ]; then sleep 3; "
+# Exits 75 (stopped at a checkpoint) in its first run; in the second it waits for the test to create
+# `release` (so the test sees it running, however slow the machine), writes a metrics line and ends well:
+# what a run that met its walltime once does. The restart counter is the scheduler's (Slurm) or the
+# controller's (local).
+REQUEUE_ONCE = ("if [ \"${SLURM_RESTART_COUNT:-${HPCTRAIN_RESTART_COUNT:-0}}\" -ge 1 ]; then "
+                "for i in $(seq 600); do [ -e release ] && break; sleep 0.2; done; "
                 "echo '{\"step\": 2, \"loss\": 0.5}' >> metrics.jsonl; exit 0; fi; exit 75")
 
 
@@ -77,10 +80,12 @@ def test_a_local_requeue_reads_as_restart_k_of_n(env: Path) -> None:
     with Registry() as reg:
         run = submit_runs(env / "tiny.yaml", "local", command=["sh", "-c", REQUEUE_ONCE], registry=reg).runs[0]
     seen: list[str] = []
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         view = RunHandle(run.run_id).status()
         seen.append(f"{view.state}: {view.reason}")
+        if view.state == "running" and view.restart:
+            Path(run.run_dir, "release").touch()
         if view.state == "completed":
             break
         time.sleep(0.3)
@@ -108,6 +113,9 @@ def test_a_slurm_requeue_is_not_waiting_for_a_start_time(env: Path, slurm: Any) 
         view = RunHandle(run.run_id).status()
         if view.state == "pending" and view.restart:
             pending.append(view.reason)
+        if view.state == "running" and view.restart:
+            assert view.reason == "restart 1 of 2, after a checkpoint", view
+            Path(run.run_dir, "release").touch()
         if view.state == "completed":
             break
         time.sleep(0.5)
