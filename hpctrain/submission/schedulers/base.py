@@ -280,7 +280,7 @@ def requeue_block(restart_variable: str, max_requeues: int, action: list[str]) -
 def get_scheduler(name: str) -> Scheduler:
     """The back-end for a site's ``scheduler:`` value: ``SCHEDULER`` of the module of that name here."""
     module = None
-    if _MODULE_NAME.fullmatch(name) and name not in ("base", "state", "status_parsers", "local_controller"):
+    if _MODULE_NAME.match(name):
         try:
             module = importlib.import_module(f"{__package__}.{name}")
         except ModuleNotFoundError as exc:
@@ -296,14 +296,11 @@ def get_scheduler(name: str) -> Scheduler:
 def known_schedulers() -> list[str]:
     """The names of the back-end modules in this package (those defining ``SCHEDULER``)."""
     import pkgutil
-    from pathlib import Path
 
-    names = []
-    for info in pkgutil.iter_modules([str(Path(__file__).resolve().parent)]):
-        text = (Path(__file__).resolve().parent / f"{info.name}.py").read_text(encoding="utf-8")
-        if re.search(r"^SCHEDULER = ", text, re.M):
-            names.append(info.name)
-    return sorted(names)
+    package = importlib.import_module(__package__)
+    return sorted(info.name for info in pkgutil.iter_modules(package.__path__)
+                  if isinstance(getattr(importlib.import_module(f"{__package__}.{info.name}"), "SCHEDULER", None),
+                                Scheduler))
 
 
 def place(job: JobSpec, site: SiteProfile) -> Placement:
