@@ -63,6 +63,7 @@ def test_json_shape(tmp_path: Path) -> None:
     compute = data["parameters"]["compute_s"]
     assert compute == {"value": 0.05, "unit": "s", "source": "measured",
                        "detail": f"{run}/profile.json: compute_s mean of 40 steps"}
+    assert data["parameters"]["intra_latency_us"]["detail"] == "site_configs/local.yaml: network.intra_latency_us"
     assert data["parameters"]["ranks_per_node"]["source"] == "set"
     assert data["parameters"]["intra_latency_us"]["source"] == "site"
     assert data["buckets"] == [{"bytes": 197000.0, "lead_s": 0.0}]
@@ -74,6 +75,7 @@ def test_json_shape(tmp_path: Path) -> None:
                                     "startup"}
     assert pred["dominant_loss"] in (*pred["losses"], "none")
     assert pred["reduction"]["algorithm"] == "ring"  # the local site's gloo
+    assert pred["reduction"]["hidden_fraction"] == 0.0  # one bucket: reduced after backward
     assert set(pred["advice"]) == {"lr_scaling", "batch_per_rank"} and isinstance(pred["warnings"], list)
     assert 0 < pred["efficiency"] < 1
     assert pred["time_to_target_s"] == pytest.approx(1000 * pred["step_s"] + pred["startup_s"])

@@ -222,12 +222,14 @@ def test_even_bucket_layout() -> None:
 
 
 def test_lr_rule_follows_the_ffn_study() -> None:
-    assert "linear with warm-up" in lr_rule(8, "sqrt", "linear") and "set train.lr_scaling: linear" in lr_rule(
-        8, "sqrt", "linear")
+    assert lr_rule(8, "sqrt", "linear").endswith("set train.lr_scaling: linear")
+    assert "linear with warm-up up to 16 ranks" in lr_rule(8, "sqrt", "linear")
     assert lr_rule(8, "linear", "linear").endswith("fits")
-    assert "set train.lr_scaling: linear" in lr_rule(8, "linear", "none")  # linear needs a warm-up
+    assert lr_rule(8, "linear", "none").endswith("set a train.warmup")  # linear needs a warm-up
+    assert lr_rule(8, "none", "none").endswith("set train.lr_scaling: linear and a train.warmup")
     assert lr_rule(64, "sqrt", "none").endswith("fits")
-    assert "set train.lr_scaling: sqrt" in lr_rule(64, "linear", "linear")
+    assert lr_rule(64, "linear", "linear").endswith("set train.lr_scaling: sqrt")
+    assert lr_rule(1, "linear", "none") == "one rank: no LR scaling"
 
 
 def test_batch_advice_amortises_a_fixed_per_step_cost() -> None:

@@ -25,7 +25,8 @@ _WHAT_TO_DO = {
                  "on the nodes, a larger batch per rank) or let DaSGD absorb it",
     "reduction": "the reduction is not hidden behind backward: larger buckets, fp16/bf16 on the wire, or "
                  "AdaComp/DaSGD",
-    "oversubscription": "ranks x threads exceed the node's cores: fewer ranks per node or fewer threads",
+    "oversubscription": "ranks x threads (with the other work on the node) exceed its hardware threads: fewer "
+                        "ranks per node or threads, or nodes to the job alone",
     "overhead": "a fixed cost per step once the job spans nodes: a larger batch per rank amortises it",
 }
 
@@ -42,7 +43,10 @@ def lr_rule(ranks: int, lr_scaling: str, warmup_kind: str) -> str:
         ok = lr_scaling == "sqrt"
     if ok:
         return f"{why}: the job's lr_scaling {lr_scaling} fits"
-    return f"{why}: set train.lr_scaling: {wanted}" + (", train.warmup" if wanted == "linear" else "")
+    changes = [f"train.lr_scaling: {wanted}"] if lr_scaling != wanted else []
+    if wanted == "linear" and warmup_kind == "none":
+        changes.append("a train.warmup")
+    return f"{why}: set {' and '.join(changes)}"
 
 
 def _scaled_batch(w: Workload, factor: int) -> Workload:
@@ -77,7 +81,8 @@ def warnings_for(prediction: Prediction, walltime_s: float) -> list[str]:
     for term, share in sorted(prediction.losses.items(), key=lambda kv: -kv[1]):
         if share >= WARN_SHARE:
             label = "start-up" if term == "startup" else term
-            out.append(f"{label} costs {share:.0%} of the step at {prediction.nodes} nodes: {_WHAT_TO_DO[term]}")
+            nodes = f"{prediction.nodes} node{'s' * (prediction.nodes != 1)}"
+            out.append(f"{label} costs {share:.0%} of the step at {nodes}: {_WHAT_TO_DO[term]}")
     return out
 
 

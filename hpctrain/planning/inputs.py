@@ -5,6 +5,7 @@ named assumptions for the rest; ``--set`` overrides any of them. Each keeps the 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile, locate_site
@@ -68,10 +69,15 @@ class PlanInputs:
 
 
 def _site_file(site: SiteProfile) -> str:
+    """The profile's file, relative to the working directory when it lies below it."""
     try:
-        return str(locate_site(site.name))
+        path = locate_site(site.name).resolve()
     except ConfigError:
         return f"site {site.name}"
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 def _job_params(job: JobSpec, where: str, site: SiteProfile) -> list[Param]:

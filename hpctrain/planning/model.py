@@ -111,6 +111,12 @@ class Prediction:
         return self.ranks * self.batch_per_rank / self.cost.total_s
 
     @property
+    def hidden_fraction(self) -> float:
+        """The share of the reduction's communication hidden behind backward (1 when there is none)."""
+        total = self.cost.reduction_total_s
+        return 1.0 - min(1.0, self.cost.terms["reduction"] / total) if total > 0 else 1.0
+
+    @property
     def dominant_loss(self) -> str:
         """The loss term costing most at this scale ('none' when every loss is under 0.5 %)."""
         name, value = max(self.losses.items(), key=lambda kv: kv[1])
@@ -124,7 +130,7 @@ class Prediction:
             "time_to_target_s": self.time_to_target_s, "dominant_loss": self.dominant_loss,
             "terms_s": dict(self.cost.terms), "losses": dict(self.losses),
             "reduction": {"algorithm": self.cost.algorithm, "total_s": self.cost.reduction_total_s,
-                          "exposed_s": self.cost.terms["reduction"]},
+                          "exposed_s": self.cost.terms["reduction"], "hidden_fraction": self.hidden_fraction},
             "advice": dict(self.advice), "warnings": list(self.warnings),
         }
 

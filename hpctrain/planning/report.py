@@ -83,7 +83,7 @@ def advice_lines(predictions: list[Prediction]) -> list[str]:
     """One block per node count: LR rule, batch per rank, warnings."""
     lines = []
     for p in predictions:
-        lines.append(f"{p.nodes} nodes ({p.ranks} ranks):")
+        lines.append(f"{p.nodes} node{'s' * (p.nodes != 1)} ({p.ranks} rank{'s' * (p.ranks != 1)}):")
         lines.append(f"  LR scaling: {p.advice.get('lr_scaling', '-')}")
         lines.append(f"  batch per rank: {p.advice.get('batch_per_rank', '-')}")
         lines.extend(f"  warning: {w}" for w in p.warnings)
