@@ -1,8 +1,11 @@
-"""``hpctrain ffn prepare|segment|evaluate``: the Flood-Filling Network's data, inference and evaluation."""
+"""``hpctrain ffn prepare|segment|segment-parts|evaluate``: the Flood-Filling Network's data, inference (whole,
+or in overlapping subvolumes on several ranks) and evaluation against ground truth and the baselines."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -22,28 +25,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_seg.add_argument("--min-segment-size", type=int, default=None)
     p_seg.add_argument("--move-threshold", type=float, default=None)
     p_seg.add_argument("--segment-threshold", type=float, default=None)
-    p_seg.add_argument("--threads", type=int, default=None)
+    p_seg.add_argument("--threads", type=int, default=None, help="threads per process")
+    p_seg.add_argument("--subvolumes", type=int, nargs=3, metavar=("Z", "Y", "X"), default=None,
+                       help="cut the volume into Z x Y x X overlapping pieces, segment each on its own, reconcile")
+    p_seg.add_argument("--overlap", type=int, default=None,
+                       help="voxels each piece reads beyond its core on every side (default: the FOV)")
+    p_seg.add_argument("--ranks", type=int, default=1,
+                       help="processes that segment the pieces, started by the local site's launcher")
+    p_seg.add_argument("--keep-parts", action="store_true", help="keep the pieces' files after reconciling")
     p_seg.set_defaults(handler=cmd_segment)
+
+    p_parts = sub.add_parser("segment-parts", help="segment this rank's pieces of a subvolume plan (run as "
+                             "ranks of a job, e.g. srun -n 64 hpctrain ffn segment-parts PLAN)")
+    p_parts.add_argument("plan", help="plan.json written by hpctrain ffn segment --subvolumes")
+    p_parts.add_argument("--threads", type=int, default=None, help="threads per rank (default: CPUs / ranks)")
+    p_parts.set_defaults(handler=cmd_segment_parts)
 
     p_eval = sub.add_parser("evaluate", help="VOI split/merge and adapted Rand error against ground truth")
     p_eval.add_argument("segmentation", help="FILE.h5:DATASET")
     p_eval.add_argument("labels", help="ground truth FILE.h5:DATASET")
+    p_eval.add_argument("--baseline", metavar="IMAGE", default=None,
+                        help="also score the baselines (Otsu components, seeded watershed) on this image volume")
+    p_eval.add_argument("--train", nargs=2, metavar=("IMAGE", "LABELS"), default=None,
+                        help="training volume on which the watershed's parameters are chosen (with --baseline)")
     p_eval.add_argument("--json", action="store_true")
     p_eval.set_defaults(handler=cmd_evaluate)
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from hpctrain.config.job import load_job
-    from hpctrain.config.plugins.ffn import SCHEMA, training_margin
-    from hpctrain.ffn.task import prepare_training_data
+    from hpctrain.ffn.task import model_config, prepare_training_data
 
     job = load_job(args.job)
-    model_args, data = SCHEMA.parse(job.model_args, job.data, job.origin)
-    # The same centres as training makes: far enough from the border for the policy's whole training box.
-    prepared = prepare_training_data(data, model_args.fov, model_args.deltas, Path(args.out),
-                                     margin=training_margin(model_args, data))
+    cfg = model_config(job.model_args)
+    prepared = prepare_training_data(dict(job.data), cfg["fov"], cfg["deltas"], Path(args.out))
     for key, value in prepared.items():
         print(f"{key}: {value}")
     return 0
@@ -53,7 +68,6 @@ def resolve_checkpoint(path: str) -> str:
     """A run's checkpoint directory stands for the newest checkpoint in it whose shared file checks out
     against the manifest (size and checksum); skipped checkpoints are reported on stderr."""
     import sys
-    from pathlib import Path
 
     from hpctrain.checkpoint.manifest import newest_shared_file
 
@@ -70,21 +84,138 @@ def cmd_segment(args: argparse.Namespace) -> int:
 
     config = {k: v for k, v in {"min_segment_size": args.min_segment_size, "move_threshold": args.move_threshold,
                                 "segment_threshold": args.segment_threshold}.items() if v is not None}
-    summary = run_segment(resolve_checkpoint(args.checkpoint), args.volume, args.output, config=config or None,
-                          threads=args.threads)
-    for key in ("out", "objects", "segmented_fraction", "ffn_calls", "seconds"):
+    checkpoint = resolve_checkpoint(args.checkpoint)
+    if args.subvolumes:
+        summary = segment_in_pieces(checkpoint, args.volume, args.output, config, counts=tuple(args.subvolumes),
+                                    overlap=args.overlap, ranks=args.ranks, threads=args.threads,
+                                    keep_parts=args.keep_parts)
+        keys: tuple[str, ...] = ("out", "objects", "pieces", "joined_pairs", "seconds")
+    else:
+        summary = run_segment(checkpoint, args.volume, args.output, config=config or None, threads=args.threads)
+        keys = ("out", "objects", "segmented_fraction", "ffn_calls", "seconds")
+    for key in keys:
         if key in summary:
             print(f"{key}: {summary[key]}")
     return 0
 
 
-def cmd_evaluate(args: argparse.Namespace) -> int:
-    from hpctrain.commands.output import print_json
-    from hpctrain.ffn.evaluate import format_report, run_evaluate
+def parts_dir_for(output: str) -> Path:
+    """Where the pieces of ``output`` (FILE.h5[:DATASET]) are kept: FILE.parts/ beside it."""
+    from hpctrain.ffn.inference import _split_h5
 
-    metrics = run_evaluate(args.segmentation, args.labels)
-    if args.json:
-        print_json(metrics)
+    file, _ = _split_h5(output, "segmentation")
+    return file.with_name(file.stem + ".parts")
+
+
+def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[str, Any] | None, *,
+                      counts: tuple[int, int, int], overlap: int | None = None, ranks: int = 1,
+                      threads: int | None = None, keep_parts: bool = False) -> dict[str, Any]:
+    """Plan overlapping subvolumes, segment them with ``ranks`` local processes (the local site's launcher) or
+    in this process, and reconcile them into ``output``. Returns the reconciliation's summary."""
+    import shutil
+    import sys
+    import time
+
+    from hpctrain.errors import RuntimeFailure
+    from hpctrain.ffn.inference import load_model
+    from hpctrain.ffn.subvolumes import plan_subvolumes, read_plan, reconcile, segment_parts, write_plan
+    from hpctrain.ffn.volume import open_volume
+
+    t0 = time.perf_counter()
+    _, model_args, _ = load_model(checkpoint)
+    fov = model_args.get("fov", 33)
+    fov3 = [int(fov)] * 3 if isinstance(fov, int) else [int(v) for v in fov]
+    with_volume = open_volume(volume)
+    try:
+        shape = tuple(int(s) for s in with_volume.shape)
+    finally:
+        with_volume.close()
+    halo = overlap if overlap is not None else max(fov3)
+    plan = plan_subvolumes(shape, counts, halo, min_size=fov3)
+    parts = parts_dir_for(output)
+    plan_path = parts / "plan.json"
+    if plan_path.exists():  # a rerun keeps finished pieces only if they were cut the same way
+        old, _ = read_plan(plan_path)
+        if old != plan:
+            shutil.rmtree(parts)
+    if not plan_path.exists():
+        write_plan(plan_path, plan, checkpoint=str(Path(checkpoint).resolve()), volume=str(volume),
+                   config=config or {}, shape=list(shape))
+    if ranks > 1:
+        from hpctrain.submission.launchers.local_launch import launch
+
+        command = [sys.executable, "-m", "hpctrain", "ffn", "segment-parts", str(plan_path)]
+        if threads:
+            command += ["--threads", str(threads)]
+        code = launch(command, ranks, log_dir=str(parts / "logs"))
+        if code != 0:
+            raise RuntimeFailure(f"segmenting the pieces of {plan_path} failed (launcher exit {code})",
+                                 hint=f"see {parts / 'logs'}; running the same command again keeps finished pieces")
     else:
-        print(format_report(metrics))
+        segment_parts(plan_path, 0, 1, threads=threads)
+    summary = reconcile(plan, parts, output, shape, attrs={"checkpoint": checkpoint, "image": str(volume),
+                                                           "subvolumes": list(counts), "overlap": halo})
+    if not keep_parts:
+        shutil.rmtree(parts)
+    return {**summary, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def cmd_segment_parts(args: argparse.Namespace) -> int:
+    import os
+
+    from hpctrain.ffn.perf import available_cpus
+    from hpctrain.ffn.subvolumes import segment_parts
+    from hpctrain.launch_env import detect_launch_env
+
+    env = detect_launch_env(os.environ)
+    threads = args.threads or max(1, available_cpus() // max(env.local_size, 1))
+    written = segment_parts(args.plan, env.rank, env.size, threads=threads)
+    print(f"rank {env.rank} of {env.size}: {len(written)} pieces segmented")
+    return 0
+
+
+def baseline_scores(image_spec: str, labels: Any, train: tuple[str, str] | None) -> dict[str, dict[str, Any]]:
+    """Scores of the Otsu-components baseline and of the seeded watershed on ``image_spec``; the watershed's
+    parameters are chosen on the ``train`` (image, labels) volume when given, else its defaults."""
+    import numpy as np
+
+    from hpctrain.ffn.baseline import baseline_segmentation
+    from hpctrain.ffn.evaluate import evaluate_segmentation
+    from hpctrain.ffn.volume import load_volume
+    from hpctrain.ffn.watershed import WatershedParams, tune_watershed, watershed_segmentation
+
+    image = np.asarray(load_volume(image_spec))
+    params = WatershedParams()
+    if train:
+        params, _ = tune_watershed(np.asarray(load_volume(train[0])), np.asarray(load_volume(train[1])))
+    return {"baseline (Otsu components)": evaluate_segmentation(baseline_segmentation(image), labels),
+            f"watershed ({'tuned on --train' if train else 'default parameters'})":
+                {**evaluate_segmentation(watershed_segmentation(image, params), labels), "params": vars(params)}}
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from hpctrain.commands.output import print_json, print_table
+    from hpctrain.errors import ConfigError
+    from hpctrain.ffn.evaluate import format_report, run_evaluate
+    from hpctrain.ffn.volume import load_volume
+
+    if args.train and not args.baseline:
+        raise ConfigError("--train chooses the watershed baseline's parameters; it needs --baseline IMAGE")
+    metrics = run_evaluate(args.segmentation, args.labels)
+    others: dict[str, dict[str, Any]] = {}
+    if args.baseline:
+        others = baseline_scores(args.baseline, np.asarray(load_volume(args.labels)), args.train)
+    if args.json:
+        print_json({**metrics, "baselines": others} if others else metrics)
+        return 0
+    print(format_report(metrics))
+    if others:
+        print()
+        rows = [["this segmentation", *(f"{metrics[k]:.3f}" for k in ("voi", "voi_split", "voi_merge",
+                                                                        "adapted_rand_error"))]]
+        rows += [[name, *(f"{m[k]:.3f}" for k in ("voi", "voi_split", "voi_merge", "adapted_rand_error"))]
+                 for name, m in others.items()]
+        print_table(["segmentation", "VOI", "split", "merge", "adapted Rand"], rows)
     return 0

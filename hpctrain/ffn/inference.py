@@ -482,25 +482,17 @@ def load_model(
     return model, model_args, dict(ckpt)
 
 
-def run_segment(
+def prepare_inference(
     checkpoint_path: str | Path,
-    volume_spec: Any,
-    out_path: str | Path,
-    *,
     config: InferenceConfig | Mapping[str, Any] | None = None,
+    *,
     threads: int | None = None,
     tune: bool = True,
-) -> dict[str, Any]:
-    """`hpctrain segment`: checkpoint + image volume → segmentation HDF5; returns a summary dict.
-
-    FOV and deltas come from the checkpoint's ``model_args`` unless ``config`` sets them; image_mean and
-    image_stddev from the checkpoint (top level or ``model_args``) unless ``config`` sets them. ``tune``: run
-    a copy of the model with the CPU inference settings of ``hpctrain.ffn.perf`` (oneDNN convolutions,
-    channels-last; the same float32 sums up to their order).
-    """
+) -> tuple[Any, InferenceConfig, dict[str, Any]]:
+    """The model (tuned for CPU inference unless ``tune`` is False), the settings and the checkpoint's
+    ``model_args``. FOV and deltas come from ``model_args`` unless ``config`` sets them; image_mean and
+    image_stddev from the checkpoint (top level or ``model_args``) unless ``config`` sets them."""
     import torch
-
-    from hpctrain.ffn.volume import load_volume
 
     if threads:
         torch.set_num_threads(int(threads))
@@ -517,14 +509,33 @@ def run_segment(
             if value is not None:
                 updates[key] = float(value)
     cfg = dataclasses.replace(cfg, **updates)
-
-    image = np.asarray(load_volume(volume_spec))
-    if image.ndim != 3:
-        raise DataError(f"image {volume_spec} has shape {image.shape}; expected a 3-D (z, y, x) volume")
     if tune and cfg.device == "cpu":
         from hpctrain.ffn.perf import tune_for_inference
 
         model = tune_for_inference(model, torch.zeros((1, 2, *cfg.fov), dtype=torch.float32))
+    return model, cfg, model_args
+
+
+def run_segment(
+    checkpoint_path: str | Path,
+    volume_spec: Any,
+    out_path: str | Path,
+    *,
+    config: InferenceConfig | Mapping[str, Any] | None = None,
+    threads: int | None = None,
+    tune: bool = True,
+) -> dict[str, Any]:
+    """`hpctrain ffn segment`: checkpoint + image volume → segmentation HDF5; returns a summary dict.
+
+    Settings as ``prepare_inference``; ``tune`` runs a copy of the model with the CPU inference settings of
+    ``hpctrain.ffn.perf`` (oneDNN convolutions, channels-last; the same float32 sums up to their order).
+    """
+    from hpctrain.ffn.volume import load_volume
+
+    model, cfg, model_args = prepare_inference(checkpoint_path, config, threads=threads, tune=tune)
+    image = np.asarray(load_volume(volume_spec))
+    if image.ndim != 3:
+        raise DataError(f"image {volume_spec} has shape {image.shape}; expected a 3-D (z, y, x) volume")
     t0 = time.perf_counter()
     labels, canvas = segment_volume(model, image, cfg, return_canvas=True)
     seconds = time.perf_counter() - t0

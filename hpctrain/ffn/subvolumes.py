@@ -1,0 +1,261 @@
+"""Inference over a volume too large for one process: overlapping subvolumes, segmented independently (by
+the ranks of one job, or one after the other), then reconciled across their borders into one segmentation.
+
+Each subvolume owns a *core* (the volume cut into a grid of disjoint boxes) and reads ``overlap`` more voxels
+on each side. Two subvolumes' segments are joined when they share most of the voxels that either has in the
+region both segmented (google/ffn reconciles subvolumes the same way: by the overlap of their objects); the
+output takes every voxel from the subvolume whose core holds it. Only one subvolume is in memory at a time.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpctrain.errors import ConfigError, DataError
+
+Zyx = tuple[int, int, int]
+
+
+@dataclass(frozen=True)
+class Subvolume:
+    """One piece of the plan: ``start``/``stop`` is the box it segments, ``core_*`` the box it writes."""
+
+    index: int
+    start: Zyx
+    stop: Zyx
+    core_start: Zyx
+    core_stop: Zyx
+
+    def box(self) -> tuple[slice, slice, slice]:
+        return tuple(slice(a, b) for a, b in zip(self.start, self.stop, strict=True))  # type: ignore[return-value]
+
+    @property
+    def shape(self) -> Zyx:
+        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))  # type: ignore[return-value]
+
+
+def _zyx(value: int | Sequence[int], name: str) -> Zyx:
+    vals = [int(value)] * 3 if isinstance(value, int) else [int(v) for v in value]
+    if len(vals) != 3:
+        raise ConfigError(f"{name} must be one integer or three (z, y, x), got {value!r}", key=name)
+    return (vals[0], vals[1], vals[2])
+
+
+def plan_subvolumes(shape: Sequence[int], counts: int | Sequence[int], overlap: int | Sequence[int],
+                    min_size: Sequence[int] = (1, 1, 1)) -> list[Subvolume]:
+    """Cut ``shape`` into ``counts`` (z, y, x) cores of near-equal size, each read with ``overlap`` more voxels
+    per side (clipped at the volume's border). ``min_size`` (the FOV) is the smallest box a piece may read."""
+    shape3 = _zyx(list(shape), "volume shape")
+    n = _zyx(counts, "subvolumes")
+    halo = _zyx(overlap, "overlap")
+    if any(c < 1 for c in n) or any(h < 0 for h in halo):
+        raise ConfigError(f"subvolume counts {n} must be >= 1 and overlap {halo} >= 0", key="subvolumes")
+    if any(c > s for c, s in zip(n, shape3, strict=True)):
+        raise ConfigError(f"cannot cut a volume of shape {shape3} into {n} subvolumes", key="subvolumes")
+    edges = [np.linspace(0, s, c + 1).round().astype(int) for s, c in zip(shape3, n, strict=True)]
+    plan = []
+    for index, (iz, iy, ix) in enumerate(itertools.product(*(range(c) for c in n))):
+        core_start = (int(edges[0][iz]), int(edges[1][iy]), int(edges[2][ix]))
+        core_stop = (int(edges[0][iz + 1]), int(edges[1][iy + 1]), int(edges[2][ix + 1]))
+        start = tuple(max(a - h, 0) for a, h in zip(core_start, halo, strict=True))
+        stop = tuple(min(b + h, s) for b, h, s in zip(core_stop, halo, shape3, strict=True))
+        sub = Subvolume(index, start, stop, core_start, core_stop)  # type: ignore[arg-type]
+        if any(s < m for s, m in zip(sub.shape, min_size, strict=True)):
+            raise ConfigError(f"subvolume {index} reads {sub.shape} voxels, less than the FOV {tuple(min_size)}",
+                              key="subvolumes", hint="use fewer subvolumes or a larger overlap")
+        plan.append(sub)
+    return plan
+
+
+# ----------------------------------------------------------------------------------------- the plan file
+
+
+def write_plan(path: Path, plan: list[Subvolume], **settings: Any) -> Path:
+    """The plan and the run's settings as JSON, for the ranks that segment the pieces (written atomically)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps({"subvolumes": [asdict(s) for s in plan], **settings}, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def read_plan(path: Path) -> tuple[list[Subvolume], dict[str, Any]]:
+    try:
+        data = json.loads(Path(path).read_text())
+        plan = [Subvolume(int(s["index"]), *(tuple(int(v) for v in s[k]) for k in  # type: ignore[arg-type]
+                          ("start", "stop", "core_start", "core_stop"))) for s in data.pop("subvolumes")]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path} is not a subvolume plan written by hpctrain ffn segment ({e})") from e
+    return plan, data
+
+
+def part_path(parts_dir: Path, sub: Subvolume) -> Path:
+    return Path(parts_dir) / f"sub-{sub.index:05d}.h5"
+
+
+def mine(plan: list[Subvolume], rank: int, size: int) -> list[Subvolume]:
+    """The pieces rank ``rank`` of ``size`` segments: every ``size``-th, so sizes balance across ranks."""
+    return [s for s in plan if s.index % size == rank]
+
+
+# -------------------------------------------------------------------------------------------- reconcile
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, a: int) -> int:
+        root = a
+        while self.parent.get(root, root) != root:
+            root = self.parent[root]
+        while self.parent.get(a, a) != root:  # path compression
+            self.parent[a], a = root, self.parent[a]
+        return root
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _read_part(parts_dir: Path, sub: Subvolume, box: tuple[slice, ...] | None = None) -> np.ndarray:
+    import h5py
+
+    path = part_path(parts_dir, sub)
+    if not path.exists():
+        raise DataError(f"subvolume {sub.index} has no segmentation at {path}",
+                        hint="segment every piece of the plan (hpctrain ffn segment-parts) before reconciling")
+    with h5py.File(path, "r") as f:
+        data = f["segmentation"]
+        if tuple(data.shape) != sub.shape:
+            raise DataError(f"{path} holds shape {tuple(data.shape)}, but subvolume {sub.index} is {sub.shape}")
+        return np.asarray(data[box] if box is not None else data[()])
+
+
+def _shared_box(a: Subvolume, b: Subvolume) -> tuple[Zyx, Zyx] | None:
+    lo = tuple(max(x, y) for x, y in zip(a.start, b.start, strict=True))
+    hi = tuple(min(x, y) for x, y in zip(a.stop, b.stop, strict=True))
+    return None if any(h <= low for low, h in zip(lo, hi, strict=True)) else (lo, hi)  # type: ignore[return-value]
+
+
+def _local(sub: Subvolume, lo: Zyx, hi: Zyx) -> tuple[slice, ...]:
+    return tuple(slice(a - s, b - s) for a, b, s in zip(lo, hi, sub.start, strict=True))
+
+
+def match_segments(a: np.ndarray, b: np.ndarray, *, min_fraction: float = 0.5,
+                   min_voxels: int = 50) -> list[tuple[int, int]]:
+    """Pairs (segment of ``a``, segment of ``b``) on the same voxels that belong together: they share at least
+    ``min_voxels`` voxels and at least ``min_fraction`` of each one's voxels in this region. Requiring both
+    sides keeps one subvolume's merge error from joining two objects the other kept apart."""
+    keep = (a > 0) & (b > 0)
+    if not keep.any():
+        return []
+    pairs, counts = np.unique(np.stack([a[keep], b[keep]]).astype(np.int64), axis=1, return_counts=True)
+    ids_a, size_a = np.unique(a[a > 0], return_counts=True)
+    ids_b, size_b = np.unique(b[b > 0], return_counts=True)
+    na = dict(zip(ids_a.tolist(), size_a.tolist(), strict=True))
+    nb = dict(zip(ids_b.tolist(), size_b.tolist(), strict=True))
+    out = []
+    for (sa, sb), n in zip(pairs.T.tolist(), counts.tolist(), strict=True):
+        if n >= min_voxels and n >= min_fraction * na[sa] and n >= min_fraction * nb[sb]:
+            out.append((int(sa), int(sb)))
+    return out
+
+
+def reconcile(plan: list[Subvolume], parts_dir: Path, out_path: str | Path, shape: Sequence[int], *,
+              min_fraction: float = 0.5, min_voxels: int = 50, attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Join the pieces' segments across borders and write one segmentation (uint32 ids 1..N) to ``out_path``.
+
+    Segment ``k`` of piece ``i`` first gets the global id ``offset_i + k``; pairs that ``match_segments`` in
+    the region both pieces segmented are joined (transitively), then ids are renumbered 1..N in order.
+    """
+    from hpctrain.ffn.inference import _split_h5
+
+    offsets, total, written = {}, 0, set()
+    for sub in plan:
+        offsets[sub.index] = total
+        labels = _read_part(parts_dir, sub)
+        core = labels[_local(sub, sub.core_start, sub.core_stop)]
+        written.update((total + np.unique(core[core > 0]).astype(np.int64)).tolist())
+        total += int(labels.max(initial=0))
+    union = _UnionFind()
+    joined = 0
+    for a, b in itertools.combinations(plan, 2):
+        shared = _shared_box(a, b)
+        if shared is None:
+            continue
+        la = _read_part(parts_dir, a, _local(a, *shared))
+        lb = _read_part(parts_dir, b, _local(b, *shared))
+        for sa, sb in match_segments(la, lb, min_fraction=min_fraction, min_voxels=min_voxels):
+            union.union(offsets[a.index] + sa, offsets[b.index] + sb)
+            joined += 1
+    # Global ids -> final ids 1..N in order of their root; segments seen only in overlaps never reach the output.
+    roots = sorted({union.find(g) for g in written})
+    final = {r: i + 1 for i, r in enumerate(roots)}
+    table = np.zeros(total + 1, dtype=np.uint32)
+    for g in written:
+        table[g] = final[union.find(g)]
+
+    import h5py
+
+    file, name = _split_h5(out_path, "segmentation")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            ds = f.create_dataset(name, shape=tuple(int(s) for s in shape), dtype=np.uint32, chunks=True,
+                                  compression="gzip", compression_opts=1)
+            for sub in plan:
+                core = _local(sub, sub.core_start, sub.core_stop)
+                local = _read_part(parts_dir, sub, core).astype(np.int64)
+                ids = np.where(local > 0, local + offsets[sub.index], 0)
+                ds[tuple(slice(a, b) for a, b in zip(sub.core_start, sub.core_stop, strict=True))] = table[ids]
+            for key, value in (attrs or {}).items():
+                ds.attrs[key] = json.dumps(value, default=str) if not isinstance(value, (str, int, float)) else value
+        os.replace(tmp, file)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"could not write the reconciled segmentation to {file}: {e}") from e
+    return {"out": str(file), "objects": len(roots), "pieces": len(plan), "joined_pairs": joined}
+
+
+# ------------------------------------------------------------------------------------------- the pieces
+
+
+def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads: int | None = None,
+                  model: Any = None, config: Any = None) -> list[str]:
+    """Segment this rank's pieces of the plan, each read from the volume on its own; returns the files written.
+
+    The plan's checkpoint and settings are used unless ``model`` and ``config`` (an InferenceConfig) are given.
+    A piece whose file already exists is skipped, so a job that was stopped and run again only does the rest.
+    """
+    from hpctrain.ffn.inference import prepare_inference, segment_volume, write_segmentation_hdf5
+    from hpctrain.ffn.volume import open_volume
+
+    plan_path = Path(plan_path)
+    plan, settings = read_plan(plan_path)
+    todo = [s for s in mine(plan, rank, size) if not part_path(plan_path.parent, s).exists()]
+    if not todo:
+        return []
+    if model is None:
+        model, config, _ = prepare_inference(settings["checkpoint"], settings.get("config"), threads=threads)
+    volume = open_volume(settings["volume"])
+    written = []
+    try:
+        for sub in todo:
+            image = np.asarray(volume[sub.box()])
+            labels = segment_volume(model, image, config)
+            attrs = {"subvolume": sub.index, "start": list(sub.start), "stop": list(sub.stop)}
+            written.append(str(write_segmentation_hdf5(part_path(plan_path.parent, sub), labels, attrs)))
+    finally:
+        volume.close()
+    return written
