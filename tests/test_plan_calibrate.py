@@ -54,6 +54,16 @@ def test_smallest_queue_and_overrides() -> None:
                                                                     calibration_overrides(load_site("local"), 9))
 
 
+def test_overrides_make_a_valid_job_of_one_with_a_long_warm_up() -> None:
+    """The demo job warms up for 50 steps with a cosine decay after: 8 calibration steps must still validate."""
+    from hpctrain.config.job import load_job
+    from hpctrain.config.preflight import check_job
+
+    job = load_job(REPO / "jobs" / "ffn-local.yaml", sets=calibration_overrides(load_site("local"), 8))
+    assert job.train.steps == 8 and job.train.warmup.kind == "none" and job.train.decay.kind == "none"
+    check_job(job, load_site("local"), local_paths=True)
+
+
 def _check_calibrated(out: subprocess.CompletedProcess[str], site: str) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
     assert "calibration run: tiny-" in out.stderr

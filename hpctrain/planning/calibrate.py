@@ -1,7 +1,8 @@
 """``--calibrate``: measure a job's step profile with a short run on one node of the site's smallest queue.
 
 The run is the job itself with a few changes: one node, ``steps`` steps (the first few are not timed),
-checkpoints only at the end, a walltime the queue allows. It is submitted like any run (registry, batch
+checkpoints only at the end, a walltime the queue allows, no LR warm-up or decay (they do not change a step's
+time, and a warm-up longer than the calibration would be refused). It is submitted like any run (registry, batch
 script, the site's scheduler) and waited for; its profile.json is then read back like ``--from RUN``.
 """
 
@@ -35,8 +36,10 @@ def calibration_overrides(site: SiteProfile, steps: int) -> list[str]:
     walltime = CALIBRATION_WALLTIME_S
     if queue is not None:
         walltime = min(walltime, parse_walltime(site.queues[queue].max_walltime))
+    # The LR schedule does not change a step's time; a warm-up longer than the calibration would be refused.
     sets = [f"train.steps={steps}", "resources.nodes=1", f"checkpoint.every_steps={steps}",
-            f"train.log_every={max(1, min(10, steps))}", f"resources.walltime={format_hms(walltime)}"]
+            f"train.log_every={max(1, min(10, steps))}", f"resources.walltime={format_hms(walltime)}",
+            "train.warmup=none", "train.decay=none"]
     if queue is not None:
         sets.append(f"resources.queue={queue}")
     return sets
