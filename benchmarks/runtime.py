@@ -87,11 +87,15 @@ def quartiles(xs: list[float]) -> tuple[float, float, float]:
 def worker(reps: int) -> None:
     import torch
     import torch.distributed as dist
-    from mpi4py import MPI
 
+    from hpctrain.config.job import CombinerConfig
     from hpctrain.runtime import combine
+    from hpctrain.runtime.combiners import MeanCombiner, build_combiner
     from hpctrain.runtime.comm import MPICommunicator, TorchDistCommunicator
+    from hpctrain.runtime.mpi_env import import_mpi
     from hpctrain.runtime.reducer import Reducer, broadcast_model
+
+    MPI = import_mpi()  # with the settings the runtime uses (one node: no UCX)
 
     torch.set_num_threads(1)
     gloo = TorchDistCommunicator("gloo", timeout_s=300)
@@ -115,7 +119,8 @@ def worker(reps: int) -> None:
     def reducer_step(comm, combiner: str, bucket_mb: float = BUCKET_MB):
         m = ffn_like()
         broadcast_model(m, comm)
-        red = Reducer(m, comm, combiner=combiner, bucket_mb=bucket_mb, prescaled=True)  # as the trainer
+        strategy = build_combiner(CombinerConfig(name=combiner, adasum_on="gradient"), comm, list(m.parameters()))
+        red = Reducer(m, comm, strategy, bucket_mb=bucket_mb)  # as the trainer (the mean prescaled)
         o = torch.optim.SGD(m.parameters(), lr=1e-3)
 
         def step() -> None:
@@ -165,7 +170,8 @@ def worker(reps: int) -> None:
     for name, comm in (("gloo", gloo), ("mpi", mpi)):
         for tag, model in (("", ffn_like()), ("16", torch.nn.ParameterList(
                 [torch.nn.Parameter(torch.zeros(2**20)) for _ in range(4)]))):
-            red = Reducer(model, comm, combiner="mean", bucket_mb=BUCKET_MB, prescaled=True)
+            red = Reducer(model, comm, MeanCombiner(comm, list(model.parameters()), prescaled=True),
+                          bucket_mb=BUCKET_MB)
             nbytes = sum(b.flat.numel() * 4 for b in red.buckets)
             info[f"mb{tag}"] = nbytes / 2**20
             flat = torch.ones(nbytes // 4)

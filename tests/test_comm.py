@@ -52,6 +52,46 @@ def test_collectives_under_mpiexec(n: int, backend: str) -> None:
     assert out.stdout.count(f"{backend} collectives OK") == n
 
 
+@pytest.mark.mpi
+@pytest.mark.parametrize("chosen", [{}, {"UCX_TLS": "self,sm"}])
+def test_mpich_wheel_on_one_node_starts_without_ucx_unless_the_user_chose(chosen: dict[str, str]) -> None:
+    """MPICH's UCX netmod exchanges every transport's address at MPI_Init (it once failed there under srun);
+    on one node hpctrain starts the wheel's MPICH over libfabric's shared memory instead. A transport the user
+    chose (here UCX_TLS) is left alone."""
+    import json
+
+    env = {**_clean_env(), **chosen}
+    out = subprocess.run([MPIEXEC, "-n", "2", PY, WORKER, "transport"], capture_output=True, text=True,
+                         timeout=120, env=env, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    reports = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert sorted(r["rank"] for r in reports) == [0, 1] and all(r["sum"] == [2.0] * 3 for r in reports)
+    for r in reports:
+        if chosen:
+            assert r["set"] == {"MPICH_CH4_NETMOD": None, "FI_PROVIDER": None}
+            assert r["ucx_transports"], r  # UCX came up, as the user asked
+        else:
+            assert r["set"] == {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"}
+            assert r["ucx_transports"] == [] and "async" not in r["threads"], r  # UCX never initialised
+
+
+def test_one_node_settings_only_for_the_wheel_on_one_node_without_a_user_choice() -> None:
+    from hpctrain.runtime.mpi_env import ONE_NODE_WHEEL, mpich_wheel_in_use, one_node_settings
+
+    hydra = {"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "PMI_RANK": "0", "PMI_SIZE": "2"}
+    assert one_node_settings(hydra, wheel=True) == ONE_NODE_WHEEL
+    assert one_node_settings(hydra, wheel=False) == {}
+    assert one_node_settings({**hydra, "FI_PROVIDER": "tcp"}, wheel=True) == {}
+    assert one_node_settings({**hydra, "MPI4PY_LIBMPI": "/opt/site/libmpi.so"}, wheel=True) == {}
+    two_nodes = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "0",
+                 "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "2"}
+    assert one_node_settings(two_nodes, wheel=True) == {}
+    assert one_node_settings({**two_nodes, "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_STEP_NUM_NODES": "1"},
+                             wheel=True) == ONE_NODE_WHEEL
+    assert mpich_wheel_in_use()  # this environment's mpi4py loads the wheel (setup.cfg's `local` extra)
+    assert not mpich_wheel_in_use(prefix="/nonexistent")
+
+
 def test_collectives_gloo_under_torchrun() -> None:
     argv = [TORCHRUN, "--nproc-per-node", "2", "--master-port", "29621", WORKER, "collectives", "gloo"]
     out = _run(argv, 120)
@@ -110,6 +150,29 @@ def test_watchdog_poll_runs_when_idle() -> None:
     wd = Watchdog(10, lambda p: None, poll=calls.set, tick_s=0.02)
     assert calls.wait(2)
     wd.close()
+
+
+def test_watchdog_close_waits_for_a_poll_in_progress() -> None:
+    """A poll still inside a native call at interpreter shutdown can abort the process: close() lets it end."""
+    entered, release, finished = threading.Event(), threading.Event(), threading.Event()
+
+    def slow_poll() -> None:
+        entered.set()
+        release.wait(10)
+        finished.set()
+
+    wd = Watchdog(10, lambda p: None, poll=slow_poll, tick_s=0.02)
+    assert entered.wait(5)
+    threading.Timer(0.5, release.set).start()
+    wd.close()
+    assert finished.is_set() and not wd._thread.is_alive()
+
+
+def test_watchdog_waits_longer_than_any_side_store_call() -> None:
+    from hpctrain.runtime.comm import SIDE_STORE_TIMEOUT_S
+    from hpctrain.runtime.watchdog import CLOSE_WAIT_S
+
+    assert CLOSE_WAIT_S > SIDE_STORE_TIMEOUT_S
 
 
 def test_rendezvous_from_scheduler_nodelist_and_job_id() -> None:

@@ -2,7 +2,8 @@
 
 Each worker (tests/mp_helpers/train_worker.py) itself asserts that the first step's combined gradient equals
 the pure combiner (combine.mean / adasum_reduce / AdaComp decode-mean) on every rank's local gradient and
-that all ranks end in sync; here we also compare ``mean`` with a single-process run on the whole batch.
+the combiner's own ``combine_workers`` simulating every rank in one process, and that all ranks end in sync;
+here we also compare ``mean`` with a single-process run on the whole batch.
 """
 
 from __future__ import annotations
@@ -119,8 +120,8 @@ def test_adacomp_mpi_matches_decoded_mean(tmp_path: Path) -> None:
 
 
 @pytest.mark.mpi
-def test_none_leaves_ranks_local(tmp_path: Path) -> None:
-    _train("mpiexec", 2, "mpi", "none", tmp_path / "p.pt")
+def test_dasgd_leaves_gradients_local(tmp_path: Path) -> None:
+    _train("mpiexec", 2, "mpi", "dasgd", tmp_path / "p.pt")
 
 
 # ------------------------------------------------------------------------------------- single process
@@ -181,14 +182,22 @@ def test_set_to_none_zero_grad_still_works() -> None:
 
 
 def test_config_errors_name_the_key() -> None:
+    from hpctrain.config.job import CombinerConfig
+    from hpctrain.runtime.combiners import COMBINERS, MeanCombiner, build_combiner
+
     net = _Net()
     c = SingleProcessCommunicator()
+    params = list(net.parameters())
     with pytest.raises(ConfigError, match="train.combiner.name"):
-        Reducer(net, c, combiner="sum")
-    with pytest.raises(ConfigError, match="compression"):
-        Reducer(net, c, combiner="adasum", compression="fp16")
+        build_combiner(CombinerConfig.model_construct(name="sum", compression="none"), c, params)
+    with pytest.raises(ConfigError, match="train.combiner.compression") as err:
+        build_combiner(CombinerConfig(name="adasum", compression="fp16"), c, params)
+    assert "use none with adasum" in str(err.value)
+    with pytest.raises(ConfigError, match="train.combiner.compression"):
+        MeanCombiner(c, params, compression="fp8")
     with pytest.raises(ConfigError, match="bucket_mb"):
         Reducer(net, c, bucket_mb=0)
+    assert set(COMBINERS) == {"mean", "adasum", "adacomp", "dasgd"}
 
 
 def test_broadcast_and_check_sync_single_process() -> None:
@@ -201,7 +210,7 @@ def test_broadcast_and_check_sync_single_process() -> None:
 @pytest.mark.parametrize("bucket_numel", [100, 2**31])
 def test_adacomp_wire_packing_round_trips_and_costs_one_integer_per_element(bucket_numel: int) -> None:
     from hpctrain.runtime import combine
-    from hpctrain.runtime.reducer import pack_adacomp, unpack_adacomp
+    from hpctrain.runtime.combiners.adacomp import pack_adacomp, unpack_adacomp
 
     gen = torch.Generator().manual_seed(3)
     grads = [torch.randn(4, 6, generator=gen), torch.randn(30, generator=gen)]

@@ -1,9 +1,9 @@
 """What the training loop saves and restores, and when: the bridge between the trainer and the store.
 
 Saved: model, optimizer, LR schedule position and step (shared when all ranks agree, per rank when a
-combiner lets them differ), every rank's RNG states and data position, and combiner state (AdaComp
-residues, DaSGD's in-flight average). Saves are written in the background and committed together at a
-step boundary; a walltime/preemption signal only raises a flag that all ranks agree on at a step boundary.
+combiner lets them differ), every rank's RNG states and data position, and the combiner's ``state_dict``
+(AdaComp residues, DaSGD's in-flight average). Saves are written in the background and committed together
+at a step boundary; a walltime/preemption signal only raises a flag that all ranks agree on at a step boundary.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from hpctrain.checkpoint.rng import capture_rng_state, restore_rng_state
 from hpctrain.checkpoint.signals import StopFlag
 from hpctrain.checkpoint.store import CheckpointStore, PendingSave, comm_gather
 from hpctrain.config.job import JobSpec
+from hpctrain.runtime.combiners import Combiner
 
 log = logging.getLogger("hpctrain.checkpoint")
 
@@ -36,10 +37,10 @@ class CheckpointSession:
     """
 
     def __init__(self, job: JobSpec, run_dir: Path, comm: Any, *, task: Any, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, schedule: Any, exchange: Any, background: bool = True,
+                 optimizer: torch.optim.Optimizer, schedule: Any, combiner: Combiner, background: bool = True,
                  environ: dict[str, str] | None = None) -> None:
         self.job, self.comm = job, comm
-        self.task, self.model, self.optimizer, self.schedule, self.exchange = task, model, optimizer, schedule, exchange
+        self.task, self.model, self.optimizer, self.schedule, self.combiner = task, model, optimizer, schedule, combiner
         directory = Path(job.checkpoint.dir)
         if not directory.is_absolute():
             directory = run_dir / directory
@@ -102,9 +103,8 @@ class CheckpointSession:
         background (the previous background save is committed first, so at most one is in flight)."""
         self.finish()
         final = step >= self.job.train.steps
-        averager = getattr(self.exchange, "averager", None)
-        if final and averager is not None:
-            averager.flush(self.exchange.params)  # training ends here: the final model has every average
+        if final:
+            self.combiner.flush()  # training ends here: the final model has everything that was in flight
         shared, per_rank = self._state(step)
         if final or self._stopping or not self.background:
             self.store.save(step, shared, per_rank=per_rank)
@@ -114,9 +114,10 @@ class CheckpointSession:
 
     def _state(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
         """(shared state, only filled on rank 0; this rank's state)."""
-        in_sync = self.exchange.ranks_in_sync
+        in_sync = self.combiner.ranks_in_sync
+        # "exchange": the key checkpoints have always had for the combiner's state
         per_rank: dict[str, Any] = {"rng": capture_rng_state(), "task": self.task.state_dict(),
-                                    "exchange": self.exchange.state_dict()}
+                                    "exchange": self.combiner.state_dict()}
         if not in_sync:
             per_rank["model"] = self.model.state_dict()
             per_rank["optimizer"] = self.optimizer.state_dict()
@@ -150,7 +151,7 @@ class CheckpointSession:
             self.schedule.load_state_dict(shared["schedule"])
             restore_rng_state(rank_state["rng"])
             self.task.load_state_dict(rank_state["task"])
-            self.exchange.load_state_dict(rank_state.get("exchange", {}))
+            self.combiner.load_state_dict(rank_state.get("exchange", {}))
         else:
             self._elastic(shared, checkpoint.world_size, step)
         if self.comm.rank == 0:
@@ -174,6 +175,4 @@ class CheckpointSession:
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
-        averager = getattr(self.exchange, "averager", None)
-        if averager is not None:
-            averager.steps = step  # keep the averaging period aligned with the step count
+        self.combiner.elastic_restart(step)

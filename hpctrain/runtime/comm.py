@@ -22,6 +22,7 @@ import torch
 
 from hpctrain.errors import ConfigError, RuntimeFailure
 from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
+from hpctrain.runtime.mpi_env import import_mpi
 from hpctrain.runtime.watchdog import Pending, Watchdog
 
 BACKENDS = ("mpi", "gloo", "nccl", "none")
@@ -212,8 +213,7 @@ class MPICommunicator(_WatchedCommunicator):
     """
 
     def __init__(self, timeout_s: float = 300.0, comm: Any = None, local_rank: int | None = None) -> None:
-        from mpi4py import MPI
-
+        MPI = import_mpi()
         self._MPI = MPI
         base = comm if comm is not None else MPI.COMM_WORLD
         self._comm = base.Dup()
@@ -370,6 +370,7 @@ def _restore(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- torch.distributed
 
 _STORE_PREFIX = "hpctrain/"
+SIDE_STORE_TIMEOUT_S = 10.0  # the watchdog's store calls end within this; Watchdog.close waits longer
 
 
 class TorchDistCommunicator(_WatchedCommunicator):
@@ -409,7 +410,6 @@ class TorchDistCommunicator(_WatchedCommunicator):
             backend, store=dist.PrefixStore("pg/", self._store), rank=self.rank, world_size=self.size,
             timeout=timedelta(seconds=self.timeout_s + 60),
         )
-        self._group = dist.group.WORLD
         self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                      "min": dist.ReduceOp.MIN}
         self._index = 0
@@ -421,7 +421,8 @@ class TorchDistCommunicator(_WatchedCommunicator):
         # The watchdog thread gets its own client connection: never shares a socket with the main thread.
         if self._watch_store is None:
             self._watch_store = self._dist.TCPStore(
-                self._host, self._port, self.size, False, timedelta(seconds=10), wait_for_workers=False
+                self._host, self._port, self.size, False, timedelta(seconds=SIDE_STORE_TIMEOUT_S),
+                wait_for_workers=False,
             )
         return self._watch_store
 
@@ -473,13 +474,14 @@ class TorchDistCommunicator(_WatchedCommunicator):
         work = self._dev(tensor)
         holder: list[Any] = []
         pending = self._begin("allreduce", label, lambda: bool(holder) and holder[0].is_completed())
-        holder.append(self._dist.all_reduce(work, op=self._ops[op], group=self._group, async_op=True))
+        holder.append(self._dist.all_reduce(work, op=self._ops[op], async_op=True))
 
         def wait() -> None:
             try:
                 holder[0].wait()
             finally:
                 self._watchdog.disarm(pending)
+                holder.clear()  # a kept gloo work object would keep the gloo context and its threads alive
             if op == "mean":
                 work.div_(self.size)
             if work is not tensor:
@@ -491,7 +493,7 @@ class TorchDistCommunicator(_WatchedCommunicator):
         _check_op(op)
         work = self._dev(tensor)
         self._run("allreduce", label,
-                  lambda: self._dist.all_reduce(work, op=self._ops[op], group=self._group, async_op=False))
+                  lambda: self._dist.all_reduce(work, op=self._ops[op], async_op=False))
         if op == "mean":
             work.div_(self.size)
         if work is not tensor:
@@ -500,7 +502,7 @@ class TorchDistCommunicator(_WatchedCommunicator):
 
     def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
         work = self._dev(tensor)
-        self._run("broadcast", label, lambda: self._dist.broadcast(work, src=root, group=self._group))
+        self._run("broadcast", label, lambda: self._dist.broadcast(work, src=root))
         if work is not tensor:
             tensor.copy_(work)
         return tensor
@@ -508,7 +510,7 @@ class TorchDistCommunicator(_WatchedCommunicator):
     def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
         work = self._dev(tensor)
         out = [torch.empty_like(work) for _ in range(self.size)]
-        self._run("allgather", label, lambda: self._dist.all_gather(out, work, group=self._group))
+        self._run("allgather", label, lambda: self._dist.all_gather(out, work))
         return [t.to(tensor.device) for t in out]
 
     def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
@@ -525,18 +527,24 @@ class TorchDistCommunicator(_WatchedCommunicator):
         return out.to(tensor.device)
 
     def barrier(self, label: str = "") -> None:
-        self._run("barrier", label, lambda: self._dist.barrier(group=self._group))
+        self._run("barrier", label, self._dist.barrier)
 
     def close(self) -> None:
+        """Leave the group and stop its native threads now, on this thread; collective."""
         if self._closed:
             return
         self._closed = True
         self._watchdog.close()
-        self._dist.barrier(group=self._group)
+        self._dist.barrier()
+        # The process group owns native threads (gloo's work loops and its transport loop) and, through its
+        # store, rank 0's TCPStore server thread. They stop only when the last reference to the group goes.
+        # This communicator keeps none (collectives name the default group, finished works are dropped), so
+        # they stop here, while the interpreter is whole: left to interpreter shutdown they could still be
+        # running when it tears the process down, and the rank then died in std::terminate (SIGABRT) after
+        # its final checkpoint instead of exiting with its status.
         self._dist.destroy_process_group()
         self._watch_store = None
-        # Rank 0 hosts the TCPStore: it leaves last, so no rank's store client outlives the server (a client
-        # torn down against a vanished server could end the process with std::terminate at exit).
+        # Rank 0 hosts the TCPStore server: it releases it last, once every rank has said it is done with it.
         try:
             import time
 
@@ -568,7 +576,7 @@ def _mpi_world_size_if_launched(env: LaunchEnv) -> int:
     if env.launcher not in ("hydra", "openmpi", "pals", "alps", "slurm"):
         return 0
     try:
-        from mpi4py import MPI
+        MPI = import_mpi()
     except ImportError:
         return 0
     return MPI.COMM_WORLD.Get_size()
@@ -584,8 +592,7 @@ def rendezvous_address(env: LaunchEnv, environ: Mapping[str, str]) -> tuple[str,
     if env.master_addr and env.master_port:
         return env.master_addr, env.master_port
     if env.size > 1 and _mpi_world_size_if_launched(env) == env.size:
-        from mpi4py import MPI
-
+        MPI = import_mpi()
         addr = (socket.gethostname(), _free_port()) if MPI.COMM_WORLD.Get_rank() == 0 else None
         host, port = MPI.COMM_WORLD.bcast(addr, root=0)
         return host, int(port)

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+CLOSE_WAIT_S = 30.0  # how long close() waits for a poll in progress
+
 
 @dataclass(slots=True, eq=True)
 class Pending:
@@ -71,10 +73,21 @@ class Watchdog:
         with self._lock:
             self._pending.pop(pending.index, None)
 
-    def close(self) -> None:
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the thread and wait for it: a poll in progress (a store or MPI call) is let finish.
+
+        A daemon thread still inside a native call when the interpreter shuts down is ended from under that
+        call (Python 3.11 exits it on the GIL), which aborts the process where the call is C++ (pybind11):
+        so the wait (``CLOSE_WAIT_S`` by default) outlasts any poll: the gloo side store answers or fails
+        within ``comm.SIDE_STORE_TIMEOUT_S``, MPI's probes do not block.
+        """
         self._stop.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5)
+        if threading.current_thread() is self._thread:
+            return
+        timeout_s = CLOSE_WAIT_S if timeout_s is None else timeout_s
+        self._thread.join(timeout=timeout_s)
+        if self._thread.is_alive():
+            print(f"hpctrain watchdog: its thread did not stop within {timeout_s:g} s", file=sys.stderr, flush=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self._tick):

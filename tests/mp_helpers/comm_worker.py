@@ -1,8 +1,11 @@
 """Worker run under a real launcher (mpiexec, torchrun, srun) by tests/test_env.py and tests/test_comm.py.
 
 ``python comm_worker.py env``                     prints this rank's LaunchEnv as one JSON line
-``python comm_worker.py collectives BACKEND``     checks every collective against hand-computed values
+``python comm_worker.py collectives BACKEND``     checks every collective against hand-computed values, and
+                                                  that closing stops the back-end's native threads
 ``python comm_worker.py hang BACKEND TIMEOUT R``  rank R sleeps before collective #3; the job must abort
+``python comm_worker.py transport``               prints how MPI was started: the variables hpctrain set and
+                                                  whether UCX was brought up (its thread, its transports)
 """
 
 from __future__ import annotations
@@ -62,8 +65,32 @@ def collectives(backend: str) -> None:
         got = comm.sendrecv(torch.full((3,), float(r)), peer)
         assert torch.equal(got, torch.full((3,), float(peer)))
     comm.barrier()
+    kept = comm.allreduce_async_(torch.ones(4), label="waited, handle kept")  # a caller may keep handles
+    kept.wait()
+    before = native_threads()
     comm.close()
+    if backend == "gloo":
+        assert GLOO_THREADS & before, before  # the check below sees these threads when they exist
+        left = GLOO_THREADS & native_threads()
+        assert not left, f"rank {r}: still running after close(): {sorted(left)}"
     print(f"rank {r}/{n} {backend} collectives OK", flush=True)
+
+
+# gloo's work loops and transport loop, and the TCPStore server (rank 0): a process that reaches interpreter
+# shutdown with these still running can die in std::terminate instead of exiting with its status.
+GLOO_THREADS = {"pt_gloo_runloop", "gloo_tcp_loop", "pt_tcpstore_uv"}
+
+
+def native_threads() -> set[str]:
+    """Names of this process's threads as the kernel lists them (native threads included)."""
+    names = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.add(f.read().strip())
+        except OSError:  # the thread ended while we looked
+            continue
+    return names
 
 
 def hang(backend: str, timeout_s: float, stuck: int) -> None:
@@ -78,12 +105,27 @@ def hang(backend: str, timeout_s: float, stuck: int) -> None:
     print(f"rank {comm.rank}: collective #3 completed (unexpected)", flush=True)
 
 
+def transport() -> None:
+    comm = make_communicator("mpi", timeout_s=60)
+    t = torch.ones(3)
+    comm.allreduce_(t)
+    with open("/proc/self/maps") as f:
+        ucx_transports = sorted({line.rsplit("/", 1)[-1].strip() for line in f if "libuct_" in line})
+    report = {"rank": comm.rank, "sum": t.tolist(), "ucx_transports": ucx_transports,
+              "threads": sorted(native_threads()),
+              "set": {k: os.environ.get(k) for k in ("MPICH_CH4_NETMOD", "FI_PROVIDER")}}
+    comm.close()
+    print(json.dumps(report), flush=True)
+
+
 def main(argv: list[str]) -> None:
     torch.set_num_threads(1)
     if argv[0] == "env":
         print(json.dumps(dataclasses.asdict(detect_launch_env(os.environ))), flush=True)
     elif argv[0] == "collectives":
         collectives(argv[1])
+    elif argv[0] == "transport":
+        transport()
     elif argv[0] == "hang":
         hang(argv[1], float(argv[2]), int(argv[3]))
     else:

@@ -29,7 +29,7 @@ def main() -> None:
     share = batch // comm.size
     mine = slice(comm.rank * share, (comm.rank + 1) * share)
     broadcast_model(model, comm)
-    reducer = Reducer(model, comm, combiner="mean", bucket_mb=0.01)
+    reducer = Reducer(model, comm, bucket_mb=0.01)  # the mean
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     reducer.zero_grad()
     fov_loss(model(inputs[mine]), labels[mine]).backward()

@@ -1,10 +1,13 @@
 """Worker for tests/test_reducer.py, run under mpiexec or torchrun.
 
 ``python train_worker.py BACKEND COMBINER STEPS OUT [COMPRESSION] [BUCKET_MB]``: trains ``tiny_model()``
-with the Reducer on this rank's slice of a fixed global batch, checks the first step's combined gradient
-against the pure combiner applied to every rank's local gradient, checks the ranks stay in sync, and rank 0
-saves the final parameters to OUT. COMBINER ``mean_prescaled`` is the mean with ``prescaled=True``: the loss
-is scaled by ``reducer.loss_scale`` before backward and the reducer only sums (what the trainer does).
+with the Reducer and a combiner strategy on this rank's slice of a fixed global batch. At the first step it
+checks the combined gradient twice: against the pure combiner (combine.mean / adasum_reduce / AdaComp
+decode-mean) applied to every rank's local gradient, and against the strategy's own ``combine_workers``
+simulating all ranks in this one process (the simulation equals the real ranks). It checks the ranks stay in
+sync, and rank 0 saves the final parameters to OUT. COMBINER ``mean_prescaled`` is the mean as the trainer
+uses it: the loss is scaled by ``reducer.loss_scale`` before backward and the reducer only sums. ``dasgd``
+with a period longer than the run leaves every gradient local.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
+from hpctrain.config.job import CombinerConfig  # noqa: E402
 from hpctrain.runtime import combine  # noqa: E402
-from hpctrain.runtime.comm import make_communicator  # noqa: E402
+from hpctrain.runtime.combiners import Combiner, MeanCombiner, Peerless, build_combiner  # noqa: E402
+from hpctrain.runtime.comm import Communicator, make_communicator  # noqa: E402
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync  # noqa: E402
 
 BATCH_PER_RANK = 4
@@ -37,6 +42,32 @@ def global_batch(step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, y
 
 
+def make_combiner(name: str, comm: Communicator, params: list[torch.Tensor], compression: str) -> Combiner:
+    if name.startswith("mean"):
+        return MeanCombiner(comm, params, compression=compression, prescaled=name == "mean_prescaled")
+    config = CombinerConfig(name=name, adasum_on="gradient", period=1000, delay=0)
+    return build_combiner(config, comm, params)
+
+
+def simulated(reducer: Reducer, combiner: str, compression: str, per_rank: list[list[torch.Tensor]],
+              params: list[torch.Tensor]) -> dict[int, torch.Tensor]:
+    """Every bucket combined by ``combine_workers`` over one simulated worker per rank: id(param) -> the
+    gradient this rank's worker ends with. ``per_rank[layer][rank]`` are the ranks' local gradients."""
+    n = len(per_rank[0])
+    workers = [make_combiner(combiner, Peerless(k, n), params, compression) for k in range(n)]
+    grads = {id(p): layer for p, layer in zip(params, per_rank, strict=True)}
+    mine: dict[int, torch.Tensor] = {}
+    for b in reducer.buckets:
+        buckets = [b.with_flat(torch.zeros_like(b.flat)) for _ in range(n)]
+        for i, p in enumerate(b.params):
+            for k in range(n):
+                buckets[k].views[i].copy_(grads[id(p)][k])
+        type(workers[0]).combine_workers(workers, buckets)
+        for i, p in enumerate(b.params):
+            mine[id(p)] = buckets[reducer.comm.rank].views[i].clone()
+    return mine
+
+
 def main(backend: str, combiner: str, steps: int, out: str, compression: str, bucket_mb: float) -> None:
     torch.set_num_threads(1)
     comm = make_communicator(backend, timeout_s=60)
@@ -46,12 +77,11 @@ def main(backend: str, combiner: str, steps: int, out: str, compression: str, bu
     broadcast_model(model, comm)
     assert check_sync(model, comm) == [], "after broadcast_model the ranks must agree"
     prescaled = combiner == "mean_prescaled"
-    reducer = Reducer(model, comm, combiner="mean" if prescaled else combiner, compression=compression,
-                      bucket_mb=bucket_mb, prescaled=prescaled)
-    assert reducer.loss_scale == (1.0 / n if prescaled else 1.0)
-    assert bucket_mb > 0.01 or len(reducer.buckets) > 1, "tiny bucket_mb must give several buckets"
     params = [p for p in model.parameters()]
     names = [name for name, _ in model.named_parameters()]
+    reducer = Reducer(model, comm, make_combiner(combiner, comm, params, compression), bucket_mb=bucket_mb)
+    assert reducer.loss_scale == (1.0 / n if prescaled else 1.0)
+    assert bucket_mb > 0.01 or len(reducer.buckets) > 1, "tiny bucket_mb must give several buckets"
     for step in range(steps):
         x, y = global_batch(step, n)
         mine = slice(r * BATCH_PER_RANK, (r + 1) * BATCH_PER_RANK)
@@ -68,23 +98,30 @@ def main(backend: str, combiner: str, steps: int, out: str, compression: str, bu
                     for name, layer in zip(names, per_rank, strict=True)]
             elif combiner in ("mean", "mean_prescaled") and compression == "none":
                 expected = [combine.mean(layer) for layer in per_rank]
+            elif combiner == "dasgd":
+                expected = list(local)  # each rank keeps its own gradient
             else:
                 expected = None
+            scaled = torch.autograd.grad(loss * reducer.loss_scale, params, retain_graph=True)
+            simulation = simulated(reducer, combiner, compression, [comm.allgather(g) for g in scaled], params)
         (loss * reducer.loss_scale).backward()
         reducer.finish()
-        if step == 0 and expected is not None:
-            for name, p, e in zip(names, params, expected, strict=True):
-                tol = 1e-6 if combiner.startswith("mean") else 0.0  # mean: MPI's sum order may differ from ours
+        if step == 0:
+            tol = 1e-6 if combiner.startswith("mean") else 0.0  # mean: MPI's sum order may differ from ours
+            for name, p in zip(names, params, strict=True):
+                sim = simulation[id(p)]
+                assert torch.allclose(p.grad, sim, rtol=tol, atol=tol), ("simulation", name, (p.grad - sim).abs().max())
+            for name, p, e in zip(names, params, expected or [], strict=False):
                 assert torch.allclose(p.grad, e, rtol=tol, atol=tol), (name, (p.grad - e).abs().max())
         with torch.no_grad():
             for p in params:
                 p.add_(p.grad, alpha=-LR)
         reducer.zero_grad()
     bad = check_sync(model, comm)
-    if combiner != "none":
+    if combiner != "dasgd":
         assert bad == [], f"rank {r}: out of sync after {steps} steps: {bad}"
     else:
-        assert n == 1 or bad, "combiner none must leave the ranks' parameters different"
+        assert n == 1 or bad, "dasgd before its first average must leave the ranks' parameters different"
     if r == 0:
         torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out)
     comm.close()
