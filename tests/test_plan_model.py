@@ -75,6 +75,7 @@ def test_backends_choose_as_their_libraries_do() -> None:
     assert c.allreduce("nccl", 64, 1000, slow_latency)[1] == "tree"  # latency-bound: 12 vs 126 alpha
     assert c.allreduce("nccl", 4, 1e9, LINK)[1] == "ring"  # bandwidth-bound: 1.5 n beta < 2 n beta
     assert c.allreduce("mpi", 1, 1e9, LINK) == (0.0, "none")
+    assert c.allreduce("xccl", 64, 1000, slow_latency)[1] == "tree"  # oneCCL: modelled as NCCL
 
 
 def test_allgather_and_adasum_by_hand() -> None:

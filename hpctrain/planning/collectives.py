@@ -4,7 +4,8 @@ A message of n bytes between two ranks costs alpha + n*beta; reducing n bytes lo
 formulas are the textbook ones (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
 communication operations in MPICH"); the choice by size follows each library: MPICH takes recursive doubling
 up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 bytes) and reduce-scatter + allgather (Rabenseifner) above;
-torch's gloo backend always asks gloo for its ring; NCCL predicts ring and tree times and takes the faster.
+torch's gloo backend always asks gloo for its ring; NCCL predicts ring and tree times and takes the faster
+(oneCCL, torch's xccl on Intel GPUs, is modelled the same way).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def allreduce(backend: str, p: int, n: float, link: Link) -> tuple[float, str]:
         return rabenseifner_allreduce(p, n, link), "reduce-scatter + allgather"
     if backend == "gloo":
         return ring_allreduce(p, n, link), "ring"
-    if backend == "nccl":
+    if backend in ("nccl", "xccl"):  # oneCCL (torch's xccl) also picks its algorithm by predicted cost
         ring, tree = ring_allreduce(p, n, link), tree_allreduce(p, n, link)
         return (tree, "tree") if tree < ring else (ring, "ring")
     raise ValueError(f"unknown backend {backend!r}")

@@ -13,7 +13,7 @@ from hpctrain.config.walltime import parse_walltime
 from hpctrain.errors import ConfigError
 from hpctrain.planning.measurements import Measurements
 from hpctrain.planning.model import Workload, even_buckets
-from hpctrain.planning.parameters import Param, Parameters, Value, apply_sets
+from hpctrain.planning.parameters import Param, Parameters, Value, apply_sets, check_value
 
 # What hpctrain's runtime does, and costs that one node cannot show: each with the reason it is assumed.
 ASSUMED: dict[str, tuple[Value, str]] = {
@@ -48,7 +48,7 @@ SITE_DEFAULTS: dict[str, tuple[float, str]] = {
 }
 # A rank sums half precision in software on CPUs: measured on the test machine, an fp16 all-reduce of 0.85 MB
 # took 5.5 ms against 0.33 ms in float32 over MPI (docs/runtime.md).
-HALF_GAMMA = {"nccl": (1.0, "GPUs sum fp16/bf16 natively"),
+HALF_GAMMA = {"nccl": (1.0, "GPUs sum fp16/bf16 natively"), "xccl": (1.0, "GPUs sum fp16/bf16 natively"),
               "mpi": (16.0, "fp16 all-reduce 16x slower than float32 on the test machine (docs/runtime.md)"),
               "gloo": (16.0, "CPU libraries sum fp16/bf16 in software (docs/runtime.md)")}
 # Parameters that only a run can give; without a run they must come from --set.
@@ -93,10 +93,12 @@ def _job_params(job: JobSpec, where: str, site: SiteProfile) -> list[Param]:
         Param("dasgd_delay", float(comb.delay), "job", f"{where}: train.combiner.delay"),
         Param("walltime_s", float(parse_walltime(res.walltime)), "job", f"{where}: resources.walltime"),
     ]
+    # check_value: a backend the planner has no cost model for is one readable error, not a traceback
     if train.comm_backend != "auto":
-        out.append(Param("backend", train.comm_backend, "job", f"{where}: train.comm_backend"))
+        out.append(Param("backend", check_value("backend", train.comm_backend), "job", f"{where}: train.comm_backend"))
     else:
-        out.append(Param("backend", site.comm_backend, "site", f"{_site_file(site)}: comm_backend"))
+        out.append(Param("backend", check_value("backend", site.comm_backend), "site",
+                         f"{_site_file(site)}: comm_backend"))
     return out
 
 

@@ -147,7 +147,7 @@ def _link(p: Parameters, nodes: int, ranks_per_node: int, half: bool) -> Link:
         alpha, bandwidth = p.num("intra_latency_us") * 1e-6, intra_bw
     else:
         node_bw = p.num("nics_per_node") * p.num("nic_gbps") * 1e9
-        per_rank = node_bw if p.value("backend") == "nccl" else node_bw / ranks_per_node
+        per_rank = node_bw if p.value("backend") in ("nccl", "xccl") else node_bw / ranks_per_node
         alpha, bandwidth = p.num("latency_us") * 1e-6, min(intra_bw, per_rank)
     gamma = 1.0 / (p.num("reduce_gbps") * 1e9)
     if half:

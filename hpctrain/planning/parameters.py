@@ -44,7 +44,7 @@ SPECS: dict[str, Spec] = {
     "dasgd_period": Spec("steps", int, "DaSGD: steps between model averages"),
     "dasgd_delay": Spec("steps", int, "DaSGD: steps an average stays in flight"),
     "walltime_s": Spec("s", float, "walltime of one job (start-up is amortised over it)"),
-    "backend": Spec("", ("mpi", "gloo", "nccl"), "communication backend"),
+    "backend": Spec("", ("mpi", "gloo", "nccl", "xccl"), "communication backend"),
     # -- the site
     "site_nodes": Spec("", int, "compute nodes in the machine"),
     "node_threads": Spec("", int, "hardware threads per node usable by the job (cores x threads per core)"),
