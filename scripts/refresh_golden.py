@@ -35,20 +35,36 @@ def golden_site(name: str) -> SiteProfile:
     return site
 
 
-# Variants of shipped jobs, so every site has at least one rendered script: name -> (job, --set overrides).
-VARIANTS = {"ffn-local.account": ("ffn-local", ("resources.account=demo",))}
+# Variants of shipped jobs, so every site has at least one rendered script and every per-job scheduler option is
+# shown: name -> (job, --set overrides, the sites it is rendered on; () for all).
+_OPTIONS = ("resources.exclusive=true", "resources.workdir=/scratch/ffn")
+VARIANTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "ffn-local.account": ("ffn-local", ("resources.account=demo",), ()),
+    # OLCF's debug is a QOS on the batch partition (-q debug), not a partition.
+    "ffn-frontier.debug": ("ffn-frontier", ("resources.queue=debug", "resources.nodes=2"), ("frontier",)),
+    "ffn-perlmutter.options": ("ffn-perlmutter", (*_OPTIONS, "resources.reservation=ffn-res",
+                                                  "resources.directives={mail-type: END}"), ("perlmutter",)),
+    # A PBS Pro reservation is a queue (R123456); -r y makes the job rerunnable.
+    "ffn-polaris.options": ("ffn-polaris", (*_OPTIONS, "resources.reservation=R123456",
+                                            "resources.directives={r: y}"), ("polaris",)),
+    "ffn-theta.options": ("ffn-theta", (*_OPTIONS, "resources.reservation=ffn-res",
+                                        "resources.directives={M: ffn@example.org}"), ("theta",)),
+    "ffn-local.options": ("ffn-local", _OPTIONS, ("local",)),
+}
 
 
 def cases() -> list[tuple[str, str, Path]]:
-    """(job or variant name, site name, golden file) for every shipped job (and variant) x site."""
-    jobs = sorted(p.stem for p in (ROOT / "jobs").glob("*.yaml")) + sorted(VARIANTS)
+    """(job or variant name, site name, golden file) for every shipped job x site, and every variant x its sites."""
+    jobs = sorted(p.stem for p in (ROOT / "jobs").glob("*.yaml"))
     sites = sorted(p.stem for p in (ROOT / "site_configs").glob("*.yaml"))
-    return [(j, s, GOLDEN / f"{j}__{s}.sh") for j in jobs for s in sites]
+    found = [(j, s) for j in jobs for s in sites]
+    found += [(v, s) for v in sorted(VARIANTS) for s in (VARIANTS[v][2] or sites)]
+    return [(j, s, GOLDEN / f"{j}__{s}.sh") for j, s in found]
 
 
 def render_case(job_name: str, site_name: str) -> str:
     """The golden text of one case: the script, or the refusal message."""
-    base, sets = VARIANTS.get(job_name, (job_name, ()))
+    base, sets, _ = VARIANTS.get(job_name, (job_name, (), ()))
     job = load_job(ROOT / "jobs" / f"{base}.yaml", sets=list(sets))
     try:
         return render_script(job, golden_site(site_name), run_dir=RUN_DIR, spec_path=SPEC_PATH).text

@@ -49,7 +49,9 @@ def test_shipped_site_facts() -> None:
     perlmutter = load_site("perlmutter")
     assert perlmutter.node_for("cpu").gpus == 0 and perlmutter.node_for("gpu").gpus == 4
     assert load_site("frontier").node.gpus == 8 and load_site("frontier").node.gpu_kind == "amd"
-    assert load_site("aurora").intel_extension and load_site("aurora").node.gpu_kind == "intel"
+    aurora = load_site("aurora")  # tiles are the devices, reduced over xccl; IPEX is not for its GPUs
+    assert (aurora.node.gpus, aurora.node.gpu_kind, aurora.comm_backend, aurora.intel_extension) == (
+        12, "intel", "xccl", False)
     assert load_site("local").scheduler == "local"
 
 

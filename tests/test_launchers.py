@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config.site import NodeShape, SiteProfile
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, FitError
 from hpctrain.submission.launchers import (
     LAUNCHERS,
     LaunchPlan,
@@ -24,8 +24,17 @@ from hpctrain.submission.launchers import (
     get_launcher,
     hyperthreads_for,
     launcher_name,
+    slurm_threads_per_core,
 )
-from hpctrain.submission.launchers.gpu_affinity import local_rank, visible_devices
+from hpctrain.submission.launchers.binding import (
+    device_map,
+    pals_cpu_list,
+    parse_id_sets,
+    rank_cores,
+    rank_cpus,
+    rank_devices,
+)
+from hpctrain.submission.launchers.gpu_affinity import local_rank, mapped_devices, visible_devices
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = ROOT / ".venv" / "bin" / "mpiexec"
@@ -103,6 +112,89 @@ def test_gpu_affinity_reads_the_first_local_rank_variable() -> None:
     assert visible_devices("nvidia", 1, 2) == ("CUDA_VISIBLE_DEVICES", "2,3")
     assert visible_devices("amd", 3, 1) == ("ROCR_VISIBLE_DEVICES", "3")
     assert visible_devices("intel", 5, 1) == ("ZE_AFFINITY_MASK", "5")
+
+
+def test_cpus_per_task_counts_what_the_site_lays_a_task_out_on() -> None:
+    """Perlmutter: Slurm CPUs are hardware threads (16 cores -> -c 32). Frontier: --threads-per-core defaults to 1,
+    so -c counts cores (7 cores -> -c 7) until a job needs both threads, which it must then ask for."""
+    perlmutter = NodeShape(cores=64, threads_per_core=2, memory_gb=256)
+    frontier = NodeShape(cores=56, threads_per_core=2, task_threads_per_core=1, memory_gb=512)
+    assert cpus_per_rank_for(perlmutter, 16, hyperthreads_for(perlmutter, 4, 16)) == 32
+    assert slurm_threads_per_core(perlmutter, 2) is None
+    ht = hyperthreads_for(frontier, 8, 7)
+    assert (ht, cpus_per_rank_for(frontier, 7, ht), slurm_threads_per_core(frontier, ht)) == (1, 7, None)
+    ht = hyperthreads_for(frontier, 8, 14)
+    assert (ht, cpus_per_rank_for(frontier, 14, ht), slurm_threads_per_core(frontier, ht)) == (2, 14, 2)
+
+
+def test_srun_writes_threads_per_core_only_when_the_plan_needs_it() -> None:
+    plan = LaunchPlan(nodes=1, ranks_per_node=8, threads_per_rank=14, gpus_per_rank=1, cpus_per_rank=14,
+                      threads_per_core=2)
+    argv = get_launcher("srun")(CMD, plan)
+    assert "--threads-per-core=2" in argv and "--cpus-per-task=14" in argv
+    assert not any(w.startswith("--threads-per-core") for w in get_launcher("srun")(CMD, LaunchPlan(1, 2)))
+
+
+def test_binding_splits_ranks_over_sockets_skipping_reserved_cores() -> None:
+    aurora = NodeShape(cores=102, threads_per_core=2, sockets=2, reserved_cores=[0, 52], gpus=12, gpu_kind="intel",
+                       devices_per_gpu=2, memory_gb=1024)
+    cores = rank_cores(aurora, 12, 8, 1)
+    assert cores[0] == tuple(range(1, 9)) and cores[5] == tuple(range(41, 49)) and cores[6] == tuple(range(53, 61))
+    assert pals_cpu_list(rank_cpus(aurora, 12, 8, 1)) == (
+        "list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100")
+    assert rank_cpus(aurora, 2, 2, 2) == ((1, 105), (53, 157))  # threads i and i+104 share core i
+    assert rank_devices(aurora, 12, 1) == tuple((d,) for d in range(12))
+    assert rank_devices(aurora, 4, 1) == ((0,), (3,), (6,), (9,))
+    with pytest.raises(FitError, match="usable cores"):
+        rank_cores(aurora, 4, 52, 1)
+
+
+def test_binding_deals_devices_in_core_order() -> None:
+    polaris = NodeShape(cores=32, threads_per_core=2, gpus=4, gpu_kind="nvidia", gpu_order=[3, 2, 1, 0],
+                        memory_gb=512)
+    assert rank_devices(polaris, 4, 1) == ((3,), (2,), (1,), (0,))
+    assert rank_devices(polaris, 2, 2) == ((3, 2), (1, 0))
+    assert rank_devices(polaris, 2, 0) == ()
+    assert rank_cores(polaris, 2, 1, 1) == ((0,), (16,))  # spread: rank 1 sits by GPU 1, its device
+
+
+@pytest.mark.parametrize("text", ["1-8:9-16", "3:2:1:0", "0,1:2,3", "5"])
+def test_id_set_text_round_trips(text: str) -> None:
+    sets = parse_id_sets(text)
+    assert device_map(sets) == ",".join(str(i) for i in sets[0]) + "".join(
+        ":" + ",".join(str(i) for i in r) for r in sets[1:])
+    assert parse_id_sets(pals_cpu_list(sets)[len("list:"):]) == sets
+    with pytest.raises(ValueError):
+        parse_id_sets(text + ":x")
+
+
+def test_site_topology_is_checked_when_the_profile_loads() -> None:
+    with pytest.raises(ValueError, match="gpu_order"):
+        NodeShape(cores=4, gpus=2, gpu_kind="nvidia", gpu_order=[0, 0], memory_gb=1)
+    with pytest.raises(ValueError, match="reserved_cores"):
+        NodeShape(cores=4, reserved_cores=[4, 9], memory_gb=1)
+    with pytest.raises(ValueError, match="sockets"):
+        NodeShape(cores=5, sockets=2, memory_gb=1)
+
+
+def test_gpu_affinity_map_gives_each_local_rank_its_entry_and_refuses_extra_ranks() -> None:
+    assert mapped_devices("nvidia", 0, "3:2:1:0") == ("CUDA_VISIBLE_DEVICES", "3")
+    assert mapped_devices("intel", 1, "0,1:2,3") == ("ZE_AFFINITY_MASK", "2,3")
+    with pytest.raises(ValueError, match="more ranks per node"):
+        mapped_devices("amd", 4, "3:2:1:0")
+    env = {**os.environ, "PALS_LOCAL_RANKID": "4", "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "hpctrain.submission.launchers.gpu_affinity", "--kind", "nvidia",
+                          "--devices", "3:2:1:0", "--", "true"], env=env, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "local rank 4 has no devices" in out.stderr
+
+
+def test_list_binding_goes_to_pals_only() -> None:
+    plan = LaunchPlan(nodes=1, ranks_per_node=2, threads_per_rank=1, cpu_bind="list", cpu_list=((1,), (53,)))
+    assert get_launcher("mpiexec-pals")(CMD, plan)[:7] == ["mpiexec", "-n", "2", "--ppn", "2", "--cpu-bind",
+                                                           "list:1:53"]
+    for name in ("srun", "aprun", "mpiexec-hydra"):
+        with pytest.raises(ConfigError, match="cpu_bind: list"):
+            get_launcher(name)(CMD, plan)
 
 
 def test_gpu_affinity_module_sets_the_variable_and_execs() -> None:

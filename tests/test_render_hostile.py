@@ -151,6 +151,8 @@ def base_documents(scheduler: str) -> tuple[dict[str, Any], dict[str, Any]]:
         "resources": {"nodes": 1, "ranks_per_node": 2, "walltime": "00:05:00"},
         "env": {"HOSTILE": "benign"},
     }
+    if scheduler != "local":  # the local scheduler takes no per-job directives: the base job must render
+        job["resources"]["directives"] = {"comment": "job"}
     return site, job
 
 
@@ -166,6 +168,8 @@ def put(doc: dict[str, Any], field: Path_, payload: str) -> None:
         parents.append((node, key))
         node = node[key]
     last = field[-1]
+    if last in (KEY, VALUE) and not node:  # a mapping the base document leaves empty gets one entry
+        node["k"] = "v"
     if last == KEY:
         old = next(iter(node))
         node[payload] = node.pop(old)
@@ -201,6 +205,14 @@ def _activate_path(venv: str, home: Path) -> Path:
         if venv.startswith(prefix):
             return home / venv[len(prefix):].lstrip("/") / "bin" / "activate"
     return Path(venv.rstrip("/")) / "bin" / "activate"
+
+
+def _home_path(path: str, home: Path) -> Path:
+    """``path`` as the batch shell resolves it with HOME=home (``~``, ``$HOME``, ``${HOME}`` lead)."""
+    for prefix in ("$HOME", "${HOME}", "~"):
+        if path == prefix or path.startswith(prefix + "/"):
+            return home / path[len(prefix):].lstrip("/")
+    return Path(path)
 
 
 def _make_venv(venv: str, home: Path) -> bool:
@@ -271,6 +283,10 @@ def check_example(root: Path, scheduler: str, side: str, field: Path_, payload: 
     if venv and not _activate_path(venv, home).is_file():
         assert run.returncode != 0 and not (records / f"{launcher}.argv").exists()
         return "stopped at a venv that cannot exist here"
+    workdir = job.resources.workdir
+    if workdir is not None and not _home_path(workdir, home).is_dir():
+        assert run.returncode != 0 and not (records / f"{launcher}.argv").exists()
+        return "stopped at a working directory that does not exist"
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
     assert _read_argv(records / f"{launcher}.argv") == rendered.launch_argv[1:]
     modules = [*site.environment.modules, *site.mpi.modules]
@@ -311,3 +327,21 @@ def test_the_harness_detects_an_injection(tmp_path: Path) -> None:
     payload = f"$(touch {canary})"
     subprocess.run(["bash", "-c", f"export X={payload}"], check=True, timeout=10, env={"PATH": os.environ["PATH"]})
     assert canary.exists()
+
+
+@pytest.mark.parametrize("scheduler", sorted(SCHEDULERS))
+@pytest.mark.parametrize("field", [("resources", "workdir"), ("resources", "reservation"),
+                                   ("resources", "directives", KEY), ("resources", "directives", VALUE)])
+@pytest.mark.parametrize("payload", ['x"; touch CANARY; echo "', "$(touch CANARY)", "a\ntouch CANARY\n",
+                                     "/w/$(touch CANARY)", "/w'; touch CANARY; '", "~/`touch CANARY`",
+                                     "/w\n#SBATCH --wrap='touch CANARY'", "$HOME/w x"])
+def test_per_job_scheduler_options_are_refused_or_inert(tmp_path: Path, scheduler: str, field: Path_,
+                                                       payload: str) -> None:
+    """Issue 14: the job's own scheduler options (working directory, reservation, directives) on every scheduler,
+    each with text that would run code if it reached a script unquoted."""
+    outcome = check_example(tmp_path, scheduler, "job", field, payload)
+    if field == ("resources", "workdir") and payload.startswith(("/", "~/", "$HOME/")) and "\n" not in payload:
+        # Absolute text is a valid directory name: quoted, it is only a directory that does not exist.
+        assert outcome == "stopped at a working directory that does not exist"
+    else:
+        assert outcome.startswith("refused"), outcome

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from hpctrain.config.common import walltime_seconds
 from hpctrain.config.job import JobSpec
-from hpctrain.config.site import NodeShape, Queue, SiteProfile
+from hpctrain.config.site import DEVICE_BACKENDS, NodeShape, Queue, SiteProfile
 from hpctrain.errors import ConfigError, FitError
 
 
@@ -73,8 +73,13 @@ def check_fit(job: JobSpec, site: SiteProfile) -> Placement:
     backend = job.train.comm_backend
     if backend == "auto":
         backend = (queue.comm_backend if queue and queue.comm_backend else None) or site.comm_backend
-        if backend == "nccl" and res.gpus_per_rank == 0:
-            backend = "gloo"  # a CPU-only job on a GPU site: NCCL cannot run, gloo always can
-    if backend == "nccl" and res.gpus_per_rank == 0:
-        raise FitError("comm_backend nccl needs GPUs: set resources.gpus_per_rank", key="train.comm_backend")
+        if backend in DEVICE_BACKENDS.values() and res.gpus_per_rank == 0:
+            backend = "gloo"  # a CPU-only job on a GPU site: NCCL/XCCL cannot run, gloo always can
+    if backend in DEVICE_BACKENDS.values():
+        if res.gpus_per_rank == 0:
+            raise FitError(f"comm_backend {backend} needs GPUs: set resources.gpus_per_rank", key="train.comm_backend")
+        wanted = DEVICE_BACKENDS.get(node.gpu_kind)
+        if backend != wanted:
+            raise FitError(f"comm_backend {backend} cannot reduce on {node.gpu_kind} GPUs of {where}",
+                           key="train.comm_backend", hint=f"use {wanted} (or auto, mpi, gloo)")
     return Placement(queue_name=queue_name, queue=queue, node=node, backend=backend, account=account)

@@ -10,13 +10,25 @@ import copy
 import hashlib
 import json
 import math
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PrivateAttr, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, model_validator
 
-from hpctrain.config.common import MAX_COUNT, EnvVars, FieldProblem, Name, Strict, Walltime, Word, walltime_seconds
+from hpctrain.config.common import (
+    MAX_COUNT,
+    EnvVars,
+    FieldProblem,
+    Name,
+    PlainName,
+    Strict,
+    Walltime,
+    Word,
+    walltime_seconds,
+)
 from hpctrain.config.origin import JobOrigin
+from hpctrain.config.site import Directives
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file, parse_yaml
 from hpctrain.errors import ConfigError
@@ -40,6 +52,19 @@ def _pair(value: object) -> object:
 MIN_MEMORY_GB = 0.001
 # Requeues beyond this are a loop, not a plan (and the count is compared in the script's shell arithmetic).
 MAX_REQUEUES = 1000
+# Linux PATH_MAX: a longer working directory cannot be entered.
+MAX_PATH = 4096
+_HOME_PATH = re.compile(r"(?:~|\$HOME|\$\{HOME\})(?:/.*)?", re.DOTALL)
+
+
+def _check_workdir(value: str) -> str:
+    """An absolute or home-relative directory without control characters (it becomes a quoted ``cd``)."""
+    if not (value.startswith("/") or _HOME_PATH.fullmatch(value)):
+        raise ValueError("the working directory must be absolute or start with ~/ or $HOME/ "
+                         "(relative to what? the job starts in its run directory)")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value) or len(value) > MAX_PATH:
+        raise ValueError(f"the working directory holds a control character or is longer than {MAX_PATH}")
+    return value
 
 
 class OptimizerConfig(Strict):
@@ -119,7 +144,7 @@ class TrainConfig(Strict):
     combiner: Annotated[CombinerConfig, BeforeValidator(_named)] = Field(default_factory=CombinerConfig)
     seed: int = 0
     log_every: int = Field(10, ge=1)
-    comm_backend: Literal["auto", "mpi", "gloo", "nccl"] = "auto"
+    comm_backend: Literal["auto", "mpi", "gloo", "nccl", "xccl"] = "auto"
     collective_timeout_s: float = Field(300.0, gt=0, description="Abort when a collective takes longer")
     grad_clip: float | None = Field(None, gt=0)
 
@@ -133,6 +158,14 @@ class ResourcesConfig(Strict):
     queue: Word | None = None
     account: Word | None = None
     memory_gb: float | None = Field(None, ge=MIN_MEMORY_GB, description="Memory per node to request (at least 1 MB)")
+    exclusive: bool = Field(False, description="Nodes for this job alone (Slurm --exclusive, PBS place=scatter:excl)")
+    reservation: PlainName | None = Field(None, description="Run in this reservation (Slurm --reservation; on PBS "
+                                          "and Cobalt a reservation is a queue: -q NAME)")
+    directives: Directives = Field(default_factory=dict, description="Scheduler options for this job, on top of the "
+                                   "site's and the queue's (none that hpctrain writes itself)")
+    workdir: Annotated[str, AfterValidator(_check_workdir)] | None = Field(
+        None, description="Directory the ranks start in (absolute or ~/...); logs and checkpoints stay in the run "
+        "directory")
 
     @property
     def ranks(self) -> int:

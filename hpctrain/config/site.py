@@ -32,7 +32,10 @@ from hpctrain.errors import ConfigError
 
 SchedulerName = Literal["slurm", "pbs", "cobalt", "local"]
 LauncherName = Literal["srun", "aprun", "mpiexec", "local"]
-BackendName = Literal["mpi", "gloo", "nccl"]
+BackendName = Literal["mpi", "gloo", "nccl", "xccl"]
+# The collective library each GPU kind reduces with through torch.distributed: NCCL on NVIDIA, RCCL on AMD (torch's
+# ROCm build names it nccl), oneCCL on Intel (torch.xpu's xccl).
+DEVICE_BACKENDS: dict[str, str] = {"nvidia": "nccl", "amd": "nccl", "intel": "xccl"}
 _DIRECTIVE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_./+:@=,%*-]*")
 # Cobalt's --attrs: name=value pairs joined by ':' (values may hold ',' lists, never another ':').
@@ -44,7 +47,7 @@ RESERVED_DIRECTIVES: dict[str, frozenset[str]] = {
         "J", "job-name", "N", "nodes", "n", "ntasks", "ntasks-per-node", "c", "cpus-per-task", "gpus-per-task",
         "mem", "t", "time", "p", "partition", "q", "qos", "A", "account", "o", "output", "e", "error",
         "signal", "requeue", "no-requeue", "open-mode", "a", "array", "d", "dependency", "H", "hold", "wrap",
-        "D", "chdir"}),
+        "D", "chdir", "threads-per-core"}),
     # One-letter keys are PBS options (-k doe), longer ones -l resources: both lists are reserved here.
     "pbs": frozenset({
         "N", "q", "A", "o", "e", "j", "J", "l", "W", "select", "walltime", "place", "filesystems", "nodes",
@@ -54,6 +57,9 @@ RESERVED_DIRECTIVES: dict[str, frozenset[str]] = {
         "error", "jobname", "dependencies", "env"}),
     "local": frozenset(),
 }
+# Options a job sets through its own resources keys (exclusive, reservation): its directives may not name them, though
+# a site's or a queue's may (a queue whose jobs are always exclusive); the job's keys then win.
+JOB_KEY_DIRECTIVES: dict[str, frozenset[str]] = {"slurm": frozenset({"exclusive", "reservation"})}
 
 
 def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, DirectiveValue]:
@@ -70,13 +76,17 @@ def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, Direct
     return directives
 
 
-def _directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
-                        where: tuple[str | int, ...]) -> None:
-    """Refuse directives that would override what hpctrain writes, or add PBS resources through a value."""
+def directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
+                       where: tuple[str | int, ...], *, job: bool = False) -> None:
+    """Refuse directives (a site's, a queue's, or with ``job`` a job's) that would override what hpctrain writes,
+    or add PBS resources through a value."""
     for key, value in directives.items():
         if key in RESERVED_DIRECTIVES.get(scheduler, frozenset()):
             raise FieldProblem((*where, key), f"{scheduler} option {key!r} is written by hpctrain from the job "
                                "(nodes, walltime, queue, account, logs): set it in the job spec, not as a directive")
+        if job and key in JOB_KEY_DIRECTIVES.get(scheduler, frozenset()):
+            raise FieldProblem((*where, key), f"{scheduler} option {key!r} is a key of the job's resources: set "
+                               f"resources.{key}, not a directive")
         if scheduler == "pbs" and len(key) > 1 and isinstance(value, str) and "," in value:
             raise FieldProblem((*where, key), f"PBS resource {key!r}: a ',' in the value would add another "
                                "resource to the -l list")
@@ -84,6 +94,7 @@ def _directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
 
 Directives = Annotated[dict[str, DirectiveValue], AfterValidator(_check_directives)]
 Count = Annotated[int, Field(le=MAX_COUNT)]
+GpuKind = Literal["none", "nvidia", "amd", "intel"]
 
 
 class NodeShape(Strict):
@@ -91,8 +102,23 @@ class NodeShape(Strict):
 
     cores: Count | Literal["auto"] = Field(description="Physical cores per node usable by jobs ('auto': this machine)")
     threads_per_core: int = Field(1, ge=1, le=8, description="Hardware threads per core (SMT)")
-    gpus: Count | Literal["auto"] = Field(0, description="GPUs (or GPU tiles/GCDs) per node")
-    gpu_kind: Literal["none", "nvidia", "amd", "intel"] = "none"
+    task_threads_per_core: int | None = Field(
+        None, ge=1, le=8, description="Hardware threads per core Slurm lays a task out on unless the job asks for "
+        "more (Frontier: 1, so --cpus-per-task counts physical cores); unset: all of threads_per_core")
+    sockets: int = Field(1, ge=1, le=64, description="CPU sockets; hpctrain's list binding never splits a rank "
+                         "across two")
+    reserved_cores: list[int] = Field(
+        default_factory=list, description="Ids of the physical cores the system keeps for itself (Aurora: 0 and 52); "
+        "cores counts the others, so the node has cores + len(reserved_cores) in all")
+    gpus: Count | Literal["auto"] = Field(0, description="Devices a rank can be given per node: GPUs, or GCDs "
+                                          "(Frontier: 8) or tiles (Aurora: 12) where each is its own device")
+    gpu_kind: GpuKind = "none"
+    devices_per_gpu: int = Field(1, ge=1, le=16, description="Devices (GCDs, tiles) per physical GPU package; "
+                                 "PBS's ngpus counts packages")
+    gpu_order: list[int] | None = Field(
+        None, description="Device ids in the order of the cores they sit next to (Polaris: [3, 2, 1, 0], cores 0-7 "
+        "are GPU 3's); ranks spread over the cores in order get devices from this list")
+    gpu_memory_gb: float | None = Field(None, gt=0, description="Memory of one device (GCD, tile, GPU), GB")
     memory_gb: float | Literal["auto"] = Field(description="Main memory per node in GB ('auto': this machine)")
     hbm_gb: float | None = Field(None, ge=0, description="On-package high-bandwidth memory (e.g. KNL MCDRAM)")
     cpu: str | None = Field(None, description="Processor model, for documentation")
@@ -107,7 +133,14 @@ class NodeShape(Strict):
             raise FieldProblem(("memory_gb",), "memory_gb must be positive")
         if self.gpus not in (0, "auto") and self.gpu_kind == "none":
             raise FieldProblem(("gpu_kind",), "a node with GPUs needs gpu_kind (nvidia, amd or intel)")
+        _check_topology(self)
         return self
+
+    @property
+    def physical_cores(self) -> int:
+        """Every core of the node, the reserved ones included (what core ids count up to)."""
+        assert isinstance(self.cores, int)
+        return self.cores + len(self.reserved_cores)
 
     def resolved(self) -> NodeShape:
         """This shape with 'auto' values read from the machine the code runs on."""
@@ -117,13 +150,33 @@ class NodeShape(Strict):
         return self.model_copy(update={"cores": cores, "memory_gb": memory, "gpus": gpus})
 
 
+def _check_topology(node: NodeShape) -> None:
+    """Reserved cores, sockets and the device order must describe one node consistently."""
+    if isinstance(node.cores, int):
+        total = node.physical_cores
+        if len(set(node.reserved_cores)) != len(node.reserved_cores) or any(
+                not 0 <= c < total for c in node.reserved_cores):
+            raise FieldProblem(("reserved_cores",), f"reserved_cores must be distinct core ids below {total} "
+                               "(cores + the reserved ones)")
+        if total % node.sockets:
+            raise FieldProblem(("sockets",), f"{total} cores do not split evenly over {node.sockets} sockets")
+    if isinstance(node.gpus, int):
+        if node.gpus % node.devices_per_gpu:
+            raise FieldProblem(("devices_per_gpu",), f"{node.gpus} devices are not whole GPUs of "
+                               f"{node.devices_per_gpu} devices each")
+        if node.gpu_order is not None and sorted(node.gpu_order) != list(range(node.gpus)):
+            raise FieldProblem(("gpu_order",), f"gpu_order must list each device id 0..{node.gpus - 1} once")
+
+
 class NodeOverride(Strict):
     """Per-queue changes to the node shape (e.g. Perlmutter's CPU nodes versus its GPU nodes)."""
 
     cores: int | None = Field(None, ge=1, le=MAX_COUNT)
     threads_per_core: int | None = Field(None, ge=1, le=8)
+    sockets: int | None = Field(None, ge=1, le=64)
     gpus: int | None = Field(None, ge=0, le=MAX_COUNT)
-    gpu_kind: Literal["none", "nvidia", "amd", "intel"] | None = None
+    gpu_kind: GpuKind | None = None
+    gpu_order: list[int] | None = None
     memory_gb: float | None = Field(None, gt=0)
     hbm_gb: float | None = None
     cpu: str | None = None
@@ -137,6 +190,8 @@ class Queue(Strict):
     min_nodes: int = Field(1, ge=1, le=MAX_COUNT)
     max_walltime: Walltime
     submit_as: Word | None = Field(None, description="Name passed to the scheduler if it differs from the key")
+    qos: Word | None = Field(None, description="Slurm QOS the queue stands for, beside its partition "
+                             "(Frontier's debug: --qos=debug on the batch partition)")
     node: NodeOverride | None = None
     directives: Directives = Field(default_factory=dict)
     comm_backend: BackendName | None = None
@@ -207,7 +262,8 @@ class SiteProfile(Strict):
     comm_backend: BackendName = "mpi"
     network: Network | None = None
     mpi: MPISetup = Field(default_factory=MPISetup)
-    intel_extension: bool = Field(False, description="Use intel-extension-for-pytorch when importable")
+    intel_extension: bool = Field(False, description="Use intel-extension-for-pytorch on Intel CPUs where the "
+                                  "installed torch is one it supports (never for GPUs: torch.xpu needs no IPEX)")
 
     @model_validator(mode="after")
     def _consistent(self) -> SiteProfile:
@@ -216,11 +272,20 @@ class SiteProfile(Strict):
                                f"{', '.join(self.queues) or 'none'}")
         if self.queues and self.default_queue is None:
             raise FieldProblem(("default_queue",), "a site with queues needs default_queue")
-        if self.comm_backend == "nccl" and self.node.gpus == 0:
-            raise FieldProblem(("comm_backend",), "comm_backend nccl needs GPUs in node.gpus")
-        _directive_problems(self.scheduler, self.directives, ("directives",))
+        if self.comm_backend in ("nccl", "xccl"):
+            if self.node.gpus == 0:
+                raise FieldProblem(("comm_backend",), f"comm_backend {self.comm_backend} needs GPUs in node.gpus")
+            wanted = DEVICE_BACKENDS.get(self.node.gpu_kind)
+            if self.node.gpus != "auto" and self.comm_backend != wanted:
+                raise FieldProblem(("comm_backend",), f"{self.node.gpu_kind} GPUs reduce with {wanted}, not "
+                                   f"{self.comm_backend}")
+        directive_problems(self.scheduler, self.directives, ("directives",))
         for name, queue in self.queues.items():
-            _directive_problems(self.scheduler, queue.directives, ("queues", name, "directives"))
+            directive_problems(self.scheduler, queue.directives, ("queues", name, "directives"))
+            if queue.qos and (self.scheduler != "slurm" or self.queue_option == "qos"):
+                raise FieldProblem(("queues", name, "qos"), (
+                    "a queue's qos is a Slurm QOS beside its partition" if self.scheduler == "slurm" else
+                    f"{self.scheduler} has no QOS: name the queue itself"))
         return self
 
     def queue(self, name: str | None) -> tuple[str | None, Queue | None]:
@@ -242,6 +307,8 @@ class SiteProfile(Strict):
         node = self.node
         if queue_name and self.queues.get(queue_name) and self.queues[queue_name].node:
             update = self.queues[queue_name].node.model_dump(exclude_none=True)
+            if "gpus" in update and "gpu_order" not in update:
+                update["gpu_order"] = None  # the base node's order names other devices
             node = node.model_copy(update=update)
         return node.resolved()
 

@@ -21,12 +21,15 @@ from hpctrain.config.preflight import check_job
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import ConfigError
 from hpctrain.submission.launchers import (
+    LIST_BINDING,
     LaunchPlan,
     cpus_per_rank_for,
     get_launcher,
     hyperthreads_for,
     launcher_name,
+    slurm_threads_per_core,
 )
+from hpctrain.submission.launchers.binding import rank_cpus, rank_devices
 from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler, place
 from hpctrain.submission.shell import comment, quote, quote_path
 
@@ -73,11 +76,14 @@ def launch_plan(job: JobSpec, site: SiteProfile, placement: Placement, python: s
     """The launcher's view of the job on this site's node."""
     res, node = job.resources, placement.node
     ht = hyperthreads_for(node, res.ranks_per_node, res.threads_per_rank)
+    cpu_list = (rank_cpus(node, res.ranks_per_node, res.threads_per_rank, ht) if site.cpu_bind == LIST_BINDING
+                else ())
     return LaunchPlan(
         nodes=res.nodes, ranks_per_node=res.ranks_per_node, threads_per_rank=res.threads_per_rank,
         gpus_per_rank=res.gpus_per_rank, cpu_bind=site.cpu_bind, extra_args=tuple(site.launcher_args),
         hyperthreads=ht, cpus_per_rank=cpus_per_rank_for(node, res.threads_per_rank, ht),
-        gpu_kind=node.gpu_kind, python=python,
+        gpu_kind=node.gpu_kind, python=python, threads_per_core=slurm_threads_per_core(node, ht),
+        cpu_list=cpu_list, devices=rank_devices(node, res.ranks_per_node, res.gpus_per_rank),
     )
 
 
@@ -193,9 +199,13 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
         environment="\n".join(environment_lines(job, site, placement, plan, interpreter)),
     ).rstrip("\n")
     requeue = scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)
+    launch_line = " ".join(quote_path(word) for word in launch_argv)
+    if job.resources.workdir:
+        # A subshell that becomes the launcher: the ranks start there, this shell (logs, exit record) stays put.
+        launch_line = f"( cd {quote_path(job.resources.workdir)} && exec {launch_line} )"
     launch = fill("launch.tmpl", signal=ckpt.signal, timer=timer, timer_stop=timer_stop,
                   exit_record=exit_record_line(scheduler.job_id_variable),
-                  launch_line=" ".join(quote_path(word) for word in launch_argv),
+                  launch_line=launch_line,
                   requeue="\n".join(requeue)).rstrip("\n")
     text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header),
                 signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s, prologue=prologue, launch=launch)

@@ -2,7 +2,7 @@
 #SBATCH --job-name=ffn-local
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=2
-#SBATCH --cpus-per-task=2
+#SBATCH --cpus-per-task=1
 #SBATCH --time=00:30:00
 #SBATCH --partition=batch
 #SBATCH --account=demo
@@ -49,7 +49,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
-srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=2 --kill-on-bad-exit=1 --cpu-bind=cores "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+srun --nodes=1 --ntasks=2 --ntasks-per-node=2 --cpus-per-task=1 --kill-on-bad-exit=1 --cpu-bind=threads "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
 if [ -n "${hpctrain_pending_signal}" ]; then
     sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)

@@ -49,7 +49,7 @@ forward_signal() {
 trap forward_signal USR2
 ( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 1680 & wait $!; kill -s USR2 $$ ) &
 timer_pid=$!
-mpiexec -n 2 --ppn 2 --depth 1 --cpu-bind depth --env OMP_NUM_THREADS=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+mpiexec -n 2 --ppn 2 --cpu-bind list:0:16 --env OMP_NUM_THREADS=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
 if [ -n "${hpctrain_pending_signal}" ]; then
     sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)

@@ -8,8 +8,9 @@
 #PBS -l filesystems=home:flare
 #PBS -o /RUN_DIR/pbs.out
 #PBS -j oe
+#PBS -k doe
 #
-# hpctrain job ffn-polaris for site aurora (pbs, launcher mpiexec-pals, backend mpi); written by `hpctrain render`
+# hpctrain job ffn-polaris for site aurora (pbs, launcher mpiexec-pals, backend xccl); written by `hpctrain render`
 # FIB-25-sized FFN on 2 Polaris nodes (8 A100)
 # PBS Pro sends no warning before the walltime: a timer in this shell raises SIGUSR2 120 s
 # before it, and the launch section forwards the signal to the ranks so they checkpoint.
@@ -25,23 +26,17 @@ echo "hpctrain: job ${PBS_JOBID:-none} starts on $(hostname) at $(date)"
 # modules
 module load frameworks
 # environment (site, then job, then hpctrain's defaults where neither set one)
+export ZE_FLAT_DEVICE_HIERARCHY=FLAT
+export ZE_ENABLE_PCI_ID_DEVICE_ORDER=1
 export CCL_PROCESS_LAUNCHER=pmix
 export OMP_NUM_THREADS=8
 export OMP_PLACES=cores
 export OMP_PROC_BIND=close
 export HPCTRAIN_SITE=aurora
-export HPCTRAIN_COMM_BACKEND=mpi
+export HPCTRAIN_COMM_BACKEND=xccl
 export HPCTRAIN_STOP_SIGNAL=USR2
-export HPCTRAIN_INTEL_EXTENSION=1
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
-# which MPI library mpi4py uses (MPI is not initialised here)
-mpi_library=$("$HOME"/hpctrain-venv/bin/python -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1) || mpi_library="mpi4py failed: ${mpi_library}"
-echo "hpctrain: MPI library: ${mpi_library}"
-expected_mpi=MPICH
-case "${mpi_library}" in *"${expected_mpi}"*) ;; *)
-    echo "hpctrain: WARNING: expected the site's MPI (${expected_mpi}) but mpi4py uses ${mpi_library}; rebuild mpi4py against it (see docs)" >&2 ;;
-esac
 # ---- hpctrain: launch ------------------------------------------------------------------------------------
 # The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
 launcher_pid=
@@ -52,7 +47,7 @@ forward_signal() {
 trap forward_signal USR2
 ( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 3480 & wait $!; kill -s USR2 $$ ) &
 timer_pid=$!
-mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth --env OMP_NUM_THREADS=8 "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.gpu_affinity --kind intel --gpus-per-rank 1 -- "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+mpiexec -n 8 --ppn 4 --cpu-bind list:1-8:26-33:53-60:78-85 --env OMP_NUM_THREADS=8 "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.gpu_affinity --kind intel --devices 0:3:6:9 -- "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
 if [ -n "${hpctrain_pending_signal}" ]; then
     sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)

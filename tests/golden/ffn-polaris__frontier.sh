@@ -2,10 +2,11 @@
 #SBATCH --job-name=ffn-polaris
 #SBATCH --nodes=2
 #SBATCH --ntasks-per-node=4
-#SBATCH --cpus-per-task=16
+#SBATCH --cpus-per-task=8
 #SBATCH --gpus-per-task=1
 #SBATCH --time=01:00:00
 #SBATCH --partition=batch
+#SBATCH --qos=debug
 #SBATCH --account=connectomics
 #SBATCH --output=/RUN_DIR/slurm-%j.out
 #SBATCH --error=/RUN_DIR/slurm-%j.out
@@ -50,7 +51,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
-srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=16 --kill-on-bad-exit=1 --gpus-per-task=1 --gpu-bind=closest --cpu-bind=cores "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+srun --nodes=2 --ntasks=8 --ntasks-per-node=4 --cpus-per-task=8 --kill-on-bad-exit=1 --gpus-per-task=1 --gpu-bind=closest --cpu-bind=threads "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
 if [ -n "${hpctrain_pending_signal}" ]; then
     sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)

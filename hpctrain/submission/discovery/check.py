@@ -69,13 +69,17 @@ class _Checker:
     def node(self, prefix: str, mine: NodeShape, theirs: NodeFacts) -> None:
         """Node fields the machine reported (not guessed) and the profile fixes (not 'auto')."""
         if isinstance(mine.cores, int) and not theirs.cores.guessed:
-            fits = {mine.cores, mine.cores * mine.threads_per_core} if theirs.ncpus_only else {mine.cores}
+            # The scheduler may count the cores the system keeps (Aurora's 0 and 52) or leave them out.
+            cores = {mine.cores, mine.physical_cores}
+            fits = cores | {c * mine.threads_per_core for c in cores} if theirs.ncpus_only else cores
             if theirs.cores.value not in fits:
                 self.differ(f"{prefix}.cores", mine.cores, theirs.cores.value, theirs.cores.source)
         if not theirs.threads_per_core.guessed and mine.threads_per_core != theirs.threads_per_core.value:
             self.differ(f"{prefix}.threads_per_core", mine.threads_per_core, theirs.threads_per_core.value,
                         theirs.threads_per_core.source)
-        if isinstance(mine.gpus, int) and not theirs.gpus.guessed and mine.gpus != theirs.gpus.value:
+        # A profile counts the devices ranks get (Aurora's 12 tiles); a scheduler may count GPU packages (6).
+        if isinstance(mine.gpus, int) and not theirs.gpus.guessed and theirs.gpus.value not in {
+                mine.gpus, mine.gpus // mine.devices_per_gpu}:
             self.differ(f"{prefix}.gpus", mine.gpus, theirs.gpus.value, theirs.gpus.source)
         if (not theirs.gpu_kind.guessed and theirs.gpus.value > 0 and mine.gpu_kind != theirs.gpu_kind.value):
             self.differ(f"{prefix}.gpu_kind", mine.gpu_kind, theirs.gpu_kind.value, theirs.gpu_kind.source)

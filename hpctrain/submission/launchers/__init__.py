@@ -8,9 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from hpctrain.config.site import NodeShape, SiteProfile
 from hpctrain.errors import ConfigError
+from hpctrain.submission.launchers.binding import RankSets, device_map, pals_cpu_list
+
+if TYPE_CHECKING:  # the in-job helpers below this package start on every rank: no pydantic import at run time
+    from hpctrain.config.site import NodeShape, SiteProfile
 
 
 @dataclass(frozen=True)
@@ -18,7 +22,9 @@ class LaunchPlan:
     """How many ranks go where, with which threads, GPUs and binding.
 
     ``hyperthreads`` is the number of hardware threads per core the job uses (aprun ``-j``);
-    ``cpus_per_rank`` the hardware threads (scheduler "CPUs") reserved per rank, whole cores.
+    ``cpus_per_rank`` the scheduler "CPUs" reserved per rank, whole cores; ``threads_per_core`` the
+    ``--threads-per-core`` a Slurm site needs asked for (None: its default). ``cpu_list`` holds each local rank's
+    logical CPUs where the site binds by list, ``devices`` each local rank's device ids (see binding.py).
     """
 
     nodes: int
@@ -32,6 +38,9 @@ class LaunchPlan:
     gpu_kind: str = "none"
     python: str = "python3"
     env: tuple[tuple[str, str], ...] = field(default=())
+    threads_per_core: int | None = None
+    cpu_list: RankSets = ()
+    devices: RankSets = ()
 
     @property
     def ranks(self) -> int:
@@ -65,21 +74,39 @@ def get_launcher(name: str) -> Launcher:
                           hint="known launchers: " + ", ".join(sorted(LAUNCHERS))) from None
 
 
+# A site's ``cpu_bind: list`` asks hpctrain to write each rank's CPUs itself (binding.py); only PALS takes such a list.
+LIST_BINDING = "list"
+
+
+def _no_list_binding(plan: LaunchPlan, launcher: str) -> None:
+    if plan.cpu_bind == LIST_BINDING:
+        raise ConfigError(f"cpu_bind: list (hpctrain writes each rank's CPUs) works with PALS mpiexec, not {launcher}",
+                          key="cpu_bind", hint="use the launcher's own binding (srun: cores or threads)")
+
+
 def gpu_wrapper(command: list[str], plan: LaunchPlan) -> list[str]:
-    """``command`` behind ``python -m hpctrain.submission.launchers.gpu_affinity`` when ranks need their own GPUs."""
+    """``command`` behind ``python -m hpctrain.submission.launchers.gpu_affinity`` when ranks need their own GPUs.
+
+    With ``plan.devices`` the wrapper gets the whole map (local rank -> devices) the site's topology gives;
+    without, each local rank takes the next ``gpus_per_rank`` devices.
+    """
     if plan.gpus_per_rank <= 0 or plan.gpu_kind == "none":
         return list(command)
+    chosen = ["--devices", device_map(plan.devices)] if plan.devices else ["--gpus-per-rank", str(plan.gpus_per_rank)]
     return [plan.python, "-m", "hpctrain.submission.launchers.gpu_affinity", "--kind", plan.gpu_kind,
-            "--gpus-per-rank", str(plan.gpus_per_rank), "--", *command]
+            *chosen, "--", *command]
 
 
 @register("srun")
 def srun(command: list[str], plan: LaunchPlan) -> list[str]:
     """Slurm's srun; GPUs per rank through ``--gpus-per-task`` and ``--gpu-bind=closest``."""
+    _no_list_binding(plan, "srun")
     # --kill-on-bad-exit: a rank that dies takes the step down at once instead of leaving peers blocked.
     argv = ["srun", f"--nodes={plan.nodes}", f"--ntasks={plan.ranks}",
-            f"--ntasks-per-node={plan.ranks_per_node}", f"--cpus-per-task={plan.cpus_per_task}",
-            "--kill-on-bad-exit=1"]
+            f"--ntasks-per-node={plan.ranks_per_node}", f"--cpus-per-task={plan.cpus_per_task}"]
+    if plan.threads_per_core is not None:  # must match the allocation's (OLCF: set it in sbatch and srun)
+        argv.append(f"--threads-per-core={plan.threads_per_core}")
+    argv.append("--kill-on-bad-exit=1")
     if plan.gpus_per_rank > 0:
         argv += [f"--gpus-per-task={plan.gpus_per_rank}", "--gpu-bind=closest"]
     if plan.cpu_bind:
@@ -90,6 +117,7 @@ def srun(command: list[str], plan: LaunchPlan) -> list[str]:
 @register("aprun")
 def aprun(command: list[str], plan: LaunchPlan) -> list[str]:
     """Cray ALPS aprun (Theta): ``-d`` hardware threads per PE, ``-j`` hardware threads used per core."""
+    _no_list_binding(plan, "aprun")
     argv = ["aprun", "-n", str(plan.ranks), "-N", str(plan.ranks_per_node), "-d", str(plan.threads_per_rank),
             "-j", str(plan.hyperthreads), "-cc", plan.cpu_bind or "depth",
             "-e", f"OMP_NUM_THREADS={plan.threads_per_rank}"]
@@ -98,16 +126,26 @@ def aprun(command: list[str], plan: LaunchPlan) -> list[str]:
 
 @register("mpiexec-pals")
 def mpiexec_pals(command: list[str], plan: LaunchPlan) -> list[str]:
-    """HPE Cray PALS mpiexec under PBS Pro (Polaris, Aurora); GPUs through the gpu_affinity wrapper."""
-    argv = ["mpiexec", "-n", str(plan.ranks), "--ppn", str(plan.ranks_per_node),
-            "--depth", str(plan.threads_per_rank), "--cpu-bind", plan.cpu_bind or "depth",
-            "--env", f"OMP_NUM_THREADS={plan.threads_per_rank}"]
+    """HPE Cray PALS mpiexec under PBS Pro (Polaris, Aurora); GPUs through the gpu_affinity wrapper.
+
+    ``cpu_bind: list`` writes each rank's CPUs (``--cpu-bind list:1-8:9-16:...``, as ALCF documents for Aurora);
+    otherwise ``--depth`` hardware threads per rank with the site's binding (depth by default).
+    """
+    argv = ["mpiexec", "-n", str(plan.ranks), "--ppn", str(plan.ranks_per_node)]
+    if plan.cpu_bind == LIST_BINDING:
+        if len(plan.cpu_list) != plan.ranks_per_node:
+            raise ConfigError("cpu_bind: list needs each rank's CPUs in the launch plan", key="cpu_bind")
+        argv += ["--cpu-bind", pals_cpu_list(plan.cpu_list)]
+    else:
+        argv += ["--depth", str(plan.threads_per_rank), "--cpu-bind", plan.cpu_bind or "depth"]
+    argv += ["--env", f"OMP_NUM_THREADS={plan.threads_per_rank}"]
     return [*argv, *plan.extra_args, *gpu_wrapper(command, plan)]
 
 
 @register("mpiexec-hydra")
 def mpiexec_hydra(command: list[str], plan: LaunchPlan) -> list[str]:
     """MPICH's hydra mpiexec (also the mpich wheel's): ``-n`` ranks, ``-ppn`` per node."""
+    _no_list_binding(plan, "hydra mpiexec")
     argv = ["mpiexec", "-n", str(plan.ranks), "-ppn", str(plan.ranks_per_node)]
     if plan.cpu_bind:
         argv += ["-bind-to", plan.cpu_bind]
@@ -137,7 +175,17 @@ def hyperthreads_for(node: NodeShape, ranks_per_node: int, threads_per_rank: int
     return max(1, min(node.threads_per_core, -(-wanted // node.cores)))
 
 
+def slurm_threads_per_core(node: NodeShape, hyperthreads: int) -> int | None:
+    """The ``--threads-per-core`` a job must ask for: only where the site lays tasks out on fewer hardware threads
+    per core than the job needs (Frontier defaults to 1; a job using both threads of its cores asks for 2)."""
+    if node.task_threads_per_core is not None and hyperthreads > node.task_threads_per_core:
+        return hyperthreads
+    return None
+
+
 def cpus_per_rank_for(node: NodeShape, threads_per_rank: int, hyperthreads: int) -> int:
-    """Scheduler CPUs (hardware threads) reserved per rank: whole cores, ``hyperthreads`` threads on each."""
+    """Scheduler CPUs reserved per rank (``--cpus-per-task``): whole cores, times the hardware threads per core a
+    task is laid out on (Perlmutter: 2, so 16 cores are -c 32; Frontier: 1, so 7 cores are OLCF's -c 7)."""
     cores = -(-threads_per_rank // hyperthreads)
-    return cores * node.threads_per_core
+    per_core = slurm_threads_per_core(node, hyperthreads) or node.task_threads_per_core or node.threads_per_core
+    return cores * per_core

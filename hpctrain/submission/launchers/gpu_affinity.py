@@ -1,8 +1,10 @@
-"""Give each local rank its GPUs: ``python -m hpctrain.submission.launchers.gpu_affinity --kind nvidia
---gpus-per-rank 1 -- CMD...``.
+"""Give each local rank its devices: ``python -m hpctrain.submission.launchers.gpu_affinity --kind nvidia
+--devices 3:2:1:0 -- CMD...`` (local rank r gets the r-th ``:``-separated entry; ``,`` separates a rank's devices).
 
-Launchers without GPU binding (PALS mpiexec, hydra) start every rank seeing every GPU; this wrapper reads
-the local rank, sets CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES / ZE_AFFINITY_MASK and execs CMD.
+Launchers without GPU binding (PALS mpiexec, hydra) start every rank seeing every device; this wrapper reads
+the local rank, sets CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES / ZE_AFFINITY_MASK and execs CMD. The map comes
+from the site's topology (``node.gpu_order``: Polaris gives rank 0, on cores 0-7, GPU 3); ``--gpus-per-rank N``
+instead gives rank r the devices r*N .. r*N+N-1.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from collections.abc import Mapping
 # Local-rank variables, first present wins (PALS under PBS, hydra, Slurm, Open MPI, ALPS, torchrun).
 LOCAL_RANK_VARIABLES = ("PALS_LOCAL_RANKID", "MPI_LOCALRANKID", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
                         "PMI_LOCAL_RANK", "ALPS_APP_PE_LOCAL", "LOCAL_RANK")
+# Intel's variable takes device ids as the driver enumerates them: in FLAT mode (ALCF's frameworks module) one per
+# tile, 0-11 on an Aurora node, so tile t of GPU g is device 2g + t.
 VISIBLE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
 
 
@@ -27,24 +31,47 @@ def local_rank(env: Mapping[str, str]) -> int:
     return 0
 
 
-def visible_devices(kind: str, rank: int, gpus_per_rank: int) -> tuple[str, str]:
-    """(variable, value) giving local rank ``rank`` its ``gpus_per_rank`` consecutive devices."""
+def _variable(kind: str) -> str:
     if kind not in VISIBLE_VARIABLE:
         raise ValueError(f"unknown GPU kind {kind!r}; expected one of {', '.join(VISIBLE_VARIABLE)}")
+    return VISIBLE_VARIABLE[kind]
+
+
+def visible_devices(kind: str, rank: int, gpus_per_rank: int) -> tuple[str, str]:
+    """(variable, value) giving local rank ``rank`` its ``gpus_per_rank`` consecutive devices."""
     first = rank * gpus_per_rank
-    return VISIBLE_VARIABLE[kind], ",".join(str(first + i) for i in range(gpus_per_rank))
+    return _variable(kind), ",".join(str(first + i) for i in range(gpus_per_rank))
+
+
+def mapped_devices(kind: str, rank: int, devices: str) -> tuple[str, str]:
+    """(variable, value) giving local rank ``rank`` its entry of the ``--devices`` map (``3:2:1:0``)."""
+    from hpctrain.submission.launchers.binding import parse_id_sets
+
+    entries = parse_id_sets(devices)
+    if rank >= len(entries):
+        raise ValueError(f"local rank {rank} has no devices in the map {devices!r} ({len(entries)} ranks per node "
+                         "planned): the launcher started more ranks per node than the script was written for")
+    return _variable(kind), ",".join(str(d) for d in entries[rank])
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hpctrain.submission.launchers.gpu_affinity", description=__doc__)
     parser.add_argument("--kind", required=True, choices=sorted(VISIBLE_VARIABLE))
-    parser.add_argument("--gpus-per-rank", type=int, default=1)
+    chosen = parser.add_mutually_exclusive_group()
+    chosen.add_argument("--devices", default=None, metavar="MAP", help="each local rank's devices: 3:2:1:0, 0,1:2,3")
+    chosen.add_argument("--gpus-per-rank", type=int, default=1)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("no command given after --")
-    name, value = visible_devices(args.kind, local_rank(os.environ), args.gpus_per_rank)
+    rank = local_rank(os.environ)
+    try:
+        name, value = (mapped_devices(args.kind, rank, args.devices) if args.devices is not None
+                       else visible_devices(args.kind, rank, args.gpus_per_rank))
+    except ValueError as exc:
+        print(f"hpctrain.submission.launchers.gpu_affinity: {exc}", file=sys.stderr)
+        return 2
     os.environ[name] = value
     try:
         os.execvp(command[0], command)

@@ -14,10 +14,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from hpctrain.config.common import DirectiveValue
+from hpctrain.config.common import DirectiveValue, FieldProblem
 from hpctrain.config.fit import Placement, check_fit
 from hpctrain.config.job import JobSpec
-from hpctrain.config.site import SiteProfile
+from hpctrain.config.site import SiteProfile, directive_problems
 from hpctrain.errors import ConfigError, FitError, SchedulerError
 from hpctrain.exit_codes import EXIT_REQUEUE
 from hpctrain.submission.launchers import LaunchPlan
@@ -113,6 +113,8 @@ class Scheduler(ABC):
     submits_over_ssh: ClassVar[bool] = True  # False: the scheduler is this machine (no --remote)
     max_nodes: ClassVar[int | None] = None  # None: the queue's limits decide
     launchers: ClassVar[tuple[str, ...] | None] = None  # launchers that can start ranks here; None: any
+    # Per-job options of ``resources`` this scheduler can honour (the rest are refused by check_job).
+    job_options: ClassVar[frozenset[str]] = frozenset({"exclusive", "reservation", "directives"})
     mpiexec_launcher: ClassVar[str] = "mpiexec-hydra"  # the registered launcher a site's `mpiexec` means here
     # Pending reasons (as JobStatus.reason_text) that only mean "held briefly after a requeue".
     requeue_hold_reasons: ClassVar[frozenset[str]] = frozenset()
@@ -189,22 +191,42 @@ class Scheduler(ABC):
                               hint=f"set launcher: {self.launchers[0]}")
 
     def check_job(self, job: JobSpec, site: SiteProfile) -> None:
-        """Refuse a job this scheduler cannot place (more nodes than it has)."""
-        if self.max_nodes is not None and job.resources.nodes > self.max_nodes:
-            raise FitError(f"{job.resources.nodes} nodes requested but site {site.name!r} ({self.name}) runs on "
+        """Refuse a job this scheduler cannot place (more nodes than it has, per-job options it has not)."""
+        res = job.resources
+        if self.max_nodes is not None and res.nodes > self.max_nodes:
+            raise FitError(f"{res.nodes} nodes requested but site {site.name!r} ({self.name}) runs on "
                            f"at most {self.max_nodes}", key="resources.nodes",
                            hint=f"set resources.nodes: {self.max_nodes} or choose a cluster site")
+        asked = {"exclusive": res.exclusive, "reservation": res.reservation is not None,
+                 "directives": bool(res.directives)}
+        for option, wanted in asked.items():
+            if wanted and option not in self.job_options:
+                raise FitError(f"site {site.name!r} ({self.name}) has no per-job {option}", key=f"resources.{option}",
+                               hint=f"remove resources.{option} for this site")
+        try:
+            directive_problems(self.name, res.directives, ("resources", "directives"), job=True)
+        except FieldProblem as exc:
+            raise FitError(str(exc), key=".".join(str(k) for k in exc.loc)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Shared helpers for back-ends
 
 
-def merged_directives(site: SiteProfile, placement: Placement) -> dict[str, DirectiveValue]:
-    """Site directives with the queue's on top (a queue's value for the same key wins)."""
+def merged_directives(site: SiteProfile, placement: Placement, job: JobSpec) -> dict[str, DirectiveValue]:
+    """Site directives, the queue's on top, the job's on top of both (the last value for a key wins).
+
+    A job's ``exclusive`` or ``reservation`` replaces a site's or queue's directive of that name: the back-end
+    writes the job's own.
+    """
     merged = dict(site.directives)
     if placement.queue is not None:
         merged.update(placement.queue.directives)
+    merged.update(job.resources.directives)
+    if job.resources.exclusive:
+        merged.pop("exclusive", None)
+    if job.resources.reservation:
+        merged.pop("reservation", None)
     return merged
 
 

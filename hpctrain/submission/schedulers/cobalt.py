@@ -44,14 +44,15 @@ class Cobalt(Scheduler):
                           options: RenderOptions) -> list[str]:
         res = job.resources
         opts = [f"-n {res.nodes}", f"-t {format_minutes(walltime_seconds(res.walltime))}"]
-        queue = queue_submit_name(placement)
+        # A Cobalt reservation is reached through its queue; nodes are always whole (exclusive needs no option).
+        queue = res.reservation or queue_submit_name(placement)
         if queue:
             opts.append(f"-q {directive_word(queue, what='queue')}")
         if placement.account:
             opts.append(f"-A {directive_word(placement.account, what='account')}")
         opts.append(f"-O {options.log_path('cobalt')}")
         opts.append(f"--jobname {directive_word(job.name, what='job name')}")
-        directives = merged_directives(site, placement)
+        directives = merged_directives(site, placement, job)
         attrs = [directive_value(directives.pop("attrs"), key="attrs")] if directives.get("attrs") else []
         if site.filesystems:
             attrs.append("filesystems=" + ",".join(directive_word(f, what="filesystem") for f in site.filesystems))

@@ -63,6 +63,7 @@ class Local(Scheduler):
     submits_over_ssh = False
     max_nodes = 1
     launchers = ("local", "mpiexec")
+    job_options = frozenset()  # this machine: no reservations, nothing to share, no scheduler options
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:

@@ -48,15 +48,18 @@ class PBSPro(Scheduler):
         res, node = job.resources, placement.node
         assert isinstance(node.cores, int) and isinstance(node.gpus, int)
         name = directive_word(job.name, what="job name")[:MAX_NAME]
-        chunk = [str(res.nodes), f"ncpus={node.cores * node.threads_per_core}"]
+        # The whole node's hardware threads and its GPU packages (Aurora: 6 GPUs, though ranks get 12 tiles).
+        chunk = [str(res.nodes), f"ncpus={node.physical_cores * node.threads_per_core}"]
         if node.gpus > 0:
-            chunk.append(f"ngpus={node.gpus}")
+            chunk.append(f"ngpus={node.gpus // node.devices_per_gpu}")
         if res.memory_mb is not None:  # whole MiB, rounded up: int(GB) wrote mem=0gb below 1 GB
             chunk.append(f"mem={res.memory_mb}mb")
         chunk.append(f"mpiprocs={res.ranks_per_node}")
         chunk.append(f"ompthreads={res.threads_per_rank}")
-        opts = [f"-N {name}", f"-l select={':'.join(chunk)}", f"-l walltime={res.walltime}", "-l place=scatter"]
-        queue = queue_submit_name(placement)
+        place = "scatter:excl" if res.exclusive else "scatter"
+        opts = [f"-N {name}", f"-l select={':'.join(chunk)}", f"-l walltime={res.walltime}", f"-l place={place}"]
+        # A PBS Pro reservation is a queue of its own (R123456): the job is submitted to it.
+        queue = res.reservation or queue_submit_name(placement)
         if queue:
             opts.append(f"-q {directive_word(queue, what='queue')}")
         if placement.account:
@@ -64,7 +67,7 @@ class PBSPro(Scheduler):
         if site.filesystems:
             opts.append(f"-l filesystems={':'.join(directive_word(f, what='filesystem') for f in site.filesystems)}")
         opts += [f"-o {options.log_path('pbs.out')}", "-j oe"]
-        for key, value in merged_directives(site, placement).items():
+        for key, value in merged_directives(site, placement, job).items():
             if value is None or value is False:
                 continue
             if len(key) == 1:

@@ -46,6 +46,8 @@ class Slurm(Scheduler):
                 f"--nodes={res.nodes}",
                 f"--ntasks-per-node={res.ranks_per_node}",
                 f"--cpus-per-task={plan.cpus_per_task}"]
+        if plan.threads_per_core is not None:
+            opts.append(f"--threads-per-core={plan.threads_per_core}")
         if res.gpus_per_rank > 0:
             opts.append(f"--gpus-per-task={res.gpus_per_rank}")
         if res.memory_mb is not None:  # rounded up: --mem=0 means all of the node's memory to Slurm
@@ -54,14 +56,20 @@ class Slurm(Scheduler):
         queue = queue_submit_name(placement)
         if queue:
             opts.append(f"--{site.queue_option}={directive_word(queue, what='queue')}")
+        if placement.queue is not None and placement.queue.qos:  # a queue that is a QOS on a partition
+            opts.append(f"--qos={directive_word(placement.queue.qos, what='qos')}")
         if placement.account:
             opts.append(f"--account={directive_word(placement.account, what='account')}")
+        if res.reservation:
+            opts.append(f"--reservation={directive_word(res.reservation, what='reservation')}")
+        if res.exclusive:
+            opts.append("--exclusive")
         opts += [f"--output={options.log_path('slurm-%j.out')}",
                  f"--error={options.log_path('slurm-%j.out')}",
                  f"--signal=B:{job.checkpoint.signal}@{job.checkpoint.signal_lead_s}",
                  "--requeue",
                  "--open-mode=append"]
-        for key, value in merged_directives(site, placement).items():
+        for key, value in merged_directives(site, placement, job).items():
             if value is None or value is False:
                 continue
             if len(key) == 1:

@@ -1,0 +1,77 @@
+#!/bin/bash
+#PBS -N ffn-aurora
+#PBS -l select=2:ncpus=208:ngpus=6:mpiprocs=12:ompthreads=8
+#PBS -l walltime=01:00:00
+#PBS -l place=scatter
+#PBS -q debug
+#PBS -A connectomics
+#PBS -l filesystems=home:flare
+#PBS -o /RUN_DIR/pbs.out
+#PBS -j oe
+#PBS -k doe
+#
+# hpctrain job ffn-aurora for site aurora (pbs, launcher mpiexec-pals, backend xccl); written by `hpctrain render`
+# FIB-25-sized FFN on 2 Aurora nodes (24 GPU Max 1550 tiles)
+# PBS Pro sends no warning before the walltime: a timer in this shell raises SIGUSR2 120 s
+# before it, and the launch section forwards the signal to the ranks so they checkpoint.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${PBS_JOBID:-none} starts on $(hostname) at $(date)"
+# modules
+module load frameworks
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export ZE_FLAT_DEVICE_HIERARCHY=FLAT
+export ZE_ENABLE_PCI_ID_DEVICE_ORDER=1
+export CCL_PROCESS_LAUNCHER=pmix
+export OMP_NUM_THREADS=8
+export OMP_PLACES=cores
+export OMP_PROC_BIND=close
+export HPCTRAIN_SITE=aurora
+export HPCTRAIN_COMM_BACKEND=xccl
+export HPCTRAIN_STOP_SIGNAL=USR2
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 3480 & wait $!; kill -s USR2 $$ ) &
+timer_pid=$!
+mpiexec -n 24 --ppn 12 --cpu-bind list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100 --env OMP_NUM_THREADS=8 "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.gpu_affinity --kind intel --devices 0:1:2:3:4:5:6:7:8:9:10:11 -- "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+kill "${timer_pid}" 2>/dev/null || true
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+printf '{"event": "exit", "job": "%s", "status": %s}\n' "${PBS_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+restarts="${HPCTRAIN_RESTART_COUNT:-0}"
+if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
+    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
+    if new_job=$(qsub -W depend=afterany:"${PBS_JOBID}" -v HPCTRAIN_RESTART_COUNT="$((restarts + 1))" /RUN_DIR/job.sh); then
+        new_job=$(printf '%s\n' "${new_job}" | tail -n 1)
+        printf '{"event": "resubmit", "job": "%s", "new_job": "%s"}\n' "${PBS_JOBID:-none}" "${new_job}" >> job-exit.jsonl 2>/dev/null || true
+        echo "hpctrain: resubmitted as job ${new_job}"
+        exit 0
+    fi
+    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
+elif [ "${status}" -eq 75 ]; then
+    echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2
+fi
+exit "${status}"
