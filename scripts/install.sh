@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 REPO_ROOT=$(pwd)
 
 APT_PACKAGES=(slurmctld slurmd slurm-client munge slurm-wlm-torque openssh-server openssh-client)
-PIP_EXTRAS="train,local,test,zarr"
+PIP_EXTRAS="train,local,test,zarr,submitit"
 TORCH_PIN="torch==2.13.0"
 
 t_all=$(date +%s)

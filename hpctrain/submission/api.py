@@ -43,7 +43,18 @@ if TYPE_CHECKING:
 SUBMIT_TIMEOUT_S = 120.0
 
 
+# A file copied into a run directory besides its spec and script: (local path, file name there).
+StagedFile = tuple[str | os.PathLike[str], str]
+
+
 # --- small helpers --------------------------------------------------------------------------------------------
+
+
+def staged_name(name: str) -> str:
+    """A file name a run directory may receive: one plain name, never a path out of the directory."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise ConfigError(f"{name!r} is not a plain file name for a run directory")
+    return name
 
 
 def parse_array(text: str) -> tuple[str, list[str]]:
@@ -134,8 +145,15 @@ def submit_runs(
     command: list[str] | None = None,
     registry: Registry | None = None,
     pool: TransportPool | None = None,
+    tasks: int | None = None,
+    files: Sequence[Sequence[StagedFile]] = (),
 ) -> Submitted:
-    """Check and register the runs, then ``stage_and_submit``; see the module docstring."""
+    """Check and register the runs, then ``stage_and_submit``; see the module docstring.
+
+    ``tasks``: an array of this many tasks of the same spec (instead of ``array``'s variants), told apart by
+    their ``files``; ``files[i]``: (local file, name) pairs copied into task i's run directory before the job
+    is submitted (what a task reads besides its spec, e.g. a pickled callable).
+    """
     from hpctrain.config.job import JobSpec, load_job
     from hpctrain.config.preflight import check_job, warn
     from hpctrain.config.site import load_site
@@ -157,12 +175,21 @@ def submit_runs(
 
     # Variants (one per array task), each checked before anything is registered or written.
     assignments: list[str | None] = [None]
+    if array is not None and tasks is not None:
+        raise ConfigError("an array is made of --array values or of a number of tasks, not both")
+    if tasks is not None and tasks < 1:
+        raise ConfigError(f"tasks={tasks}: an array needs at least one task")
+    is_array = array is not None or (tasks or 1) > 1
+    if is_array and scheduler.array_index_variable is None:
+        raise SchedulerError(f"site {site_profile.name!r} ({scheduler.name}) cannot run job arrays",
+                             hint="submit one run per value with --set instead")
     if array is not None:
-        if scheduler.array_index_variable is None:
-            raise SchedulerError(f"site {site_profile.name!r} ({scheduler.name}) cannot run job arrays",
-                                 hint="submit one run per value with --set instead")
         key, values = parse_array(array)
         assignments = [f"{key}={v}" for v in values]
+    elif tasks is not None:
+        assignments = [None] * tasks
+    if files and len(files) != len(assignments):
+        raise ValueError(f"files: {len(files)} lists for {len(assignments)} tasks")
     jobs = [job if a is None else _variant(job, a) for a in assignments]
     for j in jobs:
         place(j, site_profile)
@@ -173,7 +200,7 @@ def submit_runs(
     pool = pool or TransportPool()
     dependency = _dependency(registry, after, site_profile, remote) if after is not None else None
     # The back-end refuses what it cannot do (arrays on Cobalt, dependencies locally) before we register.
-    scheduler.submit_argv("job.sh", dependency=dependency, array="0-0" if array else None)
+    scheduler.submit_argv("job.sh", dependency=dependency, array="0-0" if is_array else None)
     transport = pool.get(remote, ssh_config)
     root = run_root or default_run_root(site_profile, remote)
     root = _expand_home(transport, root).rstrip("/") or "/"
@@ -182,13 +209,13 @@ def submit_runs(
 
     if dry_run:
         return _dry_run(jobs, site_profile, scheduler, transport, registry, root, base_id, python, command,
-                        array is not None)
+                        is_array)
 
     runs = _register(registry, jobs, site_profile, remote, root, base_id, overrides, assignments)
     job_ids = stage_and_submit(registry, transport, site_profile, runs, jobs, kind="submit",
-                               submit_dir=f"{root}/{base_id}" if array is not None else runs[0].run_dir,
-                               array=array is not None, python=python, command=command, dependency=dependency,
-                               ssh_config=ssh_config)
+                               submit_dir=f"{root}/{base_id}" if is_array else runs[0].run_dir,
+                               array=is_array, python=python, command=command, dependency=dependency,
+                               ssh_config=ssh_config, files=files)
     return Submitted([registry.get_run(r.run_id) for r in runs], list(job_ids),
                      str(record_dir(registry, runs[0].run_id) / "job.sh"))
 
@@ -265,18 +292,19 @@ def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile
                      jobs: list[JobSpec], *, kind: str, submit_dir: str, array: bool = False,
                      python: str | None = None, command: list[str] | None = None,
                      dependency: tuple[str, str] | None = None, ssh_config: str | None = None,
-                     remove: Sequence[str] = ()) -> list[str]:
+                     remove: Sequence[str] = (), files: Sequence[Sequence[StagedFile]] = ()) -> list[str]:
     """Render, stage, copy and submit the job of ``runs`` (with ``array``: one array job, a task per run);
     record each run's new job (``kind``: submit or resume) and return the job ids.
 
     The script lives in ``submit_dir`` (an array's own directory, else the run directory); the submit
     command runs there. ``remove``: file names deleted from the run directories first (what a previous job
-    left that must not be read as this one's: its failure note). Any failure is recorded as a failed
-    attempt of every run and raised.
+    left that must not be read as this one's: its failure note). ``files[i]``: (local file, name) pairs copied
+    into ``runs[i]``'s directory with its spec. Any failure is recorded as a failed attempt of every run and
+    raised.
     """
     try:
         return _stage_and_submit(registry, transport, site, runs, jobs, kind, submit_dir, array, python, command,
-                                 dependency, ssh_config, remove)
+                                 dependency, ssh_config, remove, files)
     except BaseException as exc:
         message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
         for run in runs:
@@ -292,7 +320,7 @@ def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile
 def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],
                       jobs: list[JobSpec], kind: str, submit_dir: str, is_array: bool, python: str | None,
                       command: list[str] | None, dependency: tuple[str, str] | None, ssh_config: str | None,
-                      remove: Sequence[str]) -> list[str]:
+                      remove: Sequence[str], files: Sequence[Sequence[StagedFile]] = ()) -> list[str]:
     from hpctrain.config.job import dump_job
     from hpctrain.submission.render import render_script
 
@@ -311,6 +339,8 @@ def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfil
                        max_requeues=j.checkpoint.max_requeues)
         write_atomic(rec / META_FILE, meta.to_json())
         staged.append((rec / "job.yaml", f"{run.run_dir}/job.yaml"))
+    for run, extra in zip(runs, files or [()] * len(runs), strict=True):
+        staged += [(Path(local), f"{run.run_dir}/{staged_name(name)}") for local, name in extra]
     script_local = record_dir(registry, runs[0].run_id) / "job.sh"
     write_atomic(script_local, rendered.text, 0o755)
     script_remote = f"{submit_dir}/job.sh"

@@ -1,0 +1,195 @@
+"""``HpctrainExecutor``: submitit's executor API on every hpctrain site, from this machine or a laptop over ssh.
+
+Registered as the ``submitit`` entry point ``executor``, so ``submitit.AutoExecutor(folder, cluster="hpctrain",
+hpctrain_site="polaris", hpctrain_remote="alice@polaris.alcf.anl.gov")`` finds it. A submission is pickled
+as submitit pickles it, checked against the job's Python (probe.py), and goes through hpctrain's one
+stage-and-submit path: the pickle is staged into the run directory and the job runs the torch-free runner
+instead of ``hpctrain run``. ``map_array`` and ``batch()`` become one job array where the scheduler has arrays.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from submitit.core import core, utils
+
+from hpctrain.config.common import walltime_seconds
+from hpctrain.config.origin import locate
+from hpctrain.errors import ConfigError
+from hpctrain.submission.api import submit_runs
+from hpctrain.submission.registry import Registry
+from hpctrain.submission.render import python_for
+from hpctrain.submission.schedulers.base import get_scheduler, place
+from hpctrain.submission.transport import TransportPool
+from hpctrain.submitit_plugin.job import HpctrainJob
+from hpctrain.submitit_plugin.params import (
+    DEFAULT_NAME,
+    PARAMETERS,
+    ParameterError,
+    build_job,
+    check_values,
+    default_name,
+    load_site_value,
+)
+from hpctrain.submitit_plugin.probe import PythonProbe, needed_modules
+from hpctrain.submitit_plugin.runner import MODULE, PAYLOAD_FILE
+
+if TYPE_CHECKING:
+    from hpctrain.config.job import JobSpec
+    from hpctrain.config.site import SiteProfile
+
+
+def describe(function: object) -> str:
+    """``module.qualname`` of a callable (of its class for a callable object)."""
+    target = getattr(function, "func", function)
+    named = target if hasattr(target, "__qualname__") else type(target)
+    return f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', repr(target))}"
+
+
+def pickled(delayed: utils.DelayedSubmission, index: int, count: int) -> bytes:
+    """The submission as submitit pickles it; a callable or argument that cannot be pickled is one clear error."""
+    import cloudpickle
+
+    try:
+        return cloudpickle.dumps(delayed, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        which = f" (submission {index + 1} of {count})" if count > 1 else ""
+        raise ConfigError(f"cannot pickle {describe(delayed.function)} and its arguments{which}: "
+                          f"{type(exc).__name__}: {exc}",
+                          hint="a submitted callable and its arguments must pickle with cloudpickle: pass file "
+                               "paths or plain data, not open files, locks, sockets, generators or live "
+                               "connections") from None
+
+
+class HpctrainExecutor(core.Executor):
+    """submitit executor backed by hpctrain: site profiles, rendering, submission, batched polling, registry.
+
+    Parameters (also through ``update_parameters`` and AutoExecutor's ``hpctrain_<name>=``): see
+    ``hpctrain.submitit_plugin.params.PARAMETERS``. ``max_num_timeout`` is the requeue budget after checkpoints
+    (the job spec's ``checkpoint.max_requeues``); ``registry`` a run registry file (default: hpctrain's);
+    ``pool`` the transports to use (one ssh master per login node).
+    """
+
+    job_class = HpctrainJob
+
+    def __init__(self, folder: str | Path, site: object = None, remote: str | None = None,
+                 ssh_config: str | None = None, run_root: str | None = None, python: str | None = None, *,
+                 registry: str | os.PathLike[str] | None = None, pool: TransportPool | None = None,
+                 max_num_timeout: int = 3, max_pickle_size_gb: float = 1.0) -> None:
+        super().__init__(folder)
+        self.max_num_timeout = max_num_timeout
+        self.max_pickle_size_gb = max_pickle_size_gb
+        self.registry_path = None if registry is None else os.fspath(registry)
+        self.pool = pool or TransportPool()
+        self._probes: dict[tuple[str | None, str | None, str], PythonProbe] = {}
+        given = {"site": site, "remote": remote, "ssh_config": ssh_config, "run_root": run_root, "python": python}
+        self._internal_update_parameters(**{k: v for k, v in given.items() if v is not None})
+
+    @classmethod
+    def _valid_parameters(cls) -> set[str]:
+        return set(PARAMETERS)
+
+    @classmethod
+    def _equivalence_dict(cls) -> core.EquivalenceDict:
+        return {"name": "name", "timeout_min": "timeout_min", "mem_gb": "mem_gb", "nodes": "nodes",
+                "cpus_per_task": "cpus_per_task", "gpus_per_node": "gpus_per_node",
+                "tasks_per_node": "tasks_per_node"}
+
+    @classmethod
+    def affinity(cls) -> int:
+        """Available, but chosen by AutoExecutor only when asked for by name (``cluster="hpctrain"``)."""
+        return 0
+
+    def _internal_update_parameters(self, **kwargs: Any) -> None:
+        """Check the new values together with the current ones (the job must fit its site), then keep them."""
+        check_values(kwargs)
+        merged = {**self.parameters, **kwargs}
+        for newer, older in (("walltime", "timeout_min"), ("timeout_min", "walltime")):
+            if newer in kwargs and older not in kwargs:
+                merged.pop(older, None)
+        self._checked(merged, merged.get("name") or DEFAULT_NAME)
+        # In place: AutoExecutor shares this dict.
+        self.parameters.clear()
+        self.parameters.update(merged)
+
+    def _checked(self, values: dict[str, Any], name: str) -> tuple[JobSpec, SiteProfile]:
+        check_values(values)
+        job = build_job(values, max_requeues=self.max_num_timeout, name=name)
+        site = load_site_value(values.get("site"))
+        scheduler = get_scheduler(site.scheduler)
+        if values.get("remote") is not None and not scheduler.submits_over_ssh:
+            raise ParameterError(f"site {site.name!r} ({scheduler.name}) runs on this machine; it takes no remote",
+                                 key="remote", hint="pick the profile of the remote machine's site")
+        try:
+            place(job, site)
+        except ConfigError as exc:
+            raise locate(exc, job.origin) from None
+        return job, site
+
+    def python(self, site: SiteProfile) -> str:
+        """The interpreter that runs the callable in the job."""
+        remote = self.parameters.get("remote")
+        return self.parameters.get("python") or python_for(site, sys.executable if remote is None else None)
+
+    def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]
+                                      ) -> list[core.Job[Any]]:
+        values = dict(self.parameters)
+        first = delayed_submissions[0].function
+        job, site = self._checked(values, values.get("name") or default_name(first))
+        remote, ssh_config = values.get("remote"), values.get("ssh_config")
+        python = self.python(site)
+        folder = utils.JobPaths.get_first_id_independent_folder(self.folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        staged: list[Path] = []
+        try:
+            modules: set[str] = set()
+            count = len(delayed_submissions)
+            for index, delayed in enumerate(delayed_submissions):
+                delayed.set_timeout(walltime_seconds(job.resources.walltime) // 60, self.max_num_timeout)
+                data = pickled(delayed, index, count)
+                if index == 0 and count * len(data) > self.max_pickle_size_gb * 1024**3:
+                    raise ConfigError(f"submitting about {count} x {len(data) / 1024**3:.2f} GB of pickled callables "
+                                      f"and arguments, more than max_pickle_size_gb={self.max_pickle_size_gb}",
+                                      hint="pass paths to the data instead, or raise executor.max_pickle_size_gb")
+                path = folder / f".{uuid.uuid4().hex}.pkl"
+                path.write_bytes(data)
+                staged.append(path)
+                modules |= needed_modules(data)
+            transport = self.pool.get(remote, ssh_config)
+            probe = self._probes.setdefault((remote, ssh_config, python), PythonProbe())
+            probe.check(transport, python, modules, what=f"the callable {describe(first)}")
+            return self._submit(job, site, python, staged)
+        finally:
+            for path in staged:
+                path.unlink(missing_ok=True)
+
+    def _submit(self, job: JobSpec, site: SiteProfile, python: str, staged: Sequence[Path]) -> list[core.Job[Any]]:
+        values = self.parameters
+        command = [python, "-m", MODULE, "--max-requeues", str(job.checkpoint.max_requeues),
+                   "--signal", job.checkpoint.signal]
+        if values.get("stderr_to_stdout"):
+            command.append("--stderr-to-stdout")
+        arrays = get_scheduler(site.scheduler).array_index_variable is not None
+        batches = [list(range(len(staged)))] if arrays else [[i] for i in range(len(staged))]
+        ranks = job.resources.nodes * job.resources.ranks_per_node
+        jobs: list[core.Job[Any]] = []
+        with Registry(self.registry_path) as reg:
+            for batch in batches:
+                done = submit_runs(job, site, remote=values.get("remote"), ssh_config=values.get("ssh_config"),
+                                   run_root=values.get("run_root"), command=command, registry=reg, pool=self.pool,
+                                   tasks=len(batch) if len(batch) > 1 else None,
+                                   files=[[(staged[i], PAYLOAD_FILE)] for i in batch])
+                for i, run, job_id in zip(batch, done.runs, done.job_ids, strict=True):
+                    assert job_id is not None
+                    new: HpctrainJob[Any] = HpctrainJob(self.folder, job_id, tasks=range(ranks), run_id=run.run_id,
+                                                        registry_path=str(reg.path), pool=self.pool)
+                    new.paths.move_temporary_file(staged[i], "submitted_pickle")
+                    jobs.append(new)
+        return jobs
+

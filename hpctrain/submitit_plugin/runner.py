@@ -1,0 +1,263 @@
+"""Inside the job: run the submitit callable staged in the run directory on this rank and write its result.
+
+``python -m hpctrain.submitit_plugin.runner`` starts once per rank in the run directory (the batch script's
+launcher runs it). It needs cloudpickle and what the callable imports, never torch or submitit: submitit's
+pickled ``DelayedSubmission`` loads into a stand-in class where submitit is not installed. On the checkpoint
+signal a callable with ``checkpoint`` (``submitit.helpers.Checkpointable``) is checkpointed on rank 0 and
+every rank exits 75, which the batch script turns into a requeue; past ``--max-requeues`` it runs on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import signal
+import socket
+import sys
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from hpctrain.errors import RuntimeFailure
+from hpctrain.exit_codes import EXIT_ERROR, EXIT_REQUEUE
+from hpctrain.launch_env import detect_launch_env, scheduler_job_id
+
+MODULE = "hpctrain.submitit_plugin.runner"
+PAYLOAD_FILE = "submitted.pkl"
+EXECUTOR_NAME = "hpctrain"  # SUBMITIT_EXECUTOR in the job: how submitit.JobEnvironment() finds ours
+# The class of submitit's pickled submissions: the one submitit name a plain callable's pickle holds.
+DELAYED_CLASS = ("submitit.core.utils", "DelayedSubmission")
+
+
+def result_name(task: int) -> str:
+    """The file, in the run directory, holding task ``task``'s ``(outcome, value)``."""
+    return f"result-{task}.pkl"
+
+
+def log_name(task: int, stream: str) -> str:
+    """The file, in the run directory, that task ``task``'s stdout (``out``) or stderr (``err``) goes to."""
+    return f"log-{task}.{stream}"
+
+
+def job_id_of(environ: Mapping[str, str]) -> str:
+    """The scheduler's id of this job as hpctrain records it (``M_I`` for task I of Slurm array M)."""
+    array, index = environ.get("SLURM_ARRAY_JOB_ID"), environ.get("SLURM_ARRAY_TASK_ID")
+    if array and index:
+        return f"{array}_{index}"
+    return scheduler_job_id(environ) or environ.get("HPCTRAIN_LOCAL_JOB_ID") or "unknown"
+
+
+def restarts_of(environ: Mapping[str, str]) -> int:
+    """How many times this job was requeued (Slurm counts them; the other back-ends' scripts pass the count)."""
+    for name in ("SLURM_RESTART_COUNT", "HPCTRAIN_RESTART_COUNT"):
+        value = environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
+class DelayedCall:
+    """Takes the place of submitit's DelayedSubmission where submitit is not installed: the same state."""
+
+    function: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    _timeout_min: int = 0
+    _timeout_countdown: int = 0
+
+
+class _Unpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except ImportError:
+            if (module, name) == DELAYED_CLASS:
+                return DelayedCall
+            raise
+
+
+def load_submission(path: str | os.PathLike[str]) -> Any:
+    """The pickled submission (``function``, ``args``, ``kwargs``) at ``path``."""
+    with open(path, "rb") as f:
+        return _Unpickler(f).load()
+
+
+def _dumps(value: object) -> bytes:
+    try:
+        import cloudpickle
+    except ImportError:  # a callable pickled by reference loads without it; its result may pickle without it
+        return pickle.dumps(value)
+    return cloudpickle.dumps(value)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write beside the final name, then rename: a reader never sees half a pickle."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_result(path: Path, outcome: str, value: object) -> None:
+    """``(outcome, value)`` as submitit pickles results; an error's value is text (plain pickle suffices)."""
+    data = _dumps((outcome, value)) if outcome == "success" else pickle.dumps((outcome, str(value)))
+    write_atomic(path, data)
+
+
+def say(text: str) -> None:
+    print(f"hpctrain submitit runner: {text}", file=sys.stderr, flush=True)
+
+
+class _Requeue(BaseException):
+    """Unwinds the callable after a checkpoint (a BaseException: ``except Exception`` in it does not stop it)."""
+
+
+class CheckpointSignal:
+    """The handler of the checkpoint signal: rank 0 checkpoints the callable; every rank then exits 75.
+
+    A callable without ``checkpoint`` (or one whose ``checkpoint`` returns None) runs on: it may still finish
+    before the walltime. So does one already requeued ``max_requeues`` times: hpctrain's cap, not a loop.
+    """
+
+    def __init__(self, rank: int, max_requeues: int, payload: Path) -> None:
+        self.rank = rank
+        self.max_requeues = max_requeues
+        self.payload = payload
+        self.submission: Any = None
+        self.pending: int | None = None  # a signal that came before the callable was loaded
+        self.stopped = False
+
+    def __call__(self, signum: int, _frame: FrameType | None) -> None:
+        if self.submission is None:
+            self.pending = signum
+            return
+        self.handle(signum)
+
+    def handle(self, signum: int) -> None:
+        if self.stopped:
+            return
+        name = signal.Signals(signum).name
+        function = self.submission.function
+        checkpoint = getattr(function, "__submitit_checkpoint__", None) or getattr(function, "checkpoint", None)
+        done = restarts_of(os.environ)
+        if checkpoint is None:
+            say(f"{name}: the callable has no checkpoint(); it runs on until the walltime")
+            return
+        if done >= self.max_requeues:
+            say(f"{name}: requeued {done} time(s) already, max_requeues is {self.max_requeues}; "
+                "not requeued again, the callable runs on until the walltime")
+            return
+        if self.rank == 0 and not self._checkpoint(checkpoint, name):
+            return
+        self.stopped = True
+        say(f"{name}: stopped at a checkpoint; exit {EXIT_REQUEUE} asks the batch script for a requeue")
+        raise _Requeue
+
+    def _checkpoint(self, checkpoint: Any, name: str) -> bool:
+        """Call ``checkpoint`` as submitit does and store what it returns as the next submission."""
+        current = self.submission
+        try:
+            following = checkpoint(*current.args, **current.kwargs)
+            if following is None:
+                say(f"{name}: checkpoint() returned None; not requeued, the callable runs on")
+                return False
+            following._timeout_min = getattr(current, "_timeout_min", 0)
+            following._timeout_countdown = max(getattr(current, "_timeout_countdown", 0) - 1, 0)
+            write_atomic(self.payload, _dumps(following))
+        except Exception:
+            say(f"{name}: checkpoint failed, not requeued:\n{traceback.format_exc()}")
+            return False
+        return True
+
+
+def _redirect(run_dir: Path, task: int, merge: bool) -> None:
+    """Send this process's stdout and stderr (file descriptors 1 and 2, children too) to the task's logs."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    out = os.open(run_dir / log_name(task, "out"), flags, 0o644)
+    err = out if merge else os.open(run_dir / log_name(task, "err"), flags, 0o644)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in {out, err}:
+        os.close(fd)
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(line_buffering=True)
+
+
+def _load_failure(exc: BaseException) -> str:
+    where = f"{sys.executable} on {socket.gethostname()}"
+    text = f"cannot load the submitted callable ({PAYLOAD_FILE}) with {where}: {type(exc).__name__}: {exc}"
+    if isinstance(exc, ModuleNotFoundError) and exc.name:
+        text += (f"; install {exc.name.split('.')[0]} in that Python, or have the laptop pickle the module by value "
+                 "(cloudpickle.register_pickle_by_value)")
+    return text
+
+
+def run(run_dir: Path, *, max_requeues: int, signal_name: str, merge_logs: bool) -> int:
+    """Run the staged callable as this rank; the exit status (0, 1 for an error, 75 after a checkpoint)."""
+    try:
+        rank = detect_launch_env(os.environ).rank
+    except RuntimeFailure as exc:
+        say(str(exc))
+        return EXIT_ERROR
+    payload = run_dir / PAYLOAD_FILE
+    stopper = CheckpointSignal(rank, max_requeues, payload)
+    sig = getattr(signal, f"SIG{signal_name}")
+    signal.signal(sig, stopper)  # first: the batch script forwards the walltime signal whenever it comes
+    _redirect(run_dir, rank, merge_logs)
+    os.environ.update(SUBMITIT_EXECUTOR=EXECUTOR_NAME, SUBMITIT_FOLDER=str(run_dir))
+    say(f"task {rank}, job {job_id_of(os.environ)} (restart {restarts_of(os.environ)}), on {socket.gethostname()} "
+        f"with {sys.executable}")
+    result = run_dir / result_name(rank)
+    try:
+        try:
+            submission = load_submission(payload)
+        except Exception as exc:
+            write_result(result, "error", _load_failure(exc))
+            say(_load_failure(exc))
+            return EXIT_ERROR
+        stopper.submission = submission
+        try:
+            if stopper.pending is not None:
+                stopper.handle(stopper.pending)
+            value = submission.function(*submission.args, **submission.kwargs)
+        finally:
+            signal.signal(sig, signal.SIG_IGN)
+    except _Requeue:
+        return EXIT_REQUEUE
+    except BaseException:  # SystemExit and KeyboardInterrupt in the callable are its outcome too
+        write_result(result, "error", traceback.format_exc())
+        say("the callable raised; the traceback is its result")
+        return EXIT_ERROR
+    try:
+        write_result(result, "success", value)
+    except Exception:
+        write_result(result, "error", f"the callable returned, but its result cannot be pickled:\n"
+                                      f"{traceback.format_exc()}")
+        return EXIT_ERROR
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__)
+    parser.add_argument("--max-requeues", type=int, default=0, help="requeues after a checkpoint at most")
+    parser.add_argument("--signal", default="USR2", help="the checkpoint signal's name, without SIG")
+    parser.add_argument("--stderr-to-stdout", action="store_true", help="one log per task")
+    args = parser.parse_args(argv)
+    return run(Path.cwd(), max_requeues=args.max_requeues, signal_name=args.signal,
+               merge_logs=args.stderr_to_stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
