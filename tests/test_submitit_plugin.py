@@ -98,20 +98,51 @@ def test_unknown_and_bad_parameters_are_refused_with_the_valid_ones(places: Plac
 
 
 def test_a_job_that_does_not_fit_its_site_is_refused_naming_the_parameter(places: Places) -> None:
-    local = HpctrainExecutor(places.folder)
+    """Values are checked when set; the fit with the site when the job is submitted (parameters come in any
+    order: Polaris needs an account, which can only follow the site), before anything is registered."""
+    local = HpctrainExecutor(places.folder, run_root=str(places.runs))
+    local.update_parameters(nodes=2)
     with pytest.raises(FitError, match="parameter nodes=2") as info:
-        local.update_parameters(nodes=2)
+        local.submit(add, 1, 2)
     assert "at most 1" in str(info.value)
-    assert local.parameters == {}  # a refused update changes nothing
     slurm = HpctrainExecutor(places.folder, site="ci-slurm")
+    slurm.update_parameters(timeout_min=2 * 24 * 60)
     with pytest.raises(FitError, match="parameter timeout_min=2880.*over the limit of queue 'debug'"):
-        slurm.update_parameters(timeout_min=2 * 24 * 60)
+        slurm.job_spec(add)
     with pytest.raises(ConfigError, match="parameter nodes=0: resources.nodes"):
         slurm.update_parameters(nodes=0)
+    assert slurm.parameters == {"site": "ci-slurm", "timeout_min": 2880}  # a refused update changes nothing
+    polaris = HpctrainExecutor(places.folder, site="polaris", remote="alice@polaris.alcf.anl.gov")
+    with pytest.raises(FitError, match="needs an account"):
+        polaris.job_spec(add)
+    with Registry() as reg:
+        assert reg.list_runs() == []
     with pytest.raises(ParameterError, match="runs on this machine; it takes no remote"):
         HpctrainExecutor(places.folder, site="local", remote="alice@login1")
     with pytest.raises(ConfigError, match="no-such-site"):
         HpctrainExecutor(places.folder, site="no-such-site")
+
+
+def test_the_polaris_example_of_the_docs_renders(places: Places) -> None:
+    """docs/submitit.md's laptop-to-Polaris parameters make a PBS Pro script whose ranks run the runner from the
+    profile's venv under PALS mpiexec, one GPU each."""
+    from hpctrain.submission.render import render_script
+
+    ex = submitit.AutoExecutor(places.folder, cluster="hpctrain", hpctrain_site="polaris",
+                               hpctrain_remote="alice@polaris.alcf.anl.gov")
+    ex.update_parameters(timeout_min=30, nodes=2, tasks_per_node=4, gpus_per_node=4, hpctrain_queue="debug",
+                         hpctrain_account="MyProject")
+    executor = ex._executor
+    assert isinstance(executor, HpctrainExecutor)
+    job, site = executor.job_spec(add)
+    assert job.name == "add" and site.name == "polaris"
+    command = executor.runner_command(job, executor.python(site))
+    run_dir = "$HOME/hpctrain-runs/add-1"
+    script = render_script(job, site, run_dir=run_dir, spec_path=f"{run_dir}/job.yaml", command=command).text
+    assert "#PBS -A MyProject" in script and "#PBS -q debug" in script and "#PBS -l walltime=00:30:00" in script
+    assert "mpiexec -n 8 --ppn 4" in script and "gpu_affinity" in script
+    assert '"$HOME"/hpctrain-venv/bin/python -m hpctrain.submitit_plugin.runner --max-requeues 3 --signal USR2' \
+        in script
 
 
 def test_an_unpicklable_callable_is_refused_before_anything_is_submitted(places: Places) -> None:
@@ -159,6 +190,16 @@ def test_the_probe_names_what_the_jobs_python_lacks(tmp_path: Path) -> None:
         PythonProbe().check(transport, str(old), set(), what="f")
     with pytest.raises(TransportError, match="not found"):
         PythonProbe().check(transport, str(tmp_path / "missing-python"), set(), what="f")
+
+
+def test_the_probe_expands_a_python_under_home_as_the_batch_script_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Profiles name ``$HOME/venv/bin/python``: the login node's shell expands it, not the laptop."""
+    monkeypatch.setenv("HOME", str(Path(sys.executable).parent))
+    probe = PythonProbe()
+    probe.check(LocalTransport(), "$HOME/" + Path(sys.executable).name, {"yaml"}, what="f")
+    assert "yaml" in probe.found
+    with pytest.raises(TransportError, match="not found"):
+        PythonProbe().check(LocalTransport(), "~/no-such-python", set(), what="f")
 
 
 # --- the runner, as the job runs it -----------------------------------------------------------------------------

@@ -107,18 +107,23 @@ class HpctrainExecutor(core.Executor):
         return 0
 
     def _internal_update_parameters(self, **kwargs: Any) -> None:
-        """Check the new values together with the current ones (the job must fit its site), then keep them."""
+        """Check the new values together with the current ones, then keep them.
+
+        Names, types, the job spec they make and the site profile are checked here; whether the job fits the
+        site (queue limits, node shape, a required account) when it is submitted, as parameters may come in
+        any order.
+        """
         check_values(kwargs)
         merged = {**self.parameters, **kwargs}
         for newer, older in (("walltime", "timeout_min"), ("timeout_min", "walltime")):
             if newer in kwargs and older not in kwargs:
                 merged.pop(older, None)
-        self._checked(merged, merged.get("name") or DEFAULT_NAME)
+        self._checked(merged, merged.get("name") or DEFAULT_NAME, fit=False)
         # In place: AutoExecutor shares this dict.
         self.parameters.clear()
         self.parameters.update(merged)
 
-    def _checked(self, values: dict[str, Any], name: str) -> tuple[JobSpec, SiteProfile]:
+    def _checked(self, values: dict[str, Any], name: str, *, fit: bool = True) -> tuple[JobSpec, SiteProfile]:
         check_values(values)
         job = build_job(values, max_requeues=self.max_num_timeout, name=name)
         site = load_site_value(values.get("site"))
@@ -126,11 +131,19 @@ class HpctrainExecutor(core.Executor):
         if values.get("remote") is not None and not scheduler.submits_over_ssh:
             raise ParameterError(f"site {site.name!r} ({scheduler.name}) runs on this machine; it takes no remote",
                                  key="remote", hint="pick the profile of the remote machine's site")
-        try:
-            place(job, site)
-        except ConfigError as exc:
-            raise locate(exc, job.origin) from None
+        if fit:
+            try:
+                place(job, site)
+            except ConfigError as exc:
+                raise locate(exc, job.origin) from None
         return job, site
+
+    def job_spec(self, function: object = None) -> tuple[JobSpec, SiteProfile]:
+        """The job spec and site profile a submission of ``function`` gets with the parameters now; a FitError
+        naming the parameter when the job does not fit the site."""
+        values = dict(self.parameters)
+        name = values.get("name") or (DEFAULT_NAME if function is None else default_name(function))
+        return self._checked(values, name)
 
     def python(self, site: SiteProfile) -> str:
         """The interpreter that runs the callable in the job."""
@@ -141,7 +154,7 @@ class HpctrainExecutor(core.Executor):
                                       ) -> list[core.Job[Any]]:
         values = dict(self.parameters)
         first = delayed_submissions[0].function
-        job, site = self._checked(values, values.get("name") or default_name(first))
+        job, site = self.job_spec(first)
         remote, ssh_config = values.get("remote"), values.get("ssh_config")
         python = self.python(site)
         folder = utils.JobPaths.get_first_id_independent_folder(self.folder)
@@ -169,12 +182,17 @@ class HpctrainExecutor(core.Executor):
             for path in staged:
                 path.unlink(missing_ok=True)
 
-    def _submit(self, job: JobSpec, site: SiteProfile, python: str, staged: Sequence[Path]) -> list[core.Job[Any]]:
-        values = self.parameters
+    def runner_command(self, job: JobSpec, python: str) -> list[str]:
+        """What each task runs in the job (instead of ``hpctrain run``)."""
         command = [python, "-m", MODULE, "--max-requeues", str(job.checkpoint.max_requeues),
                    "--signal", job.checkpoint.signal]
-        if values.get("stderr_to_stdout"):
+        if self.parameters.get("stderr_to_stdout"):
             command.append("--stderr-to-stdout")
+        return command
+
+    def _submit(self, job: JobSpec, site: SiteProfile, python: str, staged: Sequence[Path]) -> list[core.Job[Any]]:
+        values = self.parameters
+        command = self.runner_command(job, python)
         arrays = get_scheduler(site.scheduler).array_index_variable is not None
         batches = [list(range(len(staged)))] if arrays else [[i] for i in range(len(staged))]
         ranks = job.resources.nodes * job.resources.ranks_per_node

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from hpctrain.errors import ConfigError
+from hpctrain.submission.shell import is_home_relative, quote_path
 from hpctrain.submission.transport import Transport
 from hpctrain.submitit_plugin.runner import DELAYED_CLASS, MODULE
 
@@ -91,7 +92,10 @@ class PythonProbe:
         wanted = sorted({*ALWAYS, *modules} - self.found)
         if not wanted:
             return
-        done = transport.run([python, "-c", _PROBE, *wanted], timeout=PROBE_TIMEOUT_S, check=False)
+        argv = [python, "-c", _PROBE, *wanted]
+        if is_home_relative(python):  # $HOME/venv/bin/python: the login node's home, as the batch script has it
+            argv = ["sh", "-c", f'exec {quote_path(python)} "$@"', "sh", *argv[1:]]
+        done = transport.run(argv, timeout=PROBE_TIMEOUT_S, check=False)
         lines = done.stdout.strip().splitlines()
         try:
             answer = json.loads(lines[-1])
