@@ -3,6 +3,11 @@
 Run: ``python benchmarks/runtime.py [--reps N]`` (it re-launches itself under ``.venv/bin/mpiexec -n 2``).
 Compared variants are measured interleaved (every round runs each once, in an order shuffled per round), so
 load from other jobs hits them alike; each ratio is the median of the per-round ratios, with its interquartile range.
+
+On a node with two or more CUDA (or ROCm) GPUs the same command then runs a device section, one rank per GPU:
+hpctrain's reducer over NCCL (RCCL on ROCm) against torch DDP on the same GPUs, fused against raw all-reduce, and
+NCCL's bus bandwidth as nccl-tests defines it (busbw = algbw x 2(n-1)/n). ``--device cpu`` runs that section's
+code on the CPU over gloo (a check of the code, not a measurement of anything a GPU does).
 """
 
 from __future__ import annotations
@@ -275,6 +280,109 @@ def report(r: dict[str, list[float]], info: dict, timelines: dict, reps: int) ->
         print(line)
 
 
+# Device section: a larger input than the CPU section's (a GPU finishes the small one in microseconds).
+DEVICE_BATCH, DEVICE_EDGE = 4, 33
+BUS_MB = (1, 16, 256)
+
+
+def device_worker(reps: int, device_type: str) -> None:
+    """hpctrain's mean reduction on the ranks' devices against torch DDP, and the all-reduce bus bandwidth."""
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.runtime.combiners import MeanCombiner
+    from hpctrain.runtime.comm import TorchDistCommunicator
+    from hpctrain.runtime.devices import pick_device
+    from hpctrain.runtime.reducer import Reducer, broadcast_model
+
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    comm = TorchDistCommunicator(backend, timeout_s=300)  # nccl: makes the rank's own GPU current
+    device = pick_device(1, backend, comm.local_rank) if device_type == "cuda" else torch.device("cpu")
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    torch.manual_seed(comm.rank)
+    x = torch.randn(DEVICE_BATCH, 2, DEVICE_EDGE, DEVICE_EDGE, DEVICE_EDGE, device=device)
+    y = torch.randn(DEVICE_BATCH, 1, DEVICE_EDGE, DEVICE_EDGE, DEVICE_EDGE, device=device)
+
+    def barrier() -> None:
+        sync()
+        dist.barrier()
+
+    def timed(step: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            step()
+            sync()  # a step is done when its kernels and collectives are
+        return run
+
+    model = ffn_like().to(device)
+    broadcast_model(model, comm)
+    red = Reducer(model, comm, MeanCombiner(comm, list(model.parameters()), prescaled=True), bucket_mb=BUCKET_MB)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    def hp_step() -> None:
+        red.zero_grad()
+        (torch.nn.functional.mse_loss(model(x), y) * red.loss_scale).backward()
+        red.finish()
+        opt.step()
+
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        ffn_like().to(device), device_ids=[device.index] if device.type == "cuda" else None, bucket_cap_mb=BUCKET_MB)
+    ddp_opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+
+    def ddp_step() -> None:
+        ddp_opt.zero_grad(set_to_none=False)
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        ddp_opt.step()
+
+    out = interleaved({"hp_mean": timed(hp_step), "ddp": timed(ddp_step)}, reps, barrier)
+    grads = torch.ones(sum(b.flat.numel() for b in red.buckets), device=device)
+    micro: dict[str, Callable[[], None]] = {
+        "fused": timed(_repeat(red.finish)),
+        "raw": timed(_repeat(lambda: dist.all_reduce(grads))),
+    }
+    for mb in BUS_MB:
+        buf = torch.ones(mb * 2**20 // 4, device=device)
+        micro[f"bus{mb}"] = timed(_repeat(lambda b=buf: dist.all_reduce(b)))
+    out.update(interleaved(micro, 2 * reps, barrier, prime=True))
+    info = {"mb": grads.numel() * 4 / 2**20, "buckets": len(red.buckets), "device": str(device),
+            "name": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+            "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version()))
+            if device.type == "cuda" else "-"}
+    gathered: list[dict[str, list[float]] | None] = [None] * comm.size
+    dist.all_gather_object(gathered, out)
+    if comm.rank == 0:
+        merged = {k: [max(g[k][i] for g in gathered if g) for i in range(len(out[k]))] for k in out}
+        device_report(merged, info, comm.size, reps, backend)
+    red.close()
+    comm.close()
+
+
+def device_report(r: dict[str, list[float]], info: dict, ranks: int, reps: int, backend: str) -> None:
+    med = {k: statistics.median(v) for k, v in r.items()}
+    print(f"device section: {ranks} ranks, one {info['name']} each ({backend}; torch {info['torch']}, NCCL "
+          f"{info['nccl']}); input {DEVICE_BATCH}x2x{DEVICE_EDGE}^3, {info['mb']:.2f} MB of gradients in "
+          f"{info['buckets']} bucket(s); {reps} interleaved rounds of steps, {2 * reps} of reductions")
+    print(f"median step ms: hp_mean {med['hp_mean'] * 1e3:.2f} | ddp {med['ddp'] * 1e3:.2f}")
+    rows = [("hpctrain step / DDP step (mean)", _ratio(r, "hp_mean", "ddp"), "<= 1.00"),
+            ("fused / raw allreduce bw, model grads", _ratio(r, "fused", "raw", True), ">= 0.95")]
+    for name, (q1, m, q3), target in rows:
+        print(f"{name:<46} {m:6.3f}  [{q1:5.3f},{q3:5.3f}]  {target}")
+    factor = 2 * (ranks - 1) / ranks  # nccl-tests: all-reduce bus bandwidth = algorithm bandwidth x 2(n-1)/n
+    for mb in BUS_MB:
+        seconds = med[f"bus{mb}"] / CALLS
+        algbw = mb * 2**20 / seconds / 1e9
+        print(f"all-reduce {mb:>4} MB: {seconds * 1e3:8.3f} ms, algbw {algbw:7.2f} GB/s, busbw {algbw * factor:7.2f}"
+              " GB/s")
+
+
+def _gpus() -> int:
+    """CUDA/ROCm devices this node has (0 without a GPU build of torch)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def _load(tag: str) -> float:
     one, five, fifteen = os.getloadavg()
     print(f"load average at {tag}: {one:.2f} {five:.2f} {fifteen:.2f} on {os.cpu_count()} cores", flush=True)
@@ -284,10 +392,17 @@ def _load(tag: str) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--reps", type=int, default=12, help="interleaved rounds of training steps")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
+                    help="run only the device section (cpu: its code over gloo, as a check)")
     args = ap.parse_args()
     if "PMI_RANK" in os.environ:
-        worker(args.reps)
+        if args.device:
+            device_worker(args.reps, args.device)
+        else:
+            worker(args.reps)
         return
+    if args.device:
+        sys.exit(_device_section(args.reps, args.device, 2 if args.device == "cpu" else _gpus()))
     cores = os.cpu_count() or 1
     if _load("start") > 0.5 * cores:
         print(f"WARNING: the machine is busy before the benchmark starts (load > {0.5 * cores:g}): the 2 ranks "
@@ -300,7 +415,24 @@ def main() -> None:
     rc = subprocess.run(cmd, env=env).returncode
     if _load("end") > 0.5 * cores + 2:
         print("WARNING: the machine was busy during the benchmark (load includes its own 2 ranks)", flush=True)
+    gpus = _gpus()
+    if gpus >= 2:
+        rc = rc or _device_section(args.reps, "cuda", gpus)
+    else:
+        print(f"device section not run: {gpus} CUDA/ROCm GPU(s) visible, it needs one per rank for 2 ranks or more")
     sys.exit(rc)
+
+
+def _device_section(reps: int, device: str, ranks: int) -> int:
+    """The device section under mpiexec, one rank per GPU (at most 8)."""
+    ranks = min(ranks, 8)
+    if ranks < 2:
+        print(f"device section not run: {ranks} {device} device(s) visible, it needs 2 or more")
+        return 1
+    env = dict(os.environ, OMP_NUM_THREADS="1", MPICH_ASYNC_PROGRESS="0")
+    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(ranks), sys.executable, __file__, "--reps", str(reps),
+           "--device", device]
+    return subprocess.run(cmd, env=env).returncode
 
 
 if __name__ == "__main__":

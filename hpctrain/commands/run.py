@@ -17,7 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("spec", help="job spec (the resolved job.yaml of a run directory, or any spec)")
     parser.add_argument("--run-dir", default=None, help="where metrics and checkpoints go (default: ./runs/NAME)")
     parser.add_argument("--backend", default=os.environ.get("HPCTRAIN_COMM_BACKEND", "auto"),
-                        choices=["auto", "mpi", "gloo", "nccl", "none"],
+                        choices=["auto", "mpi", "gloo", "nccl", "xccl", "none"],
                         help="communication backend (default: $HPCTRAIN_COMM_BACKEND set by the rendered script)")
     parser.add_argument("--check-sync", type=int, default=0, metavar="N",
                         help="every N steps check that all ranks hold identical parameters")

@@ -262,7 +262,8 @@ def adacomp_encode(residue: Tensor, grad: Tensor, bin_len: int) -> tuple[AdaComp
     selected = (flat_h.abs() >= gmax) & (flat_g != 0)
     if not bool(selected.any()):
         empty = AdaCompMessage(
-            torch.empty(0, dtype=index_dtype), torch.empty(0, dtype=torch.int8), 0.0, shape, grad.dtype
+            torch.empty(0, dtype=index_dtype, device=grad.device),
+            torch.empty(0, dtype=torch.int8, device=grad.device), 0.0, shape, grad.dtype,
         )
         return empty, g_sum.clone()
     # One scale per layer, rounded once to the tensor dtype so sender and receiver use the same number.
@@ -287,7 +288,7 @@ def adacomp_encode(residue: Tensor, grad: Tensor, bin_len: int) -> tuple[AdaComp
 
 def adacomp_decode(msg: AdaCompMessage) -> Tensor:
     """The dense tensor a message stands for: ±scale at its indices, zero elsewhere."""
-    out = torch.zeros(math.prod(msg.shape), dtype=msg.dtype)
+    out = torch.zeros(math.prod(msg.shape), dtype=msg.dtype, device=msg.indices.device)
     if msg.count:
         out[msg.indices.long()] = msg.signs.to(msg.dtype) * msg.scale
     return out.reshape(msg.shape)

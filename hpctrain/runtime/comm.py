@@ -1,4 +1,5 @@
-"""One Communicator interface over MPI (mpi4py) and torch.distributed (gloo on CPU, nccl on GPU).
+"""One Communicator interface over MPI (mpi4py) and torch.distributed (gloo on CPU; nccl on NVIDIA and, as RCCL,
+AMD GPUs; xccl on Intel GPUs, see runtime/devices.py).
 
 Every collective is numbered and watched: if it does not complete within ``timeout_s`` the job aborts with
 a message naming the rank(s) that never arrived. The ranks are asked only after the timeout, over a side
@@ -22,10 +23,11 @@ import torch
 
 from hpctrain.errors import ConfigError, RuntimeFailure
 from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
+from hpctrain.runtime.devices import DEVICE_TYPE, make_current, on_device, pick_device, require_device_backend
 from hpctrain.runtime.mpi_env import import_mpi
 from hpctrain.runtime.watchdog import Pending, Watchdog
 
-BACKENDS = ("mpi", "gloo", "nccl", "none")
+BACKENDS = ("mpi", "gloo", "nccl", "xccl", "none")
 OPS = ("sum", "max", "min", "mean")
 
 
@@ -82,10 +84,10 @@ class Communicator(ABC):
     def close(self) -> None: ...
 
     def allgather_varlen(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
-        """All-gather of 1-D tensors whose lengths differ per rank (sparse AdaComp messages)."""
-        n = torch.tensor([tensor.numel()], dtype=torch.int64)
+        """All-gather of 1-D tensors whose lengths differ per rank (sparse AdaComp messages), on their device."""
+        n = torch.tensor([tensor.numel()], dtype=torch.int64, device=tensor.device)
         lengths = [int(t) for t in self.allgather(n, label=f"{label} lengths".strip())]
-        padded = torch.zeros(max(lengths), dtype=tensor.dtype)
+        padded = torch.zeros(max(lengths), dtype=tensor.dtype, device=tensor.device)
         padded[: tensor.numel()] = tensor.reshape(-1)
         return [t[:k] for t, k in zip(self.allgather(padded, label=label), lengths, strict=True)]
 
@@ -374,7 +376,7 @@ SIDE_STORE_TIMEOUT_S = 10.0  # the watchdog's store calls end within this; Watch
 
 
 class TorchDistCommunicator(_WatchedCommunicator):
-    """torch.distributed with gloo (CPU) or nccl (GPU); asynchronous all-reduces are the back-end's own work
+    """torch.distributed with gloo (CPU), nccl or xccl (GPU); asynchronous all-reduces are the back-end's own work
     handles. The rendezvous TCPStore is the side channel for timeouts, and costs nothing per collective:
     a rank whose collective #K is late writes ``query``; every rank's watchdog thread (it polls the store
     once a tick) answers ``now/<rank> = last collective reached``; the asking rank names those behind K,
@@ -403,8 +405,10 @@ class TorchDistCommunicator(_WatchedCommunicator):
             host, port, self.size, self.rank == 0 and not agent_store,
             timedelta(seconds=max(60.0, timeout_s)), wait_for_workers=False,
         )
-        if backend == "nccl":
-            torch.cuda.set_device(env.local_rank % max(1, torch.cuda.device_count()))
+        # Device back-ends reduce tensors where they live: the rank's own GPU is made current first.
+        self.device_type = DEVICE_TYPE.get(backend, "cpu")
+        if self.device_type != "cpu":
+            make_current(pick_device(1, backend, env.local_rank))
         # Our watchdog must fire before the back-end's own timeout so the message names the missing rank.
         dist.init_process_group(
             backend, store=dist.PrefixStore("pg/", self._store), rank=self.rank, world_size=self.size,
@@ -464,10 +468,7 @@ class TorchDistCommunicator(_WatchedCommunicator):
         os._exit(1)
 
     def _dev(self, tensor: torch.Tensor) -> torch.Tensor:
-        want_cuda = self.backend == "nccl"
-        if (tensor.device.type == "cuda") == want_cuda and tensor.is_contiguous():
-            return tensor
-        return tensor.detach().to("cuda" if want_cuda else "cpu").contiguous()
+        return on_device(tensor, self.device_type)
 
     def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
         _check_op(op)
@@ -612,7 +613,7 @@ def rendezvous_address(env: LaunchEnv, environ: Mapping[str, str]) -> tuple[str,
 def make_communicator(
     backend: str, timeout_s: float, environ: Mapping[str, str] | None = None
 ) -> Communicator:
-    """``backend``: mpi | gloo | nccl | none (single process). ``timeout_s`` bounds every collective."""
+    """``backend``: mpi | gloo | nccl | xccl | none (single process). ``timeout_s`` bounds every collective."""
     environ = os.environ if environ is None else environ
     if backend == "mpi":
         try:
@@ -624,10 +625,9 @@ def make_communicator(
             ) from None
         env = detect_launch_env(environ)
         return MPICommunicator(timeout_s, local_rank=env.local_rank if env.launcher != "none" else None)
-    if backend in ("gloo", "nccl"):
-        if backend == "nccl" and not torch.cuda.is_available():
-            raise ConfigError("backend 'nccl' needs a GPU; none is visible", key="backend",
-                              hint="use gloo on CPU nodes")
+    if backend in ("gloo", "nccl", "xccl"):
+        if backend in DEVICE_TYPE:  # this torch has the backend and the rank sees a device, or one line says why
+            require_device_backend(backend, environ)
         return TorchDistCommunicator(backend, timeout_s, environ=environ)
     if backend == "none":
         env = detect_launch_env(environ)

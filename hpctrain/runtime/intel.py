@@ -1,13 +1,20 @@
-"""intel-extension-for-pytorch (IPEX) when the site profile asks for it and it imports; else stock PyTorch.
+"""intel-extension-for-pytorch (IPEX) as an optional accelerator on Intel CPUs, where the installed torch is one it
+supports; everywhere else stock PyTorch, with one log line that says why.
 
-PyPI's IPEX wheels import only beside the torch release they were built for (2.8; we pin 2.13), so on CI
-the fallback path is the one exercised: one log line says IPEX is not in use and training goes on.
+IPEX's development stopped after 2.8 (its last CPU release, paired with torch 2.8; the repository was archived in
+March 2026) and an IPEX release imports only beside the torch of its own major.minor. Intel GPUs need no IPEX:
+torch reaches them itself (``torch.xpu``, process-group backend ``xccl``). So IPEX is used only when the rank
+computes on the CPU, the CPU is Intel's, and the installed IPEX pairs with the installed torch; hpctrain does
+not install it (no ``intel`` extra: IPEX's wheels declare no torch requirement, so pip would put 2.8 beside our
+torch 2.13, where it refuses to import).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from importlib import metadata
+from pathlib import Path
 
 import torch
 
@@ -15,11 +22,56 @@ log = logging.getLogger("hpctrain.intel")
 
 ENV_VAR = "HPCTRAIN_INTEL_EXTENSION"  # exported by the rendered script from site.intel_extension
 FALLBACK_LINE = "intel-extension-for-pytorch not in use: %s; training continues with stock PyTorch"
+DISTRIBUTION = "intel-extension-for-pytorch"
 
 
 def wanted_from_env(environ: Mapping[str, str]) -> bool:
     """Whether the site asked for IPEX (``HPCTRAIN_INTEL_EXTENSION=1``, also true/yes/on)."""
     return environ.get(ENV_VAR, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cpu_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's vendor id (``GenuineIntel``, ``AuthenticAMD``), or ``unknown`` where Linux does not say."""
+    try:
+        for line in cpuinfo.read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "vendor_id":
+                return value.strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def installed_ipex() -> str | None:
+    """The installed IPEX version (read from its metadata: importing a mismatched IPEX fails), or None."""
+    try:
+        return metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _major_minor(version: str) -> str:
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def ipex_refusal(device: torch.device, *, vendor: str | None = None, ipex_version: str | None = None,
+                 torch_version: str | None = None) -> str | None:
+    """Why IPEX is not used on ``device`` here (None: it may be). The keywords replace what is read from the
+    machine (tests)."""
+    if device.type != "cpu":
+        return f"it is for Intel CPUs and this rank computes on {device.type} (torch drives Intel GPUs itself)"
+    vendor = cpu_vendor() if vendor is None else vendor
+    if vendor != "GenuineIntel":
+        return f"the CPU is not an Intel one ({vendor})"
+    ipex_version = installed_ipex() if ipex_version is None else ipex_version
+    torch_version = torch.__version__ if torch_version is None else torch_version
+    if not ipex_version:
+        return (f"it is not installed (it exists for torch up to 2.8: pip install "
+                f"'{DISTRIBUTION}=={_major_minor(torch_version)}.*' where that torch is used)")
+    if _major_minor(ipex_version) != _major_minor(torch_version):
+        return (f"IPEX {ipex_version} pairs with torch {_major_minor(ipex_version)}, and this is torch "
+                f"{torch_version}")
+    return None
 
 
 def maybe_optimize(
@@ -32,11 +84,14 @@ def maybe_optimize(
 ) -> tuple[torch.nn.Module, torch.optim.Optimizer, bool]:
     """``ipex.optimize`` the model and optimizer in place when wanted and possible: (model, optimizer, used).
 
-    ``announce`` says whether this rank logs the outcome (the trainer lets rank 0 speak for the job). Any
-    failure to import or to optimize falls back to stock PyTorch; IPEX raises RuntimeError, not only
-    ImportError, when its torch version does not match.
+    ``announce`` says whether this rank logs the outcome (the trainer lets rank 0 speak for the job). Anything
+    that rules IPEX out (``ipex_refusal``), or a failure to import or to optimize, falls back to stock PyTorch.
     """
     if not wanted:
+        return model, optimizer, False
+    reason = ipex_refusal(device)
+    if reason is not None:
+        _fallback(reason, announce)
         return model, optimizer, False
     try:
         import intel_extension_for_pytorch as ipex  # type: ignore[import-not-found]

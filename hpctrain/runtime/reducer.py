@@ -185,8 +185,8 @@ def _checksums(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     rows = []
     for t in tensors:
         x = t.detach().reshape(-1).to(torch.float64)
-        w = torch.arange(1, x.numel() + 1, dtype=torch.float64)  # position-weighted: catches permutations
-        rows.append(torch.stack([x.sum(), (x * w).sum()]))
+        w = torch.arange(1, x.numel() + 1, dtype=torch.float64, device=x.device)  # position-weighted: permutations
+        rows.append(torch.stack([x.sum(), (x * w).sum()]).cpu())  # a few numbers: compared on the host
     return torch.stack(rows) if rows else torch.zeros((0, 2), dtype=torch.float64)
 
 

@@ -23,6 +23,7 @@ from hpctrain.errors import RuntimeFailure
 from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
+from hpctrain.runtime import devices
 from hpctrain.runtime.combiners import build_combiner
 from hpctrain.runtime.comm import Communicator, make_communicator
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
@@ -63,10 +64,9 @@ def choose_backend(requested: str, world_size_hint: int, environ: dict[str, str]
     return "mpi"
 
 
-def pick_device(job: JobSpec, local_rank: int) -> torch.device:
-    if job.resources.gpus_per_rank > 0 and torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+def pick_device(job: JobSpec, local_rank: int, backend: str = "none") -> torch.device:
+    """The backend's device (nccl: cuda, also ROCm; xccl: xpu), a GPU the job asked for, else the CPU."""
+    return devices.pick_device(job.resources.gpus_per_rank, backend, local_rank)
 
 
 def parameters_checksum(model: torch.nn.Module) -> float:
@@ -100,7 +100,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
 
     rank, size = comm.rank, comm.size
     run_dir.mkdir(parents=True, exist_ok=True)
-    device = pick_device(job, local_rank)
+    device = pick_device(job, local_rank, comm.backend)
     ctx = TaskContext(model_args=dict(job.model_args), data=dict(job.data), batch_per_rank=job.train.batch_per_rank,
                       seed=job.train.seed, rank=rank, world_size=size, run_dir=run_dir, device=device,
                       barrier=lambda: comm.barrier("data preparation"))

@@ -113,6 +113,8 @@ def environment_lines(job: JobSpec, site: SiteProfile, placement: Placement, pla
         defaults["OMP_PROC_BIND"] = "close"
     defaults.update({"HPCTRAIN_SITE": site.name, "HPCTRAIN_COMM_BACKEND": placement.backend,
                      "HPCTRAIN_STOP_SIGNAL": job.checkpoint.signal})
+    if job.resources.gpus_per_rank > 0 and placement.node.gpu_kind != "none":
+        defaults["HPCTRAIN_GPU_KIND"] = placement.node.gpu_kind  # the ranks name it when torch lacks the backend
     if site.intel_extension:
         defaults["HPCTRAIN_INTEL_EXTENSION"] = "1"
     lines.append("# environment (site, then job, then hpctrain's defaults where neither set one)")

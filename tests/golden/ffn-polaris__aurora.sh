@@ -35,6 +35,7 @@ export OMP_PROC_BIND=close
 export HPCTRAIN_SITE=aurora
 export HPCTRAIN_COMM_BACKEND=xccl
 export HPCTRAIN_STOP_SIGNAL=USR2
+export HPCTRAIN_GPU_KIND=intel
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
 # ---- hpctrain: launch ------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ export OMP_PROC_BIND=close
 export HPCTRAIN_SITE=frontier
 export HPCTRAIN_COMM_BACKEND=nccl
 export HPCTRAIN_STOP_SIGNAL=USR2
+export HPCTRAIN_GPU_KIND=amd
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
 # ---- hpctrain: launch ------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ export OMP_PROC_BIND=close
 export HPCTRAIN_SITE=polaris
 export HPCTRAIN_COMM_BACKEND=nccl
 export HPCTRAIN_STOP_SIGNAL=USR2
+export HPCTRAIN_GPU_KIND=nvidia
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
 # ---- hpctrain: launch ------------------------------------------------------------------------------------

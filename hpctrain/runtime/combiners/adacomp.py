@@ -63,7 +63,7 @@ class AdaCompCombiner(Combiner):
             msg, residues[i] = combine.adacomp_encode(residues[i], bucket.views[i].clone(),
                                                       self.bin_len_for(bucket.names[i], p.dim()))
             messages.append(msg)
-        packed = pack_adacomp(messages, bucket.offsets, bucket.flat.numel())
+        packed = pack_adacomp(messages, bucket.offsets, bucket.flat.numel(), device=bucket.flat.device)
         for name, p, msg in zip(bucket.names, bucket.params, messages, strict=True):
             totals = self.adacomp_bytes.setdefault(combine.layer_kind(name, p.dim()), [0, 0])
             totals[0] += p.numel() * p.element_size()
@@ -125,15 +125,18 @@ class AdaCompCombiner(Combiner):
         return out
 
 
-def pack_adacomp(messages: list[combine.AdaCompMessage], offsets: list[int], bucket_numel: int) -> torch.Tensor:
+def pack_adacomp(messages: list[combine.AdaCompMessage], offsets: list[int], bucket_numel: int,
+                 device: torch.device | str | None = None) -> torch.Tensor:
     """One rank's AdaComp messages for a bucket as one integer tensor: the float64 scales (as pairs of int32,
     or int64 each), then ``sign * (offset + index + 1)`` for every selected element, layer after layer.
 
     Each selected element costs one integer, int32 while the bucket has fewer than 2^31 elements, instead of an
-    int64 index plus an int8 sign.
+    int64 index plus an int8 sign. The message is built on ``device`` (the bucket's; default: the indices').
     """
+    if device is None:
+        device = messages[0].indices.device if messages else "cpu"
     dtype = torch.int32 if bucket_numel < 2**31 - 1 else torch.int64
-    scales = torch.tensor([m.scale for m in messages], dtype=torch.float64).view(dtype)
+    scales = torch.tensor([m.scale for m in messages], dtype=torch.float64, device=device).view(dtype)
     parts = [scales]
     for m, off in zip(messages, offsets, strict=True):
         parts.append((m.indices.to(dtype) + (off + 1)) * m.signs.to(dtype))
