@@ -321,3 +321,36 @@ def test_gpu_profile_facts_match_the_centres_tables() -> None:
         102, AURORA_CORES, 2, AURORA_RESERVED)
     assert (aurora.gpus, aurora.devices_per_gpu, aurora.gpu_kind) == (12, 2, "intel")
     assert (polaris.cores, polaris.gpu_order) == (POLARIS_CORES, [3, 2, 1, 0])
+
+
+def test_a_queue_names_a_qos_only_on_slurm_beside_a_partition(tmp_path: Path) -> None:
+    pbs = tmp_path / "pbs.yaml"
+    pbs.write_text(f"name: p\nextends: {ROOT / 'site_configs' / 'polaris.yaml'}\n"
+                   "queues: {debug: {max_nodes: 2, max_walltime: '01:00:00', qos: fast}}\n")
+    with pytest.raises(ConfigError, match="pbs has no QOS"):
+        load_site_file(pbs)
+    qos_site = tmp_path / "q.yaml"
+    qos_site.write_text(f"name: q\nextends: {ROOT / 'site_configs' / 'perlmutter.yaml'}\n"
+                        "queues: {gpu: {max_nodes: 2, max_walltime: '01:00:00', qos: premium}}\n")
+    with pytest.raises(ConfigError, match="beside its partition"):
+        load_site_file(qos_site)
+
+
+@pytest.mark.parametrize(("site_name", "job_name", "backend", "message"), [
+    ("polaris", "ffn-polaris", "xccl", "cannot reduce on nvidia GPUs"),
+    ("aurora", "ffn-aurora", "nccl", "cannot reduce on intel GPUs"),
+])
+def test_a_backend_for_another_gpu_kind_is_refused_before_rendering(site_name: str, job_name: str, backend: str,
+                                                                    message: str) -> None:
+    with pytest.raises(FitError, match=message):
+        launch_argv(job(job_name, f"train.comm_backend={backend}"), site(site_name))
+
+
+def test_the_device_backend_follows_the_gpu_kind_and_a_cpu_job_takes_gloo() -> None:
+    assert render_script(job("ffn-frontier"), site("frontier"), run_dir=RUN,
+                         spec_path=f"{RUN}/job.yaml").placement.backend == "nccl"  # RCCL on ROCm
+    assert render_script(job("ffn-aurora"), site("aurora"), run_dir=RUN,
+                         spec_path=f"{RUN}/job.yaml").placement.backend == "xccl"
+    cpu_only = job("ffn-aurora", "resources.gpus_per_rank=0")
+    rendered = render_script(cpu_only, site("aurora"), run_dir=RUN, spec_path=f"{RUN}/job.yaml")
+    assert rendered.placement.backend == "gloo" and "HPCTRAIN_GPU_KIND" not in rendered.text
