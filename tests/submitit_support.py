@@ -101,7 +101,9 @@ def task_environment(tag: str) -> dict[str, Any]:
 
 def hold(pid_file: str, seconds: float) -> str:
     """Write this process's pid, then sleep (the tests kill or cancel it meanwhile)."""
-    Path(pid_file).write_text(str(os.getpid()))
+    tmp = Path(f"{pid_file}.tmp")
+    tmp.write_text(str(os.getpid()))
+    tmp.rename(pid_file)  # whole or not at all: the test reads it as soon as it exists
     time.sleep(seconds)
     return "woke up"
 

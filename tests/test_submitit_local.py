@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -40,7 +41,9 @@ def test_a_function_returns_its_result_and_logs(places: Places) -> None:
     job = _executor(places).submit(add, 2, 3)
     assert isinstance(job, HpctrainJob) and job.job_id.isdigit()
     assert job.result() == 5
-    assert job.done() and job.state == "COMPLETED"
+    assert job.done()
+    # The result comes back as the job script ends; the next polls see the run end.
+    wait_for(lambda: job.state == "COMPLETED", 60, f"COMPLETED (state {job.state})")
     assert job.stdout() == "adding 2 and 3\n"
     assert "a line on stderr" in (job.stderr() or "")
     # The laptop side keeps submitit's files; the job wrote only in its run directory, under the run root.
@@ -50,6 +53,9 @@ def test_a_function_returns_its_result_and_logs(places: Places) -> None:
     assert sorted(p.name for p in places.folder.iterdir()) == sorted(
         f"{job.job_id}_{suffix}" for suffix in ("submitted.pkl", "0_result.pkl", "0_log.out", "0_log.err"))
     assert job.submission().args == (2, 3)  # submitit's own pickle format, readable with submitit
+    # A job pickled and loaded again (another process, later) reaches its run through the registry.
+    again = pickle.loads(pickle.dumps(job))
+    assert again.run_id == job.run_id and again.result() == 5 and again.state == "COMPLETED"
 
 
 def test_an_exception_comes_back_with_its_traceback(places: Places) -> None:
@@ -60,7 +66,7 @@ def test_an_exception_comes_back_with_its_traceback(places: Places) -> None:
     assert "ValueError: bad value 7" in text and "submitit_support.py" in text and ", in fail" in text
     with pytest.raises(FailedJobError, match="bad value 7"):
         job.result()
-    assert job.state == "FAILED"
+    wait_for(lambda: job.state == "FAILED", 60, f"FAILED (state {job.state})")
 
 
 def test_tasks_get_their_job_environment_from_the_local_launcher(places: Places) -> None:

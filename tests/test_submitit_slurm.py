@@ -68,6 +68,18 @@ def test_a_function_runs_on_slurm_and_an_error_comes_back(places: Places, slurm:
     assert error is not None and "ValueError: bad value 3" in str(error)
 
 
+def test_a_job_cancelled_outside_hpctrain_is_a_clear_error(places: Places, slurm: Any) -> None:
+    """scancel from another shell (or an admin): the result never appears; result() says CANCELLED at once."""
+    pid_file = places.root / "pid"
+    job = _executor(places, slurm).submit(submitit_support.hold, str(pid_file), 600)
+    wait_for(pid_file.exists, 120, "the callable started")
+    subprocess.run(["scancel", job.job_id], check=True, timeout=15)
+    started = time.monotonic()
+    error = job.exception()
+    assert time.monotonic() - started < 60
+    assert error is not None and "(state: CANCELLED)" in str(error) and "result-0.pkl" in str(error)
+
+
 def test_srun_tasks_get_their_job_environment(places: Places, slurm: Any) -> None:
     ex = _executor(places, slurm)
     ex.update_parameters(tasks_per_node=2)

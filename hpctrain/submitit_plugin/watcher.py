@@ -91,8 +91,12 @@ class HpctrainInfoWatcher(core.InfoWatcher):
         raise NotImplementedError("the hpctrain watcher reads hpctrain's run views, not command output")
 
     def update(self) -> None:
-        """Poll the unfinished runs, fetch the results written since, and mark the runs that are done."""
-        active = [w for run_id, w in self._runs.items() if run_id in self._registered and run_id not in self._finished]
+        """Poll the runs that have not ended, fetch the results written since, and mark the runs that are done.
+
+        A run is done (submitit's ``done()``) once its results are all here, but polled until it has ended, so
+        that ``state`` reads COMPLETED rather than the RUNNING of the poll that found its results.
+        """
+        active = [w for run_id, w in self._runs.items() if run_id in self._registered and run_id not in self._ended]
         if active:
             self._num_calls += 1
             by_registry: dict[str, list[Watched]] = defaultdict(list)
@@ -103,7 +107,7 @@ class HpctrainInfoWatcher(core.InfoWatcher):
                     self._poll(path, members)
                 except HpctrainError as exc:
                     logger.get_logger().warning(f"hpctrain: status poll failed, states may be stale: {exc}")
-            self.fetch_results(active)
+            self.fetch_results([w for w in active if w.run_id not in self._finished])
             for watched in active:
                 if watched.run_id in self._ended or (watched.run_dir and not watched.missing_results()):
                     self._finished.add(watched.run_id)
