@@ -4,9 +4,17 @@ Importing this package is cheap (no torch, numpy or mpi4py): the CLI's submissio
 ``hpctrain.submit`` (and ``RunHandle``) are loaded on first use.
 """
 
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+# The per-rank file-open counter (hpctrain/runtime/counters.py) starts here, at the first import of hpctrain, so that
+# the imports it is meant to count are seen; when the variable is unset nothing is imported or installed.
+if os.environ.get("HPCTRAIN_COUNTERS", "") not in ("", "0"):
+    from hpctrain.runtime.counters import enable_from_env
+
+    enable_from_env()
 
 _LAZY = {"submit": "hpctrain.submission.api", "RunHandle": "hpctrain.submission.api"}
 

@@ -55,6 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from hpctrain.runtime.trainer import train
 
         outcome = train(job, run_dir, backend=args.backend, check_sync_every=args.check_sync)
+        _write_counters(run_dir)
     except HpctrainError as exc:
         print(f"hpctrain: error: rank {_rank()}: {exc}", file=sys.stderr, flush=True)
         _note_failure(run_dir, f"rank {_rank()}: {exc}")
@@ -88,6 +89,17 @@ def _preflight(job: JobSpec) -> None:
     for warning in check_job(job, local_paths=True, at_start=True, world_size=world):
         if _rank() == "0":
             print(f"hpctrain: warning: {warning}", file=sys.stderr, flush=True)
+
+
+def _write_counters(run_dir: Path) -> None:
+    """This rank's file-open counts (runtime/counters.py), when HPCTRAIN_COUNTERS turned counting on."""
+    from hpctrain.runtime import counters
+
+    if counters.enabled():
+        from hpctrain.launch_env import detect_launch_env
+
+        env = detect_launch_env(os.environ)
+        counters.write_record(run_dir, env.rank, env.size)
 
 
 def _note_failure(run_dir: Path | None, message: str) -> None:

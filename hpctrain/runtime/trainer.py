@@ -23,7 +23,7 @@ from hpctrain.errors import RuntimeFailure
 from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
-from hpctrain.runtime import devices
+from hpctrain.runtime import counters, devices
 from hpctrain.runtime.combiners import build_combiner
 from hpctrain.runtime.comm import Communicator, make_communicator
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
@@ -124,6 +124,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
     step = start
     stopped = False
+    counters.mark("startup")  # file-open counts up to the first step (free when counting is off)
     try:
         while step < job.train.steps:
             profiler.begin()
