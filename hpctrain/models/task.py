@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+
+from hpctrain.models.shuffle import epoch_permutation
 
 
 @dataclass(frozen=True)
@@ -72,14 +75,19 @@ class TrainingTask(ABC):
 
 
 def epoch_order(count: int, seed: int, epoch: int) -> torch.Tensor:
-    """A permutation of ``range(count)`` that depends only on seed and epoch (the same on every rank)."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    return torch.randperm(count, generator=generator)
+    """The whole permutation of ``range(count)`` for ``seed`` and ``epoch`` (the same on every rank).
+
+    O(count): for inspection and tests. Training takes one rank's share through ``ShardedIndexStream``, which
+    evaluates the same permutation at that rank's positions only.
+    """
+    return torch.from_numpy(epoch_permutation(count, seed, epoch)[np.arange(count)])
 
 
 class ShardedIndexStream:
     """Index batches for one rank: each epoch a global permutation, dealt round-robin so ranks never overlap.
 
+    The permutation (models/shuffle.py) is evaluated only at this rank's positions ``skip + rank + k * world``:
+    per epoch a rank computes and holds ``count / world`` indices, never all ``count`` of them.
     The position is global: ``skip`` samples of the epoch's permutation were taken before this stream's
     sharding began (non-zero only after an elastic restart), then every rank took ``offset`` more. A state
     saved by another world size is re-sharded on load: the new ranks deal the rest of that epoch's
@@ -91,22 +99,22 @@ class ShardedIndexStream:
             raise ValueError(f"{count} samples cannot fill one step of {world_size} ranks x {batch}")
         self.count, self.batch, self.rank, self.world, self.seed = count, batch, rank, world_size, seed
         self.epoch, self.offset, self.skip = 0, 0, 0
-        self._order = self._shard()
+        self._open_epoch()
 
-    def _shard(self) -> torch.Tensor:
+    def _open_epoch(self) -> None:
         step = self.batch * self.world
         usable = (self.count // step) * step
         rest = max(0, (usable - self.skip) // step) * step  # whole steps left in this epoch after ``skip``
-        order = epoch_order(self.count, self.seed, self.epoch)
-        return order[self.skip : self.skip + rest][self.rank :: self.world]
+        self._length = rest // self.world  # this rank's samples in what is left of the epoch
+        self._permutation = epoch_permutation(self.count, self.seed, self.epoch)
 
     def next(self) -> torch.Tensor:
-        if self.offset + self.batch > len(self._order):
+        if self.offset + self.batch > self._length:
             self.epoch, self.offset, self.skip = self.epoch + 1, 0, 0
-            self._order = self._shard()
-        indices = self._order[self.offset : self.offset + self.batch]
+            self._open_epoch()
+        positions = self.skip + self.rank + self.world * np.arange(self.offset, self.offset + self.batch)
         self.offset += self.batch
-        return indices
+        return torch.from_numpy(self._permutation[positions])
 
     @property
     def position(self) -> int:
@@ -124,4 +132,4 @@ class ShardedIndexStream:
             self.offset, self.skip = int(state["offset"]), int(state.get("skip", 0))
         else:
             self.offset, self.skip = 0, int(state.get("skip", 0)) + int(state["offset"]) * world
-        self._order = self._shard()
+        self._open_epoch()
