@@ -148,8 +148,9 @@ def test_a_checkpointable_is_requeued_by_the_walltime_signal_and_finishes(places
             time.sleep(0.5)
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=10"], check=True, timeout=15)
         result = job.result()
-    finally:
-        subprocess.run(["scancel", job_id], timeout=15)
+    except BaseException:
+        subprocess.run(["scancel", job_id], timeout=15)  # not after the result: the script may still be ending
+        raise
     assert result["runs"] == 2 and result["resumed_from"] > 0
     assert RunHandle(job.run_id).wait(timeout=60, poll_s=1).state == "completed"
     with Registry() as reg:
