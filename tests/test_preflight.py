@@ -172,9 +172,10 @@ def test_legw_counts_epochs_where_the_dataset_size_is_known() -> None:
     assert check_job(digits, local_paths=False) == []
     # the trainer builds its schedule with the same count (runtime/trainer.py)
     assert steps_per_epoch(digits, 2) == (DIGITS_IMAGES - 297) // (4 * 2)
-    with pytest.raises(ConfigError) as err:  # the LSTM's windows are random: it has no epochs
-        check_job(tiny("lstm", train=legw), local_paths=False)
-    assert err.value.key == "train.warmup.epochs" and "known epoch length" in str(err.value)
+    # the LSTM's epoch is its training text cut into seq_len windows (config/plugins/charlm.py)
+    lstm = tiny("lstm", model_args={"seq_len": 50}, data={"max_chars": 20_000}, train=legw)
+    assert check_job(lstm, local_paths=False) == []
+    assert steps_per_epoch(lstm, 2) == (20_000 - 20_000 // 20) // 50 // (4 * 2)
 
 
 def test_checkpoint_interval_beyond_the_run_is_a_warning_only_when_chosen() -> None:

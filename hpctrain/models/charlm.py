@@ -6,6 +6,7 @@ Used for the large-batch LEGW experiments: the text needs no download and is the
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Any
 
 import torch
@@ -21,6 +22,15 @@ def python_help_text(limit_chars: int | None = None) -> str:
 
     text = "\n".join(topics[key] for key in sorted(topics))
     return text[:limit_chars] if limit_chars else text
+
+
+@cache
+def encoded_text(max_chars: int) -> tuple[torch.Tensor, int]:
+    """The text as character indices and the vocabulary size; made once per process (many simulated workers
+    build the task; do not modify the tensor)."""
+    text = python_help_text(max_chars)
+    lookup = {c: i for i, c in enumerate(sorted(set(text)))}
+    return torch.tensor([lookup[c] for c in text], dtype=torch.long), len(lookup)
 
 
 class CharLSTM(nn.Module):
@@ -42,15 +52,12 @@ class CharLMTask(TrainingTask):
 
     def __init__(self, ctx: TaskContext) -> None:
         args, data = SCHEMA.parse(ctx.model_args, ctx.data)
-        text = python_help_text(data.max_chars)
-        vocab = sorted(set(text))
-        lookup = {c: i for i, c in enumerate(vocab)}
-        self.encoded = torch.tensor([lookup[c] for c in text], dtype=torch.long)
+        self.encoded, vocab = encoded_text(data.max_chars)
         holdout = len(self.encoded) // HOLDOUT_SHARE
         self.valid, self.train = self.encoded[:holdout], self.encoded[holdout:]
         self.seq_len = args.seq_len
         torch.manual_seed(ctx.seed)
-        self.model = CharLSTM(len(vocab), args.embed, args.hidden, args.layers)
+        self.model = CharLSTM(vocab, args.embed, args.hidden, args.layers)
         self.batch, self.rank, self.seed, self.step = ctx.batch_per_rank, ctx.rank, ctx.seed, 0
 
     @property

@@ -35,6 +35,8 @@ class AdaCompCombiner(Combiner):
         self._saved: dict[int, list[torch.Tensor]] = {}  # restored, copied in when the bucket first runs
         # layer kind -> [dense bytes, wire bytes] this interval (the step profiler reads it too)
         self.adacomp_bytes: dict[str, list[int]] = {}
+        # parameter name -> [dense bytes, wire bytes] since the start (per-layer ratios; never reset)
+        self.layer_bytes: dict[str, list[int]] = {}
 
     @classmethod
     def from_config(cls, config: CombinerConfig, comm: Communicator,
@@ -65,9 +67,11 @@ class AdaCompCombiner(Combiner):
             messages.append(msg)
         packed = pack_adacomp(messages, bucket.offsets, bucket.flat.numel(), device=bucket.flat.device)
         for name, p, msg in zip(bucket.names, bucket.params, messages, strict=True):
-            totals = self.adacomp_bytes.setdefault(combine.layer_kind(name, p.dim()), [0, 0])
-            totals[0] += p.numel() * p.element_size()
-            totals[1] += msg.count * packed.element_size() + SCALE_BYTES
+            dense, wire = p.numel() * p.element_size(), msg.count * packed.element_size() + SCALE_BYTES
+            for totals in (self.adacomp_bytes.setdefault(combine.layer_kind(name, p.dim()), [0, 0]),
+                           self.layer_bytes.setdefault(name, [0, 0])):
+                totals[0] += dense
+                totals[1] += wire
         return packed
 
     @staticmethod
