@@ -216,3 +216,22 @@ def test_shading_and_faint_contrast_change_the_image_not_the_labels() -> None:
     clear, _ = make_synthetic_volume((24, 40, 40), seed=5, faint_fraction=0.5, faint_contrast=1.0)
     membrane = labels == 0
     assert faint[membrane].mean() > clear[membrane].mean() + 5  # faint membranes are brighter (less contrast)
+
+
+def test_membrane_width_thickens_membranes_and_keeps_the_default_volume() -> None:
+    from scipy import ndimage
+
+    image2, labels2 = make_synthetic_volume((20, 32, 32), seed=3)
+    again = make_synthetic_volume((20, 32, 32), seed=3, membrane_width=2)
+    assert np.array_equal(image2, again[0]) and np.array_equal(labels2, again[1])
+    image4, labels4 = make_synthetic_volume((20, 32, 32), seed=3, membrane_width=4)
+    assert (labels4 == 0).sum() > 1.5 * (labels2 == 0).sum()
+    assert set(np.unique(labels4[labels2 == 0])) == {0}  # only object voxels turned into membrane
+    # two different objects never come within 4 voxels' reach of each other: growing every object by one
+    # voxel (6-neighbourhood) still leaves them apart, which a 2-voxel membrane does not guarantee past 1
+    grown = ndimage.grey_dilation(labels4, footprint=ndimage.generate_binary_structure(3, 1))
+    touching = (grown != labels4) & (labels4 > 0) & (grown > 0)
+    assert not touching.any()
+    assert image4[(labels4 == 0) & (labels2 > 0)].mean() < image4[labels4 > 0].mean() - 20
+    with pytest.raises(ValueError, match="even number"):
+        make_synthetic_volume((20, 32, 32), seed=3, membrane_width=3)

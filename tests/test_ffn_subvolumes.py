@@ -182,3 +182,33 @@ def test_segment_command_in_pieces_on_two_ranks_equals_one_process(tmp_path: Pat
     assert np.array_equal(outs[1], outs[2])  # the ranks' pieces are exactly the in-process ones
     joined = [int(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("joined_pairs:")]
     assert joined and joined[0] > 0 and outs[1].max() > 0
+
+
+class CountingOracle(OracleModel):
+    """The oracle, recording the batch size of every call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[int] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.batches.append(int(x.shape[0]))
+        return super().forward(x)
+
+
+def test_pieces_flooded_together_equal_each_alone() -> None:
+    from hpctrain.ffn.inference import segment_volumes_together
+
+    image, _ = painted_volume((24, 40, 40), seed=6)
+    pieces = [image[:, :24, :24], image[:, 16:, :24], image[:, 8:32, 16:]]
+    cfg = InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=30, seed_policy="grid",
+                          seed_args={"step": 6, "offsets": (0, 3)}, reseed_passes=1)
+    model = CountingOracle()
+    together = segment_volumes_together(model, pieces, cfg)
+    assert max(model.batches) == 3 and min(model.batches) >= 1  # FOVs of all three shared model calls
+    calls_together = len(model.batches)
+    alone = [segment_volume(model, piece, cfg) for piece in pieces]
+    for a, b in zip(together, alone, strict=True):
+        assert np.array_equal(a, b)
+    assert sum(int(a.max()) for a in together) > len(pieces)  # objects were segmented
+    assert calls_together < len(model.batches) - calls_together  # fewer calls than one piece at a time

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,69 @@ def make_labels_contiguous(seg: np.ndarray) -> np.ndarray:
     return out.astype(np.uint32 if out.max(initial=0) < 2**32 else np.uint64)
 
 
+# --------------------------------------------------------------------------- driving canvases
+# A flood is a generator that yields (FOV centre, seed logits) and is sent back the model's logits there.
+FovRequests = Generator[tuple[Position, np.ndarray], np.ndarray, int | None]
+
+
+def check_output(out: Any, input_shape: Sequence[int]) -> Any:
+    """The model's output as float32 on the CPU, after checking it has one logit per input voxel."""
+    import torch
+
+    if tuple(out.shape) != (input_shape[0], 1, *input_shape[2:]):
+        raise RuntimeFailure(
+            f"FFN model returned shape {tuple(out.shape)} for an input of {tuple(input_shape)}",
+            hint="the model must return (N, 1, Z, Y, X) logits of the input's size ('same' padding)",
+        )
+    return out.detach().to("cpu", torch.float32)
+
+
+def run_requests(requests: FovRequests, predict: Callable[[Position, np.ndarray], np.ndarray]) -> Any:
+    """Answer every FOV request of one flood with ``predict``; returns the generator's return value."""
+    try:
+        pos, logit_seed = next(requests)
+        while True:
+            pos, logit_seed = requests.send(predict(pos, logit_seed))
+    except StopIteration as stop:
+        return stop.value
+
+
+def flood_together(model: Any, floods: Sequence[tuple[Canvas, FovRequests]]) -> None:
+    """Advance several canvases' floods in lock step, their pending FOVs stacked into one model call.
+
+    Each canvas computes exactly what it would alone (its own FOVs in its own order); only the model sees
+    a batch. The canvases must share the FOV size. Used for the pieces of a subvolume plan in one process.
+    """
+    import torch
+
+    if not floods:
+        return
+    fov = floods[0][0].fov
+    if any(c.fov != fov for c, _ in floods):
+        raise ConfigError("canvases flooded together must have the same FOV")
+    pending: list[tuple[Canvas, FovRequests, tuple[Position, np.ndarray]]] = []
+    for canvas, requests in floods:
+        try:
+            pending.append((canvas, requests, next(requests)))
+        except StopIteration:
+            continue
+    device = floods[0][0].device
+    batch = torch.empty((len(pending), 2, *fov), dtype=torch.float32, device=device)
+    while pending:
+        inputs = batch[: len(pending)]
+        for i, (canvas, _, (pos, logit_seed)) in enumerate(pending):
+            canvas.fill_input(inputs[i], pos, logit_seed)
+        with torch.inference_mode():
+            out = check_output(model(inputs), inputs.shape).numpy()
+        still = []
+        for i, (canvas, requests, _) in enumerate(pending):
+            try:
+                still.append((canvas, requests, requests.send(out[i, 0])))
+            except StopIteration:
+                pass
+        pending = still
+
+
 # --------------------------------------------------------------------------- the canvas
 class Canvas:
     """State of flood-filling one volume: the object logit map (``seed``) and the ``segmentation``.
@@ -92,6 +155,7 @@ class Canvas:
         image_stddev: float = DEFAULT_IMAGE_STDDEV,
         movement_order: str = "fifo",
         device: str = "cpu",
+        max_seed_distance: int = 0,
     ) -> None:
         import torch
 
@@ -133,6 +197,10 @@ class Canvas:
         self.movement = FaceMaxMovementPolicy(self.deltas, self.move_logit, order=movement_order)
         self.origins: dict[int, dict[str, Any]] = {}  # id -> seed position, iterations, seconds
         self.overlaps: dict[int, dict[int, int]] = {}  # id -> {earlier id: voxels above threshold there}
+        # id -> {earlier id: (its voxels this object's FOVs predicted above the segment threshold, all it predicted)}
+        self.contacts: dict[int, dict[int, tuple[int, int]]] = {}
+        self.max_seed_distance = int(max_seed_distance)
+        self._start: Position | None = None
         self.counters: dict[str, int] = {}
         self._max_id = 0
         self._dirty: tuple[np.ndarray, np.ndarray] | None = None  # seed box written since the last reset
@@ -176,23 +244,27 @@ class Canvas:
         if self.segmentation[pos] > 0:
             self._count("skip_invalid_pos")
             return False
+        if self.max_seed_distance and not ignore_move_threshold and self._start is not None and any(
+                abs(p - s) > self.max_seed_distance for p, s in zip(pos, self._start, strict=True)):
+            self._count("skip_seed_distance")
+            return False
         return True
 
     def predict(self, pos: Position, logit_seed: np.ndarray) -> np.ndarray:
         """Run the model once on the FOV at ``pos`` with ``logit_seed``; returns the logits (z, y, x)."""
         import torch
 
-        box = self._fov_box(pos)
-        self._input[0, 0].copy_(self._image_t[box])
-        self._input[0, 1].copy_(torch.from_numpy(logit_seed))
+        self.fill_input(self._input[0], pos, logit_seed)
         with torch.inference_mode():
             out = self.model(self._input)
-        if tuple(out.shape) != (1, 1, *self.fov):
-            raise RuntimeFailure(
-                f"FFN model returned shape {tuple(out.shape)} for an input of {tuple(self._input.shape)}",
-                hint="the model must return (N, 1, Z, Y, X) logits of the input's size ('same' padding)",
-            )
-        return out[0, 0].detach().to("cpu", torch.float32).numpy()
+        return check_output(out, self._input.shape)[0, 0].numpy()
+
+    def fill_input(self, target: Any, pos: Position, logit_seed: np.ndarray) -> None:
+        """Write the model input of the FOV at ``pos`` (image, seed logits) into ``target`` (2, Z, Y, X)."""
+        import torch
+
+        target[0].copy_(self._image_t[self._fov_box(pos)])
+        target[1].copy_(torch.from_numpy(logit_seed))
 
     def update_at(self, pos: Position) -> np.ndarray:
         """Predict at ``pos`` and write the logits into the object map (``Canvas.update_at``).
@@ -200,10 +272,19 @@ class Canvas:
         The reference's self-consistency iterations, disconnected-seed bias and self-prediction halting are
         off by default there and are not implemented here.
         """
-        box = self._fov_box(pos)
-        logit_seed = self.seed[box].copy()
+        logits = self.predict(pos, self.seed_at(pos))
+        self.write_back(pos, logits)
+        return logits
+
+    def seed_at(self, pos: Position) -> np.ndarray:
+        """The seed logits of the FOV at ``pos`` as the model sees them: NaN (not predicted yet) as the pad."""
+        logit_seed = self.seed[self._fov_box(pos)].copy()
         logit_seed[np.isnan(logit_seed)] = self.pad_logit
-        logits = self.predict(pos, logit_seed)
+        return logit_seed
+
+    def write_back(self, pos: Position, logits: np.ndarray) -> None:
+        """Overwrite the object map's FOV at ``pos`` with the model's logits; remember the box for the reset."""
+        box = self._fov_box(pos)
         self.seed[box] = logits
         lo = np.array([b.start for b in box], dtype=np.int64)
         hi = np.array([b.stop for b in box], dtype=np.int64)
@@ -211,14 +292,19 @@ class Canvas:
             self._dirty = (lo, hi)
         else:
             self._dirty = (np.minimum(self._dirty[0], lo), np.maximum(self._dirty[1], hi))
-        return logits
 
     def segment_at(self, start: Position) -> int:
         """Flood one object from ``start`` until the move queue is empty; returns the FFN call count.
 
         Mirrors ``Canvas.segment_at``: stops early when the seed voxel itself drops below the move threshold.
         """
+        return run_requests(self._flood_object(start), self.predict)
+
+    def _flood_object(self, start: Position) -> FovRequests:
+        """``segment_at`` as a generator: yields (position, seed logits) for every FOV it needs predicted and
+        is sent the model's logits back, so a driver may batch the FOVs of several canvases."""
         self.init_seed(start)
+        self._start = start
         self.movement.reset(start)
         self.movement.append(2.0 * self.move_logit, start)  # any score: it is consumed at once
         self._min_pos = np.asarray(start, dtype=np.int64)
@@ -231,7 +317,8 @@ class Canvas:
             if not self.seed[start] >= self.move_logit:
                 self._count("seed_got_too_weak")
                 break
-            logits = self.update_at(pos)
+            logits = yield pos, self.seed_at(pos)
+            self.write_back(pos, logits)
             p = np.asarray(pos, dtype=np.int64)
             self._min_pos = np.minimum(self._min_pos, p)
             self._max_pos = np.maximum(self._max_pos, p)
@@ -257,6 +344,17 @@ class Canvas:
         objects keep their voxels; the overlap is recorded in ``overlaps``); it is dropped when it has fewer
         than ``min_segment_size`` such voxels or when the seed voxel itself ended below the move threshold.
         """
+        run_requests(self.flood(seeds), self.predict)
+
+    def flood(self, seeds: np.ndarray | Sequence[Sequence[int]]) -> FovRequests:
+        """``segment_all`` as a generator of FOV requests (see ``_flood_object``).
+
+        A seed is skipped when its FOV leaves the volume, when it already lies in an object, or when an
+        object is within ``min_boundary_dist`` of it. After flooding, the object is the voxels of the
+        touched box with probability >= segment threshold that are not yet in another object (earlier
+        objects keep their voxels; the overlap is recorded in ``overlaps``); it is dropped when it has fewer
+        than ``min_segment_size`` such voxels or when the seed voxel itself ended below the move threshold.
+        """
         for raw in np.asarray(seeds, dtype=np.int64).reshape(-1, 3):
             pos = (int(raw[0]), int(raw[1]), int(raw[2]))
             if not self.is_valid_pos(pos, ignore_move_threshold=True):
@@ -266,7 +364,7 @@ class Canvas:
                 self.segmentation[pos] = -1
                 continue
             t0 = time.perf_counter()
-            iters = self.segment_at(pos)
+            iters = yield from self._flood_object(pos)
             if iters <= 0:
                 continue
             if not self.seed[pos] >= self.move_logit:
@@ -281,6 +379,9 @@ class Canvas:
             seg_box = self.segmentation[sel]  # a view: writes go to the canvas
             ids, counts = np.unique(seg_box[mask], return_counts=True)
             overlapped = {int(i): int(c) for i, c in zip(ids, counts, strict=True) if i > 0}
+            seen_ids, seen = np.unique(seg_box[~np.isnan(self.seed[sel])], return_counts=True)
+            contacts = {int(i): (overlapped.get(int(i), 0), int(n)) for i, n in zip(seen_ids, seen, strict=True)
+                        if i > 0}
             mask &= seg_box <= 0
             size = int(mask.sum())
             if size < self.min_segment_size:
@@ -292,6 +393,7 @@ class Canvas:
                 self._max_id += 1
             seg_box[mask] = self._max_id
             self.overlaps[self._max_id] = overlapped
+            self.contacts[self._max_id] = contacts
             self.origins[self._max_id] = {
                 "seed": pos,
                 "iters": iters,
@@ -329,6 +431,13 @@ class InferenceConfig:
     # grown by up to ``expand_labels`` voxels into unsegmented ones, nearest object first (as the baseline).
     reseed_passes: int = 0
     expand_labels: int = 0
+    # Not in the reference (0 = off): FOVs stay within ``max_seed_distance`` voxels (per axis) of their object's
+    # seed, so a flood that leaks through a faint membrane takes a piece of the neighbour, not all of it; the
+    # pieces are then joined where a later piece's FFN prediction claims at least ``agglomerate_threshold`` of
+    # the voxels of an earlier one that it saw (``agglomeration.py``), over ``min_contact`` voxels or more.
+    max_seed_distance: int = 0
+    agglomerate_threshold: float = 0.0
+    min_contact: int = 100
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "inference config") -> InferenceConfig:
@@ -357,6 +466,7 @@ class InferenceConfig:
             "image_stddev": self.image_stddev,
             "movement_order": self.movement_order,
             "device": self.device,
+            "max_seed_distance": self.max_seed_distance,
         }
 
 
@@ -378,22 +488,55 @@ def segment_volume(
     cfg = _as_config(cfg)
     model.eval()
     canvas = Canvas(model, image, cfg.fov, cfg.deltas, **cfg.canvas_kwargs())
+    run_requests(_segmentation(canvas, cfg, seeds), canvas.predict)
+    labels = _finish(canvas, cfg)
+    return (labels, canvas) if return_canvas else labels
+
+
+def segment_volumes_together(model: Any, images: Sequence[np.ndarray],
+                             cfg: InferenceConfig | Mapping[str, Any] | None = None) -> list[np.ndarray]:
+    """``segment_volume`` of several images (e.g. subvolumes), their FOVs batched into shared model calls.
+
+    Each result equals ``segment_volume`` of that image alone up to the float32 summation order of a batched
+    convolution."""
+    cfg = _as_config(cfg)
+    model.eval()
+    canvases = [Canvas(model, image, cfg.fov, cfg.deltas, **cfg.canvas_kwargs()) for image in images]
+    flood_together(model, [(c, _segmentation(c, cfg, None)) for c in canvases])
+    return [_finish(c, cfg) for c in canvases]
+
+
+def _segmentation(canvas: Canvas, cfg: InferenceConfig, seeds: np.ndarray | None) -> FovRequests:
+    """Every flood of one segmentation: the policy's seeds, then ``reseed_passes`` passes of the peaks policy
+    over the voxels still unsegmented."""
+    image = canvas.image
     if seeds is None:
         seeds = make_seeds(cfg.seed_policy, image, **cfg.seed_args)
-    canvas.segment_all(within_margin(seeds, canvas.shape, canvas.margin))
+    yield from canvas.flood(within_margin(seeds, canvas.shape, canvas.margin))
     peak_args = cfg.seed_args if cfg.seed_policy == "peaks" else {}
     for _ in range(cfg.reseed_passes):
         before = len(canvas.origins)
         more = make_seeds("peaks", image, **{**peak_args, "mask": canvas.segmentation > 0})
-        canvas.segment_all(within_margin(more, canvas.shape, canvas.margin))
+        yield from canvas.flood(within_margin(more, canvas.shape, canvas.margin))
         if len(canvas.origins) == before:
             break
+    return None
+
+
+def _finish(canvas: Canvas, cfg: InferenceConfig) -> np.ndarray:
+    """The canvas's objects as labels: joined by agglomeration when set, grown by ``expand_labels``."""
     labels = canvas.labels()
+    if cfg.agglomerate_threshold > 0:
+        from hpctrain.ffn.agglomeration import agglomerate, contact_scores
+
+        joined = agglomerate(np.maximum(canvas.segmentation, 0), contact_scores(canvas.contacts, cfg.min_contact),
+                             cfg.agglomerate_threshold)
+        labels = make_labels_contiguous(joined)
     if cfg.expand_labels > 0:
         from skimage.segmentation import expand_labels
 
         labels = expand_labels(labels, distance=cfg.expand_labels)
-    return (labels, canvas) if return_canvas else labels
+    return labels
 
 
 def _split_h5(path: str | Path, default_dataset: str) -> tuple[Path, str]:

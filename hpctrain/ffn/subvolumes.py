@@ -232,13 +232,15 @@ def reconcile(plan: list[Subvolume], parts_dir: Path, out_path: str | Path, shap
 
 
 def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads: int | None = None,
-                  model: Any = None, config: Any = None) -> list[str]:
+                  model: Any = None, config: Any = None, together: int = 4) -> list[str]:
     """Segment this rank's pieces of the plan, each read from the volume on its own; returns the files written.
 
-    The plan's checkpoint and settings are used unless ``model`` and ``config`` (an InferenceConfig) are given.
-    A piece whose file already exists is skipped, so a job that was stopped and run again only does the rest.
+    ``together`` pieces at a time are flooded in lock step, their FOVs batched into one model call (the same
+    segmentation as one at a time, fewer and larger model calls). The plan's checkpoint and settings are used
+    unless ``model`` and ``config`` (an InferenceConfig) are given. A piece whose file already exists is
+    skipped, so a job that was stopped and run again only does the rest.
     """
-    from hpctrain.ffn.inference import prepare_inference, segment_volume, write_segmentation_hdf5
+    from hpctrain.ffn.inference import prepare_inference, segment_volumes_together, write_segmentation_hdf5
     from hpctrain.ffn.volume import open_volume
 
     plan_path = Path(plan_path)
@@ -251,11 +253,12 @@ def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, thread
     volume = open_volume(settings["volume"])
     written = []
     try:
-        for sub in todo:
-            image = np.asarray(volume[sub.box()])
-            labels = segment_volume(model, image, config)
-            attrs = {"subvolume": sub.index, "start": list(sub.start), "stop": list(sub.stop)}
-            written.append(str(write_segmentation_hdf5(part_path(plan_path.parent, sub), labels, attrs)))
+        for first in range(0, len(todo), max(1, together)):
+            group = todo[first:first + max(1, together)]
+            images = [np.asarray(volume[sub.box()]) for sub in group]
+            for sub, labels in zip(group, segment_volumes_together(model, images, config), strict=True):
+                attrs = {"subvolume": sub.index, "start": list(sub.start), "stop": list(sub.stop)}
+                written.append(str(write_segmentation_hdf5(part_path(plan_path.parent, sub), labels, attrs)))
     finally:
         volume.close()
     return written

@@ -40,6 +40,8 @@ from hpctrain.ffn.training import (
 from hpctrain.ffn.volume import load_image_and_labels
 from hpctrain.models.task import TaskContext, TrainingTask
 
+# Training volumes up to this size are held in memory (image + labels) instead of read box by box.
+IN_MEMORY_BYTES = 512 * 2**20
 # model_args key -> StreamConfig field, for the training-example options of google/ffn train.py
 STREAM_FIELDS = {"fov_policy": "policy", "fov_moves": "fov_moves", "faces_only": "faces_only",
                  "move_threshold": "threshold", "permutable_axes": "permutable_axes",
@@ -154,6 +156,13 @@ class FFNTask(TrainingTask):
         self.model_args = {**cfg, "fov": list(self.fov), "deltas": list(self.deltas),
                            "image_mean": self.image_mean, "image_stddev": self.image_stddev}
         self.image, self.labels = load_image_and_labels(prepared["image"], prepared["labels"])
+        voxels = int(np.prod(self.labels.shape))
+        if voxels * (self.image.dtype.itemsize + self.labels.dtype.itemsize) <= IN_MEMORY_BYTES:
+            # A small volume is read once: every example would otherwise decompress its HDF5 chunks again.
+            image, labels = self.image, self.labels
+            self.image, self.labels = image.read(), labels.read()
+            image.close()
+            labels.close()
         self.coords = read_coordinates(prepared["coordinates"])
         if len(self.coords) < ctx.world_size:
             raise DataError(f"{len(self.coords)} training coordinates cannot be shared by {ctx.world_size} ranks")

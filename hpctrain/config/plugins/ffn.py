@@ -157,6 +157,7 @@ class SyntheticVolume(Strict):
     blur_sigma: float | None = Field(None, ge=0)
     noise_sigma: float | None = Field(None, ge=0)
     shading: float | None = Field(None, ge=0)
+    membrane_width: int | None = Field(None, ge=2, multiple_of=2, description="Membrane thickness in voxels (2)")
 
     def options(self) -> dict[str, Any]:
         """The knobs that were set (keyword arguments of make_synthetic_volume besides shape and seed)."""
