@@ -16,6 +16,7 @@ import zlib
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -90,6 +91,29 @@ class Communicator(ABC):
         padded = torch.zeros(max(lengths), dtype=tensor.dtype, device=tensor.device)
         padded[: tensor.numel()] = tensor.reshape(-1)
         return [t[:k] for t, k in zip(self.allgather(padded, label=label), lengths, strict=True)]
+
+    def gather(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> list[torch.Tensor] | None:
+        """Every rank's ``tensor`` (same shape and dtype) on ``root``, indexed by rank; None on the others.
+
+        This default all-gathers (every rank receives everything); MPI and torch.distributed send to the root only.
+        """
+        got = self.allgather(tensor, label)
+        return got if self.rank == root else None
+
+    def gather_varlen(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> list[torch.Tensor] | None:
+        """``gather`` of 1-D tensors whose lengths differ per rank: the longest length is agreed by an
+        all-reduce, then one fixed-size gather carries each rank's length (8 bytes) and its padded bytes."""
+        data = tensor.detach().reshape(-1).contiguous().cpu().view(torch.uint8)
+        longest = torch.tensor([data.numel()], dtype=torch.int64)
+        self.allreduce_(longest, "max", f"{label} length".strip())
+        padded = torch.zeros(8 + int(longest[0]), dtype=torch.uint8)
+        padded[:8] = torch.tensor([data.numel()], dtype=torch.int64).view(torch.uint8)
+        padded[8:8 + data.numel()] = data
+        got = self.gather(padded, root, label)
+        if got is None:
+            return None
+        sizes = [int(g[:8].clone().view(torch.int64)[0]) for g in got]
+        return [g[8:8 + k].clone().view(tensor.dtype).to(tensor.device) for g, k in zip(got, sizes, strict=True)]
 
     def __enter__(self) -> Communicator:
         return self
@@ -215,7 +239,7 @@ class MPICommunicator(_WatchedCommunicator):
     """
 
     def __init__(self, timeout_s: float = 300.0, comm: Any = None, local_rank: int | None = None) -> None:
-        MPI = import_mpi()
+        MPI = import_mpi(timeout_s=Timeouts.from_setting(timeout_s).rendezvous_s)
         self._MPI = MPI
         base = comm if comm is not None else MPI.COMM_WORLD
         self._comm = base.Dup()
@@ -332,6 +356,13 @@ class MPICommunicator(_WatchedCommunicator):
         self._run("allgather", label, lambda: self._comm.Allgather(work.numpy(), out.numpy()))
         return [_restore(out[i], tensor).to(tensor.device) for i in range(self.size)]
 
+    def gather(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> list[torch.Tensor] | None:
+        work = _cpu_contiguous(tensor)
+        out = torch.empty((self.size, *work.shape), dtype=work.dtype) if self.rank == root else None
+        self._run("gather", label, lambda: self._comm.Gather(work.numpy(), None if out is None else out.numpy(),
+                                                             root=root))
+        return None if out is None else [_restore(out[i], tensor).to(tensor.device) for i in range(self.size)]
+
     def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
         work = _cpu_contiguous(tensor)
         out = torch.empty_like(work)
@@ -373,6 +404,32 @@ def _restore(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 _STORE_PREFIX = "hpctrain/"
 SIDE_STORE_TIMEOUT_S = 10.0  # the watchdog's store calls end within this; Watchdog.close waits longer
+RENDEZVOUS_MIN_S = 60.0  # start-up skew between ranks (imports, MPI_Init) is not a collective's lateness
+PROCESS_GROUP_MARGIN_S = 60.0  # past the watchdog's deadline: its tick + grace (<= 11 s) + the abort itself
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """Every timeout of a communicator, all from the one setting ``train.collective_timeout_s`` (docs/runtime.md).
+
+    ``collective_s``: hpctrain's watchdog, which names the ranks behind and aborts. ``rendezvous_s``: start-up,
+    the MPI broadcast of rank 0's address and the TCPStore's connect and wait (every rank must have joined).
+    ``store_s``: the TCPStore's operations, never shorter than a collective. ``process_group_s``: the back-end's
+    own collective timeout, later than the watchdog by its tick and grace, so the message that names a rank
+    is always the one the job ends with.
+    """
+
+    collective_s: float
+    rendezvous_s: float
+    store_s: float
+    process_group_s: float
+
+    @classmethod
+    def from_setting(cls, collective_timeout_s: float) -> Timeouts:
+        t = float(collective_timeout_s)
+        rendezvous = max(t, RENDEZVOUS_MIN_S)
+        return cls(collective_s=t, rendezvous_s=rendezvous, store_s=rendezvous,
+                   process_group_s=t + PROCESS_GROUP_MARGIN_S)
 
 
 class TorchDistCommunicator(_WatchedCommunicator):
@@ -397,13 +454,14 @@ class TorchDistCommunicator(_WatchedCommunicator):
         self._dist = dist
         self.rank, self.size, self.local_rank = env.rank, env.size, env.local_rank
         self.backend, self.timeout_s = backend, float(timeout_s)
-        host, port = rendezvous_address(env, environ)
+        self.timeouts = Timeouts.from_setting(timeout_s)
+        host, port = rendezvous_address(env, environ, self.timeouts.rendezvous_s)
         self._host, self._port = host, port
         # Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT: join it as a client.
         agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         self._store = dist.TCPStore(
             host, port, self.size, self.rank == 0 and not agent_store,
-            timedelta(seconds=max(60.0, timeout_s)), wait_for_workers=False,
+            timedelta(seconds=self.timeouts.store_s), wait_for_workers=False,
         )
         # Device back-ends reduce tensors where they live: the rank's own GPU is made current first.
         self.device_type = DEVICE_TYPE.get(backend, "cpu")
@@ -412,7 +470,7 @@ class TorchDistCommunicator(_WatchedCommunicator):
         # Our watchdog must fire before the back-end's own timeout so the message names the missing rank.
         dist.init_process_group(
             backend, store=dist.PrefixStore("pg/", self._store), rank=self.rank, world_size=self.size,
-            timeout=timedelta(seconds=self.timeout_s + 60),
+            timeout=timedelta(seconds=self.timeouts.process_group_s),
         )
         self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                      "min": dist.ReduceOp.MIN}
@@ -514,6 +572,12 @@ class TorchDistCommunicator(_WatchedCommunicator):
         self._run("allgather", label, lambda: self._dist.all_gather(out, work))
         return [t.to(tensor.device) for t in out]
 
+    def gather(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> list[torch.Tensor] | None:
+        work = self._dev(tensor)
+        out = [torch.empty_like(work) for _ in range(self.size)] if self.rank == root else None
+        self._run("gather", label, lambda: self._dist.gather(work, out, dst=root))
+        return None if out is None else [t.to(tensor.device) for t in out]
+
     def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
         work = self._dev(tensor)
         out = torch.empty_like(work)
@@ -573,30 +637,28 @@ def port_from_job_id(job_id: str) -> int:
     return 20000 + zlib.crc32(job_id.encode()) % 40000
 
 
-def _mpi_world_size_if_launched(env: LaunchEnv) -> int:
+def _mpi_world_size_if_launched(env: LaunchEnv, timeout_s: float) -> int:
     if env.launcher not in ("hydra", "openmpi", "pals", "alps", "slurm"):
         return 0
     try:
-        MPI = import_mpi()
+        MPI = import_mpi(timeout_s=timeout_s)
     except ImportError:
         return 0
     return MPI.COMM_WORLD.Get_size()
 
 
-def rendezvous_address(env: LaunchEnv, environ: Mapping[str, str]) -> tuple[str, int]:
+def rendezvous_address(env: LaunchEnv, environ: Mapping[str, str],
+                       timeout_s: float = RENDEZVOUS_MIN_S) -> tuple[str, int]:
     """Where rank 0's TCPStore listens, found without a hand-typed address.
 
     Order: MASTER_ADDR/MASTER_PORT (torchrun); rank 0's hostname and a free port broadcast over MPI when
-    the job was started by an MPI launcher; the first node of the scheduler's node list with a port derived
-    from the job id; localhost for a single process.
+    the job was started by an MPI launcher (within ``timeout_s``); the first node of the scheduler's node list
+    with a port derived from the job id; localhost for a single process.
     """
     if env.master_addr and env.master_port:
         return env.master_addr, env.master_port
-    if env.size > 1 and _mpi_world_size_if_launched(env) == env.size:
-        MPI = import_mpi()
-        addr = (socket.gethostname(), _free_port()) if MPI.COMM_WORLD.Get_rank() == 0 else None
-        host, port = MPI.COMM_WORLD.bcast(addr, root=0)
-        return host, int(port)
+    if env.size > 1 and _mpi_world_size_if_launched(env, timeout_s) == env.size:
+        return _address_over_mpi(import_mpi(), timeout_s)
     nodes = scheduler_nodes(environ)
     job_id = scheduler_job_id(environ)
     if env.size > 1 and nodes and job_id:
@@ -610,10 +672,51 @@ def rendezvous_address(env: LaunchEnv, environ: Mapping[str, str]) -> tuple[str,
     )
 
 
+_ADDRESS_BYTES = 264  # a host name (at most 255 bytes), its length and the port
+
+
+def _address_over_mpi(MPI: Any, timeout_s: float) -> tuple[str, int]:
+    """Rank 0's host name and a free port, broadcast to every rank; a rank still waiting after ``timeout_s``
+    fails with a message instead of waiting for ever (a broadcast has no timeout of its own)."""
+    import time
+
+    import numpy as np
+
+    world = MPI.COMM_WORLD
+    buf = np.zeros(_ADDRESS_BYTES, dtype=np.uint8)
+    if world.Get_rank() == 0:
+        host = socket.gethostname().encode()[:255]
+        buf[0] = len(host)
+        buf[1:1 + len(host)] = np.frombuffer(host, dtype=np.uint8)
+        buf[256:264] = np.frombuffer(np.array([_free_port()], dtype="<i8").tobytes(), dtype=np.uint8)
+    request = world.Ibcast(buf, root=0)
+    deadline, pause = time.monotonic() + timeout_s, 0.001
+    while not request.Test():  # ranks wait here while rank 0 starts: back off so they do not take its cores
+        if time.monotonic() > deadline:
+            raise RuntimeFailure(
+                f"rank {world.Get_rank()}: rank 0's rendezvous address did not arrive over MPI within "
+                f"{timeout_s:g} s (a rank upstream of this one, or rank 0, has not started)",
+                hint="raise train.collective_timeout_s if start-up is this slow (or stage the environment to "
+                     "node-local storage, docs/scaling.md)")
+        time.sleep(pause)
+        pause = min(0.05, 2 * pause)
+    host = bytes(buf[1:1 + int(buf[0])]).decode()
+    return host, int(np.frombuffer(buf[256:264].tobytes(), dtype="<i8")[0])
+
+
 def make_communicator(
     backend: str, timeout_s: float, environ: Mapping[str, str] | None = None
 ) -> Communicator:
-    """``backend``: mpi | gloo | nccl | xccl | none (single process). ``timeout_s`` bounds every collective."""
+    """``backend``: mpi | gloo | nccl | xccl | none (single process). ``timeout_s`` bounds every collective.
+
+    With counting on (runtime/work_counts.py) every call is counted on its way (runtime/comm_counts.py).
+    """
+    from hpctrain.runtime.comm_counts import counted
+
+    return counted(_make_communicator(backend, timeout_s, environ))
+
+
+def _make_communicator(backend: str, timeout_s: float, environ: Mapping[str, str] | None) -> Communicator:
     environ = os.environ if environ is None else environ
     if backend == "mpi":
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -46,12 +47,32 @@ def one_node_settings(environ: Mapping[str, str], wheel: bool) -> dict[str, str]
     return dict(ONE_NODE_WHEEL)
 
 
-def import_mpi(environ: Mapping[str, str] | None = None) -> ModuleType:
+def import_mpi(environ: Mapping[str, str] | None = None, timeout_s: float | None = None) -> ModuleType:
     """``mpi4py.MPI`` (importing it calls ``MPI_Init``), after putting what ``one_node_settings`` asks for
     into this process's environment; ``environ`` (default ``os.environ``) is where the launcher's variables
-    are read."""
+    are read. ``MPI_Init`` waits for every rank of the job: with ``timeout_s`` a rank still waiting after that
+    long says so and exits (its launcher then ends the others) instead of waiting for ever."""
     if "mpi4py.MPI" not in sys.modules:
         os.environ.update(one_node_settings(os.environ if environ is None else environ, mpich_wheel_in_use()))
+        if timeout_s is not None:
+            timer = threading.Timer(timeout_s, _init_too_slow, args=(timeout_s,))
+            timer.daemon = True
+            timer.start()
+            try:
+                from mpi4py import MPI
+            finally:
+                timer.cancel()
+            return MPI
     from mpi4py import MPI
 
     return MPI
+
+
+def _init_too_slow(timeout_s: float) -> None:
+    from hpctrain.launch_env import rank_label
+
+    print(f"hpctrain: error: rank {rank_label(os.environ)}: MPI_Init did not complete within {timeout_s:g} s: a rank "
+          "of this job has not started (slow start-up from the shared file system?); raise "
+          "train.collective_timeout_s or stage the environment to node-local storage (docs/scaling.md)",
+          file=sys.stderr, flush=True)
+    os._exit(1)

@@ -1,0 +1,79 @@
+"""Worker for tests/test_comm_counts.py, started by a real launcher (the MPICH wheel's mpiexec).
+
+``python scale_worker.py counts BACKEND RUN_DIR``   makes a known set of collectives of known sizes through
+                                                   ``make_communicator`` (counted when HPCTRAIN_COUNTERS=1),
+                                                   checks the gathers' results, writes this rank's record
+``python scale_worker.py rendezvous TIMEOUT DELAY STAGE``  rank 0 is DELAY s late to MPI_Init (STAGE init) or
+                                                   to the address broadcast (address); every rank prints the
+                                                   address it got over MPI or the error that ended its wait
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+
+from hpctrain.runtime import counters, work_counts  # noqa: E402
+from hpctrain.runtime.comm import make_communicator  # noqa: E402
+
+# (label, float32 elements): every rank all-reduces each of these this many times
+ALLREDUCES = (("bucket 0", 1000), ("stop flag", 2))
+REPEATS = 5
+
+
+def counts(backend: str, run_dir: str) -> None:
+    comm = make_communicator(backend, timeout_s=60)
+    r, n = comm.rank, comm.size
+    for _ in range(REPEATS):
+        for label, k in ALLREDUCES:
+            t = torch.full((k,), float(r))
+            comm.allreduce_(t, "sum", label)
+            assert torch.equal(t, torch.full((k,), float(n * (n - 1) / 2)))
+    work_counts.step_done()  # what follows is counted in the "train" phase
+    got = comm.gather(torch.tensor([r, 10 * r], dtype=torch.int64), root=0, label="checkpoint report")
+    if r == 0:
+        assert got is not None and [g.tolist() for g in got] == [[q, 10 * q] for q in range(n)]
+    else:
+        assert got is None
+    varlen = comm.gather_varlen(torch.arange(r + 1, dtype=torch.float64), root=0, label="checkpoint files")
+    if r == 0:
+        assert varlen is not None and [v.tolist() for v in varlen] == [list(map(float, range(q + 1)))
+                                                                        for q in range(n)]
+    else:
+        assert varlen is None
+    comm.barrier("checkpoint done")
+    comm.close()
+    print(counters.write_record(run_dir, r, n, **work_counts.sections()), flush=True)
+
+
+def rendezvous(timeout_s: float, delay_s: float, stage: str) -> None:
+    import time
+
+    from hpctrain.errors import RuntimeFailure
+    from hpctrain.launch_env import detect_launch_env
+    from hpctrain.runtime.comm import rendezvous_address
+    from hpctrain.runtime.mpi_env import import_mpi
+
+    env = detect_launch_env(os.environ)
+    if stage == "init" and env.rank == 0:
+        time.sleep(delay_s)
+    import_mpi(timeout_s=timeout_s if stage == "init" else 120.0)  # MPI_Init alone may take seconds here
+    if stage == "address" and env.rank == 0:
+        time.sleep(delay_s)
+    try:
+        host, port = rendezvous_address(env, os.environ, timeout_s)
+        print(f"rank {env.rank} address {host}:{port}", flush=True)
+    except RuntimeFailure as exc:
+        print(f"rank {env.rank} failed: {exc}", flush=True)
+    os._exit(0)  # a broadcast some rank gave up on is still posted: no MPI_Finalize
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "counts":
+        counts(sys.argv[2], sys.argv[3])
+    else:
+        rendezvous(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
