@@ -25,16 +25,16 @@ from hpctrain.ffn.examples import (
     build_coordinates,
     compute_partitions,
     lom_radius_for,
-    read_coordinates,
     write_coordinates,
 )
 from hpctrain.ffn.model import ConvStack3D
+from hpctrain.ffn.node_volume import node_volumes
+from hpctrain.ffn.shards import CoordinateTable, coordinate_stream, table_path, write_table
 from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
 from hpctrain.ffn.training import (
     ExampleStream,
     StreamConfig,
     clip_gradients_,
-    epoch_coordinates,
     fov_loss,
 )
 from hpctrain.ffn.volume import load_image_and_labels
@@ -139,7 +139,8 @@ class FFNTask(TrainingTask):
         # Centres far enough from the border for the policy's whole training box (max_pred_moves loads more).
         margin = training_margin(args, data)
         if ctx.rank == 0:
-            prepare_training_data(data, self.fov, self.deltas, data_dir, margin=margin)
+            first = prepare_training_data(data, self.fov, self.deltas, data_dir, margin=margin)
+            write_table(first["coordinates"], data_dir)  # read by every rank at its own offsets (ffn/shards.py)
         ctx.barrier()
         prepared = prepare_training_data(data, self.fov, self.deltas, data_dir, margin=margin)
         self.image_mean = args.image_mean if args.image_mean is not None else float(prepared["image_mean"])
@@ -155,17 +156,13 @@ class FFNTask(TrainingTask):
             tune_for_cpu(self.model)
         self.model_args = {**cfg, "fov": list(self.fov), "deltas": list(self.deltas),
                            "image_mean": self.image_mean, "image_stddev": self.image_stddev}
-        self.image, self.labels = load_image_and_labels(prepared["image"], prepared["labels"])
-        voxels = int(np.prod(self.labels.shape))
-        if voxels * (self.image.dtype.itemsize + self.labels.dtype.itemsize) <= IN_MEMORY_BYTES:
-            # A small volume is read once: every example would otherwise decompress its HDF5 chunks again.
-            image, labels = self.image, self.labels
-            self.image, self.labels = image.read(), labels.read()
-            image.close()
-            labels.close()
-        self.coords = read_coordinates(prepared["coordinates"])
-        if len(self.coords) < ctx.world_size:
-            raise DataError(f"{len(self.coords)} training coordinates cannot be shared by {ctx.world_size} ranks")
+        # One process per node reads the volumes from the shared path; the node's ranks map its copy.
+        self.image, self.labels = node_volumes(prepared["image"], prepared["labels"], local_rank=ctx.local_rank,
+                                               run_dir=ctx.run_dir, barrier=ctx.barrier,
+                                               in_memory_bytes=IN_MEMORY_BYTES)
+        self.coords = CoordinateTable(table_path(prepared["coordinates"], data_dir))
+        if self.coords.count < ctx.world_size:
+            raise DataError(f"{self.coords.count} training coordinates cannot be shared by {ctx.world_size} ranks")
         self.rank, self.world_size, self.seed = ctx.rank, ctx.world_size, ctx.seed
         self.batch = ctx.batch_per_rank
         self._stream_config = StreamConfig(fov=self.fov, deltas=self.deltas, batch_size=self.batch,
@@ -176,7 +173,7 @@ class FFNTask(TrainingTask):
 
     def _open_stream(self, consumed: int) -> None:
         self._consumed_at_open = consumed
-        coords = epoch_coordinates(self.coords, self.rank, self.world_size, self.seed, start=consumed)
+        coords = coordinate_stream(self.coords, self.rank, self.world_size, self.seed, start=consumed)
         self.stream = ExampleStream(self.image, self.labels, coords, self._stream_config, examples_before=consumed)
 
     @property
@@ -214,7 +211,7 @@ class FFNTask(TrainingTask):
         consumed = int(state["coordinates_consumed"])
         world = int(state.get("world_size", self.world_size))
         if world != self.world_size:
-            self._open_stream(resharded_start(consumed, len(self.coords), world, self.world_size))
+            self._open_stream(resharded_start(consumed, self.coords.count, world, self.world_size))
             return
         self._open_stream(consumed)
         saved = state.get("stream")

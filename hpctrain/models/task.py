@@ -32,6 +32,7 @@ class TaskContext:
     run_dir: Path
     device: torch.device
     barrier: Callable[[], None] = field(default=lambda: None)
+    local_rank: int = 0  # the rank on its node: 0 reads what one process per node reads (ffn/node_volume.py)
 
 
 class TrainingTask(ABC):

@@ -103,7 +103,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     device = pick_device(job, local_rank, comm.backend)
     ctx = TaskContext(model_args=dict(job.model_args), data=dict(job.data), batch_per_rank=job.train.batch_per_rank,
                       seed=job.train.seed, rank=rank, world_size=size, run_dir=run_dir, device=device,
-                      barrier=lambda: comm.barrier("data preparation"))
+                      barrier=lambda: comm.barrier("data preparation"), local_rank=local_rank)
     task: TrainingTask = build_task(job.model, ctx)
     model = task.model.to(device)
     broadcast_model(model, comm)

@@ -3,6 +3,10 @@
 ``python scale_worker.py counts BACKEND RUN_DIR``   makes a known set of collectives of known sizes through
                                                    ``make_communicator`` (counted when HPCTRAIN_COUNTERS=1),
                                                    checks the gathers' results, writes this rank's record
+``python scale_worker.py ffn-input BACKEND RUN_DIR``  builds the FFN task of a small synthetic volume, takes one
+                                                   batch, and writes this rank's record (with how its volume is
+                                                   held), its epoch-0 coordinate share (share-R.npy) and the
+                                                   table rows it was dealt (rows-R.npy)
 ``python scale_worker.py rendezvous TIMEOUT DELAY STAGE``  rank 0 is DELAY s late to MPI_Init (STAGE init) or
                                                    to the address broadcast (address); every rank prints the
                                                    address it got over MPI or the error that ended its wait
@@ -72,8 +76,45 @@ def rendezvous(timeout_s: float, delay_s: float, stage: str) -> None:
     os._exit(0)  # a broadcast some rank gave up on is still posted: no MPI_Finalize
 
 
+FFN_ARGS = {"depth": 1, "features": 4, "fov": [7, 7, 7], "deltas": [2, 2, 2]}
+FFN_DATA = {"train": {"synthetic": {"shape": [20, 28, 28], "seed": 3}}}
+FFN_SEED = 3
+
+
+def ffn_input(backend: str, run_dir: str) -> None:
+    from pathlib import Path
+
+    import numpy as np
+
+    from hpctrain.ffn.shards import epoch_share, rank_ranges
+    from hpctrain.ffn.task import FFNTask
+    from hpctrain.launch_env import detect_launch_env
+    from hpctrain.models.task import TaskContext
+
+    torch.set_num_threads(1)
+    env = detect_launch_env(os.environ)
+    comm = make_communicator(backend, timeout_s=120)
+    ctx = TaskContext(model_args=FFN_ARGS, data=FFN_DATA, batch_per_rank=2, seed=FFN_SEED, rank=comm.rank,
+                      world_size=comm.size, run_dir=Path(run_dir), device=torch.device("cpu"),
+                      barrier=lambda: comm.barrier("data preparation"), local_rank=env.local_rank)
+    task = FFNTask(ctx)
+    task.next_batch()  # the first batch reads this rank's epoch-0 share
+    volume = {"mapped": isinstance(task.image, np.memmap) and isinstance(task.labels, np.memmap),
+              "bytes": int(task.image.nbytes + task.labels.nbytes), "local_rank": env.local_rank,
+              "node": env.node_rank}
+    counters.write_record(run_dir, comm.rank, comm.size, **work_counts.sections(), volume=volume,
+                          coordinates={"count": task.coords.count})
+    np.save(Path(run_dir) / f"share-{comm.rank}.npy", epoch_share(task.coords, comm.size, comm.rank, FFN_SEED, 0))
+    rows = [np.arange(a, b) for a, b in rank_ranges(task.coords.count, comm.size, comm.rank, FFN_SEED, 0)]
+    np.save(Path(run_dir) / f"rows-{comm.rank}.npy", np.concatenate(rows))
+    (Path(run_dir) / "table.txt").write_text(str(task.coords.path))
+    comm.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "counts":
         counts(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "ffn-input":
+        ffn_input(sys.argv[2], sys.argv[3])
     else:
         rendezvous(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4])

@@ -1,0 +1,152 @@
+"""Training volumes read from the shared file system once per node, not once per rank.
+
+The node's local rank 0 copies image and labels into node-local storage (``$HPCTRAIN_NODE_LOCAL`` when the job
+stages there, else the RAM-backed ``/dev/shm``) as raw .npy files; after a barrier every rank of the node maps
+them read-only (one copy in memory per node, shared by its ranks), and after a second barrier the files are
+unlinked (the mappings stay valid), so nothing is left behind. Volumes already on node-local storage, or too
+large for it, are opened by each rank as before. docs/scaling.md, "Input".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpctrain.config.plugins.ffn import parse_volume_spec
+from hpctrain.errors import DataError
+from hpctrain.ffn.volume import Volume, VolumeSpec, load_image_and_labels
+from hpctrain.runtime import counters, work_counts
+
+log = logging.getLogger("hpctrain.ffn")
+
+SHM = Path("/dev/shm")
+SLAB_BYTES = 64 * 2**20  # copied slab by slab along z: local rank 0 never holds a large volume whole
+FREE_FRACTION = 0.5  # copy only what leaves at least half of the node-local space free
+PLAN = "plan.json"
+
+
+def node_local_root(environ: Mapping[str, str] | None = None) -> Path | None:
+    """Where this node keeps node-local copies: the staging root, else /dev/shm; None when neither is usable."""
+    environ = os.environ if environ is None else environ
+    for candidate in (environ.get(counters.NODE_LOCAL_ENV, ""), str(SHM)):
+        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
+            return Path(candidate)
+    return None
+
+
+def _path_of(spec: VolumeSpec) -> Path:
+    return Path(parse_volume_spec(spec)[0]).resolve()
+
+
+def copy_key(run_dir: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec) -> str:
+    """Names this run's copy: the run directory, both specs and the sources' sizes and times."""
+    parts = [str(run_dir.resolve()), json.dumps(image_spec, sort_keys=True), json.dumps(labels_spec, sort_keys=True)]
+    for spec in (image_spec, labels_spec):
+        stat = _path_of(spec).stat()
+        parts += [str(stat.st_size), str(stat.st_mtime_ns)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def _copy(volume: Volume, final: Path) -> int:
+    """``volume`` into ``final`` (.npy) slab by slab; returns the bytes read from it."""
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=volume.dtype, shape=volume.shape)
+    plane = max(1, int(np.prod(volume.shape[1:])) * volume.dtype.itemsize)
+    step = max(1, SLAB_BYTES // plane)
+    for z in range(0, volume.shape[0], step):
+        out[z:z + step] = volume[z:z + step]
+    out.flush()
+    del out
+    os.replace(tmp, final)
+    return int(np.prod(volume.shape)) * volume.dtype.itemsize
+
+
+def _direct(image_spec: VolumeSpec, labels_spec: VolumeSpec, in_memory_bytes: int) -> tuple[Any, Any]:
+    """Each rank opens the volumes itself: small ones read whole, large ones left lazy (read box by box)."""
+    image, labels = load_image_and_labels(image_spec, labels_spec)
+    nbytes = int(np.prod(labels.shape)) * (image.dtype.itemsize + labels.dtype.itemsize)
+    if nbytes > in_memory_bytes:
+        return image, labels
+    # A small volume is read once: every example would otherwise decompress its HDF5 chunks again.
+    arrays = image.read(), labels.read()
+    image.close()
+    labels.close()
+    counts = work_counts.active()
+    if counts is not None:
+        counts.add_input("volume", nbytes)
+    return arrays
+
+
+def _write_copy(directory: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec) -> dict[str, Any]:
+    """Local rank 0: the copy and its plan (``mapped``), or a plan that says why not (``direct``)."""
+    shutil.rmtree(directory, ignore_errors=True)  # a copy a crashed run left under the same name
+    directory.mkdir(parents=True)
+    image, labels = load_image_and_labels(image_spec, labels_spec)
+    try:
+        nbytes = int(np.prod(labels.shape)) * (image.dtype.itemsize + labels.dtype.itemsize)
+        free = shutil.disk_usage(directory).free
+        if nbytes > FREE_FRACTION * free:
+            plan = {"mode": "direct", "why": f"{nbytes} bytes of volume, {free} bytes free in {directory.parent}"}
+        else:
+            read = _copy(image, directory / "image.npy") + _copy(labels, directory / "labels.npy")
+            counts = work_counts.active()
+            if counts is not None:
+                counts.add_input("volume", read)
+            plan = {"mode": "mapped", "bytes": read}
+    finally:
+        image.close()
+        labels.close()
+    tmp = directory / f".{PLAN}.tmp"
+    tmp.write_text(json.dumps(plan))
+    os.replace(tmp, directory / PLAN)  # written last: its presence means the copy is whole
+    return plan
+
+
+def node_volumes(image_spec: VolumeSpec, labels_spec: VolumeSpec, *, local_rank: int, run_dir: Path,
+                 barrier: Callable[[], None], in_memory_bytes: int,
+                 environ: Mapping[str, str] | None = None) -> tuple[Any, Any]:
+    """(image, labels) for this rank, read from the shared path once per node; collective (two barriers).
+
+    Arrays are mapped read-only from the node's copy; the values are those of the source volumes. Where no
+    node-local storage is usable, or the volumes already lie on it, every rank opens them (``_direct``).
+    """
+    root = node_local_root(environ)
+    sources = (_path_of(image_spec), _path_of(labels_spec))
+    if root is None or all(p.is_relative_to(root.resolve()) for p in sources):
+        barrier()  # every rank takes the same two collectives whichever way its node goes
+        barrier()
+        return _direct(image_spec, labels_spec, in_memory_bytes)
+    directory = root / f"hpctrain-volume-{copy_key(run_dir, image_spec, labels_spec)}"
+    error: Exception | None = None
+    if local_rank == 0:
+        try:
+            _write_copy(directory, image_spec, labels_spec)
+        except Exception as exc:  # the barrier first, so the others do not wait for a collective that never comes
+            error = exc
+    barrier()
+    if error is not None:
+        raise error
+    try:
+        plan = json.loads((directory / PLAN).read_text())
+    except OSError as exc:
+        raise DataError(f"the node-local copy of the training volume in {directory} is missing ({exc})",
+                        hint="this node's local rank 0 failed to write it: see its error above") from exc
+    if plan["mode"] == "mapped":
+        arrays: tuple[Any, Any] = (np.load(directory / "image.npy", mmap_mode="r"),
+                                   np.load(directory / "labels.npy", mmap_mode="r"))
+    barrier()  # every rank of the node has mapped the copy (or chosen the direct path)
+    if local_rank == 0:
+        shutil.rmtree(directory, ignore_errors=True)
+        if plan["mode"] != "mapped":
+            log.warning("training volume not copied to node-local storage (%s): every rank reads it", plan["why"])
+    if plan["mode"] != "mapped":
+        return _direct(image_spec, labels_spec, in_memory_bytes)
+    return arrays
