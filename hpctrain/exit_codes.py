@@ -28,8 +28,9 @@ MEANINGS: tuple[tuple[int, str], ...] = (
                      "answered, or the run is still active where it must not be (`resume`)"),
     (EXIT_TRANSPORT, "the login node could not be reached or a command on it could not run: host unreachable "
                      "or unknown, authentication, a command missing there, disk full"),
-    (EXIT_RUNTIME, "training failed on a rank (dead or stuck rank, non-finite loss, collective timeout); "
-                   "`submit --wait`/`resume --wait`: the run ended but did not complete"),
+    (EXIT_RUNTIME, "training failed on a rank (dead or stuck rank, non-finite loss, collective timeout), or a "
+                   "batch script's staging failed on a node before the ranks started; `submit --wait`/`resume "
+                   "--wait`: the run ended but did not complete"),
     (EXIT_CHECKPOINT, "no checkpoint to continue from (none, or the last one is the final step), or one could "
                       "not be read or written"),
     (EXIT_REQUEUE, "`hpctrain run` stopped at a checkpoint after the walltime/preemption signal and asks to be "

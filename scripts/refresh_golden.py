@@ -50,6 +50,20 @@ VARIANTS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "ffn-theta.options": ("ffn-theta", (*_OPTIONS, "resources.reservation=ffn-res",
                                         "resources.directives={M: ffn@example.org}"), ("theta",)),
     "ffn-local.options": ("ffn-local", _OPTIONS, ("local",)),
+    # Staging to node-local storage (issue 12): the environment archive and the input files, by sbcast on Slurm and
+    # one process per node through the site's launcher on PBS Pro and Cobalt; containers on each runtime.
+    "ffn-frontier.staged": ("ffn-frontier", ("staging={environment: archive, data: true}",), ("frontier",)),
+    "ffn-polaris.staged": ("ffn-polaris", ("staging={environment: archive, data: true}",), ("polaris",)),
+    "ffn-theta.staged": ("ffn-theta", ("staging={environment: archive, data: [data.coordinates]}",), ("theta",)),
+    "ffn-local.staged": ("ffn-local", ("staging.environment=archive",), ("ci-slurm",)),
+    "ffn-aurora.container": ("ffn-aurora", ("staging={environment: container, data: true, container: {image: "
+                                            "/lus/flare/projects/connectomics/ffn.sif}}",), ("aurora",)),
+    "ffn-frontier.container": ("ffn-frontier", ("staging={environment: container, container: {image: "
+                                                "/lustre/orion/csc000/proj-shared/ffn.sif}}",), ("frontier",)),
+    "ffn-perlmutter.container": ("ffn-perlmutter", ("staging={environment: container, container: {runtime: "
+                                                    "podman-hpc, image: nersc/ffn:1.0}}",), ("perlmutter",)),
+    "ffn-perlmutter.shifter": ("ffn-perlmutter", ("staging={environment: container, container: {runtime: shifter, "
+                                                  "image: 'docker:nersc/ffn:1.0'}}",), ("perlmutter",)),
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -215,6 +216,15 @@ def _home_path(path: str, home: Path) -> Path:
     return Path(path)
 
 
+def _as_shell_reads(word: str, home: Path) -> str:
+    """A word written by ``quote_path`` as bash reads it back: a leading ``~``/``$HOME``/``${HOME}`` is ``home``."""
+    match = re.match(r"(?:~|\$HOME|\$\{HOME\})(?=/|$)", word)
+    if not match:
+        return word
+    rest = word[match.end():].lstrip("/")
+    return f"{home}/{rest}" if rest else str(home)
+
+
 def _make_venv(venv: str, home: Path) -> bool:
     """Create <venv>/bin/activate where the script will source it, if that lies under the temp home."""
     try:
@@ -288,7 +298,8 @@ def check_example(root: Path, scheduler: str, side: str, field: Path_, payload: 
         assert run.returncode != 0 and not (records / f"{launcher}.argv").exists()
         return "stopped at a working directory that does not exist"
     assert run.returncode == 0, run.stderr.decode(errors="replace")[-2000:]
-    assert _read_argv(records / f"{launcher}.argv") == rendered.launch_argv[1:]
+    # Every launch word is written as a path: a leading ~ or $HOME is the batch shell's home (a venv under it).
+    assert _read_argv(records / f"{launcher}.argv") == [_as_shell_reads(w, home) for w in rendered.launch_argv[1:]]
     modules = [*site.environment.modules, *site.mpi.modules]
     assert _read_argv(records / "module.argv") == [w for m in modules for w in ("load", m)]
     want = job.env.get("HOSTILE", site.environment.env.get("HOSTILE", ""))

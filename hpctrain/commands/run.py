@@ -49,7 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"hpctrain: rank {_rank()} is pid {os.getpid()} on {socket.gethostname()}", file=sys.stderr, flush=True)
     run_dir = Path(args.run_dir) if args.run_dir else None
     try:
-        job = load_job(args.spec, sets=args.sets)
+        job = _with_staged_data(load_job(args.spec, sets=args.sets))
         run_dir = run_dir or Path("runs") / job.name
         _preflight(job)
         from hpctrain.runtime.trainer import train
@@ -77,6 +77,18 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"hpctrain: training finished at step {outcome.end_step}; parameter checksum "
               f"{outcome.parameters_checksum:.10e}", file=sys.stderr)
     return 0
+
+
+def _with_staged_data(job: JobSpec) -> JobSpec:
+    """The job reading the input files the batch script copied to this node (``$HPCTRAIN_STAGED_DATA``); the run's
+    job.yaml keeps the paths the user wrote."""
+    from hpctrain.config.staging import rewrite_data, staged_data_from_env
+
+    staged = staged_data_from_env(os.environ)
+    if staged is None:
+        return job
+    files, root = staged
+    return job.model_copy(update={"data": rewrite_data(job.data, files, root)})
 
 
 def _preflight(job: JobSpec) -> None:

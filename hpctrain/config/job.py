@@ -29,6 +29,7 @@ from hpctrain.config.common import (
 )
 from hpctrain.config.origin import JobOrigin
 from hpctrain.config.site import Directives
+from hpctrain.config.staging import JobStaging
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file, parse_yaml
 from hpctrain.errors import ConfigError
@@ -197,6 +198,8 @@ class JobSpec(Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     env: EnvVars = Field(default_factory=dict, description="Extra environment variables for the ranks")
+    staging: JobStaging | None = Field(None, description="What to copy to node-local storage once per node; each key "
+                                       "set replaces the site's (docs/scaling.md, 'Staging')")
     _origin: JobOrigin | None = PrivateAttr(None)
 
     @model_validator(mode="after")

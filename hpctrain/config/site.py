@@ -26,6 +26,7 @@ from hpctrain.config.common import (
     Walltime,
     Word,
 )
+from hpctrain.config.staging import Staging
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file
 from hpctrain.errors import ConfigError
@@ -234,6 +235,13 @@ class MPISetup(Strict):
     )
 
 
+class SiteStaging(Staging):
+    """A site's ``staging:`` (config/staging.py) and the scheduler options that give a job its node-local storage."""
+
+    directives: Directives = Field(default_factory=dict, description="Scheduler options added when a job stages "
+                                   "(Frontier: C: nvme; Theta: attrs: ssds=required:ssd_size=128)")
+
+
 class SiteProfile(Strict):
     """A machine: scheduler, launcher, node shape, queues, environment and network."""
 
@@ -264,6 +272,8 @@ class SiteProfile(Strict):
     mpi: MPISetup = Field(default_factory=MPISetup)
     intel_extension: bool = Field(False, description="Use intel-extension-for-pytorch on Intel CPUs where the "
                                   "installed torch is one it supports (never for GPUs: torch.xpu needs no IPEX)")
+    staging: SiteStaging = Field(default_factory=SiteStaging, description="Node-local storage and what jobs copy "
+                                 "there once per node (docs/scaling.md, 'Staging')")
 
     @model_validator(mode="after")
     def _consistent(self) -> SiteProfile:
@@ -280,6 +290,7 @@ class SiteProfile(Strict):
                 raise FieldProblem(("comm_backend",), f"{self.node.gpu_kind} GPUs reduce with {wanted}, not "
                                    f"{self.comm_backend}")
         directive_problems(self.scheduler, self.directives, ("directives",))
+        directive_problems(self.scheduler, self.staging.directives, ("staging", "directives"))
         for name, queue in self.queues.items():
             directive_problems(self.scheduler, queue.directives, ("queues", name, "directives"))
             if queue.qos and (self.scheduler != "slurm" or self.queue_option == "qos"):

@@ -27,7 +27,7 @@ EXTRA_LOCAL_ENV = "HPCTRAIN_COUNTERS_LOCAL"
 # Pseudo and node-image file systems: on every node, never on the shared file system.
 SYSTEM_PREFIXES = ("/proc/", "/sys/", "/dev/", "/etc/")
 # Files the import system reads: on the shared path these are what staging removes.
-CODE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip", ".json")
+CODE_SUFFIXES = (".py", ".pyc", ".pth", ".so", ".zip")
 RECORD_DIR = "counters"
 EXAMPLES = 20  # shared paths kept in a record, to say what was still read from the shared file system
 
@@ -145,7 +145,7 @@ def write_record(run_dir: str | os.PathLike[str], rank: int, size: int, **sectio
         return None
     outside, examples = _counter.shared_outside(run_dir)
     record = {"rank": rank, "size": size, "host": socket.gethostname(), "pid": os.getpid(),
-              "node_local_prefixes": list(_counter.node_local),
+              "node_local_prefixes": list(_counter.node_local), "interpreter": interpreter(),
               "marks": {**_counter.marks, "exit": _counter.snapshot()},
               "shared_opens_outside_run_dir": outside, "shared_examples": examples, **sections}
     path = record_path(run_dir, rank)
@@ -154,6 +154,27 @@ def write_record(run_dir: str | os.PathLike[str], rank: int, size: int, **sectio
     tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     os.replace(tmp, path)
     return path
+
+
+def interpreter() -> dict[str, Any]:
+    """Where this process's Python and its main packages were loaded from (what staging is meant to change)."""
+    modules = {name: getattr(sys.modules[name], "__file__", None)
+               for name in ("hpctrain", "torch", "numpy", "mpi4py") if name in sys.modules}
+    return {"executable": sys.executable, "prefix": sys.prefix, "base_prefix": sys.base_prefix,
+            "modules": modules, "libpython": _mapped_libpython()}
+
+
+def _mapped_libpython() -> str | None:
+    """The libpython this process has mapped (Linux), None for a statically linked interpreter."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                if "/libpython" in path:
+                    return path
+    except OSError:
+        return None
+    return None
 
 
 def read_records(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:

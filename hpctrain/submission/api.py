@@ -322,12 +322,15 @@ def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfil
                       command: list[str] | None, dependency: tuple[str, str] | None, ssh_config: str | None,
                       remove: Sequence[str], files: Sequence[Sequence[StagedFile]] = ()) -> list[str]:
     from hpctrain.config.job import dump_job
-    from hpctrain.submission.render import render_script
+    from hpctrain.submission.render import python_for, render_script
+    from hpctrain.submission.staging import pack_environment
 
     scheduler = get_scheduler(site.scheduler)
     cmd = _rank_command(site, scheduler, python, command, submit_dir if is_array else None)
     rendered = render_script(jobs[0], site, run_dir=submit_dir, spec_path=f"{runs[0].run_dir}/job.yaml",
                              python=python, command=cmd)
+    # A job that stages its Python environment reads it packed, where the script runs (reused while unchanged).
+    pack_environment(transport, jobs[0], site, python_for(site, python), lambda p: _expand_home(transport, p))
     # Stage locally (atomic writes), then copy into the run directories (atomic on the other side too).
     staged: list[tuple[Path, str]] = []
     site_text = dump_site(site)

@@ -31,7 +31,8 @@ from hpctrain.submission.launchers import (
 )
 from hpctrain.submission.launchers.binding import rank_cpus, rank_devices
 from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler, place
-from hpctrain.submission.shell import comment, quote, quote_path
+from hpctrain.submission.shell import comment, quote, quote_path, word
+from hpctrain.submission.staging import plan_staging, staged_site, staging_lines
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -176,9 +177,13 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
     check_job(job, site, local_paths=False)
     scheduler = get_scheduler(site.scheduler)
     interpreter = python_for(site, python)
-    plan = launch_plan(job, site, placement, interpreter)
+    staging = plan_staging(job, site, interpreter)  # None when the job copies nothing to node-local storage
+    site = staged_site(site, staging)
+    plan = launch_plan(job, site, placement, staging.launch_python() if staging else interpreter)
     rank_command = command if command is not None else [
         interpreter, "-m", "hpctrain", "run", spec_path, "--run-dir", run_dir]
+    if staging is not None:
+        rank_command = staging.rank_command(list(rank_command), job, site)
     launch_argv = get_launcher(launcher_name(site))(list(rank_command), plan)
 
     options = RenderOptions(run_dir=run_dir, spec_path=spec_path, plan=plan)
@@ -193,15 +198,18 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
     timer, timer_stop = "", ""
     if scheduler.needs_signal_timer:
         delay = max(walltime_seconds(job.resources.walltime) - ckpt.signal_lead_s, 1)
-        timer = (f"( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep {delay} & wait $!; "
-                 f"kill -s {ckpt.signal} $$ ) &\ntimer_pid=$!")
+        # The walltime runs from the job's start: what the script spent before (staging) comes off the wait.
+        timer = (f"( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $(({delay} > SECONDS ? {delay} - SECONDS : 1)) "
+                 f"& wait $!; kill -s {ckpt.signal} $$ ) &\ntimer_pid=$!")
         timer_stop = 'kill "${timer_pid}" 2>/dev/null || true'
     prologue = fill(
         "prologue.tmpl", run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable, signal=ckpt.signal,
-        environment="\n".join(environment_lines(job, site, placement, plan, interpreter)),
+        environment="\n".join(environment_lines(job, site, placement, plan, interpreter) + (
+            staging_lines(staging, job, site, launcher_name(site), scheduler.job_id_variable,
+                          exit_record_line(scheduler.job_id_variable)) if staging else [])),
     ).rstrip("\n")
     requeue = scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)
-    launch_line = " ".join(quote_path(word) for word in launch_argv)
+    launch_line = " ".join(word(w) for w in launch_argv)
     if job.resources.workdir:
         # A subshell that becomes the launcher: the ranks start there, this shell (logs, exit record) stays put.
         launch_line = f"( cd {quote_path(job.resources.workdir)} && exec {launch_line} )"

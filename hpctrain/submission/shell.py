@@ -83,3 +83,44 @@ def comment(text: str, *, limit: int = 200) -> str:
     """Free text made safe for one ``# ...`` comment line (control characters replaced, length capped)."""
     flat = _NEEDS_ANSI_C.sub("?", text)
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class ShellWord(str):
+    """A word that names variables the script itself sets (``$HPCTRAIN_NODE_LOCAL``, ``$USER``): written with those
+    variables in double quotes and every other piece quoted, so they and nothing else expand.
+
+    ``ShellWord("a/", ("USER",), "/b", ("SLURM_JOB_ID", "none"))``: literal pieces, and tuples naming a variable
+    (with a default for when it is unset). As a ``str`` it reads ``a/${USER}/b${SLURM_JOB_ID:-none}``; launchers
+    pass it through unchanged and ``word()`` writes it.
+    """
+
+    pieces: tuple[str | tuple[str, ...], ...]
+
+    def __new__(cls, *pieces: str | tuple[str, ...]) -> ShellWord:
+        for piece in pieces:
+            if isinstance(piece, tuple) and not (
+                    1 <= len(piece) <= 2 and _VARIABLE_NAME.fullmatch(piece[0])
+                    and (len(piece) == 1 or _DEFAULT.fullmatch(piece[1]))):
+                raise ValueError(f"{piece!r} is not a variable name with an optional plain default")
+        self = super().__new__(cls, "".join(_variable(p) if isinstance(p, tuple) else p for p in pieces))
+        self.pieces = pieces
+        return self
+
+    def shell(self) -> str:
+        return "".join(f'"{_variable(p)}"' if isinstance(p, tuple) else quote(p) for p in self.pieces if p)
+
+    def __add__(self, other: str) -> ShellWord:  # type: ignore[override]
+        return ShellWord(*self.pieces, *(other.pieces if isinstance(other, ShellWord) else (other,)))
+
+
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_DEFAULT = re.compile(r"[A-Za-z0-9_.-]*")
+
+
+def _variable(piece: tuple[str, ...]) -> str:
+    return "${" + piece[0] + (f":-{piece[1]}" if len(piece) == 2 else "") + "}"
+
+
+def word(value: str) -> str:
+    """One word of a script line: a ``ShellWord`` with its variables, anything else as ``quote_path`` writes it."""
+    return value.shell() if isinstance(value, ShellWord) else quote_path(value)

@@ -46,7 +46,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
-( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 3480 & wait $!; kill -s USR2 $$ ) &
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((3480 > SECONDS ? 3480 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
 timer_pid=$!
 mpiexec -n 24 --ppn 12 --cpu-bind list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100 --env OMP_NUM_THREADS=8 "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.gpu_affinity --kind intel --devices 0:1:2:3:4:5:6:7:8:9:10:11 -- "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!

@@ -47,7 +47,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
-( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 1680 & wait $!; kill -s USR2 $$ ) &
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((1680 > SECONDS ? 1680 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
 timer_pid=$!
 mpiexec -n 2 --ppn 2 --cpu-bind list:0:16 --env OMP_NUM_THREADS=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!

@@ -49,7 +49,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
-( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 3480 & wait $!; kill -s USR2 $$ ) &
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((3480 > SECONDS ? 3480 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
 timer_pid=$!
 ( cd /scratch/ffn && exec mpiexec -n 8 --ppn 4 --cpu-bind list:0-7:8-15:16-23:24-31 --env OMP_NUM_THREADS=8 "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.gpu_affinity --kind nvidia --devices 3:2:1:0 -- "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR ) &
 launcher_pid=$!

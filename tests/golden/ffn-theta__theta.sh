@@ -51,7 +51,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
-( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep 21300 & wait $!; kill -s USR2 $$ ) &
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((21300 > SECONDS ? 21300 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
 timer_pid=$!
 aprun -n 128 -N 1 -d 128 -j 2 -cc depth -e OMP_NUM_THREADS=128 "$HOME"/hpctrain-venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!

@@ -1,0 +1,161 @@
+#!/bin/bash
+#PBS -N ffn-aurora
+#PBS -l select=2:ncpus=208:ngpus=6:mpiprocs=12:ompthreads=8
+#PBS -l walltime=01:00:00
+#PBS -l place=scatter
+#PBS -q debug
+#PBS -A connectomics
+#PBS -l filesystems=home:flare
+#PBS -o /RUN_DIR/pbs.out
+#PBS -j oe
+#PBS -k doe
+#
+# hpctrain job ffn-aurora for site aurora (pbs, launcher mpiexec-pals, backend xccl); written by `hpctrain render`
+# FIB-25-sized FFN on 2 Aurora nodes (24 GPU Max 1550 tiles)
+# PBS Pro sends no warning before the walltime: a timer in this shell raises SIGUSR2 120 s
+# before it, and the launch section forwards the signal to the ranks so they checkpoint.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${PBS_JOBID:-none} starts on $(hostname) at $(date)"
+# modules
+module load frameworks
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export ZE_FLAT_DEVICE_HIERARCHY=FLAT
+export ZE_ENABLE_PCI_ID_DEVICE_ORDER=1
+export CCL_PROCESS_LAUNCHER=pmix
+export OMP_NUM_THREADS=8
+export OMP_PLACES=cores
+export OMP_PROC_BIND=close
+export HPCTRAIN_SITE=aurora
+export HPCTRAIN_COMM_BACKEND=xccl
+export HPCTRAIN_STOP_SIGNAL=USR2
+export HPCTRAIN_GPU_KIND=intel
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: staging to node-local storage (docs/scaling.md, Staging) ------------------------------
+# Copied once per node before the ranks start: the container image, 1 input file.
+# The ranks then read them there instead of from the shared file system.
+# The node-local directory is RAM-backed: what is staged there counts against the node's memory.
+export HPCTRAIN_NODE_LOCAL=/tmp/hpctrain-"${PBS_JOBID:-none}"
+hpctrain_staging_start=${SECONDS}
+hpctrain_staging_failed() {
+    status=5
+    echo "hpctrain: $1; the job ends before its ranks start" >&2
+    { printf '%s\n' "$1" > .failure.txt.staging && ln .failure.txt.staging failure.txt; } 2>/dev/null || true
+    rm -f .failure.txt.staging
+    printf '{"event": "exit", "job": "%s", "status": %s}\n' "${PBS_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+    exit "${status}"
+}
+hpctrain_image=/lus/flare/projects/connectomics/ffn.sif
+hpctrain_need_kb=$(du -sklL --apparent-size -- "${hpctrain_image}" /lus/flare/projects/connectomics/fib25/training.h5 \
+    | awk '{kb += $1} END {print kb + 1024}') \
+    || hpctrain_staging_failed "cannot read the size of a file to stage (du says which above)"
+hpctrain_stage_node=$(cat <<'HPCTRAIN_STAGE_NODE'
+# hpctrain-stage: run once on every node of the job by the site's launcher, before the ranks start. Its text is
+# fixed (no value of the job is in it): every path comes as an argument. Steps, separated by --:
+#   check DIR NEED_KB RUN_DIR   create DIR and DIR/data; fail unless DIR's file system has NEED_KB free
+#   unpack DIR ARCHIVE          unpack the environment archive into DIR/env (an ARCHIVE inside DIR is removed)
+#   copy SRC DEST               copy an input file or directory to DEST
+# A failure prints one line naming this node, writes the run's failure note (the first node to fail wins) and
+# exits 1, so the launcher ends the step and the job script stops before training.
+node=$(hostname)
+run_dir=
+fail() {
+    msg="staging failed on ${node}: $*"
+    echo "hpctrain: ${msg}" >&2
+    if [ -n "${run_dir}" ]; then
+        tmp="${run_dir}/.failure.txt.${node}.$$"
+        printf '%s\n' "${msg}" > "${tmp}" && ln "${tmp}" "${run_dir}/failure.txt" 2>/dev/null
+        rm -f "${tmp}"
+    fi
+    exit 1
+}
+while [ "$#" -gt 0 ]; do
+    step=$1
+    shift
+    case "${step}" in
+    check)
+        dir=$1 need_kb=$2 run_dir=$3
+        shift 3
+        mkdir -p -- "${dir}/data" || fail "cannot create ${dir}"
+        avail_kb=$(df -Pk -- "${dir}" | awk 'NR == 2 {print $4}')
+        case "${avail_kb}" in ''|*[!0-9]*) fail "cannot read the free space of ${dir}" ;; esac
+        if [ "${avail_kb}" -lt "${need_kb}" ]; then
+            fail "${dir} has $((avail_kb / 1024)) MB free, staging needs $((need_kb / 1024)) MB"
+        fi
+        ;;
+    unpack)
+        dir=$1 archive=$2
+        shift 2
+        rm -rf -- "${dir}/env.partial" && mkdir -p -- "${dir}/env.partial" || fail "cannot create ${dir}/env.partial"
+        tar -xf "${archive}" -C "${dir}/env.partial" || fail "cannot unpack ${archive} into ${dir}"
+        # The archive leaves pyvenv.cfg's home out: only here is it known where the interpreter now lies.
+        cfg="${dir}/env.partial/venv/pyvenv.cfg"
+        { printf 'home = %s\n' "${dir}/env/base/bin"; grep -v '^home *=' "${cfg}"; } > "${cfg}.new" \
+            && mv -f -- "${cfg}.new" "${cfg}" || fail "cannot write ${cfg}"
+        rm -rf -- "${dir}/env" && mv -- "${dir}/env.partial" "${dir}/env" \
+            || fail "cannot move the environment into ${dir}/env"
+        case "${archive}" in "${dir}"/*) rm -f -- "${archive}" ;; esac
+        ;;
+    copy)
+        src=$1 dest=$2
+        shift 2
+        rm -rf -- "${dest}.partial"
+        cp -R -- "${src}" "${dest}.partial" && rm -rf -- "${dest}" && mv -- "${dest}.partial" "${dest}" \
+            || fail "cannot copy ${src} to ${dest}"
+        ;;
+    --) ;;
+    *) fail "unknown staging step ${step}" ;;
+    esac
+done
+HPCTRAIN_STAGE_NODE
+)
+echo "hpctrain: staging to ${HPCTRAIN_NODE_LOCAL} on 2 nodes"
+mpiexec -n 2 --ppn 1 --depth 1 --cpu-bind depth --env OMP_NUM_THREADS=1 bash -c "${hpctrain_stage_node}" hpctrain-stage check "${HPCTRAIN_NODE_LOCAL}" "${hpctrain_need_kb}" "${PWD}" -- copy "${hpctrain_image}" "${HPCTRAIN_NODE_LOCAL}"/image.sif -- copy /lus/flare/projects/connectomics/fib25/training.h5 "${HPCTRAIN_NODE_LOCAL}"/data/0-training.h5 \
+    || hpctrain_staging_failed "staging failed (the node's message is above)"
+export HPCTRAIN_STAGED_DATA='{"/lus/flare/projects/connectomics/fib25/training.h5": "data/0-training.h5"}'
+echo "hpctrain: staged on every node in $((SECONDS - hpctrain_staging_start)) s"
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((3480 > SECONDS ? 3480 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
+timer_pid=$!
+mpiexec -n 24 --ppn 12 --cpu-bind list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100 --env OMP_NUM_THREADS=8 "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.gpu_affinity --kind intel --devices 0:1:2:3:4:5:6:7:8:9:10:11 -- apptainer exec --bind "${HPCTRAIN_NODE_LOCAL}" "${HPCTRAIN_NODE_LOCAL}"/image.sif python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+kill "${timer_pid}" 2>/dev/null || true
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+printf '{"event": "exit", "job": "%s", "status": %s}\n' "${PBS_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+restarts="${HPCTRAIN_RESTART_COUNT:-0}"
+if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
+    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
+    if new_job=$(qsub -W depend=afterany:"${PBS_JOBID}" -v HPCTRAIN_RESTART_COUNT="$((restarts + 1))" /RUN_DIR/job.sh); then
+        new_job=$(printf '%s\n' "${new_job}" | tail -n 1)
+        printf '{"event": "resubmit", "job": "%s", "new_job": "%s"}\n' "${PBS_JOBID:-none}" "${new_job}" >> job-exit.jsonl 2>/dev/null || true
+        echo "hpctrain: resubmitted as job ${new_job}"
+        exit 0
+    fi
+    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
+elif [ "${status}" -eq 75 ]; then
+    echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2
+fi
+exit "${status}"

@@ -1,0 +1,173 @@
+#!/bin/bash
+#SBATCH --job-name=ffn-frontier
+#SBATCH --nodes=16
+#SBATCH --ntasks-per-node=8
+#SBATCH --cpus-per-task=7
+#SBATCH --gpus-per-task=1
+#SBATCH --time=02:00:00
+#SBATCH --partition=batch
+#SBATCH --account=CSC000
+#SBATCH --output=/RUN_DIR/slurm-%j.out
+#SBATCH --error=/RUN_DIR/slurm-%j.out
+#SBATCH --signal=B:USR2@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH -S 8
+#SBATCH -C nvme
+#
+# hpctrain job ffn-frontier for site frontier (slurm, launcher srun, backend nccl); written by `hpctrain render`
+# FIB-25-sized FFN on 16 Frontier nodes (128 MI250X GCDs)
+# Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
+# launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
+# modules
+module load PrgEnv-gnu
+module load rocm/6.0.0
+module load craype-accel-amd-gfx90a
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export MIOPEN_USER_DB_PATH=/tmp/miopen-cache
+export NCCL_SOCKET_IFNAME=hsn0
+export OMP_NUM_THREADS=7
+export OMP_PLACES=cores
+export OMP_PROC_BIND=close
+export HPCTRAIN_SITE=frontier
+export HPCTRAIN_COMM_BACKEND=nccl
+export HPCTRAIN_STOP_SIGNAL=USR2
+export HPCTRAIN_GPU_KIND=amd
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: staging to node-local storage (docs/scaling.md, Staging) ------------------------------
+# Copied once per node before the ranks start: the Python environment (packed by `hpctrain submit`), 1 input file.
+# The ranks then read them there instead of from the shared file system.
+export HPCTRAIN_NODE_LOCAL=/mnt/bb/"${USER}"/hpctrain-"${SLURM_JOB_ID:-none}"
+hpctrain_staging_start=${SECONDS}
+hpctrain_staging_failed() {
+    status=5
+    echo "hpctrain: $1; the job ends before its ranks start" >&2
+    { printf '%s\n' "$1" > .failure.txt.staging && ln .failure.txt.staging failure.txt; } 2>/dev/null || true
+    rm -f .failure.txt.staging
+    printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+    exit "${status}"
+}
+hpctrain_archive_link="$HOME"/.cache/hpctrain/envs/env-d9060fc4bce5.tar
+hpctrain_archive=$(readlink -f -- "${hpctrain_archive_link}") && [ -f "${hpctrain_archive}" ] \
+    || hpctrain_staging_failed "no packed environment at ${hpctrain_archive_link} (hpctrain submit packs it: python -m hpctrain.submission.envpack)"
+hpctrain_need_kb=$(du -sklL --apparent-size -- "${hpctrain_archive}" "${hpctrain_archive}" /lustre/orion/csc000/proj-shared/fib25/training.h5 \
+    | awk '{kb += $1} END {print kb + 1024}') \
+    || hpctrain_staging_failed "cannot read the size of a file to stage (du says which above)"
+hpctrain_stage_node=$(cat <<'HPCTRAIN_STAGE_NODE'
+# hpctrain-stage: run once on every node of the job by the site's launcher, before the ranks start. Its text is
+# fixed (no value of the job is in it): every path comes as an argument. Steps, separated by --:
+#   check DIR NEED_KB RUN_DIR   create DIR and DIR/data; fail unless DIR's file system has NEED_KB free
+#   unpack DIR ARCHIVE          unpack the environment archive into DIR/env (an ARCHIVE inside DIR is removed)
+#   copy SRC DEST               copy an input file or directory to DEST
+# A failure prints one line naming this node, writes the run's failure note (the first node to fail wins) and
+# exits 1, so the launcher ends the step and the job script stops before training.
+node=$(hostname)
+run_dir=
+fail() {
+    msg="staging failed on ${node}: $*"
+    echo "hpctrain: ${msg}" >&2
+    if [ -n "${run_dir}" ]; then
+        tmp="${run_dir}/.failure.txt.${node}.$$"
+        printf '%s\n' "${msg}" > "${tmp}" && ln "${tmp}" "${run_dir}/failure.txt" 2>/dev/null
+        rm -f "${tmp}"
+    fi
+    exit 1
+}
+while [ "$#" -gt 0 ]; do
+    step=$1
+    shift
+    case "${step}" in
+    check)
+        dir=$1 need_kb=$2 run_dir=$3
+        shift 3
+        mkdir -p -- "${dir}/data" || fail "cannot create ${dir}"
+        avail_kb=$(df -Pk -- "${dir}" | awk 'NR == 2 {print $4}')
+        case "${avail_kb}" in ''|*[!0-9]*) fail "cannot read the free space of ${dir}" ;; esac
+        if [ "${avail_kb}" -lt "${need_kb}" ]; then
+            fail "${dir} has $((avail_kb / 1024)) MB free, staging needs $((need_kb / 1024)) MB"
+        fi
+        ;;
+    unpack)
+        dir=$1 archive=$2
+        shift 2
+        rm -rf -- "${dir}/env.partial" && mkdir -p -- "${dir}/env.partial" || fail "cannot create ${dir}/env.partial"
+        tar -xf "${archive}" -C "${dir}/env.partial" || fail "cannot unpack ${archive} into ${dir}"
+        # The archive leaves pyvenv.cfg's home out: only here is it known where the interpreter now lies.
+        cfg="${dir}/env.partial/venv/pyvenv.cfg"
+        { printf 'home = %s\n' "${dir}/env/base/bin"; grep -v '^home *=' "${cfg}"; } > "${cfg}.new" \
+            && mv -f -- "${cfg}.new" "${cfg}" || fail "cannot write ${cfg}"
+        rm -rf -- "${dir}/env" && mv -- "${dir}/env.partial" "${dir}/env" \
+            || fail "cannot move the environment into ${dir}/env"
+        case "${archive}" in "${dir}"/*) rm -f -- "${archive}" ;; esac
+        ;;
+    copy)
+        src=$1 dest=$2
+        shift 2
+        rm -rf -- "${dest}.partial"
+        cp -R -- "${src}" "${dest}.partial" && rm -rf -- "${dest}" && mv -- "${dest}.partial" "${dest}" \
+            || fail "cannot copy ${src} to ${dest}"
+        ;;
+    --) ;;
+    *) fail "unknown staging step ${step}" ;;
+    esac
+done
+HPCTRAIN_STAGE_NODE
+)
+echo "hpctrain: staging to ${HPCTRAIN_NODE_LOCAL} on 16 nodes"
+srun --nodes=16 --ntasks=16 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 bash -c "${hpctrain_stage_node}" hpctrain-stage check "${HPCTRAIN_NODE_LOCAL}" "${hpctrain_need_kb}" "${PWD}" \
+    || hpctrain_staging_failed "staging failed (the node's message is above)"
+hpctrain_copies=()
+sbcast -f "${hpctrain_archive}" "${HPCTRAIN_NODE_LOCAL}"/env.tar || hpctrain_staging_failed "sbcast of the environment failed"
+if [ -f /lustre/orion/csc000/proj-shared/fib25/training.h5 ]; then
+    sbcast -f /lustre/orion/csc000/proj-shared/fib25/training.h5 "${HPCTRAIN_NODE_LOCAL}"/data/0-training.h5 || hpctrain_staging_failed "sbcast of an input file failed"
+else
+    hpctrain_copies+=(-- copy /lustre/orion/csc000/proj-shared/fib25/training.h5 "${HPCTRAIN_NODE_LOCAL}"/data/0-training.h5)
+fi
+srun --nodes=16 --ntasks=16 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 bash -c "${hpctrain_stage_node}" hpctrain-stage unpack "${HPCTRAIN_NODE_LOCAL}" "${HPCTRAIN_NODE_LOCAL}"/env.tar "${hpctrain_copies[@]}" \
+    || hpctrain_staging_failed "staging failed (the node's message is above)"
+export HPCTRAIN_STAGED_DATA='{"/lustre/orion/csc000/proj-shared/fib25/training.h5": "data/0-training.h5"}'
+export VIRTUAL_ENV="${HPCTRAIN_NODE_LOCAL}"/env/venv
+export PATH="${VIRTUAL_ENV}/bin:${PATH}"
+export LD_LIBRARY_PATH="${HPCTRAIN_NODE_LOCAL}/env/libpython${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+export PYTHONNOUSERSITE=1
+echo "hpctrain: staged on every node in $((SECONDS - hpctrain_staging_start)) s"
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+srun --nodes=16 --ntasks=128 --ntasks-per-node=8 --cpus-per-task=7 --kill-on-bad-exit=1 --gpus-per-task=1 --gpu-bind=closest --cpu-bind=threads "${HPCTRAIN_NODE_LOCAL}"/env/venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+restarts="${SLURM_RESTART_COUNT:-0}"
+if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
+    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
+    scontrol requeue "${SLURM_JOB_ID}" && exit 0
+    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
+elif [ "${status}" -eq 75 ]; then
+    echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2
+fi
+exit "${status}"

@@ -1,0 +1,75 @@
+#!/bin/bash
+#SBATCH --job-name=ffn-perlmutter
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=4
+#SBATCH --cpus-per-task=32
+#SBATCH --gpus-per-task=1
+#SBATCH --time=04:00:00
+#SBATCH --qos=regular
+#SBATCH --account=m0000_g
+#SBATCH --output=/RUN_DIR/slurm-%j.out
+#SBATCH --error=/RUN_DIR/slurm-%j.out
+#SBATCH --signal=B:USR2@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
+#SBATCH --constraint=gpu
+#
+# hpctrain job ffn-perlmutter for site perlmutter (slurm, launcher srun, backend nccl); written by `hpctrain render`
+# FIB-25-sized FFN on 4 Perlmutter GPU nodes (16 A100) with Adasum
+# Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
+# launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
+# modules
+module load pytorch/2.3.1
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export NCCL_NET_GDR_LEVEL=PHB
+export OMP_NUM_THREADS=16
+export OMP_PLACES=cores
+export OMP_PROC_BIND=close
+export HPCTRAIN_SITE=perlmutter
+export HPCTRAIN_COMM_BACKEND=nccl
+export HPCTRAIN_STOP_SIGNAL=USR2
+export HPCTRAIN_GPU_KIND=nvidia
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: staging to node-local storage (docs/scaling.md, Staging) ------------------------------
+# The ranks run in shifter's image docker:nersc/ffn:1.0, which the site's image
+# gateway serves to the nodes: nothing is copied.
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+srun --nodes=4 --ntasks=16 --ntasks-per-node=4 --cpus-per-task=32 --kill-on-bad-exit=1 --gpus-per-task=1 --gpu-bind=closest --cpu-bind=cores shifter --image=docker:nersc/ffn:1.0 --module=gpu python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+restarts="${SLURM_RESTART_COUNT:-0}"
+if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
+    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
+    scontrol requeue "${SLURM_JOB_ID}" && exit 0
+    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
+elif [ "${status}" -eq 75 ]; then
+    echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2
+fi
+exit "${status}"

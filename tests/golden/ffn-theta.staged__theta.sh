@@ -1,0 +1,171 @@
+#!/bin/bash
+#COBALT -n 128
+#COBALT -t 360
+#COBALT -q default
+#COBALT -A connectomics
+#COBALT -O /RUN_DIR/cobalt
+#COBALT --jobname ffn-theta
+#COBALT --attrs mcdram=cache:numa=quad:ssds=required:ssd_size=128
+#
+# hpctrain job ffn-theta for site theta (cobalt, launcher aprun, backend mpi); written by `hpctrain render`
+# FIB-25-sized FFN (depth 12, FOV 33^3, deltas 8^3) on 128 Theta nodes
+# Cobalt sends no warning before the walltime: a timer in this shell raises SIGUSR2 300 s
+# before it, and the launch section forwards the signal to the ranks so they checkpoint.
+# ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
+# A warning signal may come while the environment is still being set up: remember it (it is passed to the
+# ranks once they run) instead of letting it kill this shell.
+hpctrain_pending_signal=
+trap 'hpctrain_pending_signal=1' USR2
+# No `set -u`: `module`, conda and venv activation scripts read unset variables.
+set -eo pipefail
+cd /RUN_DIR
+echo "hpctrain: job ${COBALT_JOBID:-none} starts on $(hostname) at $(date)"
+# modules
+module load datascience/pytorch-1.7
+module load cray-mpich
+# site setup: the site admin's own shell lines, run as written
+module swap PrgEnv-intel PrgEnv-gnu
+# environment (site, then job, then hpctrain's defaults where neither set one)
+export KMP_BLOCKTIME=0
+export KMP_AFFINITY=granularity=fine,compact,1,0
+export OMP_PROC_BIND=spread
+export OMP_NUM_THREADS=128
+export OMP_PLACES=threads
+export HPCTRAIN_SITE=theta
+export HPCTRAIN_COMM_BACKEND=mpi
+export HPCTRAIN_STOP_SIGNAL=USR2
+# Python environment
+source "$HOME"/hpctrain-venv/bin/activate
+# which MPI library mpi4py uses (MPI is not initialised here)
+mpi_library=$("$HOME"/hpctrain-venv/bin/python -c 'import mpi4py; mpi4py.rc.initialize = False; from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0].strip())' 2>&1) || mpi_library="mpi4py failed: ${mpi_library}"
+echo "hpctrain: MPI library: ${mpi_library}"
+expected_mpi='CRAY MPICH'
+case "${mpi_library}" in *"${expected_mpi}"*) ;; *)
+    echo "hpctrain: WARNING: expected the site's MPI (${expected_mpi}) but mpi4py uses ${mpi_library}; rebuild mpi4py against it (see docs)" >&2 ;;
+esac
+# ---- hpctrain: staging to node-local storage (docs/scaling.md, Staging) ------------------------------
+# Copied once per node before the ranks start: the Python environment (packed by `hpctrain submit`), 1 input file.
+# The ranks then read them there instead of from the shared file system.
+export HPCTRAIN_NODE_LOCAL=/local/scratch/hpctrain-"${COBALT_JOBID:-none}"
+hpctrain_staging_start=${SECONDS}
+hpctrain_staging_failed() {
+    status=5
+    echo "hpctrain: $1; the job ends before its ranks start" >&2
+    { printf '%s\n' "$1" > .failure.txt.staging && ln .failure.txt.staging failure.txt; } 2>/dev/null || true
+    rm -f .failure.txt.staging
+    printf '{"event": "exit", "job": "%s", "status": %s}\n' "${COBALT_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+    exit "${status}"
+}
+hpctrain_archive_link="$HOME"/.cache/hpctrain/envs/env-d9060fc4bce5.tar
+hpctrain_archive=$(readlink -f -- "${hpctrain_archive_link}") && [ -f "${hpctrain_archive}" ] \
+    || hpctrain_staging_failed "no packed environment at ${hpctrain_archive_link} (hpctrain submit packs it: python -m hpctrain.submission.envpack)"
+hpctrain_need_kb=$(du -sklL --apparent-size -- "${hpctrain_archive}" /lus/theta-fs0/projects/connectomics/fib25/tf_record_coords.npz \
+    | awk '{kb += $1} END {print kb + 1024}') \
+    || hpctrain_staging_failed "cannot read the size of a file to stage (du says which above)"
+hpctrain_stage_node=$(cat <<'HPCTRAIN_STAGE_NODE'
+# hpctrain-stage: run once on every node of the job by the site's launcher, before the ranks start. Its text is
+# fixed (no value of the job is in it): every path comes as an argument. Steps, separated by --:
+#   check DIR NEED_KB RUN_DIR   create DIR and DIR/data; fail unless DIR's file system has NEED_KB free
+#   unpack DIR ARCHIVE          unpack the environment archive into DIR/env (an ARCHIVE inside DIR is removed)
+#   copy SRC DEST               copy an input file or directory to DEST
+# A failure prints one line naming this node, writes the run's failure note (the first node to fail wins) and
+# exits 1, so the launcher ends the step and the job script stops before training.
+node=$(hostname)
+run_dir=
+fail() {
+    msg="staging failed on ${node}: $*"
+    echo "hpctrain: ${msg}" >&2
+    if [ -n "${run_dir}" ]; then
+        tmp="${run_dir}/.failure.txt.${node}.$$"
+        printf '%s\n' "${msg}" > "${tmp}" && ln "${tmp}" "${run_dir}/failure.txt" 2>/dev/null
+        rm -f "${tmp}"
+    fi
+    exit 1
+}
+while [ "$#" -gt 0 ]; do
+    step=$1
+    shift
+    case "${step}" in
+    check)
+        dir=$1 need_kb=$2 run_dir=$3
+        shift 3
+        mkdir -p -- "${dir}/data" || fail "cannot create ${dir}"
+        avail_kb=$(df -Pk -- "${dir}" | awk 'NR == 2 {print $4}')
+        case "${avail_kb}" in ''|*[!0-9]*) fail "cannot read the free space of ${dir}" ;; esac
+        if [ "${avail_kb}" -lt "${need_kb}" ]; then
+            fail "${dir} has $((avail_kb / 1024)) MB free, staging needs $((need_kb / 1024)) MB"
+        fi
+        ;;
+    unpack)
+        dir=$1 archive=$2
+        shift 2
+        rm -rf -- "${dir}/env.partial" && mkdir -p -- "${dir}/env.partial" || fail "cannot create ${dir}/env.partial"
+        tar -xf "${archive}" -C "${dir}/env.partial" || fail "cannot unpack ${archive} into ${dir}"
+        # The archive leaves pyvenv.cfg's home out: only here is it known where the interpreter now lies.
+        cfg="${dir}/env.partial/venv/pyvenv.cfg"
+        { printf 'home = %s\n' "${dir}/env/base/bin"; grep -v '^home *=' "${cfg}"; } > "${cfg}.new" \
+            && mv -f -- "${cfg}.new" "${cfg}" || fail "cannot write ${cfg}"
+        rm -rf -- "${dir}/env" && mv -- "${dir}/env.partial" "${dir}/env" \
+            || fail "cannot move the environment into ${dir}/env"
+        case "${archive}" in "${dir}"/*) rm -f -- "${archive}" ;; esac
+        ;;
+    copy)
+        src=$1 dest=$2
+        shift 2
+        rm -rf -- "${dest}.partial"
+        cp -R -- "${src}" "${dest}.partial" && rm -rf -- "${dest}" && mv -- "${dest}.partial" "${dest}" \
+            || fail "cannot copy ${src} to ${dest}"
+        ;;
+    --) ;;
+    *) fail "unknown staging step ${step}" ;;
+    esac
+done
+HPCTRAIN_STAGE_NODE
+)
+echo "hpctrain: staging to ${HPCTRAIN_NODE_LOCAL} on 128 nodes"
+aprun -n 128 -N 1 -d 1 -j 1 -cc depth -e OMP_NUM_THREADS=1 bash -c "${hpctrain_stage_node}" hpctrain-stage check "${HPCTRAIN_NODE_LOCAL}" "${hpctrain_need_kb}" "${PWD}" -- unpack "${HPCTRAIN_NODE_LOCAL}" "${hpctrain_archive}" -- copy /lus/theta-fs0/projects/connectomics/fib25/tf_record_coords.npz "${HPCTRAIN_NODE_LOCAL}"/data/0-tf_record_coords.npz \
+    || hpctrain_staging_failed "staging failed (the node's message is above)"
+export HPCTRAIN_STAGED_DATA='{"/lus/theta-fs0/projects/connectomics/fib25/tf_record_coords.npz": "data/0-tf_record_coords.npz"}'
+export VIRTUAL_ENV="${HPCTRAIN_NODE_LOCAL}"/env/venv
+export PATH="${VIRTUAL_ENV}/bin:${PATH}"
+export LD_LIBRARY_PATH="${HPCTRAIN_NODE_LOCAL}/env/libpython${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+export PYTHONNOUSERSITE=1
+echo "hpctrain: staged on every node in $((SECONDS - hpctrain_staging_start)) s"
+# ---- hpctrain: launch ------------------------------------------------------------------------------------
+# The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
+launcher_pid=
+forward_signal() {
+    echo "hpctrain: SIGUSR2 received, forwarding it to the launcher" >&2
+    if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
+}
+trap forward_signal USR2
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((21300 > SECONDS ? 21300 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
+timer_pid=$!
+aprun -n 128 -N 1 -d 128 -j 2 -cc depth -e OMP_NUM_THREADS=128 "${HPCTRAIN_NODE_LOCAL}"/env/venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
+launcher_pid=$!
+if [ -n "${hpctrain_pending_signal}" ]; then
+    sleep 5  # let the ranks install their handlers (an early signal is also caught by `hpctrain run` itself)
+    forward_signal
+fi
+status=0
+while :; do
+    wait "${launcher_pid}" && status=0 || status=$?
+    kill -0 "${launcher_pid}" 2>/dev/null || break
+done
+kill "${timer_pid}" 2>/dev/null || true
+echo "hpctrain: launcher exited with status ${status} at $(date)"
+printf '{"event": "exit", "job": "%s", "status": %s}\n' "${COBALT_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+restarts="${HPCTRAIN_RESTART_COUNT:-0}"
+if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
+    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
+    if new_job=$(qsub --dependencies "${COBALT_JOBID}" --env HPCTRAIN_RESTART_COUNT="$((restarts + 1))" /RUN_DIR/job.sh); then
+        new_job=$(printf '%s\n' "${new_job}" | tail -n 1)
+        printf '{"event": "resubmit", "job": "%s", "new_job": "%s"}\n' "${COBALT_JOBID:-none}" "${new_job}" >> job-exit.jsonl 2>/dev/null || true
+        echo "hpctrain: resubmitted as job ${new_job}"
+        exit 0
+    fi
+    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
+elif [ "${status}" -eq 75 ]; then
+    echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2
+fi
+exit "${status}"
