@@ -26,8 +26,8 @@ ContainerRuntime = Literal["apptainer", "podman-hpc", "shifter"]
 # The variables a node-local directory may name: the user (Frontier's /mnt/bb/$USER) and the scheduler's per-job
 # temporary directory. Anything else with a '$' is refused rather than taken literally by surprise.
 NODE_LOCAL_VARIABLES = ("USER", "TMPDIR")
-_VARIABLE = re.compile(r"\$(?:\{(" + "|".join(NODE_LOCAL_VARIABLES) + r")\}|(" + "|".join(NODE_LOCAL_VARIABLES)
-                       + r")(?![A-Za-z0-9_]))")
+NODE_LOCAL_VARIABLE = re.compile(r"\$(?:\{(" + "|".join(NODE_LOCAL_VARIABLES) + r")\}|("
+                                 + "|".join(NODE_LOCAL_VARIABLES) + r")(?![A-Za-z0-9_]))")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 _HOME = re.compile(r"(?:~|\$HOME|\$\{HOME\})(?:/.*)?", re.DOTALL)
 MAX_PATH = 4096
@@ -52,7 +52,7 @@ def _check_node_local_dir(value: str) -> str:
     if not (value.startswith("/") or re.match(r"\$(\{TMPDIR\}|TMPDIR)(/|$)", value)):
         raise ValueError("the node-local directory must be absolute (e.g. /tmp, /local/scratch, /mnt/bb/$USER) "
                          "or start with $TMPDIR")
-    if "$" in _VARIABLE.sub("", value):
+    if "$" in NODE_LOCAL_VARIABLE.sub("", value):
         raise ValueError("the node-local directory may name only $USER and $TMPDIR (expanded on each node); "
                          "write any other part literally")
     return value
@@ -130,11 +130,6 @@ def effective(site: Staging, job: JobStaging | None) -> Staging:
     if job is None or not job.model_fields_set:
         return site
     return site.model_copy(update={k: getattr(job, k) for k in job.model_fields_set})
-
-
-def staged_environment(staging: Staging) -> str:
-    """``none``, ``archive`` or ``container`` (the effective choice)."""
-    return staging.environment
 
 
 def archive_key(python: str) -> str:

@@ -11,7 +11,6 @@ text whose every path comes as an argument. docs/scaling.md, "Staging", says whe
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from hpctrain.config.staging import (
     DATA_MAP_ENV,
     ENV_DIR,
     NODE_LOCAL_ENV,
-    NODE_LOCAL_VARIABLES,
+    NODE_LOCAL_VARIABLE,
     STAGED_PYTHON,
     archive_key,
     data_files,
@@ -161,11 +160,10 @@ def staged_site(site: SiteProfile, plan: StagingPlan | None) -> SiteProfile:
 def _node_local_root(staging: SiteStaging, job_id_variable: str) -> ShellWord:
     """``NODE_LOCAL_DIR/hpctrain-$JOBID``, ``$USER``/``$TMPDIR`` left to each node to expand."""
     assert staging.node_local_dir is not None
-    pattern = re.compile(r"\$\{?(" + "|".join(NODE_LOCAL_VARIABLES) + r")\}?")
     pieces: list[str | tuple[str, ...]] = []
     text, at = staging.node_local_dir.rstrip("/") or "/", 0
-    for match in pattern.finditer(text):
-        pieces += [text[at:match.start()], (match.group(1),)]
+    for match in NODE_LOCAL_VARIABLE.finditer(text):  # the variables the profile's validation allowed, no others
+        pieces += [text[at:match.start()], (match.group(1) or match.group(2),)]
         at = match.end()
     pieces += [text[at:], "/hpctrain-", (job_id_variable, "none")]
     return ShellWord(*pieces)
