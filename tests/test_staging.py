@@ -322,3 +322,21 @@ def test_the_ranks_read_the_node_local_copies(tmp_path: Path, monkeypatch: pytes
     assert staged.data["coordinates"] == "/lus/p/coords.npz" and job.data["train"]["image"] == "/lus/p/vol.h5:image"
     monkeypatch.delenv(DATA_MAP_ENV)
     assert _with_staged_data(job) is job
+
+
+@pytest.mark.parametrize(("directory", "written"), [
+    ("/mnt/bb/$USER", '/mnt/bb/"${USER}"/hpctrain-"${SLURM_JOB_ID:-none}"'),
+    ("/x/${USER}}/y/", '/x/"${USER}"\'}/y\'/hpctrain-"${SLURM_JOB_ID:-none}"'),
+    ("$TMPDIR", '"${TMPDIR}"/hpctrain-"${SLURM_JOB_ID:-none}"'),
+    ("/l s/it's", "'/l s/it'\"'\"'s'/hpctrain-\"${SLURM_JOB_ID:-none}\""),
+])
+def test_the_node_local_directory_expands_only_user_and_tmpdir(directory: str, written: str) -> None:
+    from hpctrain.config.site import SiteStaging
+    from hpctrain.submission.shell import word
+    from hpctrain.submission.staging import _node_local_root
+
+    assert word(_node_local_root(SiteStaging(node_local_dir=directory), "SLURM_JOB_ID")) == written
+    out = subprocess.run(["bash", "-c", f"USER=u TMPDIR=/t SLURM_JOB_ID=9; printf %s {written}"], capture_output=True,
+                         text=True, check=True, timeout=10).stdout
+    assert out == directory.rstrip("/").replace("${USER}", "u").replace("$USER", "u").replace("$TMPDIR", "/t") \
+        + "/hpctrain-9"
