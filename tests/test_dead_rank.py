@@ -69,7 +69,8 @@ def assert_intact(run_dir: Path) -> int:
 
     manifest = json.loads((run_dir / "checkpoints" / "manifest.json").read_text())
     newest = max(manifest["checkpoints"], key=lambda c: c["step"])
-    assert {f["name"] for f in newest["files"]} == {"shared.pt", "rank-00000.pt", "rank-00001.pt"}
+    # one file per node (the default layout): both ranks' states in node-00000.pt, named after its first rank
+    assert {f["name"] for f in newest["files"]} == {"shared.pt", "node-00000.pt"}
     for record in newest["files"]:
         data = (run_dir / "checkpoints" / newest["dir"] / record["name"]).read_bytes()
         assert len(data) == record["bytes"]

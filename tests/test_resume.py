@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 
-from hpctrain.checkpoint.store import CheckpointStore, snapshot
+from hpctrain.checkpoint.store import CheckpointStore, load_files, snapshot
 from hpctrain.errors import CheckpointError
 from hpctrain.models.task import ShardedIndexStream
 from hpctrain.runtime.combine import DelayedAverager
@@ -92,7 +92,7 @@ def final_state(run_dir: Path, step: int = STEPS, ckpt: str = "checkpoints") -> 
     """Every file of checkpoint ``step`` (loaded), keyed by name, after checking it is in the manifest."""
     store = CheckpointStore(run_dir / ckpt if not Path(ckpt).is_absolute() else Path(ckpt))
     entry = next(c for c in store.checkpoints() if c.step == step)
-    return {f.name: torch.load(entry.path / f.name, weights_only=True) for f in entry.files}
+    return load_files(entry)  # a node file's rank states under their rank-RRRRR.pt names
 
 
 def assert_bit_identical(got: Any, want: Any, where: str = "") -> int:
@@ -155,7 +155,7 @@ def test_stopped_and_resumed_run_is_bit_identical(tmp_path: Path, tmp_path_facto
         residues = [t for r in ("rank-00000.pt", "rank-00001.pt") for b in got[r]["exchange"]["residues"] for t in b]
         assert any(bool(t.abs().sum() > 0) for t in residues)
     if combiner == "dasgd":
-        stored = torch.load(tmp_path / "run" / "checkpoints" / "step-00000004" / "rank-00001.pt", weights_only=True)
+        stored = final_state(tmp_path / "run", step=4)["rank-00001.pt"]
         assert stored["exchange"]["dasgd"]["in_flight"]["sent_at"] == 3  # saved in flight, not merged early
 
 
@@ -227,8 +227,8 @@ def test_corrupt_or_truncated_newest_checkpoint_falls_back_with_one_warning(
     data = bytearray(shared.read_bytes())
     data[len(data) // 2] ^= 0x01  # one bit of one byte
     shared.write_bytes(bytes(data))
-    rank1 = tmp_path / "second" / "checkpoints" / "step-00000004" / "rank-00001.pt"
-    rank1.write_bytes(rank1.read_bytes()[:-100])
+    ranks = tmp_path / "second" / "checkpoints" / "step-00000004" / "node-00000.pt"  # both ranks' states
+    ranks.write_bytes(ranks.read_bytes()[:-100])
     for name, why in (("first", "is corrupt"), ("second", "is truncated")):
         out = finished(launch(spec, tmp_path / name))
         warnings = [line for line in out.splitlines() if "skipped" in line]

@@ -89,13 +89,13 @@ def digests(log_dir: Path, nprocs: int) -> list[list[str]]:
 
 
 def checkpoint(run_dir: Path, step: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """(shared.pt, [rank-0000N.pt ...]) of the checkpoint at ``step``, checked against its manifest."""
-    directory = run_dir / "checkpoints" / f"step-{step:08d}"
-    manifest = json.loads((run_dir / "checkpoints" / "manifest.json").read_text())
-    assert f"step-{step:08d}" in json.dumps(manifest)
-    ranks = sorted(directory.glob("rank-*.pt"))
-    return (torch.load(directory / "shared.pt", weights_only=False),
-            [torch.load(p, weights_only=False) for p in ranks])
+    """(shared.pt, [rank-0000N.pt ...]) of the checkpoint at ``step``, checked against its manifest (rank states
+    come out of their node's file under the per-node layout)."""
+    from hpctrain.checkpoint.store import CheckpointStore, load_files
+
+    entry = next(c for c in CheckpointStore(run_dir / "checkpoints").checkpoints() if c.step == step)
+    files = load_files(entry)
+    return files["shared.pt"], [files[name] for name in sorted(files) if name.startswith("rank-")]
 
 
 def metrics(run_dir: Path) -> list[dict[str, Any]]:

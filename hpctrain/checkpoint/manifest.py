@@ -1,7 +1,8 @@
 """What a checkpoint directory holds and which of its checkpoints can be trusted: the manifest, read without torch.
 
-A checkpoint directory has one ``step-NNNNNNNN/`` per checkpoint (``shared.pt``, ``rank-RRRRR.pt`` files and
-a ``complete.json`` marker written last) and ``manifest.json`` listing the complete ones. The store
+A checkpoint directory has one ``step-NNNNNNNN/`` per checkpoint (``shared.pt``, the rank states — one
+``rank-RRRRR.pt`` per rank, or one ``node-RRRRR.pt`` per node named after its first rank — and a
+``complete.json`` marker written last) and ``manifest.json`` listing the complete ones. The store
 (``checkpoint/store.py``) writes them; this module reads them, on a compute node, in ``ffn segment`` and
 on the laptop (``hpctrain resume`` reads the manifest over ssh). Layout: docs/checkpoints.md.
 """
@@ -25,7 +26,8 @@ MARKER = "complete.json"  # per-step copy of the manifest entry; the manifest is
 SHARED = "shared.pt"
 DEFAULT_CHECKSUM = "sha256"
 STEP_DIR = re.compile(r"step-(\d{8,})")
-_FILE_NAME = re.compile(r"shared\.pt|rank-\d{5,}\.pt")
+_FILE_NAME = re.compile(r"shared\.pt|rank-\d{5,}\.pt|node-\d{5,}\.pt")
+NODE_FILE = re.compile(r"node-\d{5,}\.pt")
 
 
 def step_dirname(step: int) -> str:
@@ -36,6 +38,22 @@ def rank_filename(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
 
 
+def node_filename(leader: int) -> str:
+    """The per-node file written by the node whose local rank 0 is global rank ``leader``."""
+    return f"node-{leader:05d}.pt"
+
+
+def rank_runs(ranks: list[int]) -> tuple[tuple[int, int], ...]:
+    """Sorted ranks as runs [start, stop): a node of consecutive ranks is one run however many it holds."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and runs[-1][1] == r:
+            runs[-1][1] = r + 1
+        else:
+            runs.append([r, r + 1])
+    return tuple((a, b) for a, b in runs)
+
+
 @dataclass(frozen=True)
 class FileRecord:
     """One file of a checkpoint as the manifest records it."""
@@ -43,10 +61,18 @@ class FileRecord:
     name: str
     bytes: int
     digest: str
-    rank: int | None = None  # None for shared.pt
+    rank: int | None = None  # None for shared.pt and node files
+    ranks: tuple[tuple[int, int], ...] = ()  # a node file's ranks, as runs [start, stop)
+
+    def holds(self, rank: int) -> bool:
+        """Whether this file carries ``rank``'s state (its rank file, or a node file with it among its ranks)."""
+        return self.rank == rank or any(a <= rank < b for a, b in self.ranks)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "bytes": self.bytes, "digest": self.digest, "rank": self.rank}
+        out: dict[str, Any] = {"name": self.name, "bytes": self.bytes, "digest": self.digest, "rank": self.rank}
+        if self.ranks:
+            out["ranks"] = [list(r) for r in self.ranks]
+        return out
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> FileRecord:
@@ -57,7 +83,10 @@ class FileRecord:
         size = int(d["bytes"])
         if size < 0 or (rank is not None and int(rank) < 0):
             raise ValueError(f"file {name!r} has a negative size or rank")
-        return cls(name, size, str(d["digest"]), None if rank is None else int(rank))
+        runs = tuple((int(a), int(b)) for a, b in d.get("ranks") or ())
+        if NODE_FILE.fullmatch(name) and (not runs or any(not 0 <= a < b for a, b in runs)):
+            raise ValueError(f"node file {name!r} does not say which ranks it holds")
+        return cls(name, size, str(d["digest"]), None if rank is None else int(rank), runs)
 
 
 @dataclass(frozen=True)
@@ -73,6 +102,10 @@ class Checkpoint:
 
     def file(self, name: str) -> FileRecord | None:
         return next((f for f in self.files if f.name == name), None)
+
+    def file_for_rank(self, rank: int) -> FileRecord | None:
+        """The file holding ``rank``'s state: its rank file or its node's file (None when it saved none)."""
+        return next((f for f in self.files if f.holds(rank)), None)
 
     def to_json(self) -> dict[str, Any]:
         return {

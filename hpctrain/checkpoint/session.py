@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,11 @@ import torch
 
 from hpctrain.checkpoint.rng import capture_rng_state, restore_rng_state
 from hpctrain.checkpoint.signals import StopFlag
-from hpctrain.checkpoint.store import CheckpointStore, PendingSave, comm_gather
+from hpctrain.checkpoint.store import CheckpointStore, CommExchange, Exchange, NodeGroup, PendingSave
 from hpctrain.config.job import JobSpec
+from hpctrain.launch_env import detect_launch_env
 from hpctrain.runtime.combiners import Combiner
+from hpctrain.runtime.node_local import node_local_root
 
 log = logging.getLogger("hpctrain.checkpoint")
 
@@ -44,11 +47,13 @@ class CheckpointSession:
         directory = Path(job.checkpoint.dir)
         if not directory.is_absolute():
             directory = run_dir / directory
+        environ = os.environ if environ is None else environ
+        exchange = CommExchange(comm) if comm.size > 1 else None
         self.store = CheckpointStore(directory, keep=job.checkpoint.keep, rank=comm.rank, world_size=comm.size,
-                                     gather=comm_gather(comm) if comm.size > 1 else None)
+                                     exchange=exchange, node=node_group(job, comm, exchange, environ))
         self.flag = StopFlag().install(tuple(sorted({job.checkpoint.signal, "TERM"})))
         self.background = background
-        stop_at = (os.environ if environ is None else environ).get(STOP_AT_STEP_ENV, "")
+        stop_at = environ.get(STOP_AT_STEP_ENV, "")
         self._stop_at: int | None = int(stop_at) if stop_at.strip() else None
         self._last_saved: int | None = None
         self._pending: PendingSave | None = None
@@ -61,6 +66,7 @@ class CheckpointSession:
         self.flag.uninstall()
         if self._pending is not None:
             self._pending.wait()  # its files are whole; without a commit the checkpoint does not count
+        self.store.close()
 
     def due(self, step: int) -> bool:
         return step % self.job.checkpoint.every_steps == 0
@@ -176,3 +182,22 @@ class CheckpointSession:
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
         self.combiner.elastic_restart(step)
+
+
+def node_group(job: JobSpec, comm: Any, exchange: Exchange | None, environ: Mapping[str, str]) -> NodeGroup | None:
+    """One checkpoint file per node (``checkpoint.layout: node``, the default) for a run of several ranks, where
+    every rank has node-local storage to hand its state over; else None (one file per rank). Collective."""
+    if comm.size == 1 or exchange is None or getattr(job.checkpoint, "layout", "node") != "node":
+        return None
+    root = node_local_root(environ)
+    local_size = detect_launch_env(environ).local_size
+    usable = root is not None and 0 <= comm.local_rank < local_size
+    if exchange.any(not usable):  # all ranks take the same layout, or a node would wait for a rank that never comes
+        if comm.rank == 0:
+            log.warning("checkpoint.layout is node but a rank has no node-local storage (no $HPCTRAIN_NODE_LOCAL, "
+                        "no writable /dev/shm) or no local rank: writing one file per rank")
+        return None
+    attempt = exchange.bcast(os.urandom(8).hex() if comm.rank == 0 else None)  # this run's own hand-off directory
+    assert root is not None
+    return NodeGroup(comm.local_rank, local_size, root / f"hpctrain-checkpoint-{attempt}",
+                     float(job.train.collective_timeout_s))

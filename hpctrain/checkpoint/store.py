@@ -2,13 +2,17 @@
 
 Layout, manifest format and the atomicity argument are in docs/checkpoints.md. Every file is written to a
 temporary name, fsynced, renamed into place and its directory fsynced; a checkpoint counts only once rank 0
-has listed it in ``manifest.json`` after every rank reported its file (size and checksum) through ``gather``.
+has listed it in ``manifest.json`` after every rank reported its file (size and checksum) to it. Rank states
+go one file per rank, or (``node=``) one file per node: the node's ranks hand their states to its local rank 0
+through node-local storage and it packs them (checkpoint/node_file.py). Rank 0's part of a commit is O(log N)
+messages: an all-reduce (did any rank fail?), a tree gather of the file records, a broadcast of the outcome.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import io
 import json
 import logging
 import os
@@ -19,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 import torch
 
@@ -34,11 +38,15 @@ from hpctrain.checkpoint.manifest import (
     Checkpoint,
     FileRecord,
     file_problem,
+    node_filename,
     rank_filename,
+    rank_runs,
     read_entries,
     step_dirname,
 )
+from hpctrain.checkpoint.node_file import pack, read_member
 from hpctrain.errors import CheckpointError
+from hpctrain.runtime import work_counts
 
 log = logging.getLogger("hpctrain.checkpoint")
 
@@ -47,8 +55,51 @@ _OVERLAP_MIN = 1 << 20  # chunks at least this big are hashed in a second thread
 Gather = Callable[[Any], list[Any]]
 
 
+class Exchange(Protocol):
+    """The collectives a multi-rank store needs, on small JSON-able objects; every rank calls them in order."""
+
+    def any(self, flag: bool) -> bool:
+        """True on every rank if ``flag`` is true on any."""
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (indexed by rank), None on the others."""
+
+    def bcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+
+
+class AllgatherExchange:
+    """An Exchange from one all-gather callable (mpi4py's ``comm.allgather``, or one rank alone): every rank
+    receives everything, which is fine for tests and small jobs; ``comm_exchange`` sends to rank 0 only."""
+
+    def __init__(self, gather: Gather, rank: int) -> None:
+        self._gather, self._rank = gather, rank
+
+    def any(self, flag: bool) -> bool:
+        return any(self._gather(bool(flag)))
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        got = self._gather(obj)
+        return got if self._rank == 0 else None
+
+    def bcast(self, obj: Any) -> Any:
+        return self._gather(obj)[0]
+
+
 def _single_gather(obj: Any) -> list[Any]:
     return [obj]
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """This rank's node, for one checkpoint file per node: its local rank and the node's rank count, and
+    ``scratch``, node-local storage where the node's ranks leave their states for local rank 0 (one directory
+    per run attempt). ``timeout_s``: how long local rank 0 waits for them (the collective timeout)."""
+
+    local_rank: int
+    local_size: int
+    scratch: Path
+    timeout_s: float = 300.0
 
 
 # ------------------------------------------------------------------------------------- atomic writing
@@ -215,10 +266,11 @@ class PendingSave:
 class CheckpointStore:
     """Checkpoints of one run in ``directory``; every rank makes one with its own ``rank``.
 
-    ``gather(obj) -> [obj of rank 0, obj of rank 1, ...]`` is an all-gather of small JSON-able objects
-    (``comm_gather(communicator)`` or mpi4py's ``comm.allgather``); it is also the barrier that makes a
-    checkpoint complete only after every rank wrote. ``save``, ``latest_valid`` and ``prune`` are
-    collective: every rank calls them in the same order. With ``world_size == 1`` no gather is needed.
+    ``exchange`` (``CommExchange(communicator)``) carries the small JSON-able reports between the ranks and is
+    also the barrier that makes a checkpoint complete only after every rank wrote; ``gather`` (an all-gather
+    callable such as mpi4py's ``comm.allgather``) is accepted instead. ``save``, ``latest_valid`` and ``prune``
+    are collective: every rank calls them in the same order. With ``world_size == 1`` neither is needed.
+    ``node`` (a NodeGroup) writes rank states one file per node instead of one per rank.
     """
 
     def __init__(
@@ -229,24 +281,30 @@ class CheckpointStore:
         world_size: int = 1,
         *,
         gather: Gather | None = None,
+        exchange: Exchange | None = None,
         checksum: str = DEFAULT_CHECKSUM,
+        node: NodeGroup | None = None,
     ) -> None:
         if keep < 1:
             raise CheckpointError(f"checkpoint.keep must be at least 1, got {keep}")
         if not 0 <= rank < world_size:
             raise CheckpointError(f"rank {rank} is outside world size {world_size}")
-        if world_size > 1 and gather is None:
+        if world_size > 1 and gather is None and exchange is None:
             raise CheckpointError(
-                f"CheckpointStore for {world_size} ranks needs a gather callable",
-                hint="pass gather=comm_gather(communicator) or mpi4py's comm.allgather",
+                f"CheckpointStore for {world_size} ranks needs an exchange or a gather callable",
+                hint="pass exchange=comm_exchange(communicator), or gather= mpi4py's comm.allgather",
             )
+        if node is not None and not 0 <= node.local_rank < node.local_size:
+            raise CheckpointError(f"rank {rank}: local rank {node.local_rank} is outside its node's "
+                                  f"{node.local_size} ranks")
         hashlib.new(checksum)  # unknown names fail here, not in the middle of a save
         self.directory = Path(directory)
         self.keep = keep
         self.rank = rank
         self.world_size = world_size
         self.checksum = checksum
-        self._gather: Gather = gather if gather is not None else _single_gather
+        self.node = node
+        self._x: Exchange = exchange if exchange is not None else AllgatherExchange(gather or _single_gather, rank)
         self._buffers: dict[str, dict[str, torch.Tensor]] = {"shared": {}, "rank": {}}
         self._last: PendingSave | None = None
 
@@ -287,17 +345,28 @@ class CheckpointStore:
             try:
                 sdir.mkdir(parents=True, exist_ok=True)
                 if self.rank == 0:
-                    report["files"].append(self._write_pt(sdir / SHARED, state).to_json())
-                if per_rank is not None:
-                    rec = self._write_pt(sdir / rank_filename(self.rank), per_rank)
-                    report["files"].append({**rec.to_json(), "rank": self.rank})
+                    report["files"].append(self._write_pt(sdir / SHARED, state, step).to_json())
+                if self.node is None:
+                    if per_rank is not None:
+                        rec = self._write_pt(sdir / rank_filename(self.rank), per_rank, step)
+                        report["files"].append({**rec.to_json(), "rank": self.rank})
+                else:
+                    self._hand_over(step, per_rank)
+                    if self.node.local_rank == 0:
+                        node_rec = self._pack_node(step, sdir)
+                        if node_rec is not None:
+                            report["files"].append(node_rec.to_json())
                 if self.rank != 0:  # rank 0 syncs the directory once, after it added the marker
                     _fsync_dir(sdir)
             except OSError as e:
                 report["error"] = self._failure(step, e)
+            except CheckpointError as e:
+                report["error"] = [e.message, e.hint or ""]
             except Exception as e:  # e.g. an object torch.save cannot pickle: still a report every rank sees
                 report["error"] = [f"rank {self.rank}: cannot write checkpoint step {step} to {self.directory}: "
                                    f"{type(e).__name__}: {e}", "report this as a bug"]
+            if report["error"] is not None and self.node is not None:
+                self._hand_over_failed(step, report["error"][0])
             return report
 
         if not background:
@@ -314,32 +383,109 @@ class CheckpointStore:
         """
         report = pending.wait()
         step, sdir = pending.step, pending.sdir
-        reports = self._gather(report)
-        failed = [r["error"] for r in reports if r["error"]]
-        if failed:
+        if self._x.any(report["error"] is not None):
+            errors = self._x.gather(report["error"])
+            first = self._x.bcast(next(e for e in errors if e) if errors is not None else None)
             if self.rank == 0:
                 self._discard_incomplete(sdir)
-            raise CheckpointError(failed[0][0], hint=failed[0][1])
+            raise CheckpointError(first[0], hint=first[1])
 
+        reports = self._x.gather(report["files"])
         commit_error: list[str] | None = None
-        if self.rank == 0:
-            files = tuple(FileRecord.from_json(f) for r in reports for f in r["files"])
+        if reports is not None:  # rank 0
+            files = tuple(FileRecord.from_json(f) for r in reports for f in r)
             ckpt = Checkpoint(step, sdir, self.world_size, files, self.checksum, _now())
             try:
                 self._commit(ckpt, prune_in_background=pending.background)
             except OSError as e:
                 commit_error = self._failure(step, e)
                 self._discard_incomplete(sdir)
-        status = self._gather(commit_error)
-        if status[0]:
-            raise CheckpointError(status[0][0], hint=status[0][1])
+        status = self._x.bcast(commit_error)
+        if status:
+            raise CheckpointError(status[0], hint=status[1])
         return sdir
 
-    def _write_pt(self, final: Path, obj: dict[str, Any]) -> FileRecord:
+    def _write_pt(self, final: Path, obj: dict[str, Any], step: int) -> FileRecord:
         for stale in final.parent.glob(f".{final.name}.tmp-*"):  # left by a writer killed earlier
             with suppress(OSError):
                 stale.unlink()
-        return write_atomic(final, lambda f: torch.save(obj, f), self.checksum, sync_dir=False)
+        rec = write_atomic(final, lambda f: torch.save(obj, f), self.checksum, sync_dir=False)
+        counts = work_counts.active()
+        if counts is not None:
+            counts.add_checkpoint_file(step, rec.bytes)
+        return rec
+
+    # ------------------------------------------------------------------------------- per-node files
+
+    def _scratch(self, step: int) -> Path:
+        assert self.node is not None
+        return self.node.scratch / step_dirname(step)
+
+    def _hand_over(self, step: int, per_rank: dict[str, Any] | None) -> None:
+        """Leave this rank's state (or a note that it has none) where its node's local rank 0 will pack it."""
+        scratch = self._scratch(step)
+        scratch.mkdir(parents=True, exist_ok=True)
+        if per_rank is None:
+            (scratch / f"rank-{self.rank:05d}.none").touch()
+            return
+        final = scratch / rank_filename(self.rank)
+        tmp = final.with_name(f".{final.name}.tmp")
+        buffer = io.BytesIO()
+        torch.save(per_rank, buffer)
+        tmp.write_bytes(buffer.getbuffer())
+        os.replace(tmp, final)  # node-local and transient: no fsync, the node file is what is made durable
+        counts = work_counts.active()
+        if counts is not None:
+            counts.add_checkpoint_file(step, buffer.getbuffer().nbytes, node_local=True)
+
+    def _hand_over_failed(self, step: int, message: str) -> None:
+        """Tell local rank 0 at once that this rank's state will not come (it would otherwise wait it out)."""
+        with suppress(OSError):
+            scratch = self._scratch(step)
+            scratch.mkdir(parents=True, exist_ok=True)
+            (scratch / f"rank-{self.rank:05d}.failed").write_text(message)
+
+    def _pack_node(self, step: int, sdir: Path) -> FileRecord | None:
+        """Local rank 0: wait for every rank of the node, pack their states into one file on the shared file
+        system, and return its record (None when none of them saved a state)."""
+        assert self.node is not None
+        scratch = self._scratch(step)
+        deadline, pause = time.monotonic() + self.node.timeout_s, 0.002
+        while True:
+            seen: dict[int, str] = {}
+            for name in os.listdir(scratch):
+                stem, _, kind = name.partition(".")
+                if stem.startswith("rank-") and kind in ("pt", "none", "failed"):
+                    seen[int(stem[5:])] = kind
+            if len(seen) >= self.node.local_size:
+                break
+            if time.monotonic() > deadline:
+                raise CheckpointError(
+                    f"rank {self.rank}: only {len(seen)} of this node's {self.node.local_size} ranks handed over "
+                    f"their state for checkpoint step {step} within {self.node.timeout_s:g} s",
+                    hint="a rank of this node is stuck or dead: see its own messages")
+            time.sleep(pause)
+            pause = min(0.05, 2 * pause)
+        failed = sorted(r for r, kind in seen.items() if kind == "failed")
+        if failed:
+            why = (scratch / f"rank-{failed[0]:05d}.failed").read_text()
+            raise CheckpointError(f"rank {self.rank}: the state of rank {failed[0]} did not reach its node file: {why}")
+        members = [(r, scratch / rank_filename(r)) for r in sorted(seen) if seen[r] == "pt"]
+        if not members:
+            shutil.rmtree(scratch, ignore_errors=True)
+            return None
+        final = sdir / node_filename(self.rank)
+        rec = write_atomic(final, lambda f: pack(f, members, self.checksum), self.checksum, sync_dir=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+        counts = work_counts.active()
+        if counts is not None:
+            counts.add_checkpoint_file(step, rec.bytes)
+        return FileRecord(rec.name, rec.bytes, rec.digest, None, rank_runs([r for r, _ in members]))
+
+    def close(self) -> None:
+        """Remove this node's hand-off directory (local rank 0); not collective. Files on the shared side stay."""
+        if self.node is not None and self.node.local_rank == 0:
+            shutil.rmtree(self.node.scratch, ignore_errors=True)
 
     def _commit(self, ckpt: Checkpoint, *, prune_in_background: bool = False) -> None:
         """Rank 0: marker, one fsync of the step directory, manifest, then delete what is not kept."""
@@ -402,13 +548,27 @@ class CheckpointStore:
         return read_entries(self.directory)[0]
 
     def _problem(self, ckpt: Checkpoint, verify: bool) -> str | None:
-        """Why this rank cannot use ``ckpt`` (its shared file and, same world size, its own rank file)."""
-        names = [SHARED]
-        if ckpt.world_size == self.world_size:
-            own = rank_filename(self.rank)
-            if ckpt.file(own) is not None:
-                names.append(own)
-        return file_problem(ckpt, names, verify)
+        """Why this rank cannot use ``ckpt``: its shared file and, same world size, the file with its own state.
+
+        A node file is checked whole (size, and its digest by the first of its ranks when ``verify``), and each
+        rank checks its own member's digest: every byte is verified once, no rank reads another node's file.
+        """
+        problem = file_problem(ckpt, [SHARED], verify)
+        if problem is not None or ckpt.world_size != self.world_size:
+            return problem
+        own = ckpt.file_for_rank(self.rank)
+        if own is None:
+            return None
+        if own.rank is not None:
+            return file_problem(ckpt, [own.name], verify)
+        first = own.ranks[0][0]
+        problem = file_problem(ckpt, [own.name], verify and self.rank == first)
+        if problem is None and verify and self.rank != first:
+            try:
+                read_member(ckpt.path / own.name, self.rank)
+            except (OSError, ValueError) as e:
+                problem = f"{ckpt.path / own.name}: {e}"
+        return problem
 
     def latest_valid(self, verify: bool = True) -> Checkpoint | None:
         """The newest checkpoint every rank can read (sizes, and checksums when ``verify``); collective.
@@ -418,11 +578,12 @@ class CheckpointStore:
         entries, problems = read_entries(self.directory)
         chosen: Checkpoint | None = None
         for ckpt in reversed(entries):
-            found = self._gather(self._problem(ckpt, verify))
-            bad = [p for p in found if p]
-            if not bad:
+            mine = self._problem(ckpt, verify)
+            if not self._x.any(mine is not None):
                 chosen = ckpt
                 break
+            found = self._x.gather(mine)
+            bad = [p for p in found or () if p]
             problems.append(f"step {ckpt.step} skipped: " + "; ".join(dict.fromkeys(bad)))
         if problems and self.rank == 0:
             using = f"resuming from step {chosen.step}" if chosen else "no valid checkpoint is left"
@@ -443,10 +604,26 @@ class CheckpointStore:
                     checkpoint.step, checkpoint.world_size, self.world_size,
                 )
             return shared, None
-        own = rank_filename(self.rank)
-        if checkpoint.file(own) is None:
+        own = checkpoint.file_for_rank(self.rank)
+        if own is None:
             return shared, None
-        return shared, self._load_file(checkpoint, own, map_location)
+        if own.rank is not None:
+            return shared, self._load_file(checkpoint, own.name, map_location)
+        return shared, self._load_member(checkpoint, own, map_location)
+
+    def _load_member(self, ckpt: Checkpoint, rec: FileRecord, map_location: Any) -> dict[str, Any]:
+        """This rank's state out of its node's file: the index and its own member are all that is read."""
+        path = ckpt.path / rec.name
+        try:
+            if path.stat().st_size != rec.bytes:
+                raise ValueError(f"{path.stat().st_size} bytes, the manifest says {rec.bytes}")
+            data = read_member(path, self.rank)
+            return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+        except (OSError, RuntimeError, ValueError, EOFError) as e:
+            raise CheckpointError(
+                f"cannot load rank {self.rank}'s state from checkpoint file {path}: {e}",
+                hint="call latest_valid() to fall back to an older checkpoint",
+            ) from e
 
     def _load_file(self, ckpt: Checkpoint, name: str, map_location: Any) -> dict[str, Any]:
         path = ckpt.path / name
@@ -464,6 +641,22 @@ class CheckpointStore:
             ) from e
 
 
+def load_files(checkpoint: Checkpoint, map_location: Any = "cpu") -> dict[str, Any]:
+    """Every state of ``checkpoint`` keyed by file name, a node file's members under their ranks' own file names
+    (``rank-RRRRR.pt``), whichever layout wrote it: for inspection and tests, not for resuming."""
+    out: dict[str, Any] = {}
+    for rec in checkpoint.files:
+        path = checkpoint.path / rec.name
+        if not rec.ranks:
+            out[rec.name] = torch.load(path, map_location=map_location, weights_only=True)
+            continue
+        for start, stop in rec.ranks:
+            for rank in range(start, stop):
+                data = read_member(path, rank)
+                out[rank_filename(rank)] = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    return out
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -476,3 +669,31 @@ def comm_gather(comm: Any) -> Gather:
         return [json.loads(t.numpy().tobytes()) for t in comm.allgather_varlen(data, label="checkpoint")]
 
     return gather
+
+
+class CommExchange:
+    """The store's Exchange over an hpctrain ``Communicator``: an all-reduce, a gather to rank 0 and a broadcast,
+    each O(log N) messages for a rank (MPI); rank 0 alone receives the records (JSON bytes)."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+
+    def any(self, flag: bool) -> bool:
+        vote = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
+        self.comm.allreduce_(vote, "max", "checkpoint agree")
+        return bool(vote[0] > 0)
+
+    def gather(self, obj: Any) -> list[Any] | None:
+        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+        got = self.comm.gather_varlen(data, 0, "checkpoint records")
+        return None if got is None else [json.loads(t.numpy().tobytes()) for t in got]
+
+    def bcast(self, obj: Any) -> Any:
+        text = json.dumps(obj).encode() if self.comm.rank == 0 else b""
+        size = torch.tensor([len(text)], dtype=torch.int64)
+        self.comm.broadcast_(size, 0, "checkpoint outcome length")
+        data = torch.zeros(int(size[0]), dtype=torch.uint8)
+        if self.comm.rank == 0:
+            data[:] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+        self.comm.broadcast_(data, 0, "checkpoint outcome")
+        return json.loads(data.numpy().tobytes())

@@ -23,23 +23,14 @@ import numpy as np
 from hpctrain.config.plugins.ffn import parse_volume_spec
 from hpctrain.errors import DataError
 from hpctrain.ffn.volume import Volume, VolumeSpec, load_image_and_labels
-from hpctrain.runtime import counters, work_counts
+from hpctrain.runtime import work_counts
+from hpctrain.runtime.node_local import node_local_root
 
 log = logging.getLogger("hpctrain.ffn")
 
-SHM = Path("/dev/shm")
 SLAB_BYTES = 64 * 2**20  # copied slab by slab along z: local rank 0 never holds a large volume whole
 FREE_FRACTION = 0.5  # copy only what leaves at least half of the node-local space free
 PLAN = "plan.json"
-
-
-def node_local_root(environ: Mapping[str, str] | None = None) -> Path | None:
-    """Where this node keeps node-local copies: the staging root, else /dev/shm; None when neither is usable."""
-    environ = os.environ if environ is None else environ
-    for candidate in (environ.get(counters.NODE_LOCAL_ENV, ""), str(SHM)):
-        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
-            return Path(candidate)
-    return None
 
 
 def _path_of(spec: VolumeSpec) -> Path:

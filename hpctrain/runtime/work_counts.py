@@ -52,7 +52,7 @@ class WorkCounts:
     traffic: dict[str, dict[str, Traffic]] = field(default_factory=dict)
     algorithms: dict[str, str] = field(default_factory=dict)  # kind -> the algorithm the counts assume
     inputs: dict[str, InputTally] = field(default_factory=dict)
-    checkpoints: dict[str, dict[str, int]] = field(default_factory=dict)  # step -> files, bytes
+    checkpoints: dict[str, dict[str, int]] = field(default_factory=dict)  # step -> files and bytes written
     steps: int = 0
     phase: str = "startup"
     started: float = field(default_factory=time.time)
@@ -70,10 +70,14 @@ class WorkCounts:
         if epoch is not None:
             tally.by_epoch[str(epoch)] = tally.by_epoch.get(str(epoch), 0) + int(nbytes)
 
-    def add_checkpoint_file(self, step: int, nbytes: int) -> None:
-        entry = self.checkpoints.setdefault(str(step), {"files": 0, "bytes": 0})
-        entry["files"] += 1
-        entry["bytes"] += int(nbytes)
+    def add_checkpoint_file(self, step: int, nbytes: int, node_local: bool = False) -> None:
+        """A file this rank wrote for checkpoint ``step``: on the shared file system, or node-local (a rank state
+        handed to its node's local rank 0 for the per-node file)."""
+        entry = self.checkpoints.setdefault(str(step), {"files": 0, "bytes": 0, "node_local_files": 0,
+                                                        "node_local_bytes": 0})
+        prefix = "node_local_" if node_local else ""
+        entry[f"{prefix}files"] += 1
+        entry[f"{prefix}bytes"] += int(nbytes)
 
     def step_done(self) -> None:
         self.steps += 1

@@ -7,6 +7,8 @@
                                                    batch, and writes this rank's record (with how its volume is
                                                    held), its epoch-0 coordinate share (share-R.npy) and the
                                                    table rows it was dealt (rows-R.npy)
+``python scale_worker.py checkpoint ROOT``        per-node checkpoint files over gloo: two saves, a corrupt member,
+                                                   a failed save; writes result-R.json and this rank's record
 ``python scale_worker.py rendezvous TIMEOUT DELAY STAGE``  rank 0 is DELAY s late to MPI_Init (STAGE init) or
                                                    to the address broadcast (address); every rank prints the
                                                    address it got over MPI or the error that ended its wait
@@ -111,10 +113,60 @@ def ffn_input(backend: str, run_dir: str) -> None:
     comm.close()
 
 
+def checkpoint(root: str) -> None:
+    import json
+    from pathlib import Path
+
+    from hpctrain.checkpoint.node_file import read_index
+    from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
+    from hpctrain.errors import CheckpointError
+    from hpctrain.launch_env import detect_launch_env
+    from hpctrain.runtime.node_local import node_local_root
+
+    torch.set_num_threads(1)
+    env = detect_launch_env(os.environ)
+    comm = make_communicator("gloo", timeout_s=60)
+    r = comm.rank
+    exchange = CommExchange(comm)
+    scratch = node_local_root() / "hpctrain-checkpoint-test"  # type: ignore[operator]
+    store = CheckpointStore(root, keep=3, rank=r, world_size=comm.size, exchange=exchange,
+                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=600))
+    shared = {"w": torch.arange(6.0)} if r == 0 else {}
+    store.commit(store.save_async(1, shared, per_rank={"rank": r, "x": torch.full((4,), 10.0 + r)}))
+    store.save(2, shared, per_rank={"rank": r, "x": torch.full((4,), 20.0 + r)})
+    result: dict = {"after_save": store.latest_valid().step}  # type: ignore[union-attr]
+    comm.barrier("test")
+    if r == 3:  # one byte of rank 3's own state in its node's file of step 2: every rank must fall back
+        path = Path(root) / "step-00000002" / "node-00002.pt"
+        member = read_index(path)[1][3]
+        data = bytearray(path.read_bytes())
+        data[member.offset + member.bytes // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    comm.barrier("test")
+    ckpt = store.latest_valid()
+    assert ckpt is not None
+    got_shared, mine = store.load(ckpt)
+    result.update(chosen=ckpt.step, rank_field=mine["rank"], x=mine["x"].tolist(), w=got_shared["w"].tolist())
+    try:  # rank 1's state cannot be pickled: its node's local rank 0 must hear of it, not wait 600 s
+        store.save(3, shared, per_rank={"rank": r, "bad": (lambda: 0)} if r == 1 else {"rank": r})
+        result["error"] = None
+    except CheckpointError as exc:
+        result["error"] = str(exc)
+    result["newest"] = store.checkpoints()[-1].step
+    store.close()
+    comm.barrier("test")
+    result["scratch_left"] = scratch.exists()
+    (Path(root) / f"result-{r}.json").write_text(json.dumps(result))
+    counters.write_record(Path(root).parent, r, comm.size, **work_counts.sections())
+    comm.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "counts":
         counts(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "ffn-input":
         ffn_input(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "checkpoint":
+        checkpoint(sys.argv[2])
     else:
         rendezvous(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
