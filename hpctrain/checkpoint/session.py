@@ -187,7 +187,7 @@ class CheckpointSession:
 def node_group(job: JobSpec, comm: Any, exchange: Exchange | None, environ: Mapping[str, str]) -> NodeGroup | None:
     """One checkpoint file per node (``checkpoint.layout: node``, the default) for a run of several ranks, where
     every rank has node-local storage to hand its state over; else None (one file per rank). Collective."""
-    if comm.size == 1 or exchange is None or getattr(job.checkpoint, "layout", "node") != "node":
+    if comm.size == 1 or exchange is None or job.checkpoint.layout != "node":
         return None
     root = node_local_root(environ)
     local_size = detect_launch_env(environ).local_size

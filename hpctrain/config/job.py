@@ -146,7 +146,8 @@ class TrainConfig(Strict):
     seed: int = 0
     log_every: int = Field(10, ge=1)
     comm_backend: Literal["auto", "mpi", "gloo", "nccl", "xccl"] = "auto"
-    collective_timeout_s: float = Field(300.0, gt=0, description="Abort when a collective takes longer")
+    collective_timeout_s: float = Field(300.0, gt=0, description="Abort when a collective takes longer; the one "
+                                        "setting every communication timeout derives from (docs/runtime.md, 'Timeouts')")
     grad_clip: float | None = Field(None, gt=0)
 
 
@@ -186,6 +187,9 @@ class CheckpointConfig(Strict):
     signal: Literal["USR1", "USR2", "TERM", "INT", "HUP", "XCPU"] = "USR2"
     signal_lead_s: int = Field(120, ge=10, le=MAX_COUNT,
                                description="Seconds before the walltime the warning signal comes (below the walltime)")
+    layout: Literal["node", "rank"] = Field(
+        "node", description="Rank states in one file per node (packed by the node's local rank 0) or one file per "
+                            "rank (docs/checkpoints.md, 'Per-node files')")
 
 
 class JobSpec(Strict):

@@ -23,7 +23,7 @@ from hpctrain.errors import RuntimeFailure
 from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
-from hpctrain.runtime import counters, devices
+from hpctrain.runtime import counters, devices, work_counts
 from hpctrain.runtime.combiners import build_combiner
 from hpctrain.runtime.comm import Communicator, make_communicator
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
@@ -150,6 +150,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
             task.observe(batch, aux)
             profiler.end()
             step += 1
+            work_counts.step_done()  # per-rank counts per step (one test when counting is off)
             loss_sum, loss_count, interval_steps = loss_sum + float(loss.detach()), loss_count + 1, interval_steps + 1
             if step % job.train.log_every == 0 or step == job.train.steps:
                 rate = interval_steps * task.samples_per_step / (time.perf_counter() - interval_start)
