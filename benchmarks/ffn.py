@@ -7,6 +7,7 @@ forward + backward = 3 × forward), and is compared with the machine's own float
     .venv/bin/python benchmarks/ffn.py            # full table, ~2-4 min on 2 cores
     .venv/bin/python benchmarks/ffn.py --quick    # ~30 s
     .venv/bin/python benchmarks/ffn.py --compile  # also torch.compile rows (adds its compile time)
+    .venv/bin/python benchmarks/ffn.py --flood [--checkpoint CKPT]  # flood fill vs the batched forward rate
 
 Timings are the best of interleaved rounds (warm-up excluded), which is what survives other processes on a
 shared machine; the load average at start and end is printed with the table.
@@ -154,6 +155,89 @@ def build_cases(size: Size, threads: int, compile_: bool) -> list[tuple[Row, Cal
     return cases
 
 
+def flood_model(size: Size, checkpoint: Path | None) -> tuple[nn.Module, tuple[int, int, int], dict]:
+    """The model whose flood is timed: a trained checkpoint, or the demo size with random weights whose last
+    bias makes every voxel object (each flood then visits every FOV it can reach: the loop's per-FOV cost)."""
+    from hpctrain.ffn.inference import load_model
+
+    if checkpoint is not None:
+        model, args, _ = load_model(checkpoint)
+        return model, tuple(int(v) for v in args["deltas"]), {k: args[k] for k in ("image_mean", "image_stddev")
+                                                                if k in args}
+    torch.manual_seed(0)
+    model = ConvStack3D(size.depth, size.features, (size.fov,) * 3)
+    with torch.no_grad():
+        model.conv_lom.bias.fill_(6.0)
+    return model.eval(), (max(1, size.fov // 5),) * 3, {}
+
+
+def flood_vs_forward(size: Size, threads: int, rounds: int, checkpoint: Path | None = None,
+                     batch: int = 8) -> list[dict]:
+    """Flood fill's FOVs per second (one canvas; four subvolume canvases in lock step) against the same
+    model's forward rate at batch 1 and at ``batch``, measured in interleaved rounds of this run."""
+    from hpctrain.ffn.inference import Canvas, InferenceConfig, segment_volumes_together
+    from hpctrain.ffn.seeds import make_seeds, within_margin
+    from hpctrain.ffn.synthetic import make_synthetic_volume
+
+    perf.set_threads(threads)
+    base, deltas, norm = flood_model(size, checkpoint)
+    fov = tuple(base.fov)
+    model = perf.tune_for_inference(base, torch.zeros(1, 2, *fov))
+    image, _ = make_synthetic_volume((48, 96, 96), 2)
+    cfg = InferenceConfig(fov=fov, deltas=deltas, min_segment_size=100, **norm)
+    seeds = within_margin(make_seeds("peaks", image), image.shape, [f // 2 for f in fov])
+    pieces = [image[:, :56, :56], image[:, :56, 40:], image[:, 40:, :56], image[:, 40:, 40:]]
+
+    def flood_once() -> tuple[int, float]:
+        canvas = Canvas(model, image, fov, deltas, **cfg.canvas_kwargs())
+        t = time.perf_counter()
+        canvas.segment_all(seeds)
+        return canvas.counters.get("ffn_calls", 0), time.perf_counter() - t
+
+    def together_once() -> tuple[int, float]:
+        counted = _CountingModule(model)
+        t = time.perf_counter()
+        segment_volumes_together(counted, pieces, {**cfg.__dict__, "seed_args": {}})
+        return counted.fovs, time.perf_counter() - t  # seeds of the pieces included: a small share
+
+    def forward_rate(b: int) -> float:
+        x = torch.randn(b, 2, *fov)
+        with torch.inference_mode():
+            model(x)
+            n, t = 0, time.perf_counter()
+            while n < 200 or time.perf_counter() - t < 1.0:
+                model(x)
+                n += b
+        return n / (time.perf_counter() - t)
+
+    best = {"flood": 0.0, "flood, 4 canvases together": 0.0, "forward batch 1": 0.0, f"forward batch {batch}": 0.0}
+    fovs = {}
+    for _ in range(rounds):
+        n, t = flood_once()
+        best["flood"], fovs["flood"] = max(best["flood"], n / t), n
+        n, t = together_once()
+        key = "flood, 4 canvases together"
+        best[key], fovs[key] = max(best[key], n / t), n
+        best["forward batch 1"] = max(best["forward batch 1"], forward_rate(1))
+        best[f"forward batch {batch}"] = max(best[f"forward batch {batch}"], forward_rate(batch))
+    batched = best[f"forward batch {batch}"]
+    return [{"case": k, "fovs_per_s": v, "of_batched_forward": v / batched, "fovs": fovs.get(k)}
+            for k, v in best.items()]
+
+
+class _CountingModule(nn.Module):
+    """Counts the FOVs a model is asked for."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+        self.fovs = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.fovs += int(x.shape[0])
+        return self.inner(x)
+
+
 def _with_threads(threads: int, step: Callable[[], object]) -> Callable[[], object]:
     def run() -> object:
         with perf.num_threads(threads):
@@ -249,7 +333,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="threads (default: all CPUs of this process)")
     ap.add_argument("--rounds", type=int, default=None, help="interleaved timing rounds (default 4, quick 2)")
     ap.add_argument("--json", type=Path, default=None, help="also write the rows and machine facts here")
+    ap.add_argument("--flood", action="store_true", help="only flood fill vs the batched forward rate (demo size)")
+    ap.add_argument("--checkpoint", type=Path, default=None, help="trained checkpoint for --flood")
     args = ap.parse_args(argv)
+    if args.flood:
+        threads = args.threads or perf.available_cpus()
+        load0 = os.getloadavg()
+        rows = flood_vs_forward(DEMO, threads, args.rounds or 3, args.checkpoint)
+        print(f"{DEMO.name}, {threads} threads, {'checkpoint ' + str(args.checkpoint) if args.checkpoint else 'random'}"
+              " weights; synthetic 48x96x96 volume")
+        print(f"{'case':28s} {'FOVs/s':>8s} {'of batched fwd':>15s} {'FOVs':>7s}")
+        for r in rows:
+            print(f"{r['case']:28s} {r['fovs_per_s']:8.1f} {r['of_batched_forward']:15.2f} {r['fovs'] or '':>7}")
+        print(f"load average start {load0[0]:.2f}, end {os.getloadavg()[0]:.2f}")
+        return 0
 
     warnings.simplefilter("ignore")  # TracerWarning etc.; failures are reported in the variant label
     threads = args.threads or perf.available_cpus()

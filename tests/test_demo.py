@@ -1,5 +1,7 @@
-"""The main job end to end at toy size: `hpctrain demo` trains through the local site with 2 ranks, segments,
-evaluates and writes its files. Whether the FFN beats the baseline is the full run's job, not this test's."""
+"""The main job end to end at toy size: `hpctrain demo` trains through the local site with 2 ranks, computes the
+baselines while it trains, segments, evaluates and writes its files; ``--more`` and ``--curve`` add the other
+volumes and the score of every kept checkpoint. Whether the FFN meets its targets is the full run's job, not
+this test's (8 steps)."""
 
 from __future__ import annotations
 
@@ -15,26 +17,33 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     env = {**os.environ, "HPCTRAIN_HOME": str(tmp_path / "home"), "HPCTRAIN_REGISTRY": str(tmp_path / "reg.db"),
            "HPCTRAIN_RUNS": str(tmp_path / "runs"), "OMP_NUM_THREADS": "1"}
     out = tmp_path / "demo"
     proc = subprocess.run(
         [sys.executable, "-m", "hpctrain", "demo", "--out", str(out), "--steps", "8",
-         "--volume-shape", "24", "40", "40", "--threads", "1"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=280, stdin=subprocess.DEVNULL)
+         "--volume-shape", "24", "40", "40", "--threads", "1", "--more", "--curve", "2"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=880, stdin=subprocess.DEVNULL)
     # Exit 0 (beats) or 1 (does not) are both fine after 8 steps; anything else is a failure.
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     text = proc.stdout
-    assert "FFN (trained)" in text and "baseline (conn. comp.)" in text
-    assert "the baseline on variation of information" in text
+    for row in ("FFN (trained)", "watershed (tuned on train)", "baseline (conn. comp.)", "targets on the held-out",
+                "the tuned watershed baseline on variation of information", "FFN on the 3 extra seeds: VOI"):
+        assert row in text, row
+    assert "generalisation" in text and "Traceback" not in proc.stderr
 
     scores = json.loads((out / "scores.json").read_text())
-    for name in ("ffn", "baseline"):
+    for name in ("ffn", "watershed", "baseline"):
         assert scores[name]["voi"] == pytest.approx(scores[name]["voi_split"] + scores[name]["voi_merge"])
         assert 0.0 <= scores[name]["adapted_rand_error"] <= 1.0
     assert scores["seconds"]["total"] > 0
+    assert set(scores["more"]) == {"seed 3", "seed 4", "seed 5", "generalisation"}
+    tuning = scores["watershed_tuning"]  # chosen on the training volume: the lowest VOI of its grid there
+    assert min(t["voi"] for t in tuning["grid"]) == pytest.approx(
+        next(t["voi"] for t in tuning["grid"] if all(t[k] == v for k, v in tuning["params"].items())))
+    assert [p["step"] for p in scores["curve"]] == [4, 8] and (out / "curve.png").exists()
 
     png = out / "demo.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -156,6 +156,8 @@ class Canvas:
         movement_order: str = "fifo",
         device: str = "cpu",
         max_seed_distance: int = 0,
+        self_prediction: float = 0.0,
+        self_prediction_min_voxels: int = 50,
     ) -> None:
         import torch
 
@@ -200,6 +202,10 @@ class Canvas:
         # id -> {earlier id: (its voxels this object's FOVs predicted above the segment threshold, all it predicted)}
         self.contacts: dict[int, dict[int, tuple[int, int]]] = {}
         self.max_seed_distance = int(max_seed_distance)
+        self.self_prediction = float(self_prediction)
+        self.self_prediction_min_voxels = int(self_prediction_min_voxels)
+        self._bare_seed = np.full(self.fov, self.pad_logit, dtype=np.float32)
+        self._bare_seed[tuple(f // 2 for f in self.fov)] = self.init_logit
         self._start: Position | None = None
         self.counters: dict[str, int] = {}
         self._max_id = 0
@@ -317,6 +323,14 @@ class Canvas:
             if not self.seed[start] >= self.move_logit:
                 self._count("seed_got_too_weak")
                 break
+            if self.self_prediction > 0 and pos != start:
+                # The model's own answer from a bare seed here must claim the object the flood brought here;
+                # a flood that crossed a faint membrane meets a neighbour that does not (docs/ffn_inference.md).
+                bare = yield pos, self._bare_seed
+                if not self._agrees(pos, bare):
+                    self._count("self_prediction_rejects")
+                    self.movement.mark_visited(pos)
+                    continue
             logits = yield pos, self.seed_at(pos)
             self.write_back(pos, logits)
             p = np.asarray(pos, dtype=np.int64)
@@ -326,6 +340,13 @@ class Canvas:
             self.movement.update(logits, pos)
         self._count("ffn_calls", iters)
         return iters
+
+    def _agrees(self, pos: Position, bare: np.ndarray) -> bool:
+        """Whether a bare-seed prediction at ``pos`` claims enough of the object voxels already in its FOV."""
+        known = self.seed[self._fov_box(pos)] >= self.segment_logit
+        if int(known.sum()) < self.self_prediction_min_voxels:
+            return True
+        return float(np.mean(bare[known] >= self.segment_logit)) >= self.self_prediction
 
     def _too_close(self, pos: Position) -> bool:
         sel = tuple(slice(max(p - d, 0), p + d + 1) for p, d in zip(pos, self.min_boundary_dist, strict=True))
@@ -436,6 +457,7 @@ class InferenceConfig:
     # pieces are then joined where a later piece's FFN prediction claims at least ``agglomerate_threshold`` of
     # the voxels of an earlier one that it saw (``agglomeration.py``), over ``min_contact`` voxels or more.
     max_seed_distance: int = 0
+    self_prediction: float = 0.0
     agglomerate_threshold: float = 0.0
     min_contact: int = 100
 
@@ -467,6 +489,7 @@ class InferenceConfig:
             "movement_order": self.movement_order,
             "device": self.device,
             "max_seed_distance": self.max_seed_distance,
+            "self_prediction": self.self_prediction,
         }
 
 

@@ -122,6 +122,10 @@ class FaceMaxMovementPolicy:
                 return pos
         return None
 
+    def mark_visited(self, pos: Sequence[int]) -> None:
+        """Count ``pos``'s cell as visited without queueing moves from it (a rejected FOV)."""
+        self.done.add(quantize_position(pos, self._start, self.deltas))
+
     def update(self, prob: np.ndarray, pos: Sequence[int]) -> None:
         """Mark ``pos`` visited and queue the face-maximum moves of the prediction ``prob`` centred there."""
         self.done.add(quantize_position(pos, self._start, self.deltas))
