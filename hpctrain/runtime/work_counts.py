@@ -50,7 +50,7 @@ class WorkCounts:
     ``train``) and per category (gradients, stop flag, metrics, checkpoint, ...: ``category(label)``)."""
 
     traffic: dict[str, dict[str, Traffic]] = field(default_factory=dict)
-    algorithms: dict[str, str] = field(default_factory=dict)  # kind -> the algorithm the counts assume
+    algorithms: dict[str, list[str]] = field(default_factory=dict)  # kind -> the algorithms the counts assumed
     inputs: dict[str, InputTally] = field(default_factory=dict)
     checkpoints: dict[str, dict[str, int]] = field(default_factory=dict)  # step -> files and bytes written
     steps: int = 0
@@ -61,7 +61,9 @@ class WorkCounts:
     def add_traffic(self, label: str, traffic: Traffic, algorithm: str, kind: str) -> None:
         table = self.traffic.setdefault(self.phase, {})
         table.setdefault(category(label), Traffic()).add(traffic)
-        self.algorithms.setdefault(kind, algorithm)
+        seen = self.algorithms.setdefault(kind, [])
+        if algorithm not in seen:
+            seen.append(algorithm)
 
     def add_input(self, source: str, nbytes: int, reads: int = 1, epoch: int | None = None) -> None:
         tally = self.inputs.setdefault(source, InputTally())
@@ -92,7 +94,7 @@ class WorkCounts:
             "started": self.started,
             "first_step_end": self.first_step_end,
             "traffic": {phase: {cat: asdict(t) for cat, t in table.items()} for phase, table in self.traffic.items()},
-            "algorithms": dict(self.algorithms),
+            "algorithms": {kind: list(names) for kind, names in self.algorithms.items()},
             "inputs": {name: asdict(t) for name, t in self.inputs.items()},
             "checkpoints": {step: dict(v) for step, v in self.checkpoints.items()},
         }
