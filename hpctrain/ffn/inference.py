@@ -158,6 +158,7 @@ class Canvas:
         max_seed_distance: int = 0,
         self_prediction: float = 0.0,
         self_prediction_min_voxels: int = 50,
+        self_prediction_radius: int = 0,
     ) -> None:
         import torch
 
@@ -185,7 +186,9 @@ class Canvas:
         self.image = image
         norm = (image.astype(np.float32) - np.float32(image_mean)) / np.float32(image_stddev)
         self._image_t = torch.from_numpy(norm).to(self.device)
-        self._input = torch.empty((1, 2, *self.fov), dtype=torch.float32, device=self.device)
+        # Channels-last like the tuned model's weights, so the model's input conversion is a no-op.
+        self._input = torch.empty((1, 2, *self.fov), dtype=torch.float32, device=self.device).contiguous(
+            memory_format=torch.channels_last_3d)
 
         self.move_logit = logit(move_threshold)
         self.segment_logit = logit(segment_threshold)
@@ -206,12 +209,17 @@ class Canvas:
         self.self_prediction_min_voxels = int(self_prediction_min_voxels)
         self._bare_seed = np.full(self.fov, self.pad_logit, dtype=np.float32)
         self._bare_seed[tuple(f // 2 for f in self.fov)] = self.init_logit
+        self._near = None  # the voxels of a FOV the check looks at: all, or those within a radius of its centre
+        if self_prediction_radius:
+            axes = np.ogrid[tuple(slice(-(f // 2), f // 2 + 1) for f in self.fov)]
+            self._near = sum(a.astype(np.float32) ** 2 for a in axes) <= float(self_prediction_radius) ** 2
         self._start: Position | None = None
         self.counters: dict[str, int] = {}
         self._max_id = 0
-        self._dirty: tuple[np.ndarray, np.ndarray] | None = None  # seed box written since the last reset
-        self._min_pos = np.zeros(3, dtype=np.int64)
-        self._max_pos = np.zeros(3, dtype=np.int64)
+        self._dirty: tuple[list[int], list[int]] | None = None  # seed box written since the last reset
+        # Plain ints, not numpy: these are updated once per FOV.
+        self._min_pos = [0, 0, 0]
+        self._max_pos = [0, 0, 0]
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -231,8 +239,7 @@ class Canvas:
             lo, hi = self._dirty
             self.seed[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]] = np.nan
         self.seed[pos] = self.init_logit
-        p = np.asarray(pos, dtype=np.int64)
-        self._dirty = (p.copy(), p + 1)
+        self._dirty = ([int(v) for v in pos], [int(v) + 1 for v in pos])
 
     def is_valid_pos(self, pos: Position, ignore_move_threshold: bool = False) -> bool:
         """Whether to run the FFN at ``pos`` (``Canvas.is_valid_pos``).
@@ -284,20 +291,18 @@ class Canvas:
 
     def seed_at(self, pos: Position) -> np.ndarray:
         """The seed logits of the FOV at ``pos`` as the model sees them: NaN (not predicted yet) as the pad."""
-        logit_seed = self.seed[self._fov_box(pos)].copy()
-        logit_seed[np.isnan(logit_seed)] = self.pad_logit
-        return logit_seed
+        return np.nan_to_num(self.seed[self._fov_box(pos)], nan=self.pad_logit)
 
     def write_back(self, pos: Position, logits: np.ndarray) -> None:
         """Overwrite the object map's FOV at ``pos`` with the model's logits; remember the box for the reset."""
         box = self._fov_box(pos)
         self.seed[box] = logits
-        lo = np.array([b.start for b in box], dtype=np.int64)
-        hi = np.array([b.stop for b in box], dtype=np.int64)
         if self._dirty is None:
-            self._dirty = (lo, hi)
+            self._dirty = ([b.start for b in box], [b.stop for b in box])
         else:
-            self._dirty = (np.minimum(self._dirty[0], lo), np.maximum(self._dirty[1], hi))
+            lo, hi = self._dirty
+            self._dirty = ([min(a, b.start) for a, b in zip(lo, box, strict=True)],
+                           [max(a, b.stop) for a, b in zip(hi, box, strict=True)])
 
     def segment_at(self, start: Position) -> int:
         """Flood one object from ``start`` until the move queue is empty; returns the FFN call count.
@@ -313,8 +318,8 @@ class Canvas:
         self._start = start
         self.movement.reset(start)
         self.movement.append(2.0 * self.move_logit, start)  # any score: it is consumed at once
-        self._min_pos = np.asarray(start, dtype=np.int64)
-        self._max_pos = np.asarray(start, dtype=np.int64)
+        self._min_pos = list(start)
+        self._max_pos = list(start)
         iters = 0
         while True:
             pos = self.movement.next_position(self.is_valid_pos)
@@ -333,9 +338,8 @@ class Canvas:
                     continue
             logits = yield pos, self.seed_at(pos)
             self.write_back(pos, logits)
-            p = np.asarray(pos, dtype=np.int64)
-            self._min_pos = np.minimum(self._min_pos, p)
-            self._max_pos = np.maximum(self._max_pos, p)
+            self._min_pos = [min(a, b) for a, b in zip(self._min_pos, pos, strict=True)]
+            self._max_pos = [max(a, b) for a, b in zip(self._max_pos, pos, strict=True)]
             iters += 1
             self.movement.update(logits, pos)
         self._count("ffn_calls", iters)
@@ -344,6 +348,8 @@ class Canvas:
     def _agrees(self, pos: Position, bare: np.ndarray) -> bool:
         """Whether a bare-seed prediction at ``pos`` claims enough of the object voxels already in its FOV."""
         known = self.seed[self._fov_box(pos)] >= self.segment_logit
+        if self._near is not None:
+            known &= self._near
         if int(known.sum()) < self.self_prediction_min_voxels:
             return True
         return float(np.mean(bare[known] >= self.segment_logit)) >= self.self_prediction
@@ -458,6 +464,7 @@ class InferenceConfig:
     # the voxels of an earlier one that it saw (``agglomeration.py``), over ``min_contact`` voxels or more.
     max_seed_distance: int = 0
     self_prediction: float = 0.0
+    self_prediction_radius: int = 0
     agglomerate_threshold: float = 0.0
     min_contact: int = 100
 
@@ -490,6 +497,7 @@ class InferenceConfig:
             "device": self.device,
             "max_seed_distance": self.max_seed_distance,
             "self_prediction": self.self_prediction,
+            "self_prediction_radius": self.self_prediction_radius,
         }
 
 
