@@ -134,6 +134,12 @@ def figure(ncols: int = 1, width: float = 5.0) -> tuple[Any, Any]:
     return fig, axes[0]
 
 
+def log_ticks(ax: Any, values: Sequence[float]) -> None:
+    """A log axis labelled at the values measured, written plainly."""
+    ax.set_xticks(list(values), [f"{v:g}" for v in values])
+    ax.minorticks_off()
+
+
 def save(fig: Any, out: Path, name: str) -> str:
     import matplotlib.pyplot as plt
 
@@ -204,7 +210,7 @@ def check_real_ranks(sizes: Sizes, out: Path, work: Path) -> Row:
     holds = all(d <= TOLERANCE for d in diffs.values())
     measured = "; ".join(f"{k}: {v:.1e}" for k, v in diffs.items())
     return Row("simulation = real ranks", f"`mpiexec -n {ranks}`, the trainer (runtime/trainer.py) on the digits "
-               f"CNN, {steps} steps, every combiner; max \\|parameter difference\\| over all ranks, tolerance "
+               f"CNN, {steps} steps, every combiner; max |parameter difference| over all ranks, tolerance "
                f"{TOLERANCE:g}", measured, holds, data={"max_abs_diff": diffs})
 
 
@@ -222,7 +228,8 @@ def train_on_ranks(run_dirs: Sequence[str]) -> int:
 
 
 def digits_before_after(sizes: Sizes, out: Path, work: Path) -> Row:
-    """400 steps of batch 16, SGD momentum 0.9, lr 0.05 (the issue's new user) on the model before and after."""
+    """400 steps of batch 16, SGD momentum 0.9, lr 0.05 (the issue's new user) on the model before the fix, with
+    each of the fix's three changes alone, and after (hpctrain/models/digits.py)."""
     from torch import nn
 
     from hpctrain.models.digits import SmallResNet, load_digits_tensors
@@ -237,27 +244,45 @@ def digits_before_after(sizes: Sizes, out: Path, work: Path) -> Row:
             return x + self.conv2(torch.relu(self.conv1(torch.relu(x))))
 
     class OldSmallResNet(nn.Module):
-        def __init__(self, c: int = 16, blocks: int = 2) -> None:
+        """``spatial``: the new head (2x2 pool, 4x4 grid); ``he``: He initialisation; else as it was."""
+
+        def __init__(self, c: int = 16, blocks: int = 2, spatial: bool = False, he: bool = False) -> None:
             super().__init__()
             self.stem = nn.Conv2d(1, c, 3, padding=1)
             self.blocks = nn.Sequential(*[OldResidualBlock(c) for _ in range(blocks)])
-            self.head = nn.Linear(c, 10)
+            self.spatial = spatial
+            self.head = nn.Linear(c * 16 if spatial else c, 10)
+            for m in self.modules():
+                if he and isinstance(m, nn.Conv2d):
+                    nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+                    nn.init.zeros_(m.bias)
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return self.head(torch.relu(self.blocks(self.stem(x))).mean(dim=(2, 3)))
+            h = torch.relu(self.blocks(self.stem(x)))
+            return self.head(nn.functional.avg_pool2d(h, 2).flatten(1) if self.spatial else h.mean(dim=(2, 3)))
 
     torch.set_num_threads(1)
     steps, every = sizes.pick(400, 100), 25
     images, labels = load_digits_tensors()
-    raw_train, raw_test = images[297:], images[:297]
-    norm = ((raw_train - raw_train.mean()) / raw_train.std(), (raw_test - raw_train.mean()) / raw_train.std())
-    runs: dict[str, list[tuple[list[int], list[float]]]] = {"before": [], "after": []}
-    seconds: dict[str, list[float]] = {"before": [], "after": []}
-    for name, build, (train_x, test_x) in (("before", OldSmallResNet, (raw_train, raw_test)),
-                                            ("after", SmallResNet, norm)):
+    raw = (images[297:], images[:297])
+    mean, std = raw[0].mean(), raw[0].std()
+    norm = ((raw[0] - mean) / std, (raw[1] - mean) / std)
+    variants: dict[str, tuple[Callable[[], nn.Module], tuple[torch.Tensor, torch.Tensor]]] = {
+        "before": (OldSmallResNet, raw),
+        "standardised input only": (OldSmallResNet, norm),
+        "He init only": (lambda: OldSmallResNet(he=True), raw),
+        "spatial head only": (lambda: OldSmallResNet(spatial=True), raw),
+        "after": (SmallResNet, norm),
+    }
+    runs: dict[str, list[tuple[list[int], list[float]]]] = {name: [] for name in variants}
+    seconds: dict[str, list[float]] = {name: [] for name in variants}
+    spread: dict[str, list[float]] = {name: [] for name in variants}
+    for name, (build, (train_x, test_x)) in variants.items():
         for seed in sizes.seeds:
             torch.manual_seed(seed)
             model = build()
+            with torch.no_grad():  # how much the logits differ between images before training
+                spread[name].append(float(model(test_x).std(0).mean()))
             opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
             stream = ShardedIndexStream(len(train_x), 16, 0, 1, seed)
             xs, accs, started = [], [], time.perf_counter()
@@ -272,11 +297,12 @@ def digits_before_after(sizes: Sizes, out: Path, work: Path) -> Row:
                     xs.append(step)
             seconds[name].append(time.perf_counter() - started)
             runs[name].append((xs, accs))
-    fig, (ax,) = figure()
-    for name, style in (("before", {"ls": "--"}), ("after", {})):
-        band(ax, runs[name], f"{name} the fix", **style)
-    ax.set(xlabel="step (batch 16)", ylabel="test accuracy", title="digits CNN, SGD m=0.9 lr=0.05")
-    ax.legend()
+    fig, (ax,) = figure(width=6.0)
+    for name, style in zip(variants, ({"ls": "--", "color": "C3"}, {"ls": ":"}, {"ls": ":"}, {"ls": ":"},
+                                      {"color": "C0"}), strict=True):
+        band(ax, runs[name], name, **style)
+    ax.set(xlabel="step (batch 16)", ylabel="test accuracy", title="digits CNN, SGD m=0.9 lr=0.05", ylim=(0, 1))
+    ax.legend(fontsize=8)
     png = save(fig, out, "digits_before_after")
     final = {k: [r[1][-1] for r in v] for k, v in runs.items()}
     at100 = {k: [r[1][3] for r in v] for k, v in runs.items()}
@@ -286,7 +312,8 @@ def digits_before_after(sizes: Sizes, out: Path, work: Path) -> Row:
                 f"{pm(at100['after'], 100)} %); {pm(seconds['after'], digits=1)} s per run")
     return Row("digits CNN learns in seconds", f"batch 16, SGD momentum 0.9, lr 0.05, {steps} steps, "
                f"{len(sizes.seeds)} seeds; the fix: standardised input, 2x2-pooled spatial head, He init",
-               measured, holds, png, data={"final": final, "at_100": at100, "seconds": seconds})
+               measured, holds, png, data={"final": final, "at_100": at100, "seconds": seconds,
+                                           "logit_spread": spread})
 
 
 # ------------------------------------------------------------------------------------------------ Adasum
@@ -339,6 +366,7 @@ def adasum_claim(sizes: Sizes, out: Path, work: Path) -> Row:
                     label="Adasum" if kind == "adasum" else "mean (linear scaling)", **style)
     ax.set(xscale="log", title=f"LR sensitivity, K = {sweep_k}", xlabel="base LR (one worker)",
            ylabel="final test accuracy (0 = diverged)", ylim=(0, 1))
+    log_ticks(ax, lrs)
     ax.legend(fontsize=8)
     png = save(fig, out, "adasum")
     # Held: Adasum converges (>= 80 % test accuracy) at every K, and the mean stalls (< 50 %) or diverges at
@@ -537,6 +565,7 @@ def legw_claim(sizes: Sizes, out: Path, work: Path) -> Row:
         axes[1].errorbar(scales, [m for m, _ in finals], yerr=[s for _, s in finals], capsize=3, label=label, **style)
     axes[1].set(xscale="log", xlabel="batch / base batch", ylabel=f"validation loss after {epochs} epochs",
                 title="same epochs, no retuning")
+    log_ticks(axes[1], scales)
     axes[1].legend(fontsize=8)
     png = save(fig, out, "legw")
     base = mean_std([valid(r) for r in results["LEGW"][1]])
@@ -584,6 +613,7 @@ def ffn_claim(sizes: Sizes, out: Path, work: Path) -> Row:
         band(axes[1], curves[rule][nodes[-1]], f"{rule}, {nodes[-1]} nodes", ls=style["ls"] if "ls" in style else "-")
     axes[0].set(xscale="log", xlabel="virtual nodes (1 FOV each)", ylabel=f"training loss, last {max(1, steps // 4)} "
                 "steps", title="FFN: LR scaling rule")
+    log_ticks(axes[0], nodes)
     axes[0].legend(fontsize=8)
     axes[1].set(xlabel="step", ylabel="training loss (mean of 10 steps)", title=f"{nodes[-1]} virtual nodes")
     axes[1].legend(fontsize=8)
@@ -610,11 +640,18 @@ CLAIMS: dict[str, Callable[[Sizes, Path, Path], Row]] = {
 }
 
 
+# The rows' claim names, in the order of CLAIMS (a partial run keeps the table in this order).
+CLAIM_NAMES = ["simulation = real ranks", "digits CNN learns in seconds", "Adasum at large batch (Maleki et al.)",
+               "AdaComp ≥40x conv, ≥200x FC, ≤1 % loss (Chen et al.)", "DaSGD delay 1, 2 ≈ synchronous SGD",
+               "LEGW for LSTM (You et al.)", "FFN: sqrt beats linear LR scaling beyond 16 nodes (Dong et al.)"]
+
+
 def table(rows: Sequence[Row]) -> str:
     lines = ["| claim | setting | measured | holds? |", "|---|---|---|---|"]
     for r in rows:
         holds = {True: "yes", False: "**no**", None: "—"}[r.holds]
-        lines.append(f"| {r.claim} | {r.setting} | {r.measured} | {holds} |")
+        cells = (text.replace("|", "\\|") for text in (r.claim, r.setting, r.measured))  # | ends a cell
+        lines.append("| " + " | ".join([*cells, holds]) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -639,8 +676,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows.append(row)
             print(f"[{row.seconds:6.0f} s] {row.claim}: {row.measured} -> holds: {row.holds}", flush=True)
     total = time.perf_counter() - started
-    summary = {"quick": args.quick, "seconds": total, "load_average_start": load_at_start,
-               "load_average_end": os.getloadavg(), "cores": os.cpu_count(), "rows": [asdict(r) for r in rows]}
+    kept, runs = [], []
+    previous = args.out / "results.json"
+    if args.only and previous.exists():  # the other claims' rows of an earlier run in this folder stay
+        earlier = json.loads(previous.read_text())
+        if earlier.get("quick") == args.quick:
+            names = {r.claim for r in rows}
+            kept = [Row(**r) for r in earlier["rows"] if r["claim"] not in names]
+            runs = earlier.get("runs", [])
+    order = {name: i for i, name in enumerate(CLAIM_NAMES)}
+    rows = sorted([*kept, *rows], key=lambda r: order.get(r.claim, len(order)))
+    runs.append({"claims": args.only or list(CLAIMS), "seconds": total, "load_average_start": load_at_start,
+                 "load_average_end": os.getloadavg(), "cores": os.cpu_count()})
+    summary = {"quick": args.quick, "runs": runs, "rows": [asdict(r) for r in rows]}
     (args.out / "results.json").write_text(json.dumps(summary, indent=1, default=str))
     (args.out / "table.md").write_text(table(rows))
     print(table(rows))
