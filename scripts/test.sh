@@ -35,7 +35,7 @@ if [[ $# -eq 0 ]]; then
     set -- tests
 fi
 t_py=$(date +%s)
-.venv/bin/python -m pytest -q -ra "$@"
+.venv/bin/python -m pytest -q -ra --durations=30 "$@"
 pytest_rc=$?
 echo "[test] pytest exit $pytest_rc in $(( $(date +%s) - t_py )) s"
 

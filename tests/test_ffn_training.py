@@ -20,6 +20,7 @@ from hpctrain.ffn.training import (
     ExampleStream,
     StreamConfig,
     clip_gradients_,
+    crop,
     epoch_coordinates,
     fixed_offsets,
     fixed_shifts,
@@ -320,3 +321,28 @@ def test_ffn_task_single_fov_steps_survive_a_resume(tmp_path: Path) -> None:
     started = resumed.stream.examples_started
     step(resumed)  # ... and keeps it for the next step
     assert resumed.stream.examples_started == started == 4
+
+
+def test_bare_seed_steps_may_use_a_smaller_fov() -> None:
+    """single_fov: the bare-seed batches are that FOV around the seed, then the moving examples the full FOV."""
+    image, labels = make_synthetic_volume((20, 28, 28), seed=3)
+    coords = np.array([[10, 14, 14]] * 12)
+    cfg = StreamConfig(fov=(7, 7, 7), deltas=(2, 2, 2), batch_size=2, single_fov_examples=4, single_fov=(5, 5, 5),
+                       shuffle_moves=False)
+    stream = ExampleStream(image, labels, iter(coords), cfg)
+    shapes = []
+    for _ in range(4):
+        batch = stream.next_batch()
+        shapes.append(tuple(batch.image.shape))
+        assert batch.seed.shape == batch.labels.shape == batch.image.shape
+        stream.update(torch.full(batch.image.shape, 5.0))
+    assert shapes == [(2, 1, 5, 5, 5)] * 2 + [(2, 1, 7, 7, 7)] * 2
+    full = ExampleStream(image, labels, iter(coords), StreamConfig(fov=(7, 7, 7), deltas=(2, 2, 2), batch_size=2,
+                                                                   single_fov_examples=4, shuffle_moves=False))
+    small = ExampleStream(image, labels, iter(coords), cfg)
+    a, b = full.next_batch(), small.next_batch()
+    assert np.array_equal(crop(a.image[0, 0].numpy(), (0, 0, 0), (5, 5, 5)), b.image[0, 0].numpy())  # same centre
+    with pytest.raises(ValueError, match="do not match the last batch"):
+        small.update(torch.zeros(2, 1, 7, 7, 7))
+    with pytest.raises(ValueError, match="no larger than fov"):
+        ExampleStream(image, labels, iter(coords), StreamConfig(fov=(7, 7, 7), deltas=(2, 2, 2), single_fov=(9, 9, 9)))

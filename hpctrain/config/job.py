@@ -146,8 +146,9 @@ class TrainConfig(Strict):
     seed: int = 0
     log_every: int = Field(10, ge=1)
     comm_backend: Literal["auto", "mpi", "gloo", "nccl", "xccl"] = "auto"
-    collective_timeout_s: float = Field(300.0, gt=0, description="Abort when a collective takes longer; the one "
-                                        "setting every communication timeout derives from (docs/runtime.md, 'Timeouts')")
+    collective_timeout_s: float = Field(
+        300.0, gt=0, description="Abort when a collective takes longer; the one setting every communication "
+        "timeout derives from (docs/runtime.md, 'Timeouts')")
     grad_clip: float | None = Field(None, gt=0)
 
 

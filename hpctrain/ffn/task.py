@@ -45,7 +45,7 @@ IN_MEMORY_BYTES = 512 * 2**20
 # model_args key -> StreamConfig field, for the training-example options of google/ffn train.py
 STREAM_FIELDS = {"fov_policy": "policy", "fov_moves": "fov_moves", "faces_only": "faces_only",
                  "move_threshold": "threshold", "permutable_axes": "permutable_axes",
-                 "reflectable_axes": "reflectable_axes"}
+                 "reflectable_axes": "reflectable_axes", "single_fov_size": "single_fov"}
 
 
 def _args(model_args: Mapping[str, Any] | FFNModelArgs) -> FFNModelArgs:

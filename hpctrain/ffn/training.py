@@ -205,6 +205,9 @@ class StreamConfig:
     # canvas that already holds the object, which teaches copying; bare-seed FOVs teach the FFN's core skill
     # (which voxels connect to the seed) several times faster (docs/ffn.md, "the demo").
     single_fov_examples: int = 0
+    # The FOV of those bare-seed examples (None: ``fov``). The network is fully convolutional, so a smaller one
+    # teaches the same local skill for fewer voxels per example (a batch of bare seeds only; docs/ffn.md).
+    single_fov: Zyx | None = None
 
     def training_size(self) -> Zyx:
         """Box loaded per example: fov + 2·deltas·moves (train_image_size / train_canvas_size)."""
@@ -254,6 +257,10 @@ class ExampleStream:
         if config.shuffle_moves:
             self._shifts = [self._shifts[i] for i in self._rng.permutation(len(self._shifts))]
         self._slots: list[_Slot | None] = [None] * config.batch_size
+        self._batch_fov: Zyx = tuple(config.fov)  # type: ignore[assignment]
+        if config.single_fov is not None and any(
+                s > f or s % 2 == 0 for s, f in zip(config.single_fov, config.fov, strict=True)):
+            raise ValueError(f"single_fov {config.single_fov} must be odd and no larger than fov {config.fov}")
         self.counts = VoxelCounts()
         self.examples_started = 0
         # Examples this stream's coordinates had already given (a resumed run): counts toward single_fov_examples.
@@ -292,13 +299,16 @@ class ExampleStream:
         return _Slot(coord, transform, img, lab, canvas, moves)  # type: ignore[arg-type]
 
     def _finish(self, slot: _Slot) -> None:
-        counts = _counts(slot.canvas, slot.labels, self.config.eval_threshold)
+        canvas, labels = slot.canvas, slot.labels
+        if isinstance(slot.moves, BareSeed) and self.config.single_fov:  # scored where it was predicted
+            single = self.config.single_fov
+            canvas, labels = crop(canvas, (0, 0, 0), single), crop(labels, (0, 0, 0), single)
+        counts = _counts(canvas, labels, self.config.eval_threshold)
         counts.examples = 1
         self.counts.add(counts)
 
     def next_batch(self) -> FovBatch:
         """The next FOV of every slot; raises StopIteration when the coordinates run out."""
-        fov = self.config.fov
         for i in range(len(self._slots)):
             while True:
                 slot = self._slots[i]
@@ -311,6 +321,9 @@ class ExampleStream:
                 self._finish(slot)
                 self._slots[i] = None
         slots = [s for s in self._slots if s is not None]
+        bare = all(isinstance(s.moves, BareSeed) for s in slots)
+        fov = self.config.single_fov if bare and self.config.single_fov else self.config.fov
+        self._batch_fov = tuple(fov)
 
         def stack(get: Any) -> torch.Tensor:
             return torch.from_numpy(np.stack([get(s) for s in slots])[:, None].copy())
@@ -325,7 +338,7 @@ class ExampleStream:
     def update(self, logits: torch.Tensor | np.ndarray) -> None:
         """Write the model's (B, 1, Z, Y, X) logits back into each slot's canvas at its current offset."""
         values = logits.detach().cpu().numpy() if isinstance(logits, torch.Tensor) else np.asarray(logits)
-        if values.shape[0] != len(self._slots) or values.shape[2:] != tuple(self.config.fov):
+        if values.shape[0] != len(self._slots) or values.shape[2:] != self._batch_fov:
             raise ValueError(
                 f"logits of shape {values.shape} do not match the last batch ({len(self._slots)}, 1, fov)"
             )

@@ -88,9 +88,16 @@ class FFNModelArgs(Strict):
     permutable_axes: Axes = Field((1, 2), description="--permutable_axes (0 = z, 1 = y, 2 = x)")
     reflectable_axes: Axes = Field((0, 1, 2), description="--reflectable_axes")
     single_fov_steps: int = Field(0, ge=0, description="First steps train on bare-seed FOVs only (no movement)")
+    single_fov_size: FovSize | None = Field(None, description="FOV of those bare-seed steps (default: fov)")
     image_mean: float | None = Field(None, description="Image normalisation (default: the training volume's)")
     image_stddev: float | None = Field(None, gt=0, description="Image normalisation (default: the volume's)")
     clip: float = Field(GRADIENT_CLIP, gt=0, description="Per-element gradient clip after the reduction")
+
+    @model_validator(mode="after")
+    def _single_fov_fits(self) -> FFNModelArgs:
+        if self.single_fov_size is not None and any(s > f for s, f in zip(self.single_fov_size, self.fov, strict=True)):
+            raise ValueError(f"single_fov_size {list(self.single_fov_size)} must not exceed fov {list(self.fov)}")
+        return self
 
     @model_validator(mode="after")
     def _permutable_axes_match(self) -> FFNModelArgs:
@@ -202,6 +209,11 @@ class InferenceSettings(Strict):
     device: str | None = None
     reseed_passes: int | None = Field(None, ge=0)
     expand_labels: int | None = Field(None, ge=0)
+    max_seed_distance: int | None = Field(None, ge=0)
+    self_prediction: Annotated[float, Field(ge=0, le=1)] | None = None
+    self_prediction_radius: int | None = Field(None, ge=0)
+    agglomerate_threshold: Annotated[float, Field(ge=0, le=1)] | None = None
+    min_contact: int | None = Field(None, ge=0)
 
 
 class EvalVolume(_VolumeSource):

@@ -1,0 +1,1 @@
+REFUSED: jobs/lstm-local.yaml:18: resources.account: site 'polaris' needs an account (allocation/project) to charge; set resources.account or the site's account

@@ -1,0 +1,1 @@
+REFUSED: jobs/resnet-local.yaml:18: resources.account: site 'aurora' needs an account (allocation/project) to charge; set resources.account or the site's account
