@@ -6,7 +6,9 @@ probes are polled by tracking.py without any change there; the local back-end re
 from __future__ import annotations
 
 import ast
+import json
 import sys
+import time
 import types
 import typing
 from collections.abc import Mapping
@@ -17,7 +19,7 @@ import pytest
 import hpctrain.submission
 from hpctrain.config.site import SchedulerName
 from hpctrain.errors import ConfigError, FitError, SchedulerError
-from hpctrain.submission.schedulers import base
+from hpctrain.submission.schedulers import base, local_controller
 from hpctrain.submission.schedulers.base import Scheduler, StatusProbe, get_scheduler, known_schedulers
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
@@ -172,3 +174,25 @@ def test_the_local_controller_reads_the_scripts_directives(tmp_path: Path) -> No
     script.write_text("#!/bin/bash\necho hi\n#LOCAL --walltime-s=5\n")  # after the first command: not read
     with pytest.raises(SystemExit):
         read_directives(script)
+
+
+def test_a_zombie_supervisor_has_ended(tmp_path: Path) -> None:
+    """Where PID 1 reaps no orphans (a CI container whose first process is a shell), an ended supervisor stays a
+    zombie with its pid and start time: a continuation in its run directory must not be refused as 'still runs'.
+    A real zombie: a child of this test that has exited and is not waited for yet."""
+    import subprocess as sp
+
+    child = sp.Popen(["sleep", "0.2"])
+    started = local_controller._process_start_time(child.pid)
+    assert started is not None
+    (tmp_path / local_controller.PID_FILE).write_text(json.dumps({"pid": child.pid, "start_time": started}))
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert local_controller._process_start_time(child.pid) is None  # still in /proc, but ended
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    job = local_controller.start(script, tmp_path, walltime_s=60)
+    assert job != str(child.pid)
+    child.wait()

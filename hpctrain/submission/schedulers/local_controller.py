@@ -55,11 +55,13 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 
 def _process_start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid`` (to tell our supervisor from a later process with the same pid)."""
+    """The kernel's start time of ``pid`` (to tell our supervisor from a later process with the same pid); None
+    when no such process runs. A zombie has ended: where PID 1 does not reap orphans (a container whose first
+    process is a shell), a supervisor that outlived its submitting process stays one, with its start time."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        return fields[19]
+        return None if fields[0] in ("Z", "X") else fields[19]
     except (OSError, IndexError):
         return None
 
