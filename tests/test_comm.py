@@ -54,17 +54,18 @@ def test_collectives_under_mpiexec(n: int, backend: str) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("chosen", [{}, {"UCX_TLS": "self,sm"}])
-def test_mpich_wheel_on_one_node_starts_without_ucx_unless_the_user_chose(chosen: dict[str, str]) -> None:
+def test_mpich_wheel_on_one_node_starts_without_ucx_unless_the_user_chose(chosen: dict[str, str],
+                                                                         tmp_path: Path) -> None:
     """MPICH's UCX netmod exchanges every transport's address at MPI_Init (it once failed there under srun);
     on one node hpctrain starts the wheel's MPICH over libfabric's shared memory instead. A transport the user
     chose (here UCX_TLS) is left alone."""
     import json
 
     env = {**_clean_env(), **chosen}
-    out = subprocess.run([MPIEXEC, "-n", "2", PY, WORKER, "transport"], capture_output=True, text=True,
-                         timeout=120, env=env, cwd=ROOT)
+    out = subprocess.run([MPIEXEC, "-n", "2", PY, WORKER, "transport", str(tmp_path)], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
-    reports = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    reports = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("rank-*.json"))]
     assert sorted(r["rank"] for r in reports) == [0, 1] and all(r["sum"] == [2.0] * 3 for r in reports)
     for r in reports:
         if chosen:

@@ -4,8 +4,8 @@
 ``python comm_worker.py collectives BACKEND``     checks every collective against hand-computed values, and
                                                   that closing stops the back-end's native threads
 ``python comm_worker.py hang BACKEND TIMEOUT R``  rank R sleeps before collective #3; the job must abort
-``python comm_worker.py transport``               prints how MPI was started: the variables hpctrain set and
-                                                  whether UCX was brought up (its thread, its transports)
+``python comm_worker.py transport DIR``           writes DIR/rank-R.json: how MPI was started (the variables
+                                                  hpctrain set, whether UCX was brought up: thread, transports)
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def hang(backend: str, timeout_s: float, stuck: int) -> None:
     print(f"rank {comm.rank}: collective #3 completed (unexpected)", flush=True)
 
 
-def transport() -> None:
+def transport(out_dir: str) -> None:
     comm = make_communicator("mpi", timeout_s=60)
     t = torch.ones(3)
     comm.allreduce_(t)
@@ -115,7 +115,9 @@ def transport() -> None:
               "threads": sorted(native_threads()),
               "set": {k: os.environ.get(k) for k in ("MPICH_CH4_NETMOD", "FI_PROVIDER")}}
     comm.close()
-    print(json.dumps(report), flush=True)
+    # One file per rank: lines two ranks print at once can reach mpiexec's stdout joined on one line.
+    with open(os.path.join(out_dir, f"rank-{report['rank']}.json"), "w") as f:
+        json.dump(report, f)
 
 
 def main(argv: list[str]) -> None:
@@ -125,7 +127,7 @@ def main(argv: list[str]) -> None:
     elif argv[0] == "collectives":
         collectives(argv[1])
     elif argv[0] == "transport":
-        transport()
+        transport(argv[1])
     elif argv[0] == "hang":
         hang(argv[1], float(argv[2]), int(argv[3]))
     else:
