@@ -54,11 +54,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     from hpctrain.config.job import load_job
-    from hpctrain.ffn.task import model_config, prepare_training_data
+    from hpctrain.config.plugins.ffn import SCHEMA, training_margin
+    from hpctrain.ffn.task import prepare_training_data
 
     job = load_job(args.job)
-    cfg = model_config(job.model_args)
-    prepared = prepare_training_data(dict(job.data), cfg["fov"], cfg["deltas"], Path(args.out))
+    model_args, data = SCHEMA.parse(job.model_args, job.data)
+    # the same margin the ranks use: the policy's whole training box stays inside the volume
+    prepared = prepare_training_data(data, model_args.fov, model_args.deltas, Path(args.out),
+                                     margin=training_margin(model_args, data))
     for key, value in prepared.items():
         print(f"{key}: {value}")
     return 0
