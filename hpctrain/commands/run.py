@@ -32,6 +32,7 @@ def _rank() -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import faulthandler
     import logging
 
     from hpctrain.checkpoint.signals import catch_early_signals
@@ -39,6 +40,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hpctrain.errors import HpctrainError
     from hpctrain.exit_codes import EXIT_REQUEUE
 
+    # A rank that dies in native code (SIGSEGV, SIGBUS, SIGABRT from std::terminate) prints every thread's
+    # Python stack first: on one of 2048 ranks, the launcher's "signal 11" alone says nothing of where.
+    faulthandler.enable(all_threads=True)
     catch_early_signals(os.environ.get("HPCTRAIN_STOP_SIGNAL", "USR2"))
     # hpctrain's local launcher prefixes every line with the rank already.
     prefix = "" if os.environ.get("HPCTRAIN_LAUNCHER") == "local" else f"[rank {_rank()}] "

@@ -1,0 +1,354 @@
+"""What each rank does, counted against the number of ranks: ``hpctrain run`` of a tiny FFN on N = 2 .. 64 ranks.
+
+The demo job (jobs/ffn-local.yaml) with ``--set`` sizes that make a run take seconds of compute, started by the
+MPICH wheel's mpiexec on this machine (oversubscribed: 64 ranks on 2 cores) with ``HPCTRAIN_COUNTERS=1``; every
+rank writes its counter record (runtime/counters.py, runtime/work_counts.py) and this script prints each count
+against N with the ratio N=64 / N=2 and the target it is held to. Counts do not depend on how busy the machine is;
+the time to the first step does (a ratio, no target). All ranks share one node here: per-node figures (the volume
+read, the per-node checkpoint file) are those of a node holding N ranks. docs/scaling.md shows a run.
+
+Run: .venv/bin/python benchmarks/scale.py [--ranks 2 4 8 16 32 64] [--staged] [--plot FILE.png] [--json FILE]
+``--staged`` runs each N a second time from a copy of the environment unpacked once into node-local storage
+(what ``staging.environment: archive`` does on a cluster) and counts the shared-path opens left at start-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from hpctrain.runtime import counters  # noqa: E402
+
+SPEC = REPO / "jobs" / "ffn-local.yaml"
+STEPS, LOG_EVERY, CKPT_EVERY = 7, 3, 3  # saves at steps 3 and 6 and the final one at 7
+# The demo job cut down: a 1-layer 4-feature FFN on 7^3 FOVs of a 20 x 28 x 28 volume (17 424 coordinates), one FOV
+# per rank and step, no warm-up/decay (they need more steps), no held-out evaluation at the end.
+SETS = ("model_args.depth=1", "model_args.features=4", "model_args.fov=[7, 7, 7]", "model_args.deltas=[2, 2, 2]",
+        "data.train.synthetic.shape=[20, 28, 28]", "data.eval=null", f"train.steps={STEPS}",
+        "train.batch_per_rank=1", f"train.log_every={LOG_EVERY}", "train.warmup={kind: none}",
+        "train.decay={kind: none}", f"checkpoint.every_steps={CKPT_EVERY}", "train.collective_timeout_s=900")
+LAUNCH_PREFIXES = ("PMI_", "MPI_LOCAL", "SLURM_", "OMPI_", "MASTER_", "TORCHELASTIC", "HPCTRAIN_", "PALS_")
+
+
+@dataclass
+class Run:
+    ranks: int
+    records: list[dict[str, Any]]
+    first_step_s: float
+    wall_s: float
+    min_available_mb: float
+    files_per_save: int
+
+
+def _environment(python_env: dict[str, str] | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCH_PREFIXES)
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    env.update(OMP_NUM_THREADS="1", HPCTRAIN_COUNTERS="1", **(python_env or {}))
+    return env
+
+
+def _watch_memory(stop: threading.Event, low: list[float]) -> None:
+    """The lowest MemAvailable seen while the ranks run (64 torch processes on this machine's memory)."""
+    while not stop.wait(0.5):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                low[0] = min(low[0], int(line.split()[1]) / 1024)
+
+
+def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None = None) -> Run:
+    run_dir = out / f"n{n:03d}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    spec = run_dir / "spec.yaml"
+    shutil.copy(SPEC, spec)  # in the run directory: the shared files a rank reads by design are all in there
+    mpiexec = str(Path(sys.executable).parent / "mpiexec")
+    argv = [mpiexec, "-n", str(n), python, "-m", "hpctrain", "run", str(spec), "--run-dir", str(run_dir),
+            "--backend", "mpi", *[a for s in SETS + (f"resources.ranks_per_node={n}",) for a in ("--set", s)]]
+    low, stop = [math.inf], threading.Event()
+    watcher = threading.Thread(target=_watch_memory, args=(stop, low), daemon=True)
+    watcher.start()
+    start = time.time()
+    proc = subprocess.run(argv, cwd=run_dir, env=_environment(python_env), capture_output=True, text=True,
+                          timeout=3600)
+    wall = time.time() - start
+    stop.set()
+    watcher.join()
+    (run_dir / "mpiexec.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0 or "training finished" not in proc.stderr + proc.stdout:
+        said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if " is pid " not in line)
+        raise SystemExit(f"N={n}: hpctrain run failed (exit {proc.returncode}); all output in "
+                         f"{run_dir / 'mpiexec.log'}:\n{said[-4000:]}")
+    records = counters.read_records(run_dir)
+    if len(records) != n:
+        raise SystemExit(f"N={n}: {len(records)} counter records, expected {n}")
+    first = max(r["work"]["first_step_end"] for r in records) - start
+    step_dir = run_dir / "checkpoints" / f"step-{CKPT_EVERY:08d}"
+    files = len([p for p in step_dir.iterdir() if p.name != "complete.json"])
+    return Run(n, records, first, wall, low[0], files)
+
+
+# ------------------------------------------------------------------------------------------------ the counts
+
+
+CONTROL = ("stop flag", "metrics")  # the step's small collectives: agreeing on a stop, the logged metrics
+
+
+def _traffic(record: dict[str, Any], categories: tuple[str, ...]) -> dict[str, float]:
+    """Summed traffic of these categories in the training phase."""
+    out: dict[str, float] = {}
+    for cat, t in record["work"]["traffic"].get("train", {}).items():
+        if cat in categories:
+            for k, v in t.items():
+                out[k] = out.get(k, 0) + v
+    return out
+
+
+def _per_step(record: dict[str, Any], key: str, categories: tuple[str, ...] = ("gradients", *CONTROL)) -> float:
+    # The first step is counted with start-up (the phase turns at its end): the rest are the steady steps.
+    return _traffic(record, categories).get(key, 0) / (record["work"]["steps"] - 1)
+
+
+def _per_save(record: dict[str, Any], key: str) -> float:
+    saves = len(record["work"]["checkpoints"])
+    return _traffic(record, ("checkpoint",)).get(key, 0) / saves
+
+
+def _gradient_wire(record: dict[str, Any]) -> float:
+    """Bytes the gradient all-reduce sends per byte of gradient: 2 (p-1)/p for reduce-scatter + allgather."""
+    t = _traffic(record, ("gradients",))
+    return t.get("sent_bytes", 0) / t["payload_bytes"]
+
+
+def _ckpt(record: dict[str, Any], key: str) -> float:
+    saves = record["work"]["checkpoints"].values()
+    return statistics.mean(s.get(key, 0) for s in saves) if saves else 0.0
+
+
+def _input(record: dict[str, Any], source: str, epoch: str | None = None) -> float:
+    tally = record["work"]["inputs"].get(source, {})
+    return tally.get("by_epoch", {}).get(epoch, 0) if epoch is not None else tally.get("bytes", 0)
+
+
+def _startup(record: dict[str, Any], key: str) -> float:
+    mark = record["marks"]["startup"]
+    return mark["opens"]["shared"] if key == "shared" else mark[key]
+
+
+@dataclass
+class Row:
+    name: str
+    value: Callable[[Run], float]
+    target: str  # "flat", "1/N", "log2 N", "0", "" (timing: ratio only)
+
+
+def _rank0(f: Callable[[dict[str, Any]], float]) -> Callable[[Run], float]:
+    return lambda run: f(run.records[0])
+
+
+def _others_max(f: Callable[[dict[str, Any]], float]) -> Callable[[Run], float]:
+    return lambda run: max(f(r) for r in run.records[1:])
+
+
+def _median(f: Callable[[dict[str, Any]], float]) -> Callable[[Run], float]:
+    return lambda run: statistics.median(f(r) for r in run.records)
+
+
+def _total(f: Callable[[dict[str, Any]], float]) -> Callable[[Run], float]:
+    return lambda run: sum(f(r) for r in run.records)
+
+
+ROWS = [
+    Row("start-up: files opened on the shared path, per rank (median)", _median(lambda r: _startup(r, "shared")),
+        "flat"),
+    Row("start-up: shared-path opens of code (.py .pyc .so ...), max rank",
+        lambda run: max(_startup(r, "shared_code_opens") for r in run.records), "flat"),
+    Row("input: coordinate bytes read per epoch, per rank (median)", _median(lambda r: _input(r, "coordinates", "0")),
+        "1/N"),
+    Row("input: coordinate read calls per rank (max)", lambda run: max(_input_reads(r) for r in run.records), "flat"),
+    Row("input: volume bytes read from the shared path, per node", _total(lambda r: _input(r, "volume")), "flat"),
+    Row("input: volume bytes read, max rank", lambda run: max(_input(r, "volume") for r in run.records), "flat"),
+    Row("per step: collective calls, rank 0", _rank0(lambda r: _per_step(r, "calls")), "flat"),
+    Row("per step: collective calls, other ranks (max)", _others_max(lambda r: _per_step(r, "calls")), "flat"),
+    Row("per step: payload bytes, rank 0", _rank0(lambda r: _per_step(r, "payload_bytes")), "flat"),
+    Row("per step: messages sent, rank 0", _rank0(lambda r: _per_step(r, "sent_messages")), "log2 N"),
+    Row("per step: messages sent, other ranks (max)", _others_max(lambda r: _per_step(r, "sent_messages")),
+        "log2 N"),
+    Row("per step: messages received, rank 0", _rank0(lambda r: _per_step(r, "received_messages")), "log2 N"),
+    Row("per step: gradient bytes sent per gradient byte, rank 0", _rank0(_gradient_wire), "<= 2"),
+    Row("per step: bytes sent by stop flag and metrics, rank 0",
+        _rank0(lambda r: _per_step(r, "sent_bytes", CONTROL)), "log2 N"),
+    Row("per save: collective calls, rank 0", _rank0(lambda r: _per_save(r, "calls")), "flat"),
+    Row("per save: messages sent, other ranks (max)", _others_max(lambda r: _per_save(r, "sent_messages")), "log2 N"),
+    Row("per save: messages received, rank 0", _rank0(lambda r: _per_save(r, "received_messages")), "log2 N"),
+    Row("per save: shared files written, rank 0", _rank0(lambda r: _ckpt(r, "files")), "flat"),
+    Row("per save: shared files written, other ranks (max)", _others_max(lambda r: _ckpt(r, "files")), "flat"),
+    Row("per save: rank state handed over node-locally, bytes per rank (max)",
+        lambda run: max(_ckpt(r, "node_local_bytes") for r in run.records), "flat"),
+    Row("per save: files in the step directory", lambda run: float(run.files_per_save), "flat"),
+    Row("time to the first step, s (all ranks)", lambda run: run.first_step_s, ""),
+]
+STAGED_ROWS = [
+    Row("staged start-up: shared-path opens of code, max rank",
+        lambda run: max(_startup(r, "shared_code_opens") for r in run.records), "0"),
+    Row("staged: shared-path opens outside the run directory, max rank",
+        lambda run: max(r["shared_opens_outside_run_dir"] for r in run.records), "0"),
+    Row("staged: time to the first step, s (all ranks)", lambda run: run.first_step_s, ""),
+]
+
+
+def _input_reads(record: dict[str, Any]) -> float:
+    return record["work"]["inputs"].get("coordinates", {}).get("reads", 0)
+
+
+def log2_fit(values: dict[int, float]) -> tuple[float, float, float]:
+    """(a, b, worst relative miss) of the least-squares line a + b log2 N through the counts."""
+    xs, ys = [math.log2(n) for n in sorted(values)], [values[n] for n in sorted(values)]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    a = round(my - b * mx, 9)  # a fit through exact counts leaves rounding noise, not a constant
+    miss = max(abs(a + b * x - y) / y for x, y in zip(xs, ys, strict=True) if y)
+    return a, b, miss
+
+
+def verdict(row: Row, values: dict[int, float]) -> tuple[str, str, str]:
+    """(ratio text, target text, 'ok' / 'MISSED' / '') of a row against its target."""
+    ns = sorted(values)
+    lo, hi = values[ns[0]], values[ns[-1]]
+    ratio = hi / lo if lo else (1.0 if hi == 0 else math.inf)
+    text = f"{ratio:.3g}"
+    if row.target == "flat":
+        return text, "flat (<= 1.1)", "ok" if ratio <= 1.1 else "MISSED"
+    if row.target == "1/N":
+        want = ns[0] / ns[-1]
+        return text, f"1/N ({want:.3g})", "ok" if abs(ratio - want) <= 0.1 * want else "MISSED"
+    if row.target == "log2 N":  # a + b log2 N within 10 % at every N, with b > 0: grows as the algorithm's log
+        a, b, miss = log2_fit(values)
+        return text, f"log2 N: {a + 0.0:.2f} + {b:.2f} log2 N", "ok" if miss <= 0.1 and b > 0 else "MISSED"
+    if row.target == "0":
+        return text, "0", "ok" if max(values.values()) == 0 else "MISSED"
+    if row.target == "<= 2":
+        return text, "<= 2 (2 (N-1)/N)", "ok" if max(values.values()) <= 2 else "MISSED"
+    return text, "timing", ""
+
+
+def table(rows: list[Row], runs: list[Run]) -> tuple[str, list[dict[str, Any]]]:
+    ns = [r.ranks for r in runs]
+    head = f"| count | {' | '.join(f'N={n}' for n in ns)} | N={ns[-1]}/N={ns[0]} | target | |"
+    lines = [head, "|---|" + "---:|" * len(ns) + "---:|---|---|"]
+    data = []
+    for row in rows:
+        values = {run.ranks: row.value(run) for run in runs}
+        ratio, target, ok = verdict(row, values)
+        cells = " | ".join(f"{values[n]:.4g}" for n in ns)
+        lines.append(f"| {row.name} | {cells} | {ratio} | {target} | {ok} |")
+        data.append({"count": row.name, "values": values, "ratio": ratio, "target": row.target, "verdict": ok})
+    return "\n".join(lines), data
+
+
+def plot(data: list[dict[str, Any]], path: str) -> None:
+    """Three panels, one per target (flat, 1/N, log2 N): each count divided by its value at the smallest N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    targets = (("flat", "flat in N (<= 1.1)"), ("1/N", "1/N"), ("log2 N", "log2 N (the algorithm's)"))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 6.5), sharey=True)
+    for ax, (target, title) in zip(axes, targets, strict=True):
+        shown = [d for d in data if d["target"] == target and min(d["values"].values()) > 0]
+        ns = sorted(shown[0]["values"])
+        reference = ([1.0] * len(ns) if target == "flat" else [ns[0] / n for n in ns] if target == "1/N"
+                     else [math.log2(n) / math.log2(ns[0]) for n in ns])
+        ax.plot(ns, reference, color="black", lw=6, alpha=0.15, label=f"{target}: the target")
+        for i, d in enumerate(shown):
+            base = d["values"][ns[0]]
+            ax.plot(ns, [d["values"][n] / base for n in ns], marker="o", ms=4, lw=1,
+                    linestyle=("-", "--", ":", "-.")[i % 4], label=d["count"])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_title(title)
+        ax.set_xlabel("ranks N (one node, MPICH, oversubscribed)")
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=1, frameon=False)
+    axes[0].set_ylabel(f"count / count at N={ns[0]}")
+    fig.suptitle("Per-rank counts of hpctrain run against the number of ranks (benchmarks/scale.py)")
+    fig.tight_layout()
+    tmp = f"{path}.tmp.png"
+    fig.savefig(tmp, dpi=100, bbox_inches="tight")
+    os.replace(tmp, path)
+
+
+def staged_python(work: Path) -> tuple[str, dict[str, str]]:
+    """Pack this environment (envpack, cached) and unpack it once into a node-local directory, as a staged job's
+    node step does; returns the copy's interpreter and the variables the rendered script sets for the ranks."""
+    from hpctrain.submission import envpack
+
+    packed = envpack.pack(Path(tempfile.gettempdir()) / "hpctrain-scale-env-cache", "scale")
+    node = work / "node-local"
+    step = REPO / "hpctrain" / "submission" / "schedulers" / "templates" / "stage_node.tmpl"
+    subprocess.run(["bash", str(step), "check", str(node), "1", str(work), "--", "unpack", str(node),
+                    packed.archive], check=True)
+    venv = node / "env" / "venv"
+    # TMPDIR: torch._dynamo's import asks tempfile for its directory, which probes it with a file of a random
+    # name. /tmp is node-local on a cluster; on this machine it is not told apart from the shared path.
+    env = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv / 'bin'}:{os.environ['PATH']}",
+           "LD_LIBRARY_PATH": str(node / "env" / "libpython"), "PYTHONNOUSERSITE": "1",
+           counters.NODE_LOCAL_ENV: str(node), "TMPDIR": str(node)}
+    return str(venv / "bin" / "python"), env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
+    parser.add_argument("--out", default=None, help="where the runs go (default: a temporary directory)")
+    parser.add_argument("--staged", action="store_true", help="also run each N from a node-local environment copy")
+    parser.add_argument("--plot", default=None, help="write the counts against N to this .png")
+    parser.add_argument("--json", default=None, help="write the rows to this file")
+    args = parser.parse_args()
+    out = Path(args.out or tempfile.mkdtemp(prefix="hpctrain-scale-"))
+    runs = []
+    for n in args.ranks:
+        run = run_once(n, out / "shared-env", sys.executable)
+        print(f"N={n}: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s, "
+              f"lowest MemAvailable {run.min_available_mb:.0f} MB", file=sys.stderr, flush=True)
+        runs.append(run)
+    text, data = table(ROWS, runs)
+    if args.staged:
+        python, env = staged_python(out)
+        staged = []
+        for n in args.ranks:
+            run = run_once(n, out / "staged-env", python, env)
+            print(f"N={n} staged: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s", file=sys.stderr,
+                  flush=True)
+            staged.append(run)
+        more, more_data = table(STAGED_ROWS, staged)
+        text += "\n" + "\n".join(more.splitlines()[2:])
+        data += more_data
+    print(text)
+    algorithms = sorted({f"{k}: {', '.join(v)}" for r in runs[-1].records for k, v in r["work"]["algorithms"].items()})
+    print(f"\nalgorithms counted (N={runs[-1].ranks}): " + "; ".join(algorithms))
+    if args.json:
+        Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
+    if args.plot:
+        plot(data, args.plot)
+    return 0 if all(d["verdict"] != "MISSED" for d in data) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
