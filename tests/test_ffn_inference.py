@@ -165,6 +165,21 @@ def test_peak_seeds_fall_inside_bright_blobs_deterministically() -> None:
         assert min(np.linalg.norm(np.array(s) - c) for s in inside) <= 2.0
 
 
+
+def test_peak_seeds_in_distance_order_start_with_the_largest_interior() -> None:
+    """order='distance' gives the same seeds, farthest from an edge first (the big blob's centre leads)."""
+    shape = (40, 48, 48)
+    image = np.full(shape, 40, np.uint8)
+    zz, yy, xx = np.indices(shape)
+    radii = {(12, 14, 14): 4, (26, 34, 14): 9, (20, 24, 36): 6}
+    for c, r in radii.items():
+        image[(zz - c[0]) ** 2 + (yy - c[1]) ** 2 + (xx - c[2]) ** 2 <= r**2] = 200
+    by_zyx, by_distance = peak_seeds(image), peak_seeds(image, order="distance")
+    assert sorted(map(tuple, by_distance)) == sorted(map(tuple, by_zyx))
+    assert np.linalg.norm(by_distance[0] - np.array((26, 34, 14))) <= 2.0
+    with pytest.raises(ValueError, match="order must be"):
+        peak_seeds(image, order="size")
+
 def test_grid_seeds_and_margin_filter() -> None:
     got = grid_seeds((4, 4, 4), step=2, offsets=(0, 1))
     first_pass = [(z, y, x) for z in (0, 2) for y in (0, 2) for x in (0, 2)]

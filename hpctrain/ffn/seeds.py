@@ -20,6 +20,7 @@ def peak_seeds(
     sigma: float = 49.0 / 6.0,
     mask: np.ndarray | None = None,
     noise_seed: int = 42,
+    order: str = "zyx",
 ) -> np.ndarray:
     """Points far from edges: google/ffn ``PolicyPeaks``.
 
@@ -27,7 +28,9 @@ def peak_seeds(
     (sigma 49/6) copy of itself (the reference's adaptive threshold; it does not use Otsu) → Euclidean
     distance transform of the non-edge voxels → local maxima (``peak_local_max``, ``min_distance``,
     thresholds 0) of the distance plus 1e-4 of uniform noise drawn from a fixed seed (42, as the
-    reference) to break ties on plateaus → sorted ascending in (z, y, x), as the reference does.
+    reference) to break ties on plateaus → sorted ascending in (z, y, x), as the reference does, or with
+    ``order="distance"`` farthest from an edge first (not in the reference: an object is then started from
+    its interior before a seed near a faint membrane can flood it from its neighbour).
     ``mask`` (True = excluded) counts as edge, so the distance transform is not skewed by masked areas.
     """
     from scipy import ndimage
@@ -46,8 +49,13 @@ def peak_seeds(
     idxs = peak_local_max(dt + noise, min_distance=min_distance, threshold_abs=0, threshold_rel=0)
     if len(idxs) == 0:
         return np.zeros((0, 3), dtype=np.int64)
-    order = np.lexsort((idxs[:, 2], idxs[:, 1], idxs[:, 0]))
-    return idxs[order].astype(np.int64)
+    if order == "distance":
+        ranked = np.argsort(-(dt + noise)[idxs[:, 0], idxs[:, 1], idxs[:, 2]], kind="stable")
+        return idxs[ranked].astype(np.int64)
+    if order != "zyx":
+        raise ValueError(f"peak_seeds: order must be 'zyx' or 'distance', got {order!r}")
+    ranked = np.lexsort((idxs[:, 2], idxs[:, 1], idxs[:, 0]))
+    return idxs[ranked].astype(np.int64)
 
 
 def grid_seeds(
