@@ -53,6 +53,18 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     assert max(r["step"] for r in records if "loss" in r) == 8
 
+    # --from-run scores that run's checkpoint again without training: the same volumes (regenerated from
+    # their seeds), the same checkpoint and settings give the same segmentation and scores.
+    again = tmp_path / "again"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpctrain", "demo", "--out", str(again), "--from-run", str(metrics.parent),
+         "--volume-shape", "24", "40", "40", "--threads", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rescored = json.loads((again / "scores.json").read_text())
+    assert rescored["ffn"] == scores["ffn"] and rescored["from_run"] == str(metrics.parent)
+    assert rescored["seconds"]["training"] == 0 and not (again / "runs").exists()
+
 
 def test_reseed_passes_and_expand_labels_of_the_demo_settings() -> None:
     """The two inference settings the demo adds to the reference: reseeding the unsegmented voxels with the

@@ -48,13 +48,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="also score held-out seeds 3-5 and the generalisation condition")
     parser.add_argument("--curve", type=int, default=0, metavar="N",
                         help="keep N checkpoints through the run and score each on the held-out volume")
+    parser.add_argument("--from-run", default=None, metavar="RUN_DIR",
+                        help="score a finished demo run's checkpoint again (e.g. with other inference settings "
+                             "in --job) instead of training")
     parser.set_defaults(handler=cmd_demo)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     shape = tuple(args.volume_shape) if args.volume_shape else None
     run_demo(args.out, job_path=args.job, steps=args.steps, ranks=args.ranks, volume_shape=shape,
-             threads=args.threads, more=args.more, curve=args.curve)  # type: ignore[arg-type]
+             threads=args.threads, more=args.more, curve=args.curve, from_run=args.from_run)  # type: ignore[arg-type]
     # The pipeline ran end to end: exit 0. Whether the FFN met its targets is printed with every score (and
     # recorded in scores.json); it depends on training length and is not an error of the command.
     return 0
@@ -290,13 +293,23 @@ def _verdict(ffn: dict[str, float], watershed: dict[str, float]) -> list[str]:
     return [f"  {'met    ' if ok else 'NOT met'}  {text}" for text, ok in checks]
 
 
+def _finished_run(run_dir: Path) -> Path:
+    """``--from-run``: a run directory with the metrics and checkpoints a demo run leaves."""
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise HpctrainError(f"{run_dir} is not a finished demo run (no metrics.jsonl there)",
+                            hint="pass the run directory a demo printed after 'files: run'")
+    return run_dir.resolve()
+
+
 def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: int | None = None,
              ranks: int = 2, volume_shape: tuple[int, int, int] | None = None, threads: int | None = None,
-             more: bool = False, curve: int = 0) -> dict[str, Any]:
+             more: bool = False, curve: int = 0, from_run: str | Path | None = None) -> dict[str, Any]:
     """The whole main job; returns the scores. Writes everything under ``out_dir``.
 
     ``volume_shape`` replaces the job's volume shapes (a quick run); ``threads`` are the segmentation's
-    intra-op threads (default: every CPU this process may use: training is over by then).
+    intra-op threads (default: every CPU this process may use: training is over by then). ``from_run``: a
+    finished run directory whose checkpoint is scored instead of training a new one (the volumes are
+    regenerated from their seeds, so they are the ones it was trained and scored on).
     """
     import numpy as np
 
@@ -308,6 +321,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     from hpctrain.ffn.watershed import watershed_segmentation
 
     started = time.perf_counter()
+    finished = _finished_run(Path(from_run)) if from_run else None
     out = Path(out_dir).resolve()
     if out.exists():
         shutil.rmtree(out)
@@ -320,6 +334,8 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
 
     volumes = make_volumes(dict(job.data), out / "data", volume_shape, more)
     held_out = [name for name in volumes if name != "train"]
+    if finished:
+        _say(f"scoring the checkpoint of {finished} (no training)")
     _say(f"synthetic volumes: {volumes['train']} (training), {', '.join(volumes[n] for n in held_out)} (held out)")
 
     cfg = model_config(job.model_args)
@@ -345,12 +361,12 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     if curve:
         sets += [f"checkpoint.every_steps={max(1, total_steps // curve)}", f"checkpoint.keep={curve + 1}"]
     t_train = time.perf_counter()
-    handle = submit_training(job_path, sets, out / "runs")
+    handle = None if finished else submit_training(job_path, sets, out / "runs")
     # The baselines need no training: they run while the ranks train (this process only waits on them).
     base, watershed = baselines(volumes, held_out)
     _say(f"baselines done; watershed parameters chosen on the training volume: {watershed['params']}")
-    run_dir = follow(handle)
-    train_seconds = time.perf_counter() - t_train
+    run_dir = finished or follow(handle)
+    train_seconds = time.perf_counter() - t_train if handle else 0.0
     checkpoint = resolve_checkpoint(str(run_dir / job.checkpoint.dir))
     _say(f"trained in {train_seconds:.0f} s; checkpoint {checkpoint}")
 
@@ -380,6 +396,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     total = time.perf_counter() - started
     (out / "scores.json").write_text(json.dumps(
         {**scores, "more": others, "curve": points, "watershed_tuning": watershed,
+         "from_run": str(finished) if finished else None,
          "seconds": {"training": round(train_seconds, 1), "segmentation": round(summary["seconds"], 1),
                      "total": round(total, 1)}}, indent=2))
     report(scores, others)
