@@ -16,6 +16,11 @@ EXIT_RUNTIME = 5
 EXIT_CHECKPOINT = 6
 # EX_TEMPFAIL from sysexits.h: not a failure. Batch scripts requeue on it; the local controller re-runs.
 EXIT_REQUEUE = 75
+# Written into the run directory by rank 0 once every rank has agreed to stop and the checkpoint is committed,
+# before any rank exits. Launchers end a job step when its first rank exits non-zero (srun --kill-on-bad-exit,
+# MPICH's hydra, aprun), so ranks still exiting when the first one leaves with 75 are killed and the launcher
+# reports 143 or 137; the batch script reads this file to know that the stop was a requeue all the same.
+REQUEUE_MARKER = "stopped-for-requeue.json"
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
 
 # (code, cause): the same cause gives the same code in every command.

@@ -190,3 +190,27 @@ def test_code_error_fails_without_requeue(env: Path, slurm: Any) -> None:
     out = subprocess.run([str(REPO / ".venv/bin/python"), "-m", "hpctrain", "status", run.run_id], cwd=env,
                          capture_output=True, text=True, timeout=60)
     assert "FAILED" in out.stdout and "exit code" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_stop_reported_as_a_signal_by_srun_is_still_requeued(env: Path, slurm: Any) -> None:
+    """srun --kill-on-bad-exit ends a step when its first task exits non-zero: the ranks of a stop exit 75 a
+    moment apart, so srun kills the later ones and reports 143 (seen in CI: the walltime test's job FAILED with
+    143, never requeued). Rank 0 writes the requeue marker before any rank exits; the script then requeues.
+    Here the ranks are a two-line command on the real Slurm: rank 0 writes the marker and exits 75 at once,
+    rank 1 exits 75 five seconds later (srun kills it first); after the requeue both exit 0."""
+    spec = env / "late.yaml"
+    spec.write_text(SPEC.format(name="late-rank", steps=10, extra=""))
+    command = ["bash", "-c", 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then exit 0; fi; '
+               'if [ "${SLURM_PROCID}" = 0 ]; then echo "{}" > stopped-for-requeue.json; exit 75; fi; '
+               "sleep 5; exit 75"]
+    with Registry() as reg:
+        done = submit_runs(spec, "ci-slurm", registry=reg, command=command)
+    run, job_id = done.runs[0], done.job_ids[0]
+    assert job_id is not None
+    view = RunHandle(run.run_id).wait(timeout=200, poll_s=1, max_poll_s=3)
+    log = (Path(run.run_dir) / f"slurm-{job_id}.out").read_text()
+    assert view.state == "completed", log[-3000:]
+    assert "treated as 75" in log and "putting the job back in the queue (restart 1 of 2)" in log, log[-3000:]
+    assert scontrol(job_id)["Restarts"] == "1"
+    records = [json.loads(line) for line in (Path(run.run_dir) / "job-exit.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in records if r["event"] == "exit"] == [75, 0]

@@ -9,6 +9,7 @@ and optimizer where ranks differ, AdaComp residues, DaSGD state), with ``torch.e
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ import yaml
 
 from hpctrain.checkpoint.store import CheckpointStore, load_files, snapshot
 from hpctrain.errors import CheckpointError
+from hpctrain.exit_codes import REQUEUE_MARKER
 from hpctrain.models.task import ShardedIndexStream
 from hpctrain.runtime.combine import DelayedAverager
 
@@ -154,7 +156,10 @@ def test_stopped_and_resumed_run_is_bit_identical(tmp_path: Path, tmp_path_facto
     stopped(launch(spec, tmp_path / "run", stop_at=stop_at), stop_at)
     store = CheckpointStore(tmp_path / "run" / "checkpoints")
     assert store.checkpoints()[-1].step == stop_at  # the stop committed its checkpoint before exiting
+    marker = tmp_path / "run" / REQUEUE_MARKER  # for the batch script when the launcher reports a signal
+    assert json.loads(marker.read_text())["step"] == stop_at
     out = finished(launch(spec, tmp_path / "run"))
+    assert not marker.exists()  # an attempt that finishes leaves no requeue request behind
     assert f"(step {stop_at})" in out and "resumed from" in out
     got, want = comparable(final_state(tmp_path / "run")), reference(tmp_path_factory, combiner)
     assert got.keys() == want.keys() and len(got) == 3  # shared.pt and both ranks' files

@@ -8,6 +8,7 @@ walltime or preemption signal stops the run after a checkpoint so the job can be
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -20,6 +21,7 @@ import torch
 from hpctrain.config.job import JobSpec
 from hpctrain.config.preflight import steps_per_epoch
 from hpctrain.errors import RuntimeFailure
+from hpctrain.exit_codes import REQUEUE_MARKER
 from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
@@ -118,6 +120,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     session = CheckpointSession(job, run_dir, comm, task=task, model=model, optimizer=optimizer,
                                 schedule=schedule, combiner=combiner)
     start = session.restore()
+    if rank == 0:  # an earlier attempt's request; this attempt writes its own when it stops
+        (run_dir / REQUEUE_MARKER).unlink(missing_ok=True)
     metrics = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 else None, job.train.steps, task.sample_unit)
     clip = getattr(task, "clip_gradients", None)
     profiler = start_profile(job, run_dir, comm, model, reducer, combiner, task)  # timings for `hpctrain plan`
@@ -172,6 +176,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
                 if not session.saved_at(step):
                     session.save(step)
                 stopped = step < job.train.steps
+                if stopped and rank == 0:  # before comm.close()'s barrier: no rank exits before it exists
+                    _write_requeue_marker(run_dir, step)
                 break
     finally:
         profiler.write()
@@ -185,6 +191,19 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
         metrics.close()
     return TrainOutcome(start_step=start, end_step=step, stopped_by_signal=stopped, final=final,
                         parameters_checksum=parameters_checksum(model))
+
+
+def _write_requeue_marker(run_dir: Path, step: int) -> None:
+    """Tell the batch script that this attempt stopped at checkpoint ``step`` to be requeued (exit_codes.py says
+    why a launcher's status alone cannot); written whole or not at all."""
+    marker = run_dir / REQUEUE_MARKER
+    tmp = marker.with_name(f".{marker.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(json.dumps({"step": step, "time": time.time()}) + "\n")
+        os.replace(tmp, marker)
+    except OSError as exc:  # the checkpoint is committed; only a launcher that kills late ranks misses the requeue
+        log.warning("could not write %s (%s): a launcher that ends the other ranks may report this stop as a "
+                    "failure", marker, exc)
 
 
 def _interval_record(comm: Communicator, task: TrainingTask, step: int, lr: float, loss_sum: float,

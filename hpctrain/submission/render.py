@@ -20,6 +20,7 @@ from hpctrain.config.origin import locate
 from hpctrain.config.preflight import check_job
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import ConfigError
+from hpctrain.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
 from hpctrain.submission.launchers import (
     LIST_BINDING,
     LaunchPlan,
@@ -214,6 +215,7 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
         # A subshell that becomes the launcher: the ranks start there, this shell (logs, exit record) stays put.
         launch_line = f"( cd {quote_path(job.resources.workdir)} && exec {launch_line} )"
     launch = fill("launch.tmpl", signal=ckpt.signal, timer=timer, timer_stop=timer_stop,
+                  requeue_marker=REQUEUE_MARKER, exit_requeue=EXIT_REQUEUE,
                   exit_record=exit_record_line(scheduler.job_id_variable),
                   launch_line=launch_line,
                   requeue="\n".join(requeue)).rstrip("\n")

@@ -129,6 +129,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
+rm -f -- stopped-for-requeue.json  # rank 0 writes it when every rank has stopped at a checkpoint to be requeued
 ( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((3480 > SECONDS ? 3480 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
 timer_pid=$!
 mpiexec -n 24 --ppn 12 --cpu-bind list:1-8:9-16:17-24:25-32:33-40:41-48:53-60:61-68:69-76:77-84:85-92:93-100 --env OMP_NUM_THREADS=8 "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.gpu_affinity --kind intel --devices 0:1:2:3:4:5:6:7:8:9:10:11 -- apptainer exec --bind "${HPCTRAIN_NODE_LOCAL}" "${HPCTRAIN_NODE_LOCAL}"/image.sif python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
@@ -142,6 +143,12 @@ while :; do
     wait "${launcher_pid}" && status=0 || status=$?
     kill -0 "${launcher_pid}" 2>/dev/null || break
 done
+# A launcher ends the ranks still exiting once the first leaves with 75 (srun --kill-on-bad-exit,
+# hydra, aprun) and then reports their signal: the marker says the stop was a requeue all the same.
+if [ "${status}" -ne 0 ] && [ "${status}" -ne 75 ] && [ -f stopped-for-requeue.json ]; then
+    echo "hpctrain: the ranks stopped at a checkpoint; the launcher's status ${status} is that of ranks it ended while they exited: treated as 75" >&2
+    status=75
+fi
 kill "${timer_pid}" 2>/dev/null || true
 echo "hpctrain: launcher exited with status ${status} at $(date)"
 printf '{"event": "exit", "job": "%s", "status": %s}\n' "${PBS_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true

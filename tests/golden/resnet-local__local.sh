@@ -31,6 +31,7 @@ forward_signal() {
     if [ -n "${launcher_pid}" ]; then kill -s USR2 "${launcher_pid}" 2>/dev/null || true; fi
 }
 trap forward_signal USR2
+rm -f -- stopped-for-requeue.json  # rank 0 writes it when every rank has stopped at a checkpoint to be requeued
 python3 -m hpctrain.submission.launchers.local_launch --nprocs 2 -- python3 -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!
 if [ -n "${hpctrain_pending_signal}" ]; then
@@ -42,6 +43,12 @@ while :; do
     wait "${launcher_pid}" && status=0 || status=$?
     kill -0 "${launcher_pid}" 2>/dev/null || break
 done
+# A launcher ends the ranks still exiting once the first leaves with 75 (srun --kill-on-bad-exit,
+# hydra, aprun) and then reports their signal: the marker says the stop was a requeue all the same.
+if [ "${status}" -ne 0 ] && [ "${status}" -ne 75 ] && [ -f stopped-for-requeue.json ]; then
+    echo "hpctrain: the ranks stopped at a checkpoint; the launcher's status ${status} is that of ranks it ended while they exited: treated as 75" >&2
+    status=75
+fi
 echo "hpctrain: launcher exited with status ${status} at $(date)"
 printf '{"event": "exit", "job": "%s", "status": %s}\n' "${HPCTRAIN_LOCAL_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
 exit "${status}"
