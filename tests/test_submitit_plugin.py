@@ -360,3 +360,52 @@ def test_the_runner_imports_neither_torch_nor_submitit() -> None:
             "print([m for m in ('torch', 'numpy', 'mpi4py', 'submitit', 'pydantic') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     assert out.stdout.strip() == "[]"
+
+
+class _Keeps:
+    """A callable with submitit's checkpoint(): ``follow`` says what checkpoint() returns."""
+
+    def __init__(self, follow: bool) -> None:
+        self.follow = follow
+
+    def __call__(self) -> None:
+        return None
+
+    def checkpoint(self) -> utils.DelayedSubmission | None:
+        return utils.DelayedSubmission(_Keeps(self.follow)) if self.follow else None
+
+
+@pytest.mark.parametrize("rank_0_checkpoints", [True, False])
+def test_other_ranks_wait_for_rank_0s_checkpoint_before_they_stop(tmp_path: Path, rank_0_checkpoints: bool) -> None:
+    """A rank that exits 75 first makes srun (--kill-on-bad-exit) end the others, rank 0 in the middle of
+    writing the checkpoint: so the other ranks wait for rank 0's word — the requeue marker (exit 75 with it) or
+    the declined note (run on) — and a note of another attempt is not taken for this one's."""
+    from hpctrain.exit_codes import REQUEUE_MARKER
+    from hpctrain.submitit_plugin import runner
+
+    payload = tmp_path / PAYLOAD_FILE
+    submission = utils.DelayedSubmission(_Keeps(rank_0_checkpoints))
+    payload.write_bytes(cloudpickle.dumps(submission))
+    (tmp_path / REQUEUE_MARKER).write_text(json.dumps({"attempt": "41/0"}))  # an earlier job's
+    (tmp_path / runner.DECLINED_NOTE).write_text(json.dumps({"attempt": "41/0"}))
+    rank0 = runner.CheckpointSignal(0, 3, payload, attempt="42/1")
+    rank1 = runner.CheckpointSignal(1, 3, payload, attempt="42/1", decision_wait_s=60)
+    for stopper in (rank0, rank1):
+        stopper.submission = submission
+    outcome: dict[int, str] = {}
+
+    def handle(rank: int, stopper: runner.CheckpointSignal) -> None:
+        try:
+            stopper.handle(signal.SIGUSR2)
+            outcome[rank] = "runs on"
+        except runner._Requeue:
+            outcome[rank] = "exit 75"
+
+    other = threading.Thread(target=handle, args=(1, rank1))
+    other.start()
+    other.join(1.0)
+    assert other.is_alive()  # waiting for rank 0: the stale notes of job 41 do not count
+    handle(0, rank0)
+    other.join(30)
+    want = "exit 75" if rank_0_checkpoints else "runs on"
+    assert outcome == {0: want, 1: want}

@@ -3,18 +3,21 @@
 ``python -m hpctrain.submitit_plugin.runner`` starts once per rank in the run directory (the batch script's
 launcher runs it). It needs cloudpickle and what the callable imports, never torch or submitit: submitit's
 pickled ``DelayedSubmission`` loads into a stand-in class where submitit is not installed. On the checkpoint
-signal a callable with ``checkpoint`` (``submitit.helpers.Checkpointable``) is checkpointed on rank 0 and
-every rank exits 75, which the batch script turns into a requeue; past ``--max-requeues`` it runs on.
+signal a callable with ``checkpoint`` (``submitit.helpers.Checkpointable``) is checkpointed on rank 0, which
+then tells the others (they wait for it); every rank exits 75, which the batch script turns into a requeue; past
+``--max-requeues`` it runs on.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pickle
 import signal
 import socket
 import sys
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 from hpctrain.errors import RuntimeFailure
-from hpctrain.exit_codes import EXIT_ERROR, EXIT_REQUEUE
+from hpctrain.exit_codes import EXIT_ERROR, EXIT_REQUEUE, REQUEUE_MARKER
 from hpctrain.launch_env import detect_launch_env, scheduler_job_id
 
 MODULE = "hpctrain.submitit_plugin.runner"
@@ -30,6 +33,11 @@ PAYLOAD_FILE = "submitted.pkl"
 EXECUTOR_NAME = "hpctrain"  # SUBMITIT_EXECUTOR in the job: how submitit.JobEnvironment() finds ours
 # The class of submitit's pickled submissions: the one submitit name a plain callable's pickle holds.
 DELAYED_CLASS = ("submitit.core.utils", "DelayedSubmission")
+# Rank 0's word to the other ranks after the checkpoint signal: the requeue marker (checkpoint written: exit 75)
+# or this note (it was not: run on). They wait for it, since a rank that exits first makes the launcher end the
+# others (srun --kill-on-bad-exit): rank 0 would be killed while it writes the checkpoint.
+DECLINED_NOTE = "checkpoint-declined.json"
+DECISION_WAIT_S = 300.0
 
 
 def result_name(task: int) -> str:
@@ -127,10 +135,13 @@ class CheckpointSignal:
     before the walltime. So does one already requeued ``max_requeues`` times: hpctrain's cap, not a loop.
     """
 
-    def __init__(self, rank: int, max_requeues: int, payload: Path) -> None:
+    def __init__(self, rank: int, max_requeues: int, payload: Path, *, attempt: str = "",
+                 decision_wait_s: float = DECISION_WAIT_S) -> None:
         self.rank = rank
         self.max_requeues = max_requeues
         self.payload = payload
+        self.attempt = attempt  # job id and restart count: a note of an earlier attempt is not this one's
+        self.decision_wait_s = decision_wait_s
         self.submission: Any = None
         self.pending: int | None = None  # a signal that came before the callable was loaded
         self.stopped = False
@@ -155,11 +166,37 @@ class CheckpointSignal:
             say(f"{name}: requeued {done} time(s) already, max_requeues is {self.max_requeues}; "
                 "not requeued again, the callable runs on until the walltime")
             return
-        if self.rank == 0 and not self._checkpoint(checkpoint, name):
+        if self.rank == 0:
+            requeue = self._checkpoint(checkpoint, name)
+            self._tell_the_others(REQUEUE_MARKER if requeue else DECLINED_NOTE)
+            if not requeue:
+                return
+        elif not self._wait_for_rank_0(name):
             return
         self.stopped = True
         say(f"{name}: stopped at a checkpoint; exit {EXIT_REQUEUE} asks the batch script for a requeue")
         raise _Requeue
+
+    def _tell_the_others(self, note: str) -> None:
+        try:
+            write_atomic(self.payload.with_name(note), json.dumps({"attempt": self.attempt}).encode())
+        except OSError as exc:
+            say(f"cannot write {note} for the other ranks ({exc}); they wait {self.decision_wait_s:g} s, then run on")
+
+    def _wait_for_rank_0(self, name: str) -> bool:
+        """Whether rank 0 checkpointed (True: exit 75 with it) or not (False: run on), as its note says."""
+        deadline = time.monotonic() + self.decision_wait_s
+        while time.monotonic() < deadline:
+            for note, requeue in ((REQUEUE_MARKER, True), (DECLINED_NOTE, False)):
+                try:
+                    said = json.loads(self.payload.with_name(note).read_text())
+                except (OSError, ValueError):
+                    continue
+                if isinstance(said, dict) and said.get("attempt") == self.attempt:
+                    return requeue
+            time.sleep(0.2)
+        say(f"{name}: rank 0 said nothing about its checkpoint within {self.decision_wait_s:g} s; running on")
+        return False
 
     def _checkpoint(self, checkpoint: Any, name: str) -> bool:
         """Call ``checkpoint`` as submitit does and store what it returns as the next submission."""
@@ -212,7 +249,10 @@ def run(run_dir: Path, *, max_requeues: int, signal_name: str, merge_logs: bool)
         say(str(exc))
         return EXIT_ERROR
     payload = run_dir / PAYLOAD_FILE
-    stopper = CheckpointSignal(rank, max_requeues, payload)
+    attempt = f"{job_id_of(os.environ)}/{restarts_of(os.environ)}"
+    if rank == 0:  # an earlier attempt's note (the batch script removes the requeue marker itself)
+        (run_dir / DECLINED_NOTE).unlink(missing_ok=True)
+    stopper = CheckpointSignal(rank, max_requeues, payload, attempt=attempt)
     sig = getattr(signal, f"SIG{signal_name}")
     signal.signal(sig, stopper)  # first: the batch script forwards the walltime signal whenever it comes
     _redirect(run_dir, rank, merge_logs)
