@@ -368,7 +368,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     run_dir = finished or follow(handle)
     train_seconds = time.perf_counter() - t_train if handle else 0.0
     checkpoint = resolve_checkpoint(str(run_dir / job.checkpoint.dir))
-    _say(f"trained in {train_seconds:.0f} s; checkpoint {checkpoint}")
+    _say(f"trained in {train_seconds:.0f} s; checkpoint {checkpoint}" if handle else f"checkpoint {checkpoint}")
 
     settings = inference_settings(dict(job.data))
     seg_threads = threads or available_cpus()
