@@ -35,7 +35,9 @@ if [[ $# -eq 0 ]]; then
     set -- tests
 fi
 t_py=$(date +%s)
-.venv/bin/python -m pytest -q -ra --durations=30 "$@"
+# Two workers: tests of one module stay on one worker, and every module that uses the real Slurm shares one
+# worker (tests/conftest.py, pytest_collection_modifyitems). HPCTRAIN_TEST_WORKERS=0 runs in one process.
+.venv/bin/python -m pytest -q -ra --durations=30 -n "${HPCTRAIN_TEST_WORKERS:-2}" --dist loadgroup "$@"
 pytest_rc=$?
 echo "[test] pytest exit $pytest_rc in $(( $(date +%s) - t_py )) s"
 

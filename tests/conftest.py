@@ -165,3 +165,25 @@ def write_standin_site(directory: Path, name: str, scheduler: str) -> Path:
         "node: {cores: 2, threads_per_core: 1, gpus: 0, memory_gb: 1}\n"
         f"environment: {{python: {sys.executable}}}\n")
     return path
+
+
+# ------------------------------------------------------------------------------ parallel runs (pytest-xdist)
+_SLURM_WORDS = ("sbatch", "squeue", "scontrol", "srun", "ci-slurm", "slurm: Any", "slurm: SlurmCluster", "mark.slurm")
+_module_groups: dict[Path, str] = {}
+
+
+def _group_of(path: Path) -> str:
+    """Every test of a module runs on one worker (module-level caches and fixtures stay shared), and every module
+    that touches the one real Slurm runs on the same worker, one test at a time: their jobs would otherwise
+    queue behind each other's on its few CPUs and miss the deadlines their walltime tests are built on."""
+    if path not in _module_groups:
+        text = path.read_text(encoding="utf-8")
+        _module_groups[path] = "slurm" if any(w in text for w in _SLURM_WORDS) else path.stem
+    return _module_groups[path]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group_of(Path(str(item.fspath)))))

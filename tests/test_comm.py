@@ -23,6 +23,7 @@ from hpctrain.runtime.comm import (
     rendezvous_address,
 )
 from hpctrain.runtime.watchdog import Pending, Watchdog
+from hpctrain.submission.launchers.local_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -94,7 +95,7 @@ def test_one_node_settings_only_for_the_wheel_on_one_node_without_a_user_choice(
 
 
 def test_collectives_gloo_under_torchrun() -> None:
-    argv = [TORCHRUN, "--nproc-per-node", "2", "--master-port", "29621", WORKER, "collectives", "gloo"]
+    argv = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), WORKER, "collectives", "gloo"]
     out = _run(argv, 120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("gloo collectives OK") == 2
@@ -115,7 +116,7 @@ def test_mpi_stuck_rank_aborts_job_and_is_named() -> None:
 
 def test_gloo_stuck_rank_aborts_job_and_is_named() -> None:
     t0 = time.monotonic()
-    argv = [TORCHRUN, "--nproc-per-node", "3", "--master-port", "29622", WORKER,
+    argv = [TORCHRUN, "--nproc-per-node", "3", "--master-port", str(free_port()), WORKER,
             "hang", "gloo", str(TIMEOUT_S), "2"]
     out = _run(argv, timeout=120)
     assert out.returncode != 0

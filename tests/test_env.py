@@ -25,6 +25,7 @@ from hpctrain.launch_env import (
     scheduler_job_id,
     scheduler_nodes,
 )
+from hpctrain.submission.launchers.local_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = str(ROOT / ".venv" / "bin" / "python")
@@ -54,13 +55,14 @@ def test_hydra_mpiexec_real() -> None:
 
 
 def test_torchrun_real() -> None:
+    port = free_port()
     rows = _run_env_worker(
-        [str(ROOT / ".venv/bin/torchrun"), "--nproc-per-node", "2", "--master-port", "29611", WORKER, "env"]
+        [str(ROOT / ".venv/bin/torchrun"), "--nproc-per-node", "2", "--master-port", str(port), WORKER, "env"]
     )
     assert [(r["rank"], r["size"], r["local_rank"], r["local_size"], r["launcher"]) for r in rows] == [
         (0, 2, 0, 2, "torchrun"), (1, 2, 1, 2, "torchrun")
     ]
-    assert rows[0]["master_port"] == 29611 and rows[0]["master_addr"]
+    assert rows[0]["master_port"] == port and rows[0]["master_addr"]
 
 
 

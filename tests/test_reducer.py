@@ -19,6 +19,7 @@ import torch
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.comm import SingleProcessCommunicator
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
+from hpctrain.submission.launchers.local_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "mp_helpers"))
@@ -45,7 +46,7 @@ def _train(launcher: str, n: int, backend: str, combiner: str, out: Path, compre
     if launcher == "mpiexec":
         argv = [MPIEXEC, "-n", str(n), PY, *args]
     else:
-        argv = [TORCHRUN, "--nproc-per-node", str(n), "--master-port", str(29640 + n), *args]
+        argv = [TORCHRUN, "--nproc-per-node", str(n), "--master-port", str(free_port()), *args]
     res = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=_clean_env(), cwd=ROOT)
     assert res.returncode == 0, res.stderr[-4000:]
     assert res.stdout.count(f"{backend} {combiner} {compression} OK") == n, res.stdout

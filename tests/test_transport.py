@@ -122,17 +122,17 @@ def test_one_master_serves_many_commands(ssh: SSHTransport, sshd: SshLogin) -> N
     assert not ssh.check_master()
 
 
-def test_unreachable_port(tmp_path: Path) -> None:
+def test_unreachable_port(short_dir: Path) -> None:
     port = _free_port()  # nothing listens there
-    t = SSHTransport("root@127.0.0.1", ssh_config="/dev/null", control_dir=str(tmp_path),
+    t = SSHTransport("root@127.0.0.1", ssh_config="/dev/null", control_dir=str(short_dir),
                      connect_timeout=5, extra_opts=("-o", f"Port={port}"))
     with pytest.raises(TransportError, match="unreachable") as e:
         t.run(["true"], timeout=30)  # the timeout message would say "did not answer": this must not
     assert "Connection refused" in str(e.value)
 
 
-def test_name_does_not_resolve(tmp_path: Path) -> None:
-    t = SSHTransport("nobody@no-such-host.invalid", ssh_config="/dev/null", control_dir=str(tmp_path),
+def test_name_does_not_resolve(short_dir: Path) -> None:
+    t = SSHTransport("nobody@no-such-host.invalid", ssh_config="/dev/null", control_dir=str(short_dir),
                      connect_timeout=5)
     with pytest.raises(TransportError, match="unreachable, its name does not resolve"):
         t.run(["true"], timeout=30)
