@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.errors import ConfigError, DataError
+from hpctrain.ffn.agglomeration import UnionFind
 
 Zyx = tuple[int, int, int]
 
@@ -109,22 +110,6 @@ def mine(plan: list[Subvolume], rank: int, size: int) -> list[Subvolume]:
 # -------------------------------------------------------------------------------------------- reconcile
 
 
-class _UnionFind:
-    def __init__(self) -> None:
-        self.parent: dict[int, int] = {}
-
-    def find(self, a: int) -> int:
-        root = a
-        while self.parent.get(root, root) != root:
-            root = self.parent[root]
-        while self.parent.get(a, a) != root:  # path compression
-            self.parent[a], a = root, self.parent[a]
-        return root
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
 
 
 def _read_part(parts_dir: Path, sub: Subvolume, box: tuple[slice, ...] | None = None) -> np.ndarray:
@@ -187,7 +172,7 @@ def reconcile(plan: list[Subvolume], parts_dir: Path, out_path: str | Path, shap
         core = labels[_local(sub, sub.core_start, sub.core_stop)]
         written.update((total + np.unique(core[core > 0]).astype(np.int64)).tolist())
         total += int(labels.max(initial=0))
-    union = _UnionFind()
+    union = UnionFind()
     joined = 0
     for a, b in itertools.combinations(plan, 2):
         shared = _shared_box(a, b)
