@@ -22,6 +22,7 @@ import cloudpickle
 import pytest
 import submitit
 import submitit_support
+from slurm_support import scontrol, seconds
 from submitit_support import CountingTransport, Places, Resumable, add, square, task_environment, wait_for
 
 from hpctrain.submission.api import RunHandle
@@ -42,17 +43,6 @@ def _executor(places: Places, slurm: Any, **kwargs: Any) -> submitit.AutoExecuto
     # 100 MB per job: Slurm's default memory per job would let only 4 jobs share the node's 8 CPUs.
     ex.update_parameters(timeout_min=10, mem_gb=0.1, hpctrain_queue=submitit_support.slurm_queue(slurm.partition))
     return ex
-
-
-def scontrol(job_id: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=15)
-    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
-
-
-def seconds(text: str) -> int:
-    days, _, hms = text.rpartition("-")
-    h, m, s = (int(v) for v in hms.split(":"))
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
 def test_a_function_runs_on_slurm_and_an_error_comes_back(places: Places, slurm: Any) -> None:
