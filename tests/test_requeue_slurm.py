@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from slurm_support import scontrol, seconds
 
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import Registry
@@ -52,17 +53,6 @@ def steps_for(seconds: float, env: Path, venv_bin: Path) -> int:
     timed = [r for r in records if "loss" in r]
     rate = (timed[-1]["step"] - timed[0]["step"]) / (timed[-1]["time"] - timed[0]["time"])
     return int(min(max(rate * seconds, 800), 30000)) // 50 * 50
-
-
-def scontrol(job_id: str) -> dict[str, str]:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=15)
-    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
-
-
-def seconds(text: str) -> int:
-    days, _, hms = text.rpartition("-")
-    h, m, s = (int(v) for v in hms.split(":"))
-    return int(days or 0) * 86400 + h * 3600 + m * 60 + s
 
 
 def last_step(metrics: Path) -> int:
@@ -186,6 +176,8 @@ def test_code_error_fails_without_requeue(env: Path, slurm: Any) -> None:
     assert view.state == "failed", log[-3000:]
     assert "a bug in the model at step 3" in log
     assert "putting the job back in the queue" not in log
+    # hpctrain reads the run as failed from its exit record while Slurm may still be COMPLETING the job
+    slurm.wait_for_state(job_id, ["FAILED"], timeout=60)
     info = scontrol(job_id)
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0"
     assert "exit code" in view.reason, view.reason
