@@ -30,10 +30,11 @@ BASE = {
     "ranks_per_node": 1, "threads_per_rank": 1, "batch_per_rank": 4, "bucket_mb": 4.0, "combiner": "mean",
     "compression": "none", "dasgd_period": 1, "dasgd_delay": 0, "walltime_s": 1e9, "backend": "mpi",
     "node_threads": 8, "background_load": 0.0, "latency_us": 1.0, "nics_per_node": 1, "nic_gbps": 1.0,
-    "intra_latency_us": 1.0,
+    "intra_latency_us": 1.0, "all_core_speed": 1.0, "shared_core_latency_us": 0.0, "rank_speed_spread": 0.0,
     "intra_bandwidth_gbps": 1.0, "reduce_gbps": 10.0, "filesystem_gbps": 100.0, "metadata_ops_per_s": 1000.0,
     "reduction_overlap": True, "input_overlap": False, "input_sharding": "shard", "startup_staged": False,
-    "multinode_overhead_s": 0.0, "launch_overhead_s": 0.0, "half_gamma_factor": 4.0, "record_s": 0.0,
+    "multinode_overhead_s": 0.0, "launch_overhead_s": 0.0, "control_allreduces": 0.0, "half_gamma_factor": 4.0,
+    "record_s": 0.0,
     "input_bytes": 0.0, "stream_bytes": 0.0, "env_files": 0.0, "env_bytes": 0.0,
 }
 
@@ -127,6 +128,50 @@ def test_oversubscribed_ranks_share_the_node() -> None:
     # other work on the node: 2 more runnable threads; 2 ranks then share 2 threads among 4, one rank among 3
     busy = one_bucket(params(node_threads=2, background_load=2.0))
     assert step_cost(busy, 1, 2).terms["oversubscription"] == pytest.approx(4 / 3 - 1)
+
+
+def test_a_busier_node_computes_slower_per_thread() -> None:
+    # 8 hardware threads, all_core_speed 0.8: 1/0.8 = 1.25x slower with all 8 busy, linear from 1 busy thread
+    w = one_bucket(params(all_core_speed=0.8))
+    assert step_cost(w, 1, 8).terms["oversubscription"] == pytest.approx(0.25)
+    assert step_cost(w, 1, 5).terms["oversubscription"] == pytest.approx(0.25 * 4 / 7)
+    # calibrated with 2 ranks busy: the compute it measured already carries 1/7 of the slowdown
+    cal = one_bucket(params(all_core_speed=0.8, calibration_ranks_per_node=2))
+    assert step_cost(cal, 1, 8).terms["oversubscription"] == pytest.approx(1.25 / (1 + 0.25 / 7) - 1)
+    assert step_cost(cal, 1, 1).terms["oversubscription"] == pytest.approx(1 / (1 + 0.25 / 7) - 1)
+    # beyond all threads busy it is the time-sharing term alone (x2 for 16 ranks on 8 threads) on top
+    assert step_cost(w, 1, 16).terms["oversubscription"] == pytest.approx(2 * 1.25 - 1)
+
+
+def test_ranks_sharing_cores_wait_for_them_in_every_message() -> None:
+    # 4 ranks on 2 hardware threads (share 2): each message step of the ring pays 1 x 500 us more
+    p = params(node_threads=2, backend="gloo", shared_core_latency_us=500.0, reduction_overlap=False)
+    shared = c.Link(1e-6 + 500e-6, 1e-9, 1e-10)
+    assert reduction_time(one_bucket(p), 1, 4, 1.0)[0] == pytest.approx(c.ring_allreduce(4, 1e6, shared))
+    assert reduction_time(one_bucket(p), 1, 2, 1.0)[0] == pytest.approx(c.ring_allreduce(2, 1e6, LINK))
+
+
+def test_the_ranks_own_speed_spread_adds_to_the_straggler_wait() -> None:
+    # per-step noise 0.03 s and ranks 4 % apart on a 1 s step: sqrt(0.03^2 + 0.04^2) = 0.05
+    w = one_bucket(params(compute_std_s=0.03, rank_speed_spread=0.04))
+    assert step_cost(w, 1, 2).terms["straggler"] == pytest.approx(0.05 / math.sqrt(math.pi), abs=1e-9)
+    assert step_cost(w, 1, 1).terms["straggler"] == 0.0
+
+
+def test_the_stop_vote_is_one_small_allreduce_per_step() -> None:
+    p = params(control_allreduces=1.0, launch_overhead_s=20e-6)
+    # mpi, 4 ranks, 16 bytes: recursive doubling, 2 rounds of (alpha + 16 (beta + gamma)); plus the launch
+    vote = 2 * (1e-6 + 16 * 1.1e-9) + 20e-6
+    gradient = reduction_time(one_bucket(p), 1, 4, 1.0)[0]
+    assert step_cost(one_bucket(p), 1, 4).terms["reduction"] == pytest.approx(gradient + vote)
+    assert step_cost(one_bucket(p), 1, 1).terms["reduction"] == 0.0
+
+
+def test_fractions_are_checked() -> None:
+    for bad in ("0", "1.5"):
+        with pytest.raises(ConfigError, match="all_core_speed"):
+            apply_sets(params(), [f"all_core_speed={bad}"])
+    assert apply_sets(params(), ["all_core_speed=1"]).num("all_core_speed") == 1.0
 
 
 def test_reduction_pipeline_hides_buckets_ready_early() -> None:

@@ -62,7 +62,12 @@ def test_one_rank_run_writes_a_profile_the_planner_reads(tmp_path: Path) -> None
                          capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     plan = json.loads(out.stdout)
-    assert plan["parameters"]["compute_s"]["value"] == pytest.approx(m.compute.mean)
+    # begin-to-begin loop time covers the step, the stop vote and the work between steps; the planner adds
+    # that work (not the vote, which it models) to the compute
+    assert m.loop is not None and m.control is not None and m.loop.count == m.compute.count - 1
+    assert m.loop.mean > 0 and m.control.count == m.compute.count
+    assert m.between_steps_s == pytest.approx(max(0.0, m.loop.mean - m.step.mean - m.control.mean))
+    assert plan["parameters"]["compute_s"]["value"] == pytest.approx(m.compute.mean + m.between_steps_s)
     assert [b["bytes"] for b in plan["buckets"]] == [b.nbytes for b in m.buckets]
 
 
@@ -94,3 +99,40 @@ def test_only_rank_zero_writes_and_writes_atomically(tmp_path: Path) -> None:
     assert [f.name for f in tmp_path.iterdir()] == ["profile.json"]  # no temporary file left behind
     data = json.loads(path.read_text())
     assert data["compute_s"]["count"] == 2 and data["buckets"] == [] and math.isfinite(data["step_s"]["mean"])
+
+
+def test_node_load_counts_other_work_during_the_timed_steps_only() -> None:
+    """A process spinning on a core while this one sleeps is other work (/proc/stat); what ran before the first
+    mark is not counted, unlike the load average."""
+    from hpctrain.runtime.profile import NodeLoad
+
+    spin = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\n"
+    before = subprocess.Popen([sys.executable, "-c", spin])
+    before.wait()  # a minute's load average still carries this; the interval below does not
+    load = NodeLoad(ranks_per_node=1)
+    load.mark()
+    child = subprocess.Popen([sys.executable, "-c", spin])
+    child.wait()
+    load.mark()
+    figures = load.as_dict()
+    assert figures is not None
+    # the child kept about one CPU busy; whatever else ran on the machine only adds to it
+    assert figures["background_cpus"] >= 0.5 and figures["own_cpus"] < 0.2
+
+
+def test_the_planner_prefers_the_measured_background_to_the_load_average() -> None:
+    from hpctrain.planning.inputs import _background
+
+    profile = {"version": 1, "ranks": 1, "ranks_per_node": 1, "threads_per_rank": 1, "backend": "none",
+               "combiner": "mean", "samples_per_step": 4, "sample_unit": "FOVs", "grad_bytes": 1000,
+               **{k: {"mean": 0.02, "std": 0.001, "count": 50} for k in ("compute_s", "step_s", "cpu_s")},
+               **{k: {"mean": 0.0, "std": 0.0, "count": 50} for k in ("input_s", "reduction_wait_s")},
+               "overlap_window_s": 0.0, "buckets": [], "loadavg": [3.0, 2.0, 1.0]}
+    m = parse_profile(json.dumps({**profile, "node_cpus": {"busy_cpus": 1.3, "own_cpus": 1.0,
+                                                             "background_cpus": 0.3}}), "p")
+    param = _background(m, 8.0)
+    assert param is not None and param.value == pytest.approx(0.3) and "node_cpus" in param.detail
+    old = parse_profile(json.dumps(profile), "p")  # a profile of an older hpctrain: the load average, less itself
+    assert _background(old, 8.0).value == pytest.approx(2.0)
+    with pytest.raises(Exception, match="node_cpus"):
+        parse_profile(json.dumps({**profile, "node_cpus": {"background_cpus": "x"}}), "p")

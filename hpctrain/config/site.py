@@ -123,6 +123,12 @@ class NodeShape(Strict):
     memory_gb: float | Literal["auto"] = Field(description="Main memory per node in GB ('auto': this machine)")
     hbm_gb: float | None = Field(None, ge=0, description="On-package high-bandwidth memory (e.g. KNL MCDRAM)")
     cpu: str | None = Field(None, description="Processor model, for documentation")
+    all_core_speed: float | None = Field(
+        None, gt=0, le=1, description="A thread's compute speed with every hardware thread busy, relative to one "
+        "thread alone (lower clocks, shared caches and memory bandwidth); for the planner, 1 when unset")
+    rank_speed_spread: float | None = Field(
+        None, ge=0, lt=1, description="Spread (standard deviation over mean) of the speed at which ranks on "
+        "different cores or nodes run the same work, held over a run; for the planner's straggler term, 0 when unset")
 
     @model_validator(mode="after")
     def _positive(self) -> NodeShape:
@@ -221,6 +227,9 @@ class Network(Strict):
     intra_latency_us: float | None = Field(None, gt=0, description="Latency between ranks on one node, microseconds")
     intra_bandwidth_gbps: float | None = Field(None, gt=0, description="Bandwidth between ranks on one node, GB/s")
     reduce_gbps: float | None = Field(None, gt=0, description="Rate at which one rank sums float32 vectors, GB/s")
+    shared_core_latency_us: float | None = Field(
+        None, gt=0, description="Extra latency of a message to a rank that shares its core with other runnable "
+        "threads (it waits for the core), per thread beyond one per hardware thread, microseconds")
     filesystem_gbps: float | None = Field(None, gt=0, description="Aggregate read bandwidth of the shared file system")
     metadata_ops_per_s: float | None = Field(None, gt=0, description="File opens per second of the shared file system")
 

@@ -29,6 +29,8 @@ ASSUMED: dict[str, tuple[Value, str]] = {
     "stream_bytes": (0.0, "no input stream is read at start-up beyond the measured one-node start-up"),
     "env_files": (33028.0, "files of the test machine's Python environment (.venv with the torch CPU stack)"),
     "env_bytes": (1.5e9, "size of the test machine's Python environment"),
+    "control_allreduces": (1.0, "the stop vote: one all-reduce of 16 bytes after every step "
+                                "(checkpoint/session.py stop_requested)"),
     "adacomp_ratio": (0.02, "AdaComp sends about 1/50 of the dense bytes (no AdaComp run measured)"),
     "overlap_window_s": (0.0, "no gradient bucket timing measured: no overlap window"),
     "input_std_s": (0.0, "no input timing measured"),
@@ -43,6 +45,7 @@ SITE_DEFAULTS: dict[str, tuple[float, str]] = {
     "intra_latency_us": (1.0, "shared memory between ranks of one node"),
     "intra_bandwidth_gbps": (10.0, "shared memory between ranks of one node"),
     "reduce_gbps": (5.0, "one core summing float32 vectors from memory"),
+    "shared_core_latency_us": (1000.0, "about one Linux scheduler time slice (EEVDF: 0.75 ms x (1 + log2 CPUs))"),
     "filesystem_gbps": (100.0, "a parallel file system of a mid-sized machine"),
     "metadata_ops_per_s": (50000.0, "a Lustre metadata server's file opens per second"),
 }
@@ -110,6 +113,17 @@ def site_parameters(site: SiteProfile) -> list[Param]:
     auto = " (auto: this machine)" if site.node.cores == "auto" else ""
     out = [Param("node_threads", float(node.cores * node.threads_per_core), "site",
                  f"{where}: node.cores x node.threads_per_core{auto}")]
+    if node.all_core_speed is None:
+        out.append(Param("all_core_speed", 1.0, "assumed", "a busy node computes as fast per thread as an idle "
+                         f"one ({where} has no node.all_core_speed)"))
+    else:
+        out.append(Param("all_core_speed", float(node.all_core_speed), "site", f"{where}: node.all_core_speed"))
+    if node.rank_speed_spread is None:
+        out.append(Param("rank_speed_spread", 0.0, "assumed",
+                         f"every core and node runs at the same speed ({where} has no node.rank_speed_spread)"))
+    else:
+        out.append(Param("rank_speed_spread", float(node.rank_speed_spread), "site",
+                         f"{where}: node.rank_speed_spread"))
     net = site.network
     out.append(Param("nics_per_node", float(net.nics_per_node if net else 1), "site" if net else "assumed",
                      f"{where}: network.nics_per_node" if net else "one network interface per node"))
@@ -126,7 +140,10 @@ def site_parameters(site: SiteProfile) -> list[Param]:
 def _measured_params(m: Measurements, node_threads: float) -> list[Param]:
     where = m.where
     out = [
-        Param("compute_s", m.compute.mean, "measured", f"{where}: compute_s mean of {m.compute.count} steps"),
+        Param("compute_s", m.compute.mean + m.between_steps_s, "measured",
+              f"{where}: compute_s mean of {m.compute.count} steps"
+              + (f" + {m.between_steps_s * 1e3:.3g} ms between steps (loop_s - step_s - control_s)"
+                 if m.between_steps_s > 0 else "")),
         Param("compute_std_s", m.compute.std, "measured", f"{where}: compute_s spread"),
         Param("input_s", m.input.mean, "measured", f"{where}: input_s mean"),
         Param("input_std_s", m.input.std, "measured", f"{where}: input_s spread"),
@@ -149,14 +166,20 @@ STARVED = 0.95  # a rank on a CPU less than this share of its step waited for on
 
 def _background(m: Measurements, node_threads: float) -> Param | None:
     """Other work on the calibration node, in runnable threads. A rank that got only a share s of a CPU
-    shared the node's C threads fairly with B others: s = C / (own + B); one that never waited shows only
-    that the node had room, and the load average (minus the run itself) is the best estimate left."""
+    shared the node's C threads fairly with B others: s = C / (own + B). One that never waited shows only
+    what the others used of the room it left: the node's busy CPUs over the timed steps less the run's own
+    (/proc/stat); profiles without that figure fall back on the load average minus the run itself, which
+    also counts whatever ran in the minute before."""
     own = m.ranks_per_node * m.threads_per_rank
     share = m.cpu_share
     if share is not None and share < STARVED:
         return Param("background_load", max(0.0, node_threads / share - own), "measured",
                      f"{m.where}: its ranks were on a CPU {share:.0%} of each step ({node_threads:.0f} "
                      f"hardware threads shared with other work)")
+    if m.background_cpus is not None:
+        return Param("background_load", min(m.background_cpus, max(0.0, node_threads - own)), "measured",
+                     f"{m.where}: other work kept {m.background_cpus:.2f} of the node's {node_threads:.0f} "
+                     "hardware threads busy during the timed steps (node_cpus)")
     if m.loadavg_1m is not None:
         return Param("background_load", max(0.0, min(m.loadavg_1m - own, node_threads - own)), "measured",
                      f"{m.where}: 1-minute load average {m.loadavg_1m:.2f} minus its own {own} threads")

@@ -52,6 +52,17 @@ class Measurements:
     model_grad_bytes: float = 0.0
     loadavg_1m: float | None = None
     cpu: Stat | None = None
+    background_cpus: float | None = None
+    loop: Stat | None = None
+    control: Stat | None = None
+
+    @property
+    def between_steps_s(self) -> float:
+        """Per-step time outside the timed step other than the control vote: metrics, logging, saves."""
+        if self.loop is None or self.loop.count == 0:
+            return 0.0
+        control = self.control.mean if self.control is not None else 0.0
+        return max(0.0, self.loop.mean - self.step.mean - control)
 
     @property
     def cpu_share(self) -> float | None:
@@ -126,7 +137,24 @@ def parse_profile(text: str, where: str) -> Measurements:
         model_grad_bytes=_number(data, "grad_bytes", where, optional=True) or 0.0,
         loadavg_1m=_loadavg(data.get("loadavg")),
         cpu=_stat(data, "cpu_s", where) if isinstance(data.get("cpu_s"), dict) else None,
+        background_cpus=_background_cpus(data.get("node_cpus"), where),
+        loop=_optional_stat(data, "loop_s", where),
+        control=_optional_stat(data, "control_s", where),
     )
+
+
+def _optional_stat(data: dict[str, Any], key: str, where: str) -> Stat | None:
+    """A statistic that profiles of older hpctrain versions do not have."""
+    return _stat(data, key, where) if isinstance(data.get(key), dict) else None
+
+
+def _background_cpus(value: Any, where: str) -> float | None:
+    """CPUs other work kept busy during the timed steps (``node_cpus``), when the run measured them."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise DataError(f"{where}: node_cpus is not an object", hint=_DAMAGED)
+    return _number(value, "background_cpus", f"{where}: node_cpus")
 
 
 def _loadavg(value: Any) -> float | None:

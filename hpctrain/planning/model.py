@@ -1,8 +1,9 @@
 """The step-time model: what one synchronous step costs at N nodes, term by term, from plain numbers.
 
-step(N) = compute (+ the share lost to ranks sharing cores) + the reduction not hidden behind backward + the
-straggler wait (expected maximum of the ranks' step times) + a fixed multi-node overhead + the input time not
-overlapped; start-up is amortised over the walltime. Efficiency is against one rank alone on one node.
+step(N) = compute (+ the share lost to ranks sharing cores and to a busier node) + the reduction not hidden behind
+backward and the stop vote + the straggler wait (expected maximum of the ranks' step times) + a fixed multi-node
+overhead + the input time not overlapped; start-up is amortised over the walltime. Efficiency is against one rank
+alone on one node.
 """
 
 from __future__ import annotations
@@ -141,7 +142,9 @@ class Prediction:
 
 def _link(p: Parameters, nodes: int, ranks_per_node: int, half: bool) -> Link:
     """Costs between two ranks: shared memory within a node, the network across nodes (its injection
-    bandwidth shared by the node's ranks, except under NCCL whose rings cross each node once per NIC)."""
+    bandwidth shared by the node's ranks, except under NCCL whose rings cross each node once per NIC).
+    Where ranks share cores (more runnable threads than hardware threads), every message also waits for its
+    receiver to get a core again: ``shared_core_latency_us`` per thread beyond one per hardware thread."""
     intra_bw = p.num("intra_bandwidth_gbps") * 1e9
     if nodes <= 1:
         alpha, bandwidth = p.num("intra_latency_us") * 1e-6, intra_bw
@@ -149,6 +152,7 @@ def _link(p: Parameters, nodes: int, ranks_per_node: int, half: bool) -> Link:
         node_bw = p.num("nics_per_node") * p.num("nic_gbps") * 1e9
         per_rank = node_bw if p.value("backend") in ("nccl", "xccl") else node_bw / ranks_per_node
         alpha, bandwidth = p.num("latency_us") * 1e-6, min(intra_bw, per_rank)
+    alpha += (_core_share(p, ranks_per_node) - 1.0) * p.num("shared_core_latency_us") * 1e-6
     gamma = 1.0 / (p.num("reduce_gbps") * 1e9)
     if half:
         gamma *= p.num("half_gamma_factor")
@@ -160,6 +164,17 @@ def _core_share(p: Parameters, ranks_per_node: float) -> float:
     exceed its hardware threads (the scheduler then shares them out evenly)."""
     wanted = ranks_per_node * p.num("threads_per_rank") + p.num("background_load")
     return max(1.0, wanted / max(1.0, p.num("node_threads")))
+
+
+def _busy_slowdown(p: Parameters, ranks_per_node: float) -> float:
+    """How much slower a thread computes with this many of the node's hardware threads busy than alone:
+    1 with one busy, 1 / ``all_core_speed`` with all busy (lower clocks, shared caches and memory bandwidth),
+    linear in between."""
+    threads = max(1.0, p.num("node_threads"))
+    busy = min(threads, ranks_per_node * p.num("threads_per_rank") + p.num("background_load"))
+    if threads <= 1:
+        return 1.0
+    return 1.0 + (1.0 / p.num("all_core_speed") - 1.0) * max(0.0, busy - 1.0) / (threads - 1.0)
 
 
 def _bucket_cost(p: Parameters, ranks: int, nbytes: float, link: Link) -> tuple[float, str]:
@@ -211,6 +226,19 @@ def reduction_time(w: Workload, nodes: int, ranks_per_node: int, compute_s: floa
     return max(0.0, finish), total, algorithm
 
 
+CONTROL_BYTES = 16.0  # the stop vote: two float64 flags
+
+
+def control_time(p: Parameters, nodes: int, ranks_per_node: int) -> float:
+    """The per-step control all-reduces (the stop vote after every step): small, latency-bound, never hidden."""
+    ranks = nodes * ranks_per_node
+    if ranks <= 1:
+        return 0.0
+    link = _link(p, nodes, ranks_per_node, False)
+    seconds, _ = collectives.allreduce(str(p.value("backend")), ranks, CONTROL_BYTES, link)
+    return p.num("control_allreduces") * (seconds + p.num("launch_overhead_s"))
+
+
 def startup_time(p: Parameters, nodes: int, ranks_per_node: int) -> float:
     """Start-up at ``nodes``: the measured one-node start-up, plus what grows with the node count: every rank
     opening the environment's files on the shared file system (or a broadcast of the staged environment), and
@@ -236,9 +264,11 @@ def step_cost(w: Workload, nodes: int, ranks_per_node: int | None = None) -> Ste
     p = w.params
     r = int(ranks_per_node if ranks_per_node is not None else p.num("ranks_per_node"))
     ranks = nodes * r
-    share = _core_share(p, r) / _core_share(p, p.num("calibration_ranks_per_node"))
+    calibrated = p.num("calibration_ranks_per_node")
+    share = (_core_share(p, r) * _busy_slowdown(p, r)) / (_core_share(p, calibrated) * _busy_slowdown(p, calibrated))
     compute = p.num("compute_s") * share
     exposed, total, algorithm = reduction_time(w, nodes, r, compute)
+    exposed += control_time(p, nodes, r)
 
     per_step_records = (ranks - 1) * p.num("batch_per_rank") if p.value("input_sharding") == "whole" else 0.0
     reading = p.num("input_s") + per_step_records * p.num("record_s")
@@ -246,7 +276,8 @@ def step_cost(w: Workload, nodes: int, ranks_per_node: int | None = None) -> Ste
         reading = max(reading, ranks * p.num("input_bytes") / (p.num("filesystem_gbps") * 1e9))
     input_exposed = max(0.0, reading - compute) if p.flag("input_overlap") else reading
 
-    spread = (p.num("compute_std_s") * share) ** 2
+    # per-step noise, and how far apart the ranks' own speeds sit for the whole run (slow cores, slow nodes)
+    spread = (p.num("compute_std_s") * share) ** 2 + (p.num("rank_speed_spread") * compute) ** 2
     if not p.flag("input_overlap"):
         spread += p.num("input_std_s") ** 2
     terms = {

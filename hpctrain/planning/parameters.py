@@ -21,6 +21,8 @@ class Spec:
     unit: str
     kind: type | tuple[str, ...]
     description: str
+    at_most: float | None = None  # an upper bound (a fraction: 1)
+    positive: bool = False  # 0 is not a value (a divisor)
 
 
 SPECS: dict[str, Spec] = {
@@ -49,6 +51,12 @@ SPECS: dict[str, Spec] = {
     "site_nodes": Spec("", int, "compute nodes in the machine"),
     "node_threads": Spec("", int, "hardware threads per node usable by the job (cores x threads per core)"),
     "background_load": Spec("", float, "runnable threads of other work on a node (load average minus the job)"),
+    "all_core_speed": Spec("", float, "a thread's compute speed with every hardware thread of the node busy, "
+                           "relative to one alone", at_most=1.0, positive=True),
+    "rank_speed_spread": Spec("", float, "spread of the ranks' compute speed between cores or nodes, held over a "
+                              "run (standard deviation / mean)", at_most=1.0),
+    "shared_core_latency_us": Spec("us", float, "extra latency of a message to a rank that shares its core, per "
+                                   "runnable thread beyond one per hardware thread"),
     "latency_us": Spec("us", float, "inter-node message latency (alpha)"),
     "nics_per_node": Spec("", int, "network interfaces per node"),
     "nic_gbps": Spec("GB/s", float, "injection bandwidth of one network interface"),
@@ -65,6 +73,7 @@ SPECS: dict[str, Spec] = {
     # -- costs not measured on one node
     "multinode_overhead_s": Spec("s", float, "fixed per-step cost once a job spans nodes, beyond the collectives"),
     "launch_overhead_s": Spec("s", float, "software cost of starting one collective"),
+    "control_allreduces": Spec("", float, "small all-reduces per step besides the gradients' (the stop vote)"),
     "half_gamma_factor": Spec("", float, "how much slower a rank sums fp16/bf16 than float32"),
     "record_s": Spec("s", float, "cost of one record of the input stream (read + parse)"),
     "input_bytes": Spec("B", float, "bytes each rank reads from the shared file system per step"),
@@ -164,6 +173,10 @@ def check_value(name: str, value: Value) -> Value:
         raise ConfigError(f"{value!r} is not a number", key=name, hint=f"unit: {spec.unit or 'none'}") from None
     if number != number or number < 0 or number == float("inf"):
         raise ConfigError(f"{value!r} must be a finite number >= 0", key=name)
+    if spec.positive and number == 0:
+        raise ConfigError(f"{value!r} must be above 0", key=name)
+    if spec.at_most is not None and number > spec.at_most:
+        raise ConfigError(f"{value!r} must be at most {spec.at_most:g}", key=name)
     if kind is int:
         if number != int(number):
             raise ConfigError(f"{value!r} must be a whole number", key=name)

@@ -49,6 +49,56 @@ def process_age_s() -> float | None:
     return max(0.0, uptime - started)
 
 
+def node_cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all the node's CPUs since boot (Linux /proc/stat), None elsewhere. Busy
+    counts user, nice, system, irq, softirq and steal (time the hypervisor ran something else)."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = fields
+    busy = user + nice + system + irq + softirq + steal
+    return busy, busy + idle + iowait
+
+
+class NodeLoad:
+    """How many of the node's CPUs other work kept busy while the run trained: the node's busy CPU time over
+    the timed steps (/proc/stat) less the run's own (this rank's CPU time x its ranks on the node). Unlike the
+    load average, it covers exactly the timed interval: what ran before (or a previous run) does not count."""
+
+    def __init__(self, ranks_per_node: int) -> None:
+        self.ranks_per_node = ranks_per_node
+        self.cpus = os.cpu_count() or 1
+        self._start: tuple[tuple[int, int], float] | None = None
+        self._end: tuple[tuple[int, int], float] | None = None
+
+    def mark(self) -> None:
+        """Call at the start of the first timed step, then whenever the figures are written (the last call
+        ends the interval)."""
+        jiffies = node_cpu_jiffies()
+        if jiffies is None:
+            return
+        point = (jiffies, time.process_time())
+        if self._start is None:
+            self._start = point
+        else:
+            self._end = point
+
+    def as_dict(self) -> dict[str, float] | None:
+        if self._start is None or self._end is None:
+            return None
+        (busy0, total0), cpu0 = self._start
+        (busy1, total1), cpu1 = self._end
+        if total1 <= total0:
+            return None
+        busy_cpus = self.cpus * (busy1 - busy0) / (total1 - total0)
+        wall = (total1 - total0) / os.sysconf("SC_CLK_TCK") / self.cpus
+        own = self.ranks_per_node * (cpu1 - cpu0) / wall if wall > 0 else 0.0
+        return {"busy_cpus": busy_cpus, "own_cpus": own, "background_cpus": max(0.0, busy_cpus - own)}
+
+
 class StepProfiler:
     """Call ``begin()``, ``mark("input")``, ``mark("backward")``, ``mark("reduced")``, ``end()`` in each step.
 
@@ -69,10 +119,11 @@ class StepProfiler:
                      "samples_per_step": samples_per_step, "sample_unit": sample_unit,
                      "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
         self.stats = {k: RunningStat() for k in ("compute_s", "input_s", "reduction_wait_s", "step_s", "cpu_s",
-                                                 "overlap_window_s")}
+                                                 "loop_s", "control_s", "overlap_window_s")}
         self.leads: list[RunningStat] = []
         self.startup_s: float | None = None
         self.wire_ratio: float | None = None
+        self.node_load = NodeLoad(ranks_per_node)
         self._marks: dict[str, float] = {}
         self._cpu = 0.0
         self._seen = 0
@@ -82,10 +133,16 @@ class StepProfiler:
         now = time.perf_counter()
         if self.startup_s is None:
             self.startup_s = process_age_s()
+        if self._seen > SKIP_STEPS and "begin" in self._marks:
+            # begin to begin: the step plus what the loop does between steps (the stop vote every step, the
+            # metrics every log_every, checkpoints when due): what a step really costs in wall time
+            self.stats["loop_s"].add(now - self._marks["begin"])
         self._marks = {"begin": now}
         self._cpu = time.process_time()
         if self.reducer is not None and getattr(self.reducer, "timeline", None) is not None:
             self.reducer.timeline.clear()
+        if self._seen == SKIP_STEPS:  # the first timed step begins
+            self.node_load.mark()
 
     def mark(self, label: str) -> None:
         self._marks[label] = time.perf_counter()
@@ -107,6 +164,11 @@ class StepProfiler:
             self.wire_ratio = wire / dense if dense else None
         if self.path is not None and time.monotonic() - self._written > WRITE_EVERY_S:
             self.write()
+
+    def control(self, seconds: float) -> None:
+        """Time of the step's control collective (the stop vote after the step), once steps are timed."""
+        if self._seen > SKIP_STEPS:
+            self.stats["control_s"].add(seconds)
 
     def _bucket_leads(self, backward_end: float) -> None:
         timeline = getattr(self.reducer, "timeline", None) if self.reducer is not None else None
@@ -134,12 +196,14 @@ class StepProfiler:
         out["wire_ratio"] = self.wire_ratio
         out["startup_s"] = self.startup_s
         out["loadavg"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+        out["node_cpus"] = self.node_load.as_dict()
         return out
 
     def write(self) -> None:
         """Replace the profile file atomically (a reader never sees half a file)."""
         if self.path is None or self.stats["compute_s"].count == 0:
             return
+        self.node_load.mark()
         tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
         try:
             tmp.write_text(json.dumps(self.as_dict(), indent=1), encoding="utf-8")

@@ -172,7 +172,10 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
                 combiner.finish_training()  # before the final checkpoint, so it holds the model every rank has
             if session.due(step) or step == job.train.steps:
                 session.save(step)
-            if session.stop_requested(step):
+            voting = time.perf_counter()
+            stop = session.stop_requested(step)
+            profiler.control(time.perf_counter() - voting)
+            if stop:
                 if not session.saved_at(step):
                     session.save(step)
                 stopped = step < job.train.steps
