@@ -114,6 +114,18 @@ def test_keep_prunes_to_last_k(tmp_path: Path) -> None:
     assert shared == {"step": 400} and rank_state is None
 
 
+@pytest.mark.parametrize("keep", [3, 4, 7])
+def test_keep_k_holds_every_checkpoint_until_there_are_k(tmp_path: Path, keep: int) -> None:
+    """Fewer saves than ``keep`` are all kept, then the newest ``keep``. (keep 7 once held only 4 of 6: the
+    older ones were cut with a negative slice start once more than half of them were taken.)"""
+    s = CheckpointStore(tmp_path, keep=keep)
+    for n, step in enumerate(range(10, 100, 10), start=1):
+        s.save(step, {"step": step})
+        expected = list(range(10, step + 1, 10))[-keep:]
+        assert [c.step for c in s.checkpoints()] == expected, (n, keep)
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name != MANIFEST) == [step_dirname(k) for k in expected]
+
+
 def test_saving_an_earlier_step_drops_the_abandoned_later_ones(tmp_path: Path) -> None:
     s = CheckpointStore(tmp_path, keep=5)
     for step in (1, 2, 3):

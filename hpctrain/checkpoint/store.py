@@ -493,7 +493,7 @@ class CheckpointStore:
         _fsync_dir(ckpt.path)  # shared.pt, rank-00000.pt and the marker renames become durable together
         entries, _ = read_entries(self.directory)
         older = [e for e in entries if e.step < ckpt.step]  # later steps belong to an abandoned timeline
-        kept = older[len(older) - (self.keep - 1) :] if self.keep > 1 else []
+        kept = older[max(0, len(older) - (self.keep - 1)) :] if self.keep > 1 else []  # up to keep - 1 of them
         kept.append(ckpt)
         manifest = {
             "format": FORMAT,
