@@ -156,14 +156,20 @@ def everything_model(path: Path) -> Path:
     return path
 
 
-@pytest.mark.slow
-def test_segment_command_in_pieces_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
+def segment_command_setup(tmp_path: Path) -> tuple[Path, dict[str, str]]:
+    """A 24x30x30 noise volume at ``tmp_path``/vol.h5:image, the every-voxel model's checkpoint, and the
+    environment for an ``hpctrain ffn segment`` subprocess (this repository, one thread, no rank variables)."""
     image = np.random.default_rng(1).integers(100, 200, (24, 30, 30)).astype(np.uint8)
     with h5py.File(tmp_path / "vol.h5", "w") as f:
         f["image"] = image
-    ckpt = everything_model(tmp_path / "m.pt")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "RANK", "WORLD_SIZE"))}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    return everything_model(tmp_path / "m.pt"), env
+
+
+@pytest.mark.slow
+def test_segment_command_in_pieces_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
+    ckpt, env = segment_command_setup(tmp_path)
     outs = {}
     for ranks in (2, 1):
         out = tmp_path / f"seg{ranks}.h5"

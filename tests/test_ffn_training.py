@@ -21,6 +21,7 @@ from hpctrain.ffn.training import (
     StreamConfig,
     clip_gradients_,
     crop,
+    edge_band,
     epoch_coordinates,
     fixed_offsets,
     fixed_shifts,
@@ -167,6 +168,32 @@ def test_loss_metrics_and_clipping() -> None:
     model.bias.grad = None
     clip_gradients_(model, 0.7)
     assert torch.equal(model.weight.grad, torch.tensor([[0.7, -0.2, -0.7], [0.7, -0.7, 0.0]]))
+
+
+def test_edge_band_and_the_boundary_weighted_loss_by_hand() -> None:
+    # a 1 x 5 x 5 slab: the object is the left two columns; radius 1 marks the voxel on each side of the edge
+    # (columns 1 and 2); column 0 touches only the FOV border, which is not an edge
+    labels = torch.full((1, 1, 1, 5, 5), 0.05)
+    labels[..., :2] = 0.95
+    band = edge_band(labels, 1)[0, 0, 0]
+    assert torch.equal(band, torch.tensor([[0.0, 1.0, 1.0, 0.0, 0.0]] * 5))
+    assert edge_band(torch.full((1, 1, 3, 3, 3), 0.05), 1).sum() == 0  # no object: no edge
+    logits = torch.linspace(-3, 3, 25).reshape(1, 1, 1, 5, 5)
+    per_voxel = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    weights = 1 + 4.0 * band
+    torch.testing.assert_close(fov_loss(logits, labels, 4.0, 1), (per_voxel[0, 0, 0] * weights).sum() / weights.sum())
+    torch.testing.assert_close(fov_loss(logits, labels, 0.0, 1), per_voxel.mean())  # 0: the reference's loss
+
+
+def test_boundary_weight_reaches_the_task_and_bad_values_name_the_key() -> None:
+    from hpctrain.config.plugins.ffn import SCHEMA
+    from hpctrain.errors import ConfigError
+
+    args = SCHEMA.parse_model_args({"boundary_weight": 4, "boundary_radius": 3})
+    assert (args.boundary_weight, args.boundary_radius) == (4.0, 3)
+    for key, bad in [("boundary_weight", -1), ("boundary_radius", 0), ("boundary_radius", 9)]:
+        with pytest.raises(ConfigError, match=f"model_args.{key}"):
+            SCHEMA.parse_model_args({key: bad})
 
 
 def test_forward_backward_leaves_the_step_to_the_caller() -> None:

@@ -22,6 +22,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_seg.add_argument("checkpoint", help="checkpoint file (shared.pt) or a run's checkpoint directory")
     p_seg.add_argument("volume", help="image volume: FILE.h5:DATASET (or a .zarr path)")
     p_seg.add_argument("-o", "--output", required=True, help="segmentation HDF5 to write (FILE.h5[:DATASET])")
+    p_seg.add_argument("--job", default=None,
+                       help="take the settings from this job spec's data.eval.inference (the options below override)")
     p_seg.add_argument("--min-segment-size", type=int, default=None)
     p_seg.add_argument("--move-threshold", type=float, default=None)
     p_seg.add_argument("--segment-threshold", type=float, default=None)
@@ -82,11 +84,23 @@ def resolve_checkpoint(path: str) -> str:
     return str(shared)
 
 
+def job_inference_settings(job_path: str) -> dict[str, Any]:
+    """``data.eval.inference`` of an FFN job spec, checked by the FFN schema first; {} if unset."""
+    from hpctrain.config.job import load_job
+    from hpctrain.config.plugins.ffn import SCHEMA
+
+    job = load_job(job_path)
+    SCHEMA.parse(job.model_args, job.data)  # a wrong key or value: one error naming it, before any work
+    evaluation = dict(job.data).get("eval") or {}
+    return dict(evaluation.get("inference") or {})
+
+
 def cmd_segment(args: argparse.Namespace) -> int:
     from hpctrain.ffn.inference import run_segment
 
-    config = {k: v for k, v in {"min_segment_size": args.min_segment_size, "move_threshold": args.move_threshold,
-                                "segment_threshold": args.segment_threshold}.items() if v is not None}
+    config = job_inference_settings(args.job) if args.job else {}
+    config.update({k: v for k, v in {"min_segment_size": args.min_segment_size, "move_threshold": args.move_threshold,
+                                     "segment_threshold": args.segment_threshold}.items() if v is not None})
     checkpoint = resolve_checkpoint(args.checkpoint)
     if args.subvolumes:
         summary = segment_in_pieces(checkpoint, args.volume, args.output, config, counts=tuple(args.subvolumes),

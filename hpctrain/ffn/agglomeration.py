@@ -1,16 +1,21 @@
-"""Joining the pieces of an over-segmentation where the FFN itself says they are one object.
+"""Joining the pieces of an over-segmentation where the FFN itself says, from both sides, that they are one object.
 
-A flood records, for every earlier object whose voxels its FOVs predicted, how many of those voxels it
-called its own (``Canvas.contacts``). Two pieces of one neurite, cut apart by a bounded flood, claim each
-other's voxels near their contact; two neurites apart from a leak do not. Pieces are joined (transitively)
-where that fraction reaches a threshold chosen on a training volume.
+Floods bounded in size (``max_seed_distance``) cut a neurite into pieces, and a flood that leaks through a faint
+membrane takes only a piece of the neighbour. For every two pieces A and B that come within a few voxels of each
+other, the FFN is run from a bare seed inside A close to B, and from a bare seed inside B close to A (google/ffn's
+agglomeration runs the FFN from both segments of a pair in the same way). Each run says which share of the other
+piece's voxels in its FOV it claims; the pair is joined (transitively) when both shares reach a threshold. Two
+pieces of one neurite claim each other nearly whole; two neurites apart claim little, and a leak that goes one way
+is not a join. The bare-seed answer is the FFN's best-trained skill (docs/ffn.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
+Position = tuple[int, int, int]
 
 
 class UnionFind:
@@ -33,12 +38,91 @@ class UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def contact_scores(contacts: Mapping[int, Mapping[int, tuple[int, int]]],
-                   min_contact: int = 100) -> dict[tuple[int, int], float]:
-    """(earlier id, later id) -> the share of the earlier object's voxels seen by the later one's FOVs that it
-    predicted as its own; pairs seen over fewer than ``min_contact`` voxels are left out (too little evidence)."""
-    return {(int(a), int(b)): above / seen for b, seen_by in contacts.items()
-            for a, (above, seen) in seen_by.items() if seen >= min_contact}
+def contact_pairs(seg: np.ndarray, reach: int = 3, min_voxels: int = 20) -> dict[tuple[int, int], int]:
+    """(smaller id, larger id) -> how many voxel pairs of the two objects lie within ``reach`` voxels of each
+    other along an axis (a membrane is 2 voxels: neighbours across it count); pairs under ``min_voxels`` left out."""
+    n = int(seg.max(initial=0)) + 1
+    keys = []
+    for axis in range(3):
+        for d in range(1, reach + 1):
+            if seg.shape[axis] <= d:
+                continue
+            lo = [slice(None)] * 3
+            hi = [slice(None)] * 3
+            lo[axis], hi[axis] = slice(0, -d), slice(d, None)
+            a, b = seg[tuple(lo)], seg[tuple(hi)]
+            touch = (a > 0) & (b > 0) & (a != b)
+            a, b = a[touch].astype(np.int64), b[touch].astype(np.int64)
+            keys.append(np.minimum(a, b) * n + np.maximum(a, b))
+    if not keys:
+        return {}
+    found, counts = np.unique(np.concatenate(keys), return_counts=True)
+    return {(int(k // n), int(k % n)): int(c) for k, c in zip(found, counts, strict=True) if c >= min_voxels}
+
+
+def _box_around(mask: np.ndarray, grow: int) -> tuple[slice, slice, slice]:
+    where = np.argwhere(mask)
+    lo = np.maximum(where.min(axis=0) - grow, 0)
+    hi = np.minimum(where.max(axis=0) + grow + 1, mask.shape)
+    return (slice(int(lo[0]), int(hi[0])), slice(int(lo[1]), int(hi[1])), slice(int(lo[2]), int(hi[2])))
+
+
+def seed_positions(seg: np.ndarray, source: int, target: int, margin: Sequence[int], *, count: int = 3,
+                   near: int = 2, far: int = 5) -> list[Position]:
+    """Up to ``count`` voxels of object ``source`` between ``near`` and ``far`` voxels from object ``target``,
+    closest to where the two meet and spread apart, whose FOV (``margin`` = fov // 2) lies inside the volume."""
+    from scipy import ndimage
+
+    if not (seg == target).any():
+        return []
+    box = _box_around(seg == target, far + 1)
+    local = seg[box]
+    dist = ndimage.distance_transform_edt(local != target)
+    candidates = np.argwhere((local == source) & (dist >= near) & (dist <= far))
+    if len(candidates) == 0:
+        return []
+    candidates += np.array([s.start for s in box])
+    m = np.asarray(margin)
+    inside = np.all((candidates >= m) & (candidates < np.asarray(seg.shape) - m), axis=1)
+    candidates = candidates[inside]
+    if len(candidates) == 0:
+        return []
+    centre = candidates.mean(axis=0)
+    candidates = candidates[np.argsort(((candidates - centre) ** 2).sum(axis=1), kind="stable")[: 20 * count]]
+    picked = [candidates[0]]
+    while len(picked) < min(count, len(candidates)):  # the farthest from those picked: spread along the contact
+        gap = np.min([((candidates - p) ** 2).sum(axis=1) for p in picked], axis=0)
+        picked.append(candidates[int(np.argmax(gap))])
+    return [(int(p[0]), int(p[1]), int(p[2])) for p in picked]
+
+
+def mutual_claims(seg: np.ndarray, predict_bare: Callable[[list[Position]], np.ndarray], fov: Sequence[int],
+                  claim_logit: float, pairs: Sequence[tuple[int, int]], *, positions: int = 4,
+                  min_seen: int = 30) -> dict[tuple[int, int], float]:
+    """(a, b) -> the smaller of the two shares: of b's voxels in the FOV of a bare seed inside a, those the FFN
+    claims (logit >= ``claim_logit``), averaged over up to ``positions`` seeds near b; and the same from b. A
+    direction with no seed position, or whose FOVs hold fewer than ``min_seen`` voxels of the other, gives the
+    pair no score (it is not joined). ``predict_bare(positions)`` returns the FFN's logits, (n, *fov)."""
+    margin = [f // 2 for f in fov]
+    jobs: list[tuple[int, int, Position]] = []  # (pair index, direction, seed position)
+    for i, (a, b) in enumerate(pairs):
+        for direction, (source, target) in enumerate(((a, b), (b, a))):
+            jobs += [(i, direction, pos) for pos in seed_positions(seg, source, target, margin, count=positions)]
+    shares: dict[tuple[int, int], list[float]] = {}
+    if jobs:
+        logits = predict_bare([pos for _, _, pos in jobs])
+        for (i, direction, pos), out in zip(jobs, logits, strict=True):
+            box = tuple(slice(p - m, p + m + 1) for p, m in zip(pos, margin, strict=True))
+            target = pairs[i][1 - direction]
+            other = seg[box] == target
+            if int(other.sum()) >= min_seen:
+                shares.setdefault((i, direction), []).append(float(np.mean(out[other] >= claim_logit)))
+    scores = {}
+    for i, pair in enumerate(pairs):
+        one, two = shares.get((i, 0)), shares.get((i, 1))
+        if one and two:
+            scores[(int(pair[0]), int(pair[1]))] = min(float(np.mean(one)), float(np.mean(two)))
+    return scores
 
 
 def agglomerate(seg: np.ndarray, scores: Mapping[tuple[int, int], float], threshold: float) -> np.ndarray:
@@ -52,3 +136,16 @@ def agglomerate(seg: np.ndarray, scores: Mapping[tuple[int, int], float], thresh
     ids = np.unique(seg)
     table = np.array([union.find(int(i)) if i > 0 else int(i) for i in ids], dtype=np.int64)
     return table[np.searchsorted(ids, seg)].astype(seg.dtype)
+
+
+def watershed_fill(image: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Every unsegmented voxel (0) given to the object whose intensity watershed reaches it first: objects grow
+    from their voxels through the brightest (cytoplasm) voxels first and meet on the dark membranes. The FFN's
+    objects are kept as they are; a volume without objects stays empty."""
+    from skimage.segmentation import watershed
+
+    if not labels.any():
+        return labels
+    filled = watershed(255 - image.astype(np.int32) if image.dtype == np.uint8 else -image.astype(np.float32),
+                       markers=labels.astype(np.int64))
+    return filled.astype(labels.dtype)

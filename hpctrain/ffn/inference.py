@@ -202,8 +202,6 @@ class Canvas:
         self.movement = FaceMaxMovementPolicy(self.deltas, self.move_logit, order=movement_order)
         self.origins: dict[int, dict[str, Any]] = {}  # id -> seed position, iterations, seconds
         self.overlaps: dict[int, dict[int, int]] = {}  # id -> {earlier id: voxels above threshold there}
-        # id -> {earlier id: (its voxels this object's FOVs predicted above the segment threshold, all it predicted)}
-        self.contacts: dict[int, dict[int, tuple[int, int]]] = {}
         self.max_seed_distance = int(max_seed_distance)
         self.self_prediction = float(self_prediction)
         self.self_prediction_min_voxels = int(self_prediction_min_voxels)
@@ -271,6 +269,24 @@ class Canvas:
         with torch.inference_mode():
             out = self.model(self._input)
         return check_output(out, self._input.shape)[0, 0].numpy()
+
+    def predict_bare(self, positions: Sequence[Position], batch: int = 32) -> np.ndarray:
+        """The model's logits from a bare seed at each of ``positions`` (their FOVs inside the volume), batched:
+        shape (n, *fov). Agglomeration asks these of the pieces' contacts."""
+        import torch
+
+        out = np.empty((len(positions), *self.fov), dtype=np.float32)
+        inputs = torch.empty((min(batch, max(1, len(positions))), 2, *self.fov), dtype=torch.float32,
+                             device=self.device)
+        for start in range(0, len(positions), batch):
+            chunk = positions[start : start + batch]
+            for i, pos in enumerate(chunk):
+                self.fill_input(inputs[i], pos, self._bare_seed)
+            with torch.inference_mode():
+                logits = check_output(self.model(inputs[: len(chunk)]), inputs[: len(chunk)].shape)
+            out[start : start + len(chunk)] = logits[:, 0].numpy()
+        self._count("agglomeration_fovs", len(positions))
+        return out
 
     def fill_input(self, target: Any, pos: Position, logit_seed: np.ndarray) -> None:
         """Write the model input of the FOV at ``pos`` (image, seed logits) into ``target`` (2, Z, Y, X)."""
@@ -406,9 +422,6 @@ class Canvas:
             seg_box = self.segmentation[sel]  # a view: writes go to the canvas
             ids, counts = np.unique(seg_box[mask], return_counts=True)
             overlapped = {int(i): int(c) for i, c in zip(ids, counts, strict=True) if i > 0}
-            seen_ids, seen = np.unique(seg_box[~np.isnan(self.seed[sel])], return_counts=True)
-            contacts = {int(i): (overlapped.get(int(i), 0), int(n)) for i, n in zip(seen_ids, seen, strict=True)
-                        if i > 0}
             mask &= seg_box <= 0
             size = int(mask.sum())
             if size < self.min_segment_size:
@@ -420,7 +433,6 @@ class Canvas:
                 self._max_id += 1
             seg_box[mask] = self._max_id
             self.overlaps[self._max_id] = overlapped
-            self.contacts[self._max_id] = contacts
             self.origins[self._max_id] = {
                 "seed": pos,
                 "iters": iters,
@@ -459,14 +471,17 @@ class InferenceConfig:
     reseed_passes: int = 0
     expand_labels: int = 0
     # Not in the reference (0 = off): FOVs stay within ``max_seed_distance`` voxels (per axis) of their object's
-    # seed, so a flood that leaks through a faint membrane takes a piece of the neighbour, not all of it; the
-    # pieces are then joined where a later piece's FFN prediction claims at least ``agglomerate_threshold`` of
-    # the voxels of an earlier one that it saw (``agglomeration.py``), over ``min_contact`` voxels or more.
+    # seed, so a flood that leaks through a faint membrane takes a piece of the neighbour, not all of it; pieces
+    # within 3 voxels of each other over ``min_contact`` voxel pairs or more are then joined where the FFN, run
+    # from a bare seed inside each near the other, claims at least ``agglomerate_threshold`` of the other's
+    # voxels in its FOV both ways (``agglomeration.py``). ``watershed_fill``: every voxel left unsegmented then
+    # goes to the object whose intensity watershed reaches it (before ``expand_labels``, which it makes moot).
     max_seed_distance: int = 0
     self_prediction: float = 0.0
     self_prediction_radius: int = 0
     agglomerate_threshold: float = 0.0
-    min_contact: int = 100
+    min_contact: int = 20
+    watershed_fill: bool = False
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "inference config") -> InferenceConfig:
@@ -555,14 +570,22 @@ def _segmentation(canvas: Canvas, cfg: InferenceConfig, seeds: np.ndarray | None
 
 
 def _finish(canvas: Canvas, cfg: InferenceConfig) -> np.ndarray:
-    """The canvas's objects as labels: joined by agglomeration when set, grown by ``expand_labels``."""
+    """The canvas's objects as labels: joined by agglomeration, filled by watershed and grown by
+    ``expand_labels`` when set."""
     labels = canvas.labels()
     if cfg.agglomerate_threshold > 0:
-        from hpctrain.ffn.agglomeration import agglomerate, contact_scores
+        from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims
 
-        joined = agglomerate(np.maximum(canvas.segmentation, 0), contact_scores(canvas.contacts, cfg.min_contact),
-                             cfg.agglomerate_threshold)
+        pairs = sorted(contact_pairs(labels, min_voxels=cfg.min_contact))
+        scores = mutual_claims(labels, canvas.predict_bare, canvas.fov, canvas.segment_logit, pairs)
+        canvas.counters["agglomeration_pairs"] = len(pairs)
+        joined = agglomerate(labels, scores, cfg.agglomerate_threshold)
+        canvas.counters["agglomeration_joins"] = len(np.unique(labels[labels > 0])) - len(np.unique(joined[joined > 0]))
         labels = make_labels_contiguous(joined)
+    if cfg.watershed_fill:
+        from hpctrain.ffn.agglomeration import watershed_fill
+
+        labels = watershed_fill(canvas.image, labels)
     if cfg.expand_labels > 0:
         from skimage.segmentation import expand_labels
 

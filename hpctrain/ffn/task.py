@@ -146,6 +146,7 @@ class FFNTask(TrainingTask):
         self.image_mean = args.image_mean if args.image_mean is not None else float(prepared["image_mean"])
         self.image_stddev = args.image_stddev if args.image_stddev is not None else float(prepared["image_stddev"])
         self.clip = args.clip
+        self.boundary_weight, self.boundary_radius = args.boundary_weight, args.boundary_radius
         torch.manual_seed(ctx.seed)
         self.model = ConvStack3D(depth=args.depth, features=args.features, fov=self.fov)
         if ctx.device.type == "cpu":
@@ -185,7 +186,7 @@ class FFNTask(TrainingTask):
 
     def forward_loss(self, batch: Any) -> tuple[torch.Tensor, Any]:
         logits = self.model(batch.inputs())
-        return fov_loss(logits, batch.labels), logits.detach()
+        return fov_loss(logits, batch.labels, self.boundary_weight, self.boundary_radius), logits.detach()
 
     def clip_gradients(self) -> None:
         """Per-element clipping as in google/ffn, applied by the runtime after the reduction."""

@@ -413,9 +413,29 @@ def epoch_coordinates(
 # ------------------------------------------------------------------------------------ loss, step, metrics
 
 
-def fov_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean voxel-wise sigmoid cross-entropy (FFNModel.set_up_sigmoid_pixelwise_loss, unit weights)."""
-    return F.binary_cross_entropy_with_logits(logits, labels)
+def edge_band(labels: torch.Tensor, radius: int) -> torch.Tensor:
+    """1.0 where a voxel lies within ``radius`` (in the max-norm) of the seed object's edge, on either side:
+    the object mask grown by ``radius`` less the mask shrunk by ``radius``. FOV borders are not edges."""
+    mask = (labels > 0.5).to(labels.dtype)
+    size = 2 * radius + 1
+    grown = F.max_pool3d(mask, size, stride=1, padding=radius)
+    shrunk = -F.max_pool3d(-mask, size, stride=1, padding=radius)
+    return grown - shrunk
+
+
+def fov_loss(logits: torch.Tensor, labels: torch.Tensor, boundary_weight: float = 0.0,
+             boundary_radius: int = 2) -> torch.Tensor:
+    """Mean voxel-wise sigmoid cross-entropy (FFNModel.set_up_sigmoid_pixelwise_loss, unit weights).
+
+    ``boundary_weight`` > 0 (not in the reference): a weighted mean in which voxels within ``boundary_radius``
+    of the seed object's edge count ``1 + boundary_weight`` times. They are where a flood leaks into a
+    neighbour or stops short; the bulk of a FOV (deep inside the object, or far outside it) is learnt early
+    and otherwise dominates the mean."""
+    if boundary_weight <= 0:
+        return F.binary_cross_entropy_with_logits(logits, labels)
+    weights = 1.0 + boundary_weight * edge_band(labels, boundary_radius)
+    per_voxel = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+    return (per_voxel * weights).sum() / weights.sum()
 
 
 def clip_gradients_(model: torch.nn.Module, value: float = 0.7) -> None:

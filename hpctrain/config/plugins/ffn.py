@@ -92,6 +92,10 @@ class FFNModelArgs(Strict):
     image_mean: float | None = Field(None, description="Image normalisation (default: the training volume's)")
     image_stddev: float | None = Field(None, gt=0, description="Image normalisation (default: the volume's)")
     clip: float = Field(GRADIENT_CLIP, gt=0, description="Per-element gradient clip after the reduction")
+    boundary_weight: float = Field(0.0, ge=0, description="Loss weight added to voxels within boundary_radius of "
+                                   "the seed object's edge in the FOV (0: google/ffn's unweighted loss)")
+    boundary_radius: int = Field(2, ge=1, le=8, description="Voxels from the object's edge that boundary_weight "
+                                 "weights, on either side")
 
     @model_validator(mode="after")
     def _single_fov_fits(self) -> FFNModelArgs:
@@ -214,6 +218,7 @@ class InferenceSettings(Strict):
     self_prediction_radius: int | None = Field(None, ge=0)
     agglomerate_threshold: Annotated[float, Field(ge=0, le=1)] | None = None
     min_contact: int | None = Field(None, ge=0)
+    watershed_fill: bool | None = None
 
 
 class EvalVolume(_VolumeSource):
