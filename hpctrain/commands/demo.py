@@ -172,11 +172,6 @@ def baselines(volumes: dict[str, str], held_out: list[str]) -> tuple[dict[str, d
     return out, {"params": asdict(params), "grid": tried}
 
 
-def inference_settings(job_data: dict[str, Any]) -> dict[str, Any]:
-    """The held-out segmentation settings: ``data.eval.inference`` of the job (InferenceConfig keys)."""
-    return dict(job_data.get("eval", {}).get("inference") or {})
-
-
 def segment_and_score(checkpoint: str, volume: str, out: Path, settings: dict[str, Any],
                       threads: int) -> tuple[dict[str, Any], dict[str, float]]:
     """Flood-fill ``volume`` (an HDF5 file with image and labels) with ``checkpoint``; (summary, scores)."""
@@ -313,7 +308,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     """
     import numpy as np
 
-    from hpctrain.commands.ffn import resolve_checkpoint
+    from hpctrain.commands.ffn import inference_settings, resolve_checkpoint
     from hpctrain.config.job import load_job
     from hpctrain.ffn.perf import available_cpus
     from hpctrain.ffn.task import model_config, prepare_training_data

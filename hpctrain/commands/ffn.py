@@ -84,15 +84,19 @@ def resolve_checkpoint(path: str) -> str:
     return str(shared)
 
 
+def inference_settings(job_data: dict[str, Any]) -> dict[str, Any]:
+    """The held-out segmentation settings: ``data.eval.inference`` of a job (InferenceConfig keys); {} if unset."""
+    return dict((job_data.get("eval") or {}).get("inference") or {})
+
+
 def job_inference_settings(job_path: str) -> dict[str, Any]:
-    """``data.eval.inference`` of an FFN job spec, checked by the FFN schema first; {} if unset."""
+    """``inference_settings`` of an FFN job spec, checked by the FFN schema first."""
     from hpctrain.config.job import load_job
     from hpctrain.config.plugins.ffn import SCHEMA
 
     job = load_job(job_path)
     SCHEMA.parse(job.model_args, job.data)  # a wrong key or value: one error naming it, before any work
-    evaluation = dict(job.data).get("eval") or {}
-    return dict(evaluation.get("inference") or {})
+    return inference_settings(dict(job.data))
 
 
 def cmd_segment(args: argparse.Namespace) -> int:

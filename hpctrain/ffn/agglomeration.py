@@ -60,22 +60,29 @@ def contact_pairs(seg: np.ndarray, reach: int = 3, min_voxels: int = 20) -> dict
     return {(int(k // n), int(k % n)): int(c) for k, c in zip(found, counts, strict=True) if c >= min_voxels}
 
 
-def _box_around(mask: np.ndarray, grow: int) -> tuple[slice, slice, slice]:
-    where = np.argwhere(mask)
-    lo = np.maximum(where.min(axis=0) - grow, 0)
-    hi = np.minimum(where.max(axis=0) + grow + 1, mask.shape)
-    return (slice(int(lo[0]), int(hi[0])), slice(int(lo[1]), int(hi[1])), slice(int(lo[2]), int(hi[2])))
+Box = tuple[slice, ...]
+
+
+def object_boxes(seg: np.ndarray) -> dict[int, Box]:
+    """id -> the bounding box of that object of ``seg`` (ids > 0 that occur), from one pass over the volume."""
+    from scipy import ndimage
+
+    return {i: box for i, box in enumerate(ndimage.find_objects(seg), start=1) if box is not None}
 
 
 def seed_positions(seg: np.ndarray, source: int, target: int, margin: Sequence[int], *, count: int = 3,
-                   near: int = 2, far: int = 5) -> list[Position]:
+                   near: int = 2, far: int = 5, boxes: Mapping[int, Box] | None = None) -> list[Position]:
     """Up to ``count`` voxels of object ``source`` between ``near`` and ``far`` voxels from object ``target``,
-    closest to where the two meet and spread apart, whose FOV (``margin`` = fov // 2) lies inside the volume."""
+    closest to where the two meet and spread apart, whose FOV (``margin`` = fov // 2) lies inside the volume.
+    ``boxes``: ``object_boxes(seg)`` when the caller asks for many pairs (computed here otherwise)."""
     from scipy import ndimage
 
-    if not (seg == target).any():
+    target_box = (boxes if boxes is not None else object_boxes(seg)).get(target)
+    if target_box is None:
         return []
-    box = _box_around(seg == target, far + 1)
+    grow = far + 1
+    box = tuple(slice(max(s.start - grow, 0), min(s.stop + grow, n)) for s, n in zip(target_box, seg.shape,
+                                                                                        strict=True))
     local = seg[box]
     dist = ndimage.distance_transform_edt(local != target)
     candidates = np.argwhere((local == source) & (dist >= near) & (dist <= far))
@@ -104,10 +111,12 @@ def mutual_claims(seg: np.ndarray, predict_bare: Callable[[list[Position]], np.n
     direction with no seed position, or whose FOVs hold fewer than ``min_seen`` voxels of the other, gives the
     pair no score (it is not joined). ``predict_bare(positions)`` returns the FFN's logits, (n, *fov)."""
     margin = [f // 2 for f in fov]
+    boxes = object_boxes(seg) if pairs else {}
     jobs: list[tuple[int, int, Position]] = []  # (pair index, direction, seed position)
     for i, (a, b) in enumerate(pairs):
         for direction, (source, target) in enumerate(((a, b), (b, a))):
-            jobs += [(i, direction, pos) for pos in seed_positions(seg, source, target, margin, count=positions)]
+            jobs += [(i, direction, pos)
+                     for pos in seed_positions(seg, source, target, margin, count=positions, boxes=boxes)]
     shares: dict[tuple[int, int], list[float]] = {}
     if jobs:
         logits = predict_bare([pos for _, _, pos in jobs])

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.errors import CheckpointError, ConfigError, DataError, RuntimeFailure
+from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
 from hpctrain.ffn.movement import FaceMaxMovementPolicy
 from hpctrain.ffn.seeds import make_seeds, within_margin
 
@@ -574,8 +575,6 @@ def _finish(canvas: Canvas, cfg: InferenceConfig) -> np.ndarray:
     ``expand_labels`` when set."""
     labels = canvas.labels()
     if cfg.agglomerate_threshold > 0:
-        from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims
-
         pairs = sorted(contact_pairs(labels, min_voxels=cfg.min_contact))
         scores = mutual_claims(labels, canvas.predict_bare, canvas.fov, canvas.segment_logit, pairs)
         canvas.counters["agglomeration_pairs"] = len(pairs)
@@ -583,8 +582,6 @@ def _finish(canvas: Canvas, cfg: InferenceConfig) -> np.ndarray:
         canvas.counters["agglomeration_joins"] = len(np.unique(labels[labels > 0])) - len(np.unique(joined[joined > 0]))
         labels = make_labels_contiguous(joined)
     if cfg.watershed_fill:
-        from hpctrain.ffn.agglomeration import watershed_fill
-
         labels = watershed_fill(canvas.image, labels)
     if cfg.expand_labels > 0:
         from skimage.segmentation import expand_labels
