@@ -160,3 +160,6 @@ def test_segment_command_takes_the_job_s_inference_settings_and_refuses_a_bad_on
     refused = segment(bad, "bad.h5")
     assert refused.returncode != 0 and "agglomerate_threshold" in refused.stderr
     assert "Traceback" not in refused.stderr and not (tmp_path / "bad.h5").exists()
+    not_ffn = segment(REPO / "jobs" / "resnet-local.yaml", "resnet.h5")
+    assert not_ffn.returncode != 0 and "is not the FFN" in not_ffn.stderr and "Traceback" not in not_ffn.stderr
+    assert not (tmp_path / "resnet.h5").exists()

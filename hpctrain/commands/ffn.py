@@ -91,10 +91,15 @@ def inference_settings(job_data: dict[str, Any]) -> dict[str, Any]:
 
 def job_inference_settings(job_path: str) -> dict[str, Any]:
     """``inference_settings`` of an FFN job spec, checked by the FFN schema first."""
+    from hpctrain.config.catalog import find_schema
     from hpctrain.config.job import load_job
     from hpctrain.config.plugins.ffn import SCHEMA
+    from hpctrain.errors import ConfigError
 
     job = load_job(job_path)
+    if find_schema(job.model)[0] is not SCHEMA:
+        raise ConfigError(f"{job_path}: model {job.model!r} is not the FFN; --job takes the settings of an FFN "
+                          "job's data.eval.inference", key="model", hint="pass an FFN job, e.g. jobs/ffn-local.yaml")
     SCHEMA.parse(job.model_args, job.data)  # a wrong key or value: one error naming it, before any work
     return inference_settings(dict(job.data))
 
