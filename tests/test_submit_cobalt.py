@@ -146,3 +146,14 @@ def test_exit_records_resolve_jobs_the_scheduler_did_not_answer_for(tmp_path: Pa
             {"event": "resubmit", "job": "400.pbs", "new_job": "401.pbs"}]})
         assert pbs["400.pbs"] == ended["400.pbs"] and pbs["401.pbs"].state is JobState.PENDING
         assert [s.job_id for s in reg.chain(run.run_id)] == ["400.pbs", "401.pbs"]
+        # Slurm: squeue already lists the job FAILED (no exit code there) while sacct has no record yet (seen in
+        # CI): the state stands and the script's exit code fills the gap; a record disagreeing with the state
+        # (an earlier run of a requeued job) fills in nothing.
+        run = reg.create_run("r500", "slurm", "h", "/runs/500")
+        reg.add_submission(run.run_id, "500", "submit", ok=True)
+        squeue = {"500": JobStatus("500", JobState.FAILED, "NonZeroExitCode")}
+        filled = apply_exit_records(reg, squeue, {"500": run}, {"500": [{"event": "exit", "job": "500", "status": 1}]})
+        assert filled["500"].state is JobState.FAILED and filled["500"].exit_code == 1
+        assert filled["500"].reason_text == "NonZeroExitCode"
+        stale = apply_exit_records(reg, squeue, {"500": run}, {"500": [{"event": "exit", "job": "500", "status": 0}]})
+        assert stale["500"].exit_code is None

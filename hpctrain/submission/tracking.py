@@ -230,7 +230,8 @@ def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | N
     that resubmitted itself). ``resubmit`` (PBS/Cobalt after a checkpoint) adds the new job to the run's
     chain and the new job's records are read in turn (a whole resubmitted job may have run between two
     polls); ``exit`` with status 0 → COMPLETED, another status → FAILED with that exit code. A state the
-    scheduler gave is kept; the records only fill in what it did not say. A new job with no record yet is
+    scheduler gave is kept; the records only fill in what it did not say (the exit code of a job that only
+    ``squeue`` reports ended, before accounting has it). A new job with no record yet is
     PENDING until the next poll asks the scheduler about it.
     """
     out = dict(statuses or {})
@@ -258,10 +259,15 @@ def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | N
                                              f"stopped at a checkpoint; resubmitted as job {new_job}", exit_code=0)
                 current = new_job
             elif last.get("event") == "exit" and isinstance(code, int) and not isinstance(code, bool):
+                state = JobState.COMPLETED if code == 0 else JobState.FAILED
                 if not (told and current == job):
-                    out[current] = JobStatus(current, JobState.COMPLETED if code == 0 else JobState.FAILED,
+                    out[current] = JobStatus(current, state,
                                              "" if code == 0 else "the job script recorded a non-zero exit",
                                              exit_code=code)
+                elif known is not None and known.exit_code is None and known.state is state:
+                    # squeue has no exit code: an ended job that accounting has not recorded yet gets the
+                    # script's own (the state the scheduler gave stands)
+                    out[current] = replace(known, exit_code=code)
                 break
             else:
                 break
