@@ -9,9 +9,11 @@ real ConvStack3D checkpoint and must give the same file as the in-process path.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -21,9 +23,11 @@ import torch
 from test_ffn_inference import OracleModel
 
 from hpctrain.errors import ConfigError, DataError
+from hpctrain.ffn.agglomeration import contact_pairs
 from hpctrain.ffn.evaluate import evaluate_segmentation
 from hpctrain.ffn.inference import InferenceConfig, segment_volume
 from hpctrain.ffn.model import ConvStack3D
+from hpctrain.ffn.subvolume_finish import OVERSEGMENTATION, assemble, assign_pairs, count_contacts, finish_parts
 from hpctrain.ffn.subvolumes import (
     match_segments,
     mine,
@@ -116,6 +120,22 @@ def painted_volume(shape: tuple[int, int, int] = (40, 64, 64), seed: int = 5) ->
     return lut[labels], labels
 
 
+def in_pieces(plan_path: Path, plan: list, shape: tuple[int, ...], cfg: InferenceConfig,
+              out: Path) -> tuple[dict, np.ndarray]:
+    """The steps of ``hpctrain ffn segment --subvolumes`` with the oracle, as two ranks one after the other:
+    flood the pieces, reconcile, count contacts, finish the pieces (agglomeration scores, fill), assemble."""
+    for rank in range(2):
+        segment_parts(plan_path, rank, 2, model=OracleModel(), config=cfg)
+    assert all(part_path(plan_path.parent, s).exists() for s in plan)
+    summary = reconcile(plan, plan_path.parent, plan_path.parent / OVERSEGMENTATION, shape)
+    assign_pairs(plan, plan_path.parent, shape, cfg.min_contact)
+    for rank in range(2):
+        finish_parts(plan_path, rank, 2, model=OracleModel(), config=cfg)
+    summary.update(assemble(plan, plan_path.parent, out, shape, cfg.agglomerate_threshold))
+    with h5py.File(out) as f:
+        return summary, f["segmentation"][()]
+
+
 def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -> None:
     image, labels = painted_volume()
     # a grid of seeds: the peaks policy finds few peaks in a flat painted image
@@ -127,12 +147,7 @@ def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -
     plan = plan_subvolumes(image.shape, (2, 2, 2), 9, min_size=cfg.fov)
     plan_path = write_plan(tmp_path / "parts" / "plan.json", plan, checkpoint="unused",
                            volume=f"{tmp_path}/vol.h5:image")
-    for rank in range(2):  # two ranks' shares, one after the other
-        segment_parts(plan_path, rank, 2, model=OracleModel(), config=cfg)
-    assert all(part_path(plan_path.parent, s).exists() for s in plan)
-    summary = reconcile(plan, plan_path.parent, tmp_path / "pieces.h5", image.shape)
-    with h5py.File(tmp_path / "pieces.h5") as f:
-        pieces = f["segmentation"][()]
+    summary, pieces = in_pieces(plan_path, plan, image.shape, cfg, tmp_path / "pieces.h5")
     single, cut = evaluate_segmentation(whole, labels), evaluate_segmentation(pieces, labels)
     assert single["voi"] < 0.5  # the oracle segments well: a meaningful reference
     assert summary["joined_pairs"] > 0
@@ -142,6 +157,49 @@ def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -
     with h5py.File(tmp_path / "raw.h5") as f:
         raw = evaluate_segmentation(f["segmentation"][()], labels)
     assert unjoined["joined_pairs"] == 0 and raw["voi_split"] > single["voi_split"] + 0.3
+
+
+def test_bounded_floods_agglomerated_after_reconciling_match_one_process(tmp_path: Path) -> None:
+    """The demo's kind of inference (bounded floods, then agglomeration by the FFN's mutual claims and the
+    watershed fill) in 8 pieces: the pieces only flood, and agglomeration and fill run after reconciling, so
+    the result matches one process though objects are cut into many floods across the borders."""
+    image, labels = painted_volume()
+    cfg = InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=20, seed_policy="grid",
+                          seed_args={"step": 6, "offsets": (0, 3)}, max_seed_distance=4, agglomerate_threshold=0.5,
+                          watershed_fill=True)
+    whole = evaluate_segmentation(segment_volume(OracleModel(), image, cfg), labels)
+    floods = evaluate_segmentation(segment_volume(OracleModel(), image, replace(cfg, agglomerate_threshold=0.0)),
+                                   labels)
+    assert floods["voi_split"] > 2.0 and whole["voi"] < 0.1  # bounded floods over-segment; agglomeration joins
+    with h5py.File(tmp_path / "vol.h5", "w") as f:
+        f["image"] = image
+    plan = plan_subvolumes(image.shape, (2, 2, 2), 9, min_size=cfg.fov)
+    plan_path = write_plan(tmp_path / "parts" / "plan.json", plan, checkpoint="unused",
+                           volume=f"{tmp_path}/vol.h5:image")
+    summary, pieces = in_pieces(plan_path, plan, image.shape, cfg, tmp_path / "pieces.h5")
+    cut = evaluate_segmentation(pieces, labels)
+    assert summary["agglomerated_pairs"] > 50 and summary["scored_pairs"] >= summary["agglomerated_pairs"]
+    assert abs(cut["voi"] - whole["voi"]) <= 0.05, (whole, cut)
+    assert (pieces > 0).all()  # the fill reached every voxel, across the borders too
+
+
+def test_contacts_counted_by_the_cores_add_up_to_the_whole_volume_s(tmp_path: Path) -> None:
+    blocks = np.random.default_rng(3).integers(0, 60, (6, 12, 11))  # 0: unsegmented
+    labels = blocks.repeat(4, 0).repeat(4, 1).repeat(4, 2)[:, :46, :]  # objects of 4-voxel blocks
+    with h5py.File(tmp_path / OVERSEGMENTATION, "w") as f:
+        f["segmentation"] = labels
+    plan = plan_subvolumes(labels.shape, (2, 2, 3), 4)
+    by_piece = count_contacts(plan, tmp_path / OVERSEGMENTATION, labels.shape)
+    summed = {pair: sum(counts.values()) for pair, counts in by_piece.items()}
+    assert summed == contact_pairs(labels, min_voxels=1) and len(summed) > 500
+    assert max(len(counts) for counts in by_piece.values()) > 1  # some contacts cross a border
+    assign_pairs(plan, tmp_path, labels.shape, 40)
+    assigned = json.loads((tmp_path / "pairs.json").read_text())["pieces"]
+    flat = sorted(tuple(p) for pairs in assigned.values() for p in pairs)
+    assert flat == sorted(p for p, n in summed.items() if n >= 40)  # each pair once, by its largest holder
+    for index, pairs in assigned.items():
+        for a, b in pairs:
+            assert by_piece[(a, b)][int(index)] == max(by_piece[(a, b)].values())
 
 
 def everything_model(path: Path) -> Path:
@@ -188,6 +246,34 @@ def test_segment_command_in_pieces_on_two_ranks_equals_one_process(tmp_path: Pat
     assert np.array_equal(outs[1], outs[2])  # the ranks' pieces are exactly the in-process ones
     joined = [int(line.split()[-1]) for line in proc.stdout.splitlines() if line.startswith("joined_pairs:")]
     assert joined and joined[0] > 0 and outs[1].max() > 0
+
+
+@pytest.mark.slow
+def test_segment_command_agglomerates_and_fills_after_the_ranks_reconcile(tmp_path: Path) -> None:
+    """``--job`` settings with bounded floods, agglomeration and fill: the 2 ranks flood their pieces, the
+    pieces are reconciled, the ranks score their pairs and fill their boxes, and one table joins them. The
+    every-voxel model claims every neighbour, so all floods end as one object covering the volume."""
+    import yaml
+
+    ckpt, env = segment_command_setup(tmp_path)
+    job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())
+    job["data"]["eval"]["inference"] = {"min_segment_size": 10, "max_seed_distance": 2, "agglomerate_threshold": 0.5,
+                                        "watershed_fill": True}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    out = tmp_path / "seg.h5"
+    proc = subprocess.run([sys.executable, "-m", "hpctrain", "ffn", "segment", str(ckpt), f"{tmp_path}/vol.h5:image",
+                           "-o", str(out), "--subvolumes", "2", "2", "2", "--overlap", "4", "--ranks", "2",
+                           "--job", str(tmp_path / "job.yaml"), "--keep-parts"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "rank 1 of 2: 4 pieces segmented" in proc.stdout and "rank 1 of 2: 4 pieces finished" in proc.stdout
+    with h5py.File(tmp_path / "seg.parts" / OVERSEGMENTATION) as f:
+        floods = f["segmentation"][()]
+    with h5py.File(out) as f:
+        seg = f["segmentation"][()]
+    summary = dict(line.split(": ", 1) for line in proc.stdout.splitlines() if ": " in line)
+    assert floods.max() > 8 and int(summary["agglomerated_pairs"]) > 8  # many floods, joined by the FFN's claims
+    assert np.all(seg == 1)
 
 
 class CountingOracle(OracleModel):

@@ -1,5 +1,6 @@
-"""``hpctrain ffn prepare|segment|segment-parts|evaluate``: the Flood-Filling Network's data, inference (whole,
-or in overlapping subvolumes on several ranks) and evaluation against ground truth and the baselines."""
+"""``hpctrain ffn prepare|segment|segment-parts|finish-parts|evaluate``: the Flood-Filling Network's data,
+inference (whole, or in overlapping subvolumes on several ranks) and evaluation against ground truth
+and the baselines."""
 
 from __future__ import annotations
 
@@ -42,6 +43,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_parts.add_argument("plan", help="plan.json written by hpctrain ffn segment --subvolumes")
     p_parts.add_argument("--threads", type=int, default=None, help="threads per rank (default: CPUs / ranks)")
     p_parts.set_defaults(handler=cmd_segment_parts)
+
+    p_finish = sub.add_parser("finish-parts", help="score the agglomeration pairs and fill this rank's pieces of "
+                              "a reconciled subvolume plan (run as ranks of a job after segment-parts)")
+    p_finish.add_argument("plan", help="plan.json written by hpctrain ffn segment --subvolumes")
+    p_finish.add_argument("--threads", type=int, default=None, help="threads per rank (default: CPUs / ranks)")
+    p_finish.set_defaults(handler=cmd_segment_parts)
 
     p_eval = sub.add_parser("evaluate", help="VOI split/merge and adapted Rand error against ground truth")
     p_eval.add_argument("segmentation", help="FILE.h5:DATASET")
@@ -115,7 +122,8 @@ def cmd_segment(args: argparse.Namespace) -> int:
         summary = segment_in_pieces(checkpoint, args.volume, args.output, config, counts=tuple(args.subvolumes),
                                     overlap=args.overlap, ranks=args.ranks, threads=args.threads,
                                     keep_parts=args.keep_parts)
-        keys: tuple[str, ...] = ("out", "objects", "pieces", "joined_pairs", "seconds")
+        keys: tuple[str, ...] = ("out", "objects", "pieces", "joined_pairs", "scored_pairs", "agglomerated_pairs",
+                                 "seconds")
     else:
         summary = run_segment(checkpoint, args.volume, args.output, config=config or None, threads=args.threads)
         keys = ("out", "objects", "segmented_fraction", "ffn_calls", "seconds")
@@ -136,14 +144,14 @@ def parts_dir_for(output: str) -> Path:
 def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[str, Any] | None, *,
                       counts: tuple[int, int, int], overlap: int | None = None, ranks: int = 1,
                       threads: int | None = None, keep_parts: bool = False) -> dict[str, Any]:
-    """Plan overlapping subvolumes, segment them with ``ranks`` local processes (the local site's launcher) or
-    in this process, and reconcile them into ``output``. Returns the reconciliation's summary."""
+    """Plan overlapping subvolumes; flood them with ``ranks`` local processes (the local site's launcher) or
+    in this process; reconcile; then, when the settings agglomerate or fill, count the contacts, finish the
+    pieces on the ranks again and assemble ``output`` (``ffn/subvolume_finish.py``). Returns a summary."""
     import shutil
-    import sys
     import time
 
-    from hpctrain.errors import RuntimeFailure
-    from hpctrain.ffn.inference import load_model
+    from hpctrain.ffn.inference import InferenceConfig, load_model
+    from hpctrain.ffn.subvolume_finish import OVERSEGMENTATION, assemble, assign_pairs, finish_parts, finishes
     from hpctrain.ffn.subvolumes import plan_subvolumes, read_plan, reconcile, segment_parts, write_plan
     from hpctrain.ffn.volume import open_volume
 
@@ -151,6 +159,7 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
     _, model_args, _ = load_model(checkpoint)
     fov = model_args.get("fov", 33)
     fov3 = [int(fov)] * 3 if isinstance(fov, int) else [int(v) for v in fov]
+    settings = InferenceConfig.from_mapping(config or {})
     with_volume = open_volume(volume)
     try:
         shape = tuple(int(s) for s in with_volume.shape)
@@ -168,35 +177,58 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
         write_plan(plan_path, plan, checkpoint=str(Path(checkpoint).resolve()), volume=str(volume),
                    config=config or {}, shape=list(shape))
     if ranks > 1:
-        from hpctrain.submission.launchers.local_launch import launch
-
-        command = [sys.executable, "-m", "hpctrain", "ffn", "segment-parts", str(plan_path)]
-        if threads:
-            command += ["--threads", str(threads)]
-        code = launch(command, ranks, log_dir=str(parts / "logs"))
-        if code != 0:
-            raise RuntimeFailure(f"segmenting the pieces of {plan_path} failed (launcher exit {code})",
-                                 hint=f"see {parts / 'logs'}; running the same command again keeps finished pieces")
+        on_ranks("segment-parts", plan_path, ranks, threads)
     else:
         segment_parts(plan_path, 0, 1, threads=threads)
-    summary = reconcile(plan, parts, output, shape, attrs={"checkpoint": checkpoint, "image": str(volume),
-                                                           "subvolumes": list(counts), "overlap": halo})
+    attrs = {"checkpoint": checkpoint, "image": str(volume), "subvolumes": list(counts), "overlap": halo}
+    if not finishes(settings):
+        summary = reconcile(plan, parts, output, shape, attrs=attrs)
+    else:
+        if not (parts / OVERSEGMENTATION).exists():
+            joined = reconcile(plan, parts, parts / OVERSEGMENTATION, shape)["joined_pairs"]
+            (parts / "reconciled.txt").write_text(str(joined))
+        assign_pairs(plan, parts, shape, settings.min_contact)
+        if ranks > 1:
+            on_ranks("finish-parts", plan_path, ranks, threads)
+        else:
+            finish_parts(plan_path, 0, 1, threads=threads)
+        summary = assemble(plan, parts, output, shape, settings.agglomerate_threshold, attrs=attrs)
+        summary["joined_pairs"] = int((parts / "reconciled.txt").read_text())
     if not keep_parts:
         shutil.rmtree(parts)
     return {**summary, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def on_ranks(action: str, plan_path: Path, ranks: int, threads: int | None) -> None:
+    """``hpctrain ffn ACTION PLAN`` as ``ranks`` processes of the local site's launcher."""
+    import sys
+
+    from hpctrain.errors import RuntimeFailure
+    from hpctrain.submission.launchers.local_launch import launch
+
+    command = [sys.executable, "-m", "hpctrain", "ffn", action, str(plan_path)]
+    if threads:
+        command += ["--threads", str(threads)]
+    code = launch(command, ranks, log_dir=str(plan_path.parent / "logs" / action))
+    if code != 0:
+        raise RuntimeFailure(f"hpctrain ffn {action} {plan_path} failed (launcher exit {code})",
+                             hint=f"see {plan_path.parent / 'logs' / action}; running the same command again keeps "
+                                  "finished pieces")
 
 
 def cmd_segment_parts(args: argparse.Namespace) -> int:
     import os
 
     from hpctrain.ffn.perf import available_cpus
+    from hpctrain.ffn.subvolume_finish import finish_parts
     from hpctrain.ffn.subvolumes import segment_parts
     from hpctrain.launch_env import detect_launch_env
 
     env = detect_launch_env(os.environ)
     threads = args.threads or max(1, available_cpus() // max(env.local_size, 1))
-    written = segment_parts(args.plan, env.rank, env.size, threads=threads)
-    print(f"rank {env.rank} of {env.size}: {len(written)} pieces segmented")
+    run, verb = (segment_parts, "segmented") if args.ffn_command == "segment-parts" else (finish_parts, "finished")
+    written = run(args.plan, env.rank, env.size, threads=threads)
+    print(f"rank {env.rank} of {env.size}: {len(written)} pieces {verb}")
     return 0
 
 

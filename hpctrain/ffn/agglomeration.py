@@ -38,18 +38,24 @@ class UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def contact_pairs(seg: np.ndarray, reach: int = 3, min_voxels: int = 20) -> dict[tuple[int, int], int]:
+def contact_pairs(seg: np.ndarray, reach: int = 3, min_voxels: int = 20,
+                  counted: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
     """(smaller id, larger id) -> how many voxel pairs of the two objects lie within ``reach`` voxels of each
-    other along an axis (a membrane is 2 voxels: neighbours across it count); pairs under ``min_voxels`` left out."""
+    other along an axis (a membrane is 2 voxels: neighbours across it count); pairs under ``min_voxels`` left out.
+    ``counted`` (a shape): only voxel pairs whose first (lower) voxel lies in ``seg[:counted[0], :counted[1],
+    :counted[2]]`` count, so pieces that each pass their core plus ``reach`` voxels beyond it count every voxel
+    pair of the whole volume exactly once between them."""
     n = int(seg.max(initial=0)) + 1
+    limit = [int(c) for c in counted] if counted is not None else list(seg.shape)
     keys = []
     for axis in range(3):
         for d in range(1, reach + 1):
             if seg.shape[axis] <= d:
                 continue
-            lo = [slice(None)] * 3
-            hi = [slice(None)] * 3
-            lo[axis], hi[axis] = slice(0, -d), slice(d, None)
+            lo = [slice(0, min(c, s)) for c, s in zip(limit, seg.shape, strict=True)]
+            hi = list(lo)
+            stop = min(limit[axis], seg.shape[axis] - d)
+            lo[axis], hi[axis] = slice(0, stop), slice(d, stop + d)
             a, b = seg[tuple(lo)], seg[tuple(hi)]
             touch = (a > 0) & (b > 0) & (a != b)
             a, b = a[touch].astype(np.int64), b[touch].astype(np.int64)

@@ -110,8 +110,6 @@ def mine(plan: list[Subvolume], rank: int, size: int) -> list[Subvolume]:
 # -------------------------------------------------------------------------------------------- reconcile
 
 
-
-
 def _read_part(parts_dir: Path, sub: Subvolume, box: tuple[slice, ...] | None = None) -> np.ndarray:
     import h5py
 
@@ -220,12 +218,14 @@ def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, thread
                   model: Any = None, config: Any = None, together: int = 4) -> list[str]:
     """Segment this rank's pieces of the plan, each read from the volume on its own; returns the files written.
 
-    ``together`` pieces at a time are flooded in lock step, their FOVs batched into one model call (the same
-    segmentation as one at a time, fewer and larger model calls). The plan's checkpoint and settings are used
-    unless ``model`` and ``config`` (an InferenceConfig) are given. A piece whose file already exists is
-    skipped, so a job that was stopped and run again only does the rest.
+    The pieces flood only: agglomeration, fill and ``expand_labels`` run once after reconciling
+    (``subvolume_finish.py``). ``together`` pieces at a time are flooded in lock step, their FOVs batched into
+    one model call (the same segmentation as one at a time, fewer and larger model calls). The plan's
+    checkpoint and settings are used unless ``model`` and ``config`` (an InferenceConfig) are given. A piece
+    whose file already exists is skipped, so a job that was stopped and run again only does the rest.
     """
     from hpctrain.ffn.inference import prepare_inference, segment_volumes_together, write_segmentation_hdf5
+    from hpctrain.ffn.subvolume_finish import flood_only
     from hpctrain.ffn.volume import open_volume
 
     plan_path = Path(plan_path)
@@ -235,6 +235,7 @@ def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, thread
         return []
     if model is None:
         model, config, _ = prepare_inference(settings["checkpoint"], settings.get("config"), threads=threads)
+    config = flood_only(config)  # agglomeration and fill run after reconciling (subvolume_finish.py)
     volume = open_volume(settings["volume"])
     written = []
     try:

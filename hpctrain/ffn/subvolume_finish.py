@@ -1,0 +1,218 @@
+"""Agglomeration and fill of a volume segmented in subvolumes, done once over the reconciled pieces.
+
+A piece that agglomerates and fills on its own sees only its box: two pieces of an object that meet outside it
+are never joined, and the fills of two pieces disagree at their border. So the pieces flood only (bounded
+floods, ``flood_only``), are reconciled into one over-segmentation, and then, as google/ffn agglomerates after
+its subvolumes, the finishing steps run over that one segmentation, split the same way:
+
+1. ``count_contacts`` (one process, O(volume) numpy): each core, read with ``reach`` voxels beyond it, counts
+   the voxel pairs of touching objects whose first voxel it holds, so every contact is counted exactly once;
+   a pair with ``min_contact`` or more is scored by the piece holding most of its contact (``pairs.json``).
+2. ``finish_parts`` (the ranks, one piece at a time): the FFN's mutual claims of the piece's pairs from bare
+   seeds inside its box (``agglomeration.mutual_claims``), and the watershed fill (and ``expand_labels``) of
+   the piece's box, of which the core is kept. Neither depends on the join: a watershed from markers gives
+   each unsegmented voxel the marker that reaches it first, whatever the markers are called.
+3. ``assemble`` (one process): the pairs scoring at least the threshold are joined (transitively) and the
+   filled cores are written with the joined ids, numbered 1..N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpctrain.errors import DataError
+from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, mutual_claims, watershed_fill
+from hpctrain.ffn.subvolumes import Subvolume, mine, read_plan
+
+OVERSEGMENTATION = "oversegmentation.h5"
+PAIRS = "pairs.json"
+REACH = 3  # voxels across which two objects touch (agglomeration.contact_pairs)
+
+
+def flood_only(config: Any) -> Any:
+    """``config`` (an InferenceConfig) without the steps that run after reconciling."""
+    return dataclasses.replace(config, agglomerate_threshold=0.0, watershed_fill=False, expand_labels=0)
+
+
+def finishes(config: Any) -> bool:
+    """Whether ``config`` has steps to run after reconciling (agglomeration, fill, growing the labels)."""
+    return config.agglomerate_threshold > 0 or config.watershed_fill or config.expand_labels > 0
+
+
+def finished_path(parts_dir: Path, sub: Subvolume) -> Path:
+    return Path(parts_dir) / f"finished-{sub.index:05d}.h5"
+
+
+def _core(sub: Subvolume) -> tuple[slice, ...]:
+    return tuple(slice(a, b) for a, b in zip(sub.core_start, sub.core_stop, strict=True))
+
+
+def _read(path: Path, box: tuple[slice, ...]) -> np.ndarray:
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as f:
+            return np.asarray(f["segmentation"][box])
+    except (OSError, KeyError) as e:
+        raise DataError(f"cannot read {path} ({e})",
+                        hint="run the earlier steps of hpctrain ffn segment --subvolumes again") from e
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------- 1. the contacts
+
+
+def count_contacts(plan: Sequence[Subvolume], overseg: Path, shape: Sequence[int],
+                   reach: int = REACH) -> dict[tuple[int, int], dict[int, int]]:
+    """(a, b) -> {piece index: voxel pairs of a and b within ``reach`` whose first voxel is in that core}."""
+    out: dict[tuple[int, int], dict[int, int]] = {}
+    for sub in plan:
+        box = tuple(slice(a, min(b + reach, s)) for a, b, s in zip(sub.core_start, sub.core_stop, shape, strict=True))
+        core_shape = [b - a for a, b in zip(sub.core_start, sub.core_stop, strict=True)]
+        for pair, count in contact_pairs(_read(overseg, box), reach, 1, counted=core_shape).items():
+            out.setdefault(pair, {})[sub.index] = count
+    return out
+
+
+def assign_pairs(plan: Sequence[Subvolume], parts_dir: Path, shape: Sequence[int], min_contact: int) -> int:
+    """Write ``pairs.json``: for each piece, the pairs (``min_contact`` contacts or more in all) it scores —
+    those it holds most of the contact of (ties: the lower index). Returns the number of pairs."""
+    contacts = count_contacts(plan, Path(parts_dir) / OVERSEGMENTATION, shape)
+    pieces: dict[str, list[list[int]]] = {str(sub.index): [] for sub in plan}
+    chosen = 0
+    for pair, by_piece in sorted(contacts.items()):
+        if sum(by_piece.values()) >= min_contact:
+            owner = min(by_piece, key=lambda i: (-by_piece[i], i))
+            pieces[str(owner)].append(list(pair))
+            chosen += 1
+    _write_json_atomic(Path(parts_dir) / PAIRS, {"pieces": pieces})
+    return chosen
+
+
+# ------------------------------------------------------------------------------------------ 2. the pieces
+
+
+def finish_piece(model: Any, config: Any, image: np.ndarray, seg: np.ndarray,
+                 pairs: Sequence[Sequence[int]]) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
+    """One piece: (its box filled, with the ids of ``seg``; the mutual-claim score of each of ``pairs``)."""
+    from hpctrain.ffn.inference import Canvas
+
+    ids, local = np.unique(seg, return_inverse=True)  # small local ids: object boxes are a list as long as the
+    local = local.reshape(seg.shape).astype(np.int64)  # largest id
+    if ids[0] != 0:  # no unsegmented voxel: local id 0 would be an object
+        ids, local = np.concatenate([[0], ids]), local + 1
+    position = {int(g): i for i, g in enumerate(ids)}
+    scores: dict[tuple[int, int], float] = {}
+    todo = [(position[int(a)], position[int(b)]) for a, b in pairs if int(a) in position and int(b) in position]
+    if config.agglomerate_threshold > 0 and todo:
+        canvas = Canvas(model, image, config.fov, config.deltas, **config.canvas_kwargs())
+        for (a, b), score in mutual_claims(local, canvas.predict_bare, canvas.fov, canvas.segment_logit,
+                                           todo).items():
+            scores[(int(ids[a]), int(ids[b]))] = score
+    if config.watershed_fill:
+        local = watershed_fill(image, local)
+    if config.expand_labels > 0:
+        from skimage.segmentation import expand_labels
+
+        local = expand_labels(local, distance=config.expand_labels)
+    return ids[local].astype(np.uint32), scores
+
+
+def finish_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads: int | None = None,
+                 model: Any = None, config: Any = None) -> list[str]:
+    """Finish this rank's pieces (``finish_piece``): each writes its core and scores to ``finished-*.h5``.
+    A piece already finished is skipped, so a stopped job run again does only the rest."""
+    from hpctrain.ffn.inference import prepare_inference, write_segmentation_hdf5
+    from hpctrain.ffn.volume import open_volume
+
+    plan_path = Path(plan_path)
+    parts = plan_path.parent
+    plan, settings = read_plan(plan_path)
+    todo = [s for s in mine(plan, rank, size) if not finished_path(parts, s).exists()]
+    if not todo:
+        return []
+    try:
+        assigned = json.loads((parts / PAIRS).read_text())["pieces"]
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"{parts / PAIRS} is missing or unreadable ({e})",
+                        hint="the pairs are written after reconciling: run hpctrain ffn segment --subvolumes") from e
+    if model is None:
+        model, config, _ = prepare_inference(settings["checkpoint"], settings.get("config"), threads=threads)
+    model.eval()
+    volume = open_volume(settings["volume"])
+    written = []
+    try:
+        for sub in todo:
+            image = np.asarray(volume[sub.box()])
+            seg = _read(parts / OVERSEGMENTATION, sub.box())
+            filled, scores = finish_piece(model, config, image, seg, assigned.get(str(sub.index), []))
+            core = tuple(slice(a - s, b - s) for a, b, s in zip(sub.core_start, sub.core_stop, sub.start, strict=True))
+            attrs = {"subvolume": sub.index,
+                     "scores": json.dumps([[a, b, s] for (a, b), s in sorted(scores.items())])}
+            written.append(str(write_segmentation_hdf5(finished_path(parts, sub), filled[core], attrs)))
+    finally:
+        volume.close()
+    return written
+
+
+# ----------------------------------------------------------------------------------------- 3. the output
+
+
+def assemble(plan: Sequence[Subvolume], parts_dir: Path, out_path: str | Path, shape: Sequence[int],
+             threshold: float, attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Join the pairs scoring ``>= threshold`` and write the finished cores as one segmentation (ids 1..N)."""
+    import h5py
+
+    from hpctrain.ffn.inference import _split_h5
+
+    union = UnionFind()
+    scored = joined = 0
+    present: set[int] = set()
+    for sub in plan:
+        path = finished_path(parts_dir, sub)
+        if not path.exists():
+            raise DataError(f"subvolume {sub.index} is not finished: {path} is missing",
+                            hint="run hpctrain ffn finish-parts PLAN on every piece first")
+        with h5py.File(path, "r") as f:
+            ds = f["segmentation"]
+            present.update(np.unique(ds[()]).tolist())
+            for a, b, score in json.loads(ds.attrs["scores"]) if "scores" in ds.attrs else []:
+                scored += 1
+                if threshold > 0 and score >= threshold:
+                    union.union(int(a), int(b))
+                    joined += 1
+    present.discard(0)
+    roots = sorted({union.find(g) for g in present})
+    final = {r: i + 1 for i, r in enumerate(roots)}
+    table = np.zeros(max(present, default=0) + 1, dtype=np.uint32)
+    for g in present:
+        table[g] = final[union.find(g)]
+    file, name = _split_h5(out_path, "segmentation")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            ds = f.create_dataset(name, shape=tuple(int(s) for s in shape), dtype=np.uint32, chunks=True,
+                                  compression="gzip", compression_opts=1)
+            for sub in plan:
+                ds[_core(sub)] = table[_read(finished_path(parts_dir, sub), ())]
+            for key, value in (attrs or {}).items():
+                ds.attrs[key] = json.dumps(value, default=str) if not isinstance(value, (str, int, float)) else value
+        os.replace(tmp, file)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"could not write the segmentation to {file}: {e}") from e
+    return {"out": str(file), "objects": len(roots), "pieces": len(plan), "scored_pairs": scored,
+            "agglomerated_pairs": joined}
