@@ -186,6 +186,38 @@ def segment_and_score(checkpoint: str, volume: str, out: Path, settings: dict[st
     return summary, score(seg, np.asarray(load_volume(f"{volume}:labels")))
 
 
+def tune_on_training_volume(checkpoint: str, train_volume: str, settings: dict[str, Any], tuning: Any,
+                            threads: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job's ``data.eval.tune`` candidates tried on a central crop of the training volume with this run's
+    model (``ffn/tuning.py``); returns (the held-out settings with the chosen values, a record of the choice)."""
+    import numpy as np
+
+    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.tuning import central_crop, tune_inference
+    from hpctrain.ffn.volume import load_volume
+
+    t0 = time.perf_counter()
+    model, base, _ = prepare_inference(checkpoint, settings or None, threads=threads)
+    image = np.asarray(load_volume(f"{train_volume}:image"))
+    box = central_crop(image.shape, tuning.crop)
+    labels = np.asarray(load_volume(f"{train_volume}:labels"))[box]
+    _say(f"choosing the inference thresholds on the training volume ({'x'.join(str(b.stop - b.start) for b in box)} "
+         f"voxels at its centre), candidates {tuning.grid()}:")
+    chosen, rows = tune_inference(model, image[box], labels, base, tuning.grid(), say=_say)
+    picked = {key: getattr(chosen, key) for key in tuning.grid()}
+    seconds = time.perf_counter() - t0
+    _say(f"chosen (lowest VOI on the training volume): {picked}, in {seconds:.0f} s")
+    return {**settings, **picked}, {"chosen": picked, "crop": [b.stop - b.start for b in box], "rows": rows,
+                                    "seconds": round(seconds, 1)}
+
+
+def settings_text(settings: dict[str, Any], tuned: dict[str, Any]) -> str:
+    """The thresholds the held-out segmentation used, and whether they were chosen on the training volume."""
+    keys = ("move_threshold", "segment_threshold", "agglomerate_threshold")
+    text = ", ".join(f"{k} {settings[k]}" for k in keys if k in settings)
+    return f"{text or 'the default settings'}{' (chosen on the training volume)' if tuned else ''}"
+
+
 def training_seconds(metrics_path: Path) -> dict[int, float]:
     """Seconds since the first logged step, per logged step (from the run's metrics.jsonl)."""
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
@@ -308,7 +340,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     """
     import numpy as np
 
-    from hpctrain.commands.ffn import inference_settings, resolve_checkpoint
+    from hpctrain.commands.ffn import inference_settings, inference_tuning, resolve_checkpoint
     from hpctrain.config.job import load_job
     from hpctrain.ffn.perf import available_cpus
     from hpctrain.ffn.task import model_config, prepare_training_data
@@ -367,9 +399,14 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
 
     settings = inference_settings(dict(job.data))
     seg_threads = threads or available_cpus()
+    tuning = inference_tuning(dict(job.data))
+    tuned: dict[str, Any] = {}
+    if tuning is not None:
+        settings, tuned = tune_on_training_volume(checkpoint, volumes["train"], settings, tuning, seg_threads)
     segmentation = out / "heldout_segmentation.h5"
     summary, ffn_scores = segment_and_score(checkpoint, volumes["eval"], segmentation, settings, seg_threads)
-    _say(f"segmented the held-out volume: {summary['objects']} objects, {summary['ffn_calls']} FOVs, "
+    _say(f"segmented the held-out volume with {settings_text(settings, tuned)}: {summary['objects']} objects, "
+         f"{summary['ffn_calls']} FOVs, "
          f"in {summary['seconds']:.1f} s")
     scores = {"ffn": ffn_scores, **base["eval"]}
     others: dict[str, dict[str, Any]] = {}
@@ -390,15 +427,18 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
         plot_curve(out / "curve.png", points, scores["watershed"]["voi"])
     total = time.perf_counter() - started
     (out / "scores.json").write_text(json.dumps(
-        {**scores, "more": others, "curve": points, "watershed_tuning": watershed,
+        {**scores, "more": others, "curve": points, "watershed_tuning": watershed, "inference_tuning": tuned,
          "from_run": str(finished) if finished else None,
-         "seconds": {"training": round(train_seconds, 1), "segmentation": round(summary["seconds"], 1),
+         "seconds": {"training": round(train_seconds, 1), "tuning": tuned.get("seconds", 0.0),
+                     "segmentation": round(summary["seconds"], 1),
                      "total": round(total, 1)}}, indent=2))
     report(scores, others)
     print(f"files: run {run_dir}\n       metrics {run_dir / 'metrics.jsonl'}\n       segmentation {segmentation}"
           f"\n       figure {png}\n       scores {out / 'scores.json'}" + (f"\n       curve {out / 'curve.png'}"
                                                                           if curve else ""))
-    print(f"time: training {train_seconds:.0f} s, segmentation {summary['seconds']:.0f} s, total {total:.0f} s")
+    tuning_seconds = f", choosing thresholds {tuned['seconds']:.0f} s" if tuned else ""
+    print(f"time: training {train_seconds:.0f} s{tuning_seconds}, segmentation {summary['seconds']:.0f} s, "
+          f"total {total:.0f} s")
     sys.stdout.flush()
     better = scores["ffn"]["voi"] < scores["watershed"]["voi"]
     return {"scores": scores, "more": others, "run_dir": str(run_dir), "png": str(png), "beats_baseline": better}

@@ -1,6 +1,6 @@
-"""``hpctrain ffn prepare|segment|segment-parts|finish-parts|evaluate``: the Flood-Filling Network's data,
-inference (whole, or in overlapping subvolumes on several ranks) and evaluation against ground truth
-and the baselines."""
+"""``hpctrain ffn prepare|segment|segment-parts|finish-parts|tune|evaluate``: the Flood-Filling Network's data,
+inference (whole, or in overlapping subvolumes on several ranks), the inference thresholds chosen for a trained
+model on its training volume, and evaluation against ground truth and the baselines."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_seg.add_argument("--min-segment-size", type=int, default=None)
     p_seg.add_argument("--move-threshold", type=float, default=None)
     p_seg.add_argument("--segment-threshold", type=float, default=None)
+    p_seg.add_argument("--agglomerate-threshold", type=float, default=None,
+                       help="join pieces whose mutual claims reach this (0: no agglomeration)")
     p_seg.add_argument("--threads", type=int, default=None, help="threads per process")
     p_seg.add_argument("--subvolumes", type=int, nargs=3, metavar=("Z", "Y", "X"), default=None,
                        help="cut the volume into Z x Y x X overlapping pieces, segment each on its own, reconcile")
@@ -49,6 +51,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_finish.add_argument("plan", help="plan.json written by hpctrain ffn segment --subvolumes")
     p_finish.add_argument("--threads", type=int, default=None, help="threads per rank (default: CPUs / ranks)")
     p_finish.set_defaults(handler=cmd_segment_parts)
+
+    p_tune = sub.add_parser("tune", help="choose the inference thresholds for a trained checkpoint on a labelled "
+                            "volume (its training volume): the candidates of the job's data.eval.tune")
+    p_tune.add_argument("checkpoint", help="checkpoint file (shared.pt) or a run's checkpoint directory")
+    p_tune.add_argument("image", help="labelled volume's image: FILE.h5:DATASET (e.g. the training volume)")
+    p_tune.add_argument("labels", help="its ground truth: FILE.h5:DATASET")
+    p_tune.add_argument("--job", required=True, help="FFN job spec: data.eval.inference (the base settings) and "
+                        "data.eval.tune (the candidates and the crop)")
+    p_tune.add_argument("--crop", type=int, nargs=3, metavar=("Z", "Y", "X"), default=None,
+                        help="central crop of the volume to segment per candidate (default: data.eval.tune.crop)")
+    p_tune.add_argument("--threads", type=int, default=None, help="threads (default: all CPUs of this process)")
+    p_tune.add_argument("--json", action="store_true")
+    p_tune.set_defaults(handler=cmd_tune)
 
     p_eval = sub.add_parser("evaluate", help="VOI split/merge and adapted Rand error against ground truth")
     p_eval.add_argument("segmentation", help="FILE.h5:DATASET")
@@ -96,8 +111,16 @@ def inference_settings(job_data: dict[str, Any]) -> dict[str, Any]:
     return dict((job_data.get("eval") or {}).get("inference") or {})
 
 
-def job_inference_settings(job_path: str) -> dict[str, Any]:
-    """``inference_settings`` of an FFN job spec, checked by the FFN schema first."""
+def inference_tuning(job_data: dict[str, Any]) -> Any:
+    """``data.eval.tune`` of a job (``config.plugins.ffn.InferenceTuning``), or None where it has none."""
+    from hpctrain.config.plugins.ffn import InferenceTuning
+
+    raw = (job_data.get("eval") or {}).get("tune")
+    return InferenceTuning.model_validate(raw) if raw else None
+
+
+def checked_ffn_job(job_path: str) -> Any:
+    """An FFN job spec, checked by the FFN schema (a wrong key or value: one error naming it, before any work)."""
     from hpctrain.config.catalog import find_schema
     from hpctrain.config.job import load_job
     from hpctrain.config.plugins.ffn import SCHEMA
@@ -106,9 +129,14 @@ def job_inference_settings(job_path: str) -> dict[str, Any]:
     job = load_job(job_path)
     if find_schema(job.model)[0] is not SCHEMA:
         raise ConfigError(f"{job_path}: model {job.model!r} is not the FFN; --job takes the settings of an FFN "
-                          "job's data.eval.inference", key="model", hint="pass an FFN job, e.g. jobs/ffn-local.yaml")
-    SCHEMA.parse(job.model_args, job.data)  # a wrong key or value: one error naming it, before any work
-    return inference_settings(dict(job.data))
+                          "job's data.eval", key="model", hint="pass an FFN job, e.g. jobs/ffn-local.yaml")
+    SCHEMA.parse(job.model_args, job.data)
+    return job
+
+
+def job_inference_settings(job_path: str) -> dict[str, Any]:
+    """``inference_settings`` of an FFN job spec, checked by the FFN schema first."""
+    return inference_settings(dict(checked_ffn_job(job_path).data))
 
 
 def cmd_segment(args: argparse.Namespace) -> int:
@@ -116,7 +144,8 @@ def cmd_segment(args: argparse.Namespace) -> int:
 
     config = job_inference_settings(args.job) if args.job else {}
     config.update({k: v for k, v in {"min_segment_size": args.min_segment_size, "move_threshold": args.move_threshold,
-                                     "segment_threshold": args.segment_threshold}.items() if v is not None})
+                                     "segment_threshold": args.segment_threshold,
+                                     "agglomerate_threshold": args.agglomerate_threshold}.items() if v is not None})
     checkpoint = resolve_checkpoint(args.checkpoint)
     if args.subvolumes:
         summary = segment_in_pieces(checkpoint, args.volume, args.output, config, counts=tuple(args.subvolumes),
@@ -229,6 +258,38 @@ def cmd_segment_parts(args: argparse.Namespace) -> int:
     run, verb = (segment_parts, "segmented") if args.ffn_command == "segment-parts" else (finish_parts, "finished")
     written = run(args.plan, env.rank, env.size, threads=threads)
     print(f"rank {env.rank} of {env.size}: {len(written)} pieces {verb}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from hpctrain.commands.output import print_json, print_table
+    from hpctrain.errors import ConfigError
+    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.perf import available_cpus
+    from hpctrain.ffn.tuning import central_crop, tune_inference
+    from hpctrain.ffn.volume import load_volume
+
+    job = checked_ffn_job(args.job)
+    tuning = inference_tuning(dict(job.data))
+    if tuning is None:
+        raise ConfigError(f"{args.job} has no data.eval.tune: nothing to choose between", key="data.eval.tune",
+                          hint="add e.g. data.eval.tune: {move_threshold: [0.7, 0.8, 0.9], "
+                               "agglomerate_threshold: [0.6, 0.7, 0.8]}")
+    model, base, _ = prepare_inference(resolve_checkpoint(args.checkpoint), inference_settings(dict(job.data)),
+                                       threads=args.threads or available_cpus())
+    image, labels = load_volume(args.image), load_volume(args.labels)
+    box = central_crop(image.shape, args.crop or tuning.crop)
+    chosen, rows = tune_inference(model, np.asarray(image[box]), np.asarray(labels[box]), base, tuning.grid())
+    best = {key: getattr(chosen, key) for key in tuning.grid()}
+    if args.json:
+        print_json({"chosen": best, "rows": rows})
+        return 0
+    print_table(["settings", "VOI", "split", "merge", "adapted Rand", "segments"],
+                [[", ".join(f"{k} {v}" for k, v in r["settings"].items()), f"{r['voi']:.3f}", f"{r['voi_split']:.3f}",
+                  f"{r['voi_merge']:.3f}", f"{r['adapted_rand_error']:.3f}", str(r["segments"])] for r in rows])
+    print("chosen (lowest VOI): " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in best.items()))
     return 0
 
 

@@ -573,16 +573,34 @@ def _segmentation(canvas: Canvas, cfg: InferenceConfig, seeds: np.ndarray | None
 def _finish(canvas: Canvas, cfg: InferenceConfig) -> np.ndarray:
     """The canvas's objects as labels: joined by agglomeration, filled by watershed and grown by
     ``expand_labels`` when set."""
+    pieces, scores = pieces_and_scores(canvas, cfg)
+    return join_and_fill(canvas.image, pieces, scores, cfg, canvas.counters)
+
+
+def pieces_and_scores(canvas: Canvas, cfg: InferenceConfig) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
+    """The flooded canvas's objects (ids 1..N) and, when ``cfg`` agglomerates, the mutual-claim score of every
+    pair of them in contact (``agglomeration.mutual_claims``): what any join threshold is applied to."""
     labels = canvas.labels()
+    if cfg.agglomerate_threshold <= 0:
+        return labels, {}
+    pairs = sorted(contact_pairs(labels, min_voxels=cfg.min_contact))
+    canvas.counters["agglomeration_pairs"] = len(pairs)
+    return labels, mutual_claims(labels, canvas.predict_bare, canvas.fov, canvas.segment_logit, pairs)
+
+
+def join_and_fill(image: np.ndarray, pieces: np.ndarray, scores: Mapping[tuple[int, int], float],
+                  cfg: InferenceConfig, counters: dict[str, int] | None = None) -> np.ndarray:
+    """``pieces`` joined where their score reaches ``cfg.agglomerate_threshold``, then watershed-filled and
+    grown by ``expand_labels`` as ``cfg`` says."""
+    labels = pieces
     if cfg.agglomerate_threshold > 0:
-        pairs = sorted(contact_pairs(labels, min_voxels=cfg.min_contact))
-        scores = mutual_claims(labels, canvas.predict_bare, canvas.fov, canvas.segment_logit, pairs)
-        canvas.counters["agglomeration_pairs"] = len(pairs)
-        joined = agglomerate(labels, scores, cfg.agglomerate_threshold)
-        canvas.counters["agglomeration_joins"] = len(np.unique(labels[labels > 0])) - len(np.unique(joined[joined > 0]))
+        joined = agglomerate(pieces, scores, cfg.agglomerate_threshold)
+        if counters is not None:
+            counters["agglomeration_joins"] = (len(np.unique(pieces[pieces > 0]))
+                                               - len(np.unique(joined[joined > 0])))
         labels = make_labels_contiguous(joined)
     if cfg.watershed_fill:
-        labels = watershed_fill(canvas.image, labels)
+        labels = watershed_fill(image, labels)
     if cfg.expand_labels > 0:
         from skimage.segmentation import expand_labels
 

@@ -221,10 +221,45 @@ class InferenceSettings(Strict):
     watershed_fill: bool | None = None
 
 
+def _candidates(values: tuple[float, ...]) -> tuple[float, ...]:
+    if not values or len(set(values)) != len(values):
+        raise ValueError("give one or more distinct candidate values, e.g. [0.7, 0.8, 0.9]")
+    return values
+
+
+Candidates = Annotated[tuple[Fraction, ...], BeforeValidator(_as_tuple), AfterValidator(_candidates)]
+
+
+class InferenceTuning(Strict):
+    """``data.eval.tune``: inference thresholds chosen for each trained model on the training volume
+    (``hpctrain.ffn.tuning``): every combination of the candidates segments a central crop of ``data.train``
+    and the lowest VOI against its labels wins (``hpctrain demo``, ``hpctrain ffn tune``)."""
+
+    move_threshold: Candidates | None = Field(None, description="candidate move thresholds")
+    segment_threshold: Candidates | None = Field(None, description="candidate segment thresholds")
+    agglomerate_threshold: Candidates | None = Field(None, description="candidate join thresholds (no model "
+                                                                       "calls: applied to one flood's pair scores)")
+    crop: Shape | None = Field(None, description="central crop of the training volume segmented per candidate "
+                                                 "(default: all of it)")
+
+    @model_validator(mode="after")
+    def _something(self) -> InferenceTuning:
+        if not (self.move_threshold or self.segment_threshold or self.agglomerate_threshold):
+            raise ValueError("name at least one of move_threshold, segment_threshold, agglomerate_threshold")
+        return self
+
+    def grid(self) -> dict[str, list[float]]:
+        """The candidates by InferenceConfig key (``hpctrain.ffn.tuning.tune_inference``'s ``grid``)."""
+        return {k: list(v) for k, v in (("move_threshold", self.move_threshold),
+                                        ("segment_threshold", self.segment_threshold),
+                                        ("agglomerate_threshold", self.agglomerate_threshold)) if v}
+
+
 class EvalVolume(_VolumeSource):
     """``data.eval``: a held-out volume and the segmentation settings used on it (``hpctrain demo``)."""
 
     inference: InferenceSettings | None = None
+    tune: InferenceTuning | None = None
 
 
 class Partitions(Strict):
