@@ -44,6 +44,12 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     assert min(t["voi"] for t in tuning["grid"]) == pytest.approx(
         next(t["voi"] for t in tuning["grid"] if all(t[k] == v for k, v in tuning["params"].items())))
     assert [p["step"] for p in scores["curve"]] == [4, 8] and (out / "curve.png").exists()
+    # the flood-fill thresholds chosen for this run's model on the training volume (data.eval.tune): every
+    # candidate tried, the lowest VOI kept, and the held-out volumes segmented with it
+    chosen = scores["inference_tuning"]
+    assert len(chosen["rows"]) == 9 and chosen["crop"] == [24, 40, 40]
+    assert chosen["chosen"] == min(chosen["rows"], key=lambda r: r["voi"])["settings"]
+    assert "(chosen on the training volume)" in text and "choosing thresholds" in text
 
     png = out / "demo.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
