@@ -120,20 +120,25 @@ def painted_volume(shape: tuple[int, int, int] = (40, 64, 64), seed: int = 5) ->
     return lut[labels], labels
 
 
-def in_pieces(plan_path: Path, plan: list, shape: tuple[int, ...], cfg: InferenceConfig,
-              out: Path) -> tuple[dict, np.ndarray]:
-    """The steps of ``hpctrain ffn segment --subvolumes`` with the oracle, as two ranks one after the other:
-    flood the pieces, reconcile, count contacts, finish the pieces (agglomeration scores, fill), assemble."""
+def in_pieces(tmp_path: Path, image: np.ndarray, cfg: InferenceConfig) -> tuple[list, Path, dict, np.ndarray]:
+    """The steps of ``hpctrain ffn segment --subvolumes 2 2 2`` with the oracle, as two ranks one after the other:
+    plan, flood the pieces, reconcile, count contacts, finish the pieces (agglomeration scores, fill), assemble.
+    Returns (plan, plan path, summary, segmentation)."""
+    with h5py.File(tmp_path / "vol.h5", "w") as f:
+        f["image"] = image
+    plan = plan_subvolumes(image.shape, (2, 2, 2), 9, min_size=cfg.fov)
+    plan_path = write_plan(tmp_path / "parts" / "plan.json", plan, checkpoint="unused",
+                           volume=f"{tmp_path}/vol.h5:image")
     for rank in range(2):
         segment_parts(plan_path, rank, 2, model=OracleModel(), config=cfg)
     assert all(part_path(plan_path.parent, s).exists() for s in plan)
-    summary = reconcile(plan, plan_path.parent, plan_path.parent / OVERSEGMENTATION, shape)
-    assign_pairs(plan, plan_path.parent, shape, cfg.min_contact)
+    summary = reconcile(plan, plan_path.parent, plan_path.parent / OVERSEGMENTATION, image.shape)
+    assign_pairs(plan, plan_path.parent, image.shape, cfg.min_contact)
     for rank in range(2):
         finish_parts(plan_path, rank, 2, model=OracleModel(), config=cfg)
-    summary.update(assemble(plan, plan_path.parent, out, shape, cfg.agglomerate_threshold))
-    with h5py.File(out) as f:
-        return summary, f["segmentation"][()]
+    summary.update(assemble(plan, plan_path.parent, tmp_path / "pieces.h5", image.shape, cfg.agglomerate_threshold))
+    with h5py.File(tmp_path / "pieces.h5") as f:
+        return plan, plan_path, summary, f["segmentation"][()]
 
 
 def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -> None:
@@ -142,12 +147,7 @@ def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -
     cfg = InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=50, expand_labels=1, seed_policy="grid",
                           seed_args={"step": 6, "offsets": (0, 3)})
     whole = segment_volume(OracleModel(), image, cfg)
-    with h5py.File(tmp_path / "vol.h5", "w") as f:
-        f["image"] = image
-    plan = plan_subvolumes(image.shape, (2, 2, 2), 9, min_size=cfg.fov)
-    plan_path = write_plan(tmp_path / "parts" / "plan.json", plan, checkpoint="unused",
-                           volume=f"{tmp_path}/vol.h5:image")
-    summary, pieces = in_pieces(plan_path, plan, image.shape, cfg, tmp_path / "pieces.h5")
+    plan, plan_path, summary, pieces = in_pieces(tmp_path, image, cfg)
     single, cut = evaluate_segmentation(whole, labels), evaluate_segmentation(pieces, labels)
     assert single["voi"] < 0.5  # the oracle segments well: a meaningful reference
     assert summary["joined_pairs"] > 0
@@ -171,12 +171,7 @@ def test_bounded_floods_agglomerated_after_reconciling_match_one_process(tmp_pat
     floods = evaluate_segmentation(segment_volume(OracleModel(), image, replace(cfg, agglomerate_threshold=0.0)),
                                    labels)
     assert floods["voi_split"] > 2.0 and whole["voi"] < 0.1  # bounded floods over-segment; agglomeration joins
-    with h5py.File(tmp_path / "vol.h5", "w") as f:
-        f["image"] = image
-    plan = plan_subvolumes(image.shape, (2, 2, 2), 9, min_size=cfg.fov)
-    plan_path = write_plan(tmp_path / "parts" / "plan.json", plan, checkpoint="unused",
-                           volume=f"{tmp_path}/vol.h5:image")
-    summary, pieces = in_pieces(plan_path, plan, image.shape, cfg, tmp_path / "pieces.h5")
+    _, _, summary, pieces = in_pieces(tmp_path, image, cfg)
     cut = evaluate_segmentation(pieces, labels)
     assert summary["agglomerated_pairs"] > 50 and summary["scored_pairs"] >= summary["agglomerated_pairs"]
     assert abs(cut["voi"] - whole["voi"]) <= 0.05, (whole, cut)

@@ -29,7 +29,7 @@ import numpy as np
 
 from hpctrain.errors import DataError
 from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, mutual_claims, watershed_fill
-from hpctrain.ffn.subvolumes import Subvolume, mine, read_plan
+from hpctrain.ffn.subvolumes import Subvolume, mine, read_plan, renumbering, write_cores
 
 OVERSEGMENTATION = "oversegmentation.h5"
 PAIRS = "pairs.json"
@@ -48,10 +48,6 @@ def finishes(config: Any) -> bool:
 
 def finished_path(parts_dir: Path, sub: Subvolume) -> Path:
     return Path(parts_dir) / f"finished-{sub.index:05d}.h5"
-
-
-def _core(sub: Subvolume) -> tuple[slice, ...]:
-    return tuple(slice(a, b) for a, b in zip(sub.core_start, sub.core_stop, strict=True))
 
 
 def _read(path: Path, box: tuple[slice, ...]) -> np.ndarray:
@@ -175,8 +171,6 @@ def assemble(plan: Sequence[Subvolume], parts_dir: Path, out_path: str | Path, s
     """Join the pairs scoring ``>= threshold`` and write the finished cores as one segmentation (ids 1..N)."""
     import h5py
 
-    from hpctrain.ffn.inference import _split_h5
-
     union = UnionFind()
     scored = joined = 0
     present: set[int] = set()
@@ -194,25 +188,7 @@ def assemble(plan: Sequence[Subvolume], parts_dir: Path, out_path: str | Path, s
                     union.union(int(a), int(b))
                     joined += 1
     present.discard(0)
-    roots = sorted({union.find(g) for g in present})
-    final = {r: i + 1 for i, r in enumerate(roots)}
-    table = np.zeros(max(present, default=0) + 1, dtype=np.uint32)
-    for g in present:
-        table[g] = final[union.find(g)]
-    file, name = _split_h5(out_path, "segmentation")
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            ds = f.create_dataset(name, shape=tuple(int(s) for s in shape), dtype=np.uint32, chunks=True,
-                                  compression="gzip", compression_opts=1)
-            for sub in plan:
-                ds[_core(sub)] = table[_read(finished_path(parts_dir, sub), ())]
-            for key, value in (attrs or {}).items():
-                ds.attrs[key] = json.dumps(value, default=str) if not isinstance(value, (str, int, float)) else value
-        os.replace(tmp, file)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise DataError(f"could not write the segmentation to {file}: {e}") from e
-    return {"out": str(file), "objects": len(roots), "pieces": len(plan), "scored_pairs": scored,
+    table, objects = renumbering(union, present)
+    file = write_cores(out_path, shape, plan, lambda sub: table[_read(finished_path(parts_dir, sub), ())], attrs)
+    return {"out": str(file), "objects": objects, "pieces": len(plan), "scored_pairs": scored,
             "agglomerated_pairs": joined}

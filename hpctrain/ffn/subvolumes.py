@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -154,6 +154,44 @@ def match_segments(a: np.ndarray, b: np.ndarray, *, min_fraction: float = 0.5,
     return out
 
 
+def renumbering(union: UnionFind, ids: Iterable[int]) -> tuple[np.ndarray, int]:
+    """(a table from each of ``ids`` to its joined object's final id 1..N in the order of the roots, N); ids not
+    in ``ids`` map to 0."""
+    ids = set(ids)
+    roots = sorted({union.find(g) for g in ids})
+    final = {r: i + 1 for i, r in enumerate(roots)}
+    table = np.zeros(max(ids, default=0) + 1, dtype=np.uint32)
+    for g in ids:
+        table[g] = final[union.find(g)]
+    return table, len(roots)
+
+
+def write_cores(out_path: str | Path, shape: Sequence[int], plan: Sequence[Subvolume],
+                core_labels: Callable[[Subvolume], np.ndarray], attrs: dict[str, Any] | None = None) -> Path:
+    """One segmentation of ``shape`` written atomically to ``out_path`` (FILE.h5[:DATASET]) from each piece's
+    core labels, one core in memory at a time."""
+    import h5py
+
+    from hpctrain.ffn.inference import _split_h5
+
+    file, name = _split_h5(out_path, "segmentation")
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w") as f:
+            ds = f.create_dataset(name, shape=tuple(int(s) for s in shape), dtype=np.uint32, chunks=True,
+                                  compression="gzip", compression_opts=1)
+            for sub in plan:
+                ds[tuple(slice(a, b) for a, b in zip(sub.core_start, sub.core_stop, strict=True))] = core_labels(sub)
+            for key, value in (attrs or {}).items():
+                ds.attrs[key] = json.dumps(value, default=str) if not isinstance(value, (str, int, float)) else value
+        os.replace(tmp, file)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"could not write the segmentation to {file}: {e}") from e
+    return file
+
+
 def reconcile(plan: list[Subvolume], parts_dir: Path, out_path: str | Path, shape: Sequence[int], *,
               min_fraction: float = 0.5, min_voxels: int = 50, attrs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Join the pieces' segments across borders and write one segmentation (uint32 ids 1..N) to ``out_path``.
@@ -161,8 +199,6 @@ def reconcile(plan: list[Subvolume], parts_dir: Path, out_path: str | Path, shap
     Segment ``k`` of piece ``i`` first gets the global id ``offset_i + k``; pairs that ``match_segments`` in
     the region both pieces segmented are joined (transitively), then ids are renumbered 1..N in order.
     """
-    from hpctrain.ffn.inference import _split_h5
-
     offsets, total, written = {}, 0, set()
     for sub in plan:
         offsets[sub.index] = total
@@ -182,33 +218,14 @@ def reconcile(plan: list[Subvolume], parts_dir: Path, out_path: str | Path, shap
             union.union(offsets[a.index] + sa, offsets[b.index] + sb)
             joined += 1
     # Global ids -> final ids 1..N in order of their root; segments seen only in overlaps never reach the output.
-    roots = sorted({union.find(g) for g in written})
-    final = {r: i + 1 for i, r in enumerate(roots)}
-    table = np.zeros(total + 1, dtype=np.uint32)
-    for g in written:
-        table[g] = final[union.find(g)]
+    table, objects = renumbering(union, written)
 
-    import h5py
+    def core_ids(sub: Subvolume) -> np.ndarray:
+        local = _read_part(parts_dir, sub, _local(sub, sub.core_start, sub.core_stop)).astype(np.int64)
+        return np.where(local > 0, local + offsets[sub.index], 0)
 
-    file, name = _split_h5(out_path, "segmentation")
-    file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
-    try:
-        with h5py.File(tmp, "w") as f:
-            ds = f.create_dataset(name, shape=tuple(int(s) for s in shape), dtype=np.uint32, chunks=True,
-                                  compression="gzip", compression_opts=1)
-            for sub in plan:
-                core = _local(sub, sub.core_start, sub.core_stop)
-                local = _read_part(parts_dir, sub, core).astype(np.int64)
-                ids = np.where(local > 0, local + offsets[sub.index], 0)
-                ds[tuple(slice(a, b) for a, b in zip(sub.core_start, sub.core_stop, strict=True))] = table[ids]
-            for key, value in (attrs or {}).items():
-                ds.attrs[key] = json.dumps(value, default=str) if not isinstance(value, (str, int, float)) else value
-        os.replace(tmp, file)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise DataError(f"could not write the reconciled segmentation to {file}: {e}") from e
-    return {"out": str(file), "objects": len(roots), "pieces": len(plan), "joined_pairs": joined}
+    file = write_cores(out_path, shape, plan, lambda sub: table[core_ids(sub)], attrs)
+    return {"out": str(file), "objects": objects, "pieces": len(plan), "joined_pairs": joined}
 
 
 # ------------------------------------------------------------------------------------------- the pieces
