@@ -190,25 +190,12 @@ def tune_on_training_volume(checkpoint: str, train_volume: str, settings: dict[s
                             threads: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The job's ``data.eval.tune`` candidates tried on a central crop of the training volume with this run's
     model (``ffn/tuning.py``); returns (the held-out settings with the chosen values, a record of the choice)."""
-    import numpy as np
+    from hpctrain.ffn.tuning import tune_checkpoint
 
-    from hpctrain.ffn.inference import prepare_inference
-    from hpctrain.ffn.tuning import central_crop, tune_inference
-    from hpctrain.ffn.volume import load_volume
-
-    t0 = time.perf_counter()
-    model, base, _ = prepare_inference(checkpoint, settings or None, threads=threads)
-    image = np.asarray(load_volume(f"{train_volume}:image"))
-    box = central_crop(image.shape, tuning.crop)
-    labels = np.asarray(load_volume(f"{train_volume}:labels"))[box]
-    _say(f"choosing the inference thresholds on the training volume ({'x'.join(str(b.stop - b.start) for b in box)} "
-         f"voxels at its centre), candidates {tuning.grid()}:")
-    chosen, rows = tune_inference(model, image[box], labels, base, tuning.grid(), say=_say)
-    picked = {key: getattr(chosen, key) for key in tuning.grid()}
-    seconds = time.perf_counter() - t0
-    _say(f"chosen (lowest VOI on the training volume): {picked}, in {seconds:.0f} s")
-    return {**settings, **picked}, {"chosen": picked, "crop": [b.stop - b.start for b in box], "rows": rows,
-                                    "seconds": round(seconds, 1)}
+    record = tune_checkpoint(checkpoint, f"{train_volume}:image", f"{train_volume}:labels", settings, tuning.grid(),
+                             tuning.crop, threads=threads, say=_say)
+    _say(f"chosen (lowest VOI on the training volume): {record['chosen']}, in {record['seconds']:.0f} s")
+    return {**settings, **record["chosen"]}, record
 
 
 def settings_text(settings: dict[str, Any], tuned: dict[str, Any]) -> str:

@@ -262,14 +262,10 @@ def cmd_segment_parts(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from hpctrain.commands.output import print_json, print_table
     from hpctrain.errors import ConfigError
-    from hpctrain.ffn.inference import prepare_inference
     from hpctrain.ffn.perf import available_cpus
-    from hpctrain.ffn.tuning import central_crop, tune_inference
-    from hpctrain.ffn.volume import load_volume
+    from hpctrain.ffn.tuning import tune_checkpoint
 
     job = checked_ffn_job(args.job)
     tuning = inference_tuning(dict(job.data))
@@ -277,19 +273,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.job} has no data.eval.tune: nothing to choose between", key="data.eval.tune",
                           hint="add e.g. data.eval.tune: {move_threshold: [0.7, 0.8, 0.9], "
                                "agglomerate_threshold: [0.6, 0.7, 0.8]}")
-    model, base, _ = prepare_inference(resolve_checkpoint(args.checkpoint), inference_settings(dict(job.data)),
-                                       threads=args.threads or available_cpus())
-    image, labels = load_volume(args.image), load_volume(args.labels)
-    box = central_crop(image.shape, args.crop or tuning.crop)
-    chosen, rows = tune_inference(model, np.asarray(image[box]), np.asarray(labels[box]), base, tuning.grid())
-    best = {key: getattr(chosen, key) for key in tuning.grid()}
+    record = tune_checkpoint(resolve_checkpoint(args.checkpoint), args.image, args.labels,
+                             inference_settings(dict(job.data)), tuning.grid(), args.crop or tuning.crop,
+                             threads=args.threads or available_cpus())
     if args.json:
-        print_json({"chosen": best, "rows": rows})
+        print_json({"chosen": record["chosen"], "rows": record["rows"]})
         return 0
     print_table(["settings", "VOI", "split", "merge", "adapted Rand", "segments"],
                 [[", ".join(f"{k} {v}" for k, v in r["settings"].items()), f"{r['voi']:.3f}", f"{r['voi_split']:.3f}",
-                  f"{r['voi_merge']:.3f}", f"{r['adapted_rand_error']:.3f}", str(r["segments"])] for r in rows])
-    print("chosen (lowest VOI): " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in best.items()))
+                  f"{r['voi_merge']:.3f}", f"{r['adapted_rand_error']:.3f}", str(r["segments"])]
+                 for r in record["rows"]])
+    print("chosen (lowest VOI): " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in record["chosen"].items()))
     return 0
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,3 +91,25 @@ def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: Infe
                     f"adapted Rand {r['adapted_rand_error']:.3f}")
     best = min(rows, key=lambda r: r["voi"])  # min keeps the first of equal rows
     return dataclasses.replace(base, **best["settings"]), rows
+
+
+def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, settings: Mapping[str, Any] | None,
+                    grid: Mapping[str, Sequence[float]], crop: Sequence[int] | None, *, threads: int | None = None,
+                    say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """``tune_inference`` for a checkpoint on a central ``crop`` of a labelled volume (only the crop is read):
+    {"chosen": {key: value}, "crop": [z, y, x], "rows": every candidate's scores, "seconds": wall time}.
+    ``settings``: the base inference settings (a job's ``data.eval.inference``)."""
+    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.volume import load_volume
+
+    t0 = time.perf_counter()
+    model, base, _ = prepare_inference(checkpoint, dict(settings) if settings else None, threads=threads)
+    image, labels = load_volume(image_spec), load_volume(labels_spec)
+    box = central_crop(image.shape, crop)
+    shape = [b.stop - b.start for b in box]
+    if say:
+        say(f"choosing the inference thresholds on {'x'.join(map(str, shape))} voxels at the volume's centre, "
+            f"candidates {dict(grid)}:")
+    chosen, rows = tune_inference(model, np.asarray(image[box]), np.asarray(labels[box]), base, grid, say=say)
+    return {"chosen": {key: getattr(chosen, key) for key in grid}, "crop": shape, "rows": rows,
+            "seconds": round(time.perf_counter() - t0, 1)}
