@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,12 +45,15 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     assert min(t["voi"] for t in tuning["grid"]) == pytest.approx(
         next(t["voi"] for t in tuning["grid"] if all(t[k] == v for k, v in tuning["params"].items())))
     assert [p["step"] for p in scores["curve"]] == [4, 8] and (out / "curve.png").exists()
-    # the flood-fill thresholds chosen for this run's model on the training volume (data.eval.tune): every
-    # candidate tried, the lowest VOI kept, and the held-out volumes segmented with it
+    # the flood-fill thresholds chosen for this run's model on the job's validation volume (data.eval.tune, a
+    # synthetic volume of the held-out condition, seed 7): every candidate tried, the lowest VOI kept, and the
+    # held-out volumes segmented with it
     chosen = scores["inference_tuning"]
-    assert len(chosen["rows"]) == 9 and chosen["crop"] == [24, 40, 40]
+    assert len(chosen["rows"]) == 8 and chosen["crop"] == [24, 40, 40] and chosen["volume"] == "validation volume"
     assert chosen["chosen"] == min(chosen["rows"], key=lambda r: r["voi"])["settings"]
-    assert "(chosen on the training volume)" in text and "choosing thresholds" in text
+    assert "(chosen on the validation volume)" in text and "choosing thresholds" in text
+    with h5py.File(out / "data" / "validation.h5") as f, h5py.File(out / "data" / "eval.h5") as g:
+        assert f["labels"].shape == (24, 40, 40) and not np.array_equal(f["image"][()], g["image"][()])
 
     png = out / "demo.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

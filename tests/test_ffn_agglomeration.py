@@ -18,6 +18,7 @@ import yaml
 from hpctrain.ffn.agglomeration import (
     agglomerate,
     contact_pairs,
+    join_groups,
     mutual_claims,
     seed_positions,
     watershed_fill,
@@ -114,7 +115,58 @@ def test_bounded_floods_then_agglomeration_recover_the_cubes() -> None:
     assert canvas.counters["agglomeration_fovs"] > 0
 
 
-@pytest.mark.parametrize("bad", [{"agglomerate_threshold": 1.5}, {"watershed_fill": "maybe"}])
+def test_average_linkage_keeps_apart_what_one_leaky_pair_would_join() -> None:
+    """Pieces 1-2 and 3-4 are two objects' halves (0.9); one pair across them scores 0.8 (a leak), the two other
+    pairs across them 0.1. Single linkage at 0.5 joins everything through the leak; average linkage joins the
+    halves first, then sees a mean of (0.8 + 0.1 + 0.1) / 3 = 0.33 between the two objects and stops."""
+    scores = {(1, 2): 0.9, (3, 4): 0.9, (2, 3): 0.8, (1, 3): 0.1, (2, 4): 0.1}
+    single, average = join_groups(scores, 0.5, "single"), join_groups(scores, 0.5, "average")
+    assert len({single.find(i) for i in range(1, 5)}) == 1
+    assert [average.find(i) for i in range(1, 5)] == [1, 1, 3, 3]
+    # the groups' mean follows every merge: at 0.3 the objects join (0.33 >= 0.3)
+    assert len({join_groups(scores, 0.3, "average").find(i) for i in range(1, 5)}) == 1
+    # a chain of pairs each at or above the threshold is joined by both
+    chain = {(1, 2): 0.7, (2, 3): 0.6, (3, 4): 0.55}
+    assert len({join_groups(chain, 0.5, "average").find(i) for i in range(1, 5)}) == 1
+    seg = np.array([[[1, 2, 0, 3, 4]]], np.uint32)
+    np.testing.assert_array_equal(agglomerate(seg, scores, 0.5, "average"), [[[1, 1, 0, 3, 3]]])
+    np.testing.assert_array_equal(agglomerate(seg, scores, 0.5), [[[1, 1, 0, 1, 1]]])
+    with pytest.raises(ValueError, match="linkage"):
+        join_groups(scores, 0.5, "complete")
+
+
+def test_average_linkage_equals_a_brute_force_reference() -> None:
+    """Random graphs: the heap-based merging gives the groups of a direct re-computation of every group mean
+    after each merge (the best pair merged first)."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        n = int(rng.integers(3, 12))
+        scores = {(a, b): float(rng.random()) for a in range(1, n + 1) for b in range(a + 1, n + 1)
+                  if rng.random() < 0.4}
+        threshold = float(rng.uniform(0.2, 0.8))
+        groups = {i: {i} for i in range(1, n + 1)}
+        while True:
+            best, pair = -1.0, None
+            for x in groups:
+                for y in groups:
+                    if x < y:
+                        between = [s for (a, b), s in scores.items()
+                                   if (a in groups[x] and b in groups[y]) or (a in groups[y] and b in groups[x])]
+                        if between and np.mean(between) > best:
+                            best, pair = float(np.mean(between)), (x, y)
+            if pair is None or best < threshold:
+                break
+            groups[pair[0]] |= groups.pop(pair[1])
+        union = join_groups(scores, threshold, "average")
+        expected = sorted(sorted(g) for g in groups.values())
+        got: dict[int, list[int]] = {}
+        for i in range(1, n + 1):
+            got.setdefault(union.find(i), []).append(i)
+        assert sorted(got.values()) == expected, (scores, threshold)
+
+
+@pytest.mark.parametrize("bad", [{"agglomerate_threshold": 1.5}, {"watershed_fill": "maybe"}, {"linkage": "complete"},
+                                 {"split_pieces": "yes"}])
 def test_bad_agglomeration_settings_are_refused_on_the_laptop(bad: dict) -> None:
     from pydantic import ValidationError
 

@@ -21,8 +21,10 @@ from hpctrain.ffn.inference import (
     load_model,
     logit,
     make_labels_contiguous,
+    pieces_and_scores,
     run_segment,
     segment_volume,
+    split_disconnected,
     write_segmentation_hdf5,
 )
 from hpctrain.ffn.movement import FaceMaxMovementPolicy, face_max_offsets, quantize_position
@@ -261,6 +263,52 @@ def test_segmentation_helpers() -> None:
     np.testing.assert_array_equal(make_labels_contiguous(seg), [0, 1, 1, 0, 2, 2, 2])
     np.testing.assert_array_equal(make_labels_contiguous(np.array([4, 4, 9])), [1, 1, 2])
     assert logit(0.5) == 0.0
+
+
+def test_split_disconnected_by_hand() -> None:
+    seg = np.zeros((3, 4, 6), np.int64)
+    seg[0, 0, 0:3] = 5  # object 5: a 3-voxel run ...
+    seg[2, 3, 5] = 5  # ... and a stray voxel far away
+    seg[1, 1, 1] = 9  # object 9: two voxels touching only along an edge (not 6-connected)
+    seg[1, 2, 2] = 9
+    seg[2, 0, 3:6] = 2  # object 2: connected
+    seg[2, 1, 3] = 2
+    out = split_disconnected(seg)
+    assert out.dtype == np.uint32 and np.array_equal(out == 0, seg == 0)
+    # components numbered in the order of the objects' ids, then of their first voxel
+    assert set(out[seg == 2]) == {1} and set(out[0, 0, 0:3]) == {2} and out[2, 3, 5] == 3
+    assert {out[1, 1, 1], out[1, 2, 2]} == {4, 5}
+    kept = split_disconnected(seg, min_size=3)
+    assert set(np.unique(kept)) == {0, 1, 2} and set(kept[seg == 2]) == {1} and set(kept[0, 0, 0:3]) == {2}
+    assert kept[2, 3, 5] == 0 and kept[1, 1, 1] == 0  # components under min_size are left unsegmented
+    assert split_disconnected(np.zeros((2, 2, 2), np.int64)).max() == 0
+
+
+class BallAndStrayModel(nn.Module):
+    """A ball of radius 2.5 at the FOV centre (short of the move positions 3 voxels out: the flood stays one
+    FOV) and a stray 2×2×2 cube at a corner of the FOV, whatever the input:
+    a flood whose box holds voxels above the segment threshold that are not connected to its seed."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.where(_centre_distance(tuple(x.shape[2:])) <= 2.5, 8.0, -8.0)
+        out[:2, :2, :2] = 8.0
+        return out.expand(x.shape[0], 1, *x.shape[2:]).clone()
+
+
+def test_split_pieces_leaves_a_flood_only_its_connected_part() -> None:
+    """The canvas keeps the reference's object (every voxel of the flood's box at or above the threshold), so the
+    stray cube is part of the flood's object; with ``split_pieces`` it is a component of 8 voxels, under the
+    minimum size, and left unsegmented before any join or fill."""
+    image = np.zeros((21, 21, 21), np.uint8)
+    base = InferenceConfig(fov=(11, 11, 11), deltas=(3, 3, 3), min_segment_size=20, max_seed_distance=0)
+    canvas = Canvas(BallAndStrayModel(), image, base.fov, base.deltas, **base.canvas_kwargs())
+    canvas.segment_all([(10, 10, 10)])
+    raw, _ = pieces_and_scores(canvas, base)
+    split, _ = pieces_and_scores(canvas, InferenceConfig(**{**base.__dict__, "split_pieces": True}))
+    assert raw[5, 5, 5] == raw[10, 10, 10] == 1  # the stray cube at the first FOV's corner: the same object
+    assert split[10, 10, 10] == 1 and split[5, 5, 5] == 0
+    assert int((raw == 1).sum()) - int((split == 1).sum()) == 8
+    assert InferenceConfig.from_mapping({"split_pieces": True}).split_pieces
 
 
 # --------------------------------------------------------------------------- checkpoint + command

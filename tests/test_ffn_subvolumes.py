@@ -159,14 +159,16 @@ def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -
     assert unjoined["joined_pairs"] == 0 and raw["voi_split"] > single["voi_split"] + 0.3
 
 
-def test_bounded_floods_agglomerated_after_reconciling_match_one_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("split_pieces", [False, True])
+def test_bounded_floods_agglomerated_after_reconciling_match_one_process(tmp_path: Path, split_pieces: bool) -> None:
     """The demo's kind of inference (bounded floods, then agglomeration by the FFN's mutual claims and the
     watershed fill) in 8 pieces: the pieces only flood, and agglomeration and fill run after reconciling, so
-    the result matches one process though objects are cut into many floods across the borders."""
+    the result matches one process though objects are cut into many floods across the borders. With
+    ``split_pieces`` (the demo's) each piece splits its floods' objects into connected parts before reconciling."""
     image, labels = painted_volume()
     cfg = InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=20, seed_policy="grid",
                           seed_args={"step": 6, "offsets": (0, 3)}, max_seed_distance=4, agglomerate_threshold=0.5,
-                          watershed_fill=True)
+                          watershed_fill=True, split_pieces=split_pieces)
     whole = evaluate_segmentation(segment_volume(OracleModel(), image, cfg), labels)
     floods = evaluate_segmentation(segment_volume(OracleModel(), image, replace(cfg, agglomerate_threshold=0.0)),
                                    labels)

@@ -373,3 +373,33 @@ def test_bare_seed_steps_may_use_a_smaller_fov() -> None:
         small.update(torch.zeros(2, 1, 7, 7, 7))
     with pytest.raises(ValueError, match="no larger than fov"):
         ExampleStream(image, labels, iter(coords), StreamConfig(fov=(7, 7, 7), deltas=(2, 2, 2), single_fov=(9, 9, 9)))
+
+
+def test_dilations_reach_the_model_and_its_checkpoint_and_bad_ones_name_the_key(tmp_path: Path) -> None:
+    """model_args.dilations builds a dilated ConvStack3D in the task, is written into the checkpoint's model_args,
+    and inference rebuilds the same network from it (a dilated model's weights fit an undilated one too, so only
+    equal outputs show the dilations arrived)."""
+    from hpctrain.errors import ConfigError
+    from hpctrain.ffn.inference import load_model
+    from hpctrain.ffn.task import FFNTask, model_config
+    from hpctrain.models.task import TaskContext
+
+    assert model_config({"depth": 3}).get("dilations") is None  # absent: the reference's network
+    with pytest.raises(ConfigError, match="2 values for depth 3"):
+        model_config({"depth": 3, "dilations": [1, 2, 2]})
+    with pytest.raises(ConfigError, match="model_args"):
+        model_config({"depth": 3, "dilations": [1, 0]})
+
+    ctx = TaskContext(model_args={"depth": 3, "features": 4, "fov": 7, "deltas": 1, "dilations": [1, 2]},
+                      data={"train": {"synthetic": {"shape": [20, 24, 24], "seed": 3}}, "margin": 4},
+                      batch_per_rank=1, seed=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("cpu"))
+    task = FFNTask(ctx)
+    assert [m.dilation for m in task.model.residual_a] == [(1, 1, 1), (2, 2, 2)]
+    assert task.model_args["dilations"] == [1, 2]
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": task.model.state_dict(), "model_args": task.model_args}, path)
+    loaded, _, _ = load_model(path)
+    assert [m.dilation for m in loaded.residual_b] == [(1, 1, 1), (2, 2, 2)]
+    x = torch.randn(1, 2, 7, 7, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), task.model.eval()(x.contiguous(memory_format=torch.channels_last_3d)))

@@ -129,3 +129,25 @@ def test_a_wrong_tune_value_is_refused_by_jobs_validate(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "hpctrain", "jobs", "validate", str(job)], cwd=REPO,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert proc.returncode != 0 and "data.eval.tune.move_threshold" in proc.stdout + proc.stderr
+
+
+def test_a_tuning_volume_is_checked_like_the_training_volume(tmp_path: Path) -> None:
+    """data.eval.tune.volume: a synthetic volume or image + labels files, checked by jobs validate before any
+    work — a missing file names its key (``--check-paths``: the files are read where the job runs), and both
+    kinds at once are refused."""
+    for name in ("missing", "both", "synthetic"):
+        (tmp_path / name).mkdir()
+    missing = _job(tmp_path / "missing", {"move_threshold": [0.8], "volume": {"image": f"{tmp_path}/nope.h5:image",
+                                                                  "labels": f"{tmp_path}/nope.h5:labels"}})
+    both = _job(tmp_path / "both", {"move_threshold": [0.8], "volume": {"synthetic": {"shape": [8, 8, 8]},
+                                                               "image": f"{tmp_path}/nope.h5:image"}})
+    for job, key in ((missing, "data.eval.tune.volume.image"), (both, "data.eval.tune.volume")):
+        proc = subprocess.run([sys.executable, "-m", "hpctrain", "jobs", "validate", str(job), "--check-paths"],
+                              cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert proc.returncode != 0 and key in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+        assert "Traceback" not in proc.stderr
+    synthetic = _job(tmp_path / "synthetic",
+                     {"move_threshold": [0.8], "volume": {"synthetic": {"shape": [16, 24, 24], "seed": 7}}})
+    proc = subprocess.run([sys.executable, "-m", "hpctrain", "jobs", "validate", str(synthetic)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -81,10 +81,14 @@ def _synthetic(spec: dict[str, Any], shape: tuple[int, int, int] | None, out: Pa
 
 def make_volumes(job_data: dict[str, Any], out: Path, shape: tuple[int, int, int] | None = None,
                  more: bool = False) -> dict[str, str]:
-    """Write the training and held-out synthetic volumes (deterministic by seed) as HDF5; ``shape``
-    replaces the volumes' shapes (a quick run); ``more`` adds the extra held-out seeds and the
-    generalisation condition (the held-out volume's settings otherwise)."""
+    """Write the training and held-out synthetic volumes (deterministic by seed) as HDF5, and the validation
+    volume of ``data.eval.tune.volume`` where it is synthetic; ``shape`` replaces the volumes' shapes (a quick
+    run); ``more`` adds the extra held-out seeds and the generalisation condition (the held-out volume's
+    settings otherwise)."""
     paths = {role: _synthetic(job_data[role]["synthetic"], shape, out, role) for role in ("train", "eval")}
+    tune_volume = ((job_data["eval"].get("tune") or {}).get("volume") or {}).get("synthetic")
+    if tune_volume is not None:  # the labelled validation volume the inference thresholds are chosen on
+        paths["validation"] = _synthetic(tune_volume, shape, out, "validation")
     if more:
         held_out = {k: v for k, v in job_data["eval"]["synthetic"].items() if k != "seed"}
         for seed in EXTRA_SEEDS:
@@ -186,23 +190,41 @@ def segment_and_score(checkpoint: str, volume: str, out: Path, settings: dict[st
     return summary, score(seg, np.asarray(load_volume(f"{volume}:labels")))
 
 
-def tune_on_training_volume(checkpoint: str, train_volume: str, settings: dict[str, Any], tuning: Any,
-                            threads: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The job's ``data.eval.tune`` candidates tried on a central crop of the training volume with this run's
-    model (``ffn/tuning.py``); returns (the held-out settings with the chosen values, a record of the choice)."""
+def tuning_volume(tuning: Any, volumes: dict[str, str]) -> tuple[str, str, str]:
+    """(image spec, labels spec, name) of the volume the thresholds are chosen on: ``data.eval.tune.volume``
+    (the demo's synthetic validation volume, or files), else the training volume."""
+    source = tuning.volume
+    if source is not None and source.synthetic is None:
+        return _spec_text(source.image), _spec_text(source.labels), "validation volume"
+    name = "validation" if source is not None else "train"
+    return f"{volumes[name]}:image", f"{volumes[name]}:labels", f"{'validation' if source else 'training'} volume"
+
+
+def _spec_text(spec: Any) -> str:
+    return spec if isinstance(spec, str) else f"{spec.path}:{spec.dataset}" if spec.dataset else spec.path
+
+
+def tune_thresholds(checkpoint: str, volumes: dict[str, str], settings: dict[str, Any], tuning: Any,
+                    threads: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job's ``data.eval.tune`` candidates tried with this run's model on (a central crop of) its validation
+    volume, or the training volume where it names none (``ffn/tuning.py``); returns (the held-out settings with
+    the chosen values, a record of the choice)."""
     from hpctrain.ffn.tuning import tune_checkpoint
 
-    record = tune_checkpoint(checkpoint, f"{train_volume}:image", f"{train_volume}:labels", settings, tuning.grid(),
-                             tuning.crop, threads=threads, say=_say)
-    _say(f"chosen (lowest VOI on the training volume): {record['chosen']}, in {record['seconds']:.0f} s")
+    image, labels, where = tuning_volume(tuning, volumes)
+    record = tune_checkpoint(checkpoint, image, labels, settings, tuning.grid(), tuning.crop, threads=threads,
+                             say=_say)
+    record["volume"] = where
+    _say(f"chosen (lowest VOI on the {where}): {record['chosen']}, in {record['seconds']:.0f} s")
     return {**settings, **record["chosen"]}, record
 
 
 def settings_text(settings: dict[str, Any], tuned: dict[str, Any]) -> str:
-    """The thresholds the held-out segmentation used, and whether they were chosen on the training volume."""
+    """The thresholds the held-out segmentation used, and where they were chosen."""
     keys = ("move_threshold", "segment_threshold", "agglomerate_threshold")
     text = ", ".join(f"{k} {settings[k]}" for k in keys if k in settings)
-    return f"{text or 'the default settings'}{' (chosen on the training volume)' if tuned else ''}"
+    where = f" (chosen on the {tuned.get('volume', 'training volume')})" if tuned else ""
+    return f"{text or 'the default settings'}{where}"
 
 
 def training_seconds(metrics_path: Path) -> dict[int, float]:
@@ -347,10 +369,12 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
          f"FOV {job.model_args.get('fov')}, {ranks} ranks x batch {job.train.batch_per_rank}, {total_steps} steps")
 
     volumes = make_volumes(dict(job.data), out / "data", volume_shape, more)
-    held_out = [name for name in volumes if name != "train"]
+    held_out = [name for name in volumes if name not in ("train", "validation")]
     if finished:
         _say(f"scoring the checkpoint of {finished} (no training)")
-    _say(f"synthetic volumes: {volumes['train']} (training), {', '.join(volumes[n] for n in held_out)} (held out)")
+    validation = f", {volumes['validation']} (validation)" if "validation" in volumes else ""
+    _say(f"synthetic volumes: {volumes['train']} (training){validation}, "
+         f"{', '.join(volumes[n] for n in held_out)} (held out)")
 
     cfg = model_config(job.model_args)
     train_data = {"train": {"image": f"{volumes['train']}:image", "labels": f"{volumes['train']}:labels"}}
@@ -389,7 +413,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     tuning = inference_tuning(dict(job.data))
     tuned: dict[str, Any] = {}
     if tuning is not None:
-        settings, tuned = tune_on_training_volume(checkpoint, volumes["train"], settings, tuning, seg_threads)
+        settings, tuned = tune_thresholds(checkpoint, volumes, settings, tuning, seg_threads)
     segmentation = out / "heldout_segmentation.h5"
     summary, ffn_scores = segment_and_score(checkpoint, volumes["eval"], segmentation, settings, seg_threads)
     _say(f"segmented the held-out volume with {settings_text(settings, tuned)}: {summary['objects']} objects, "

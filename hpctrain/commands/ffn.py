@@ -53,9 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_finish.set_defaults(handler=cmd_segment_parts)
 
     p_tune = sub.add_parser("tune", help="choose the inference thresholds for a trained checkpoint on a labelled "
-                            "volume (its training volume): the candidates of the job's data.eval.tune")
+                            "volume (a validation volume, or its training volume): the candidates of the job's "
+                            "data.eval.tune")
     p_tune.add_argument("checkpoint", help="checkpoint file (shared.pt) or a run's checkpoint directory")
-    p_tune.add_argument("image", help="labelled volume's image: FILE.h5:DATASET (e.g. the training volume)")
+    p_tune.add_argument("image", help="labelled volume's image: FILE.h5:DATASET (e.g. a validation volume)")
     p_tune.add_argument("labels", help="its ground truth: FILE.h5:DATASET")
     p_tune.add_argument("--job", required=True, help="FFN job spec: data.eval.inference (the base settings) and "
                         "data.eval.tune (the candidates and the crop)")
@@ -221,7 +222,8 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
             on_ranks("finish-parts", plan_path, ranks, threads)
         else:
             finish_parts(plan_path, 0, 1, threads=threads)
-        summary = assemble(plan, parts, output, shape, settings.agglomerate_threshold, attrs=attrs)
+        summary = assemble(plan, parts, output, shape, settings.agglomerate_threshold, attrs=attrs,
+                           linkage=settings.linkage)
         summary["joined_pairs"] = int((parts / "reconciled.txt").read_text())
     if not keep_parts:
         shutil.rmtree(parts)

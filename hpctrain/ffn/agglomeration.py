@@ -11,6 +11,7 @@ is not a join. The bare-seed answer is the FFN's best-trained skill (docs/ffn.md
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -140,12 +141,66 @@ def mutual_claims(seg: np.ndarray, predict_bare: Callable[[list[Position]], np.n
     return scores
 
 
-def agglomerate(seg: np.ndarray, scores: Mapping[tuple[int, int], float], threshold: float) -> np.ndarray:
-    """``seg`` with the objects of every pair scoring ``>= threshold`` joined under the smallest id."""
+LINKAGES = ("single", "average")
+
+
+def join_groups(scores: Mapping[tuple[int, int], float], threshold: float, linkage: str = "single") -> UnionFind:
+    """Which pieces become one object, from the scores of the pairs in contact.
+
+    ``single``: every pair scoring ``>= threshold`` is joined, transitively (one high score joins two objects
+    whatever else their pieces say). ``average``: groups are joined best first while the *mean* score of the
+    pairs between two groups is ``>= threshold`` (average-linkage agglomeration): a group is one object's pieces
+    so far, and one leaky pair among several low-scoring ones between two large groups no longer joins them.
+    """
+    if linkage not in LINKAGES:
+        raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")
     union = UnionFind()
+    if linkage == "single":
+        for (a, b), score in scores.items():
+            if score >= threshold:
+                union.union(a, b)
+        return union
+    total: dict[tuple[int, int], float] = {}
+    count: dict[tuple[int, int], int] = {}
+    neighbours: dict[int, set[int]] = {}
     for (a, b), score in scores.items():
-        if score >= threshold:
-            union.union(a, b)
+        if a == b:
+            continue
+        key = (min(a, b), max(a, b))
+        total[key] = total.get(key, 0.0) + float(score)
+        count[key] = count.get(key, 0) + 1
+        neighbours.setdefault(key[0], set()).add(key[1])
+        neighbours.setdefault(key[1], set()).add(key[0])
+    # Best first: (-mean, pair); entries whose mean changed since they were pushed are skipped when popped.
+    heap = [(-total[k] / count[k], k) for k in total]
+    heapq.heapify(heap)
+    while heap:
+        negative_mean, key = heapq.heappop(heap)
+        if key not in total or -negative_mean != total[key] / count[key]:
+            continue
+        if -negative_mean < threshold:
+            break
+        keep, gone = key  # the group of the smaller root id absorbs the other
+        union.union(keep, gone)
+        del total[key], count[key]
+        neighbours[keep].discard(gone)
+        for other in neighbours.pop(gone):
+            if other == keep:
+                continue
+            old, new = (min(gone, other), max(gone, other)), (min(keep, other), max(keep, other))
+            total[new] = total.get(new, 0.0) + total.pop(old)
+            count[new] = count.get(new, 0) + count.pop(old)
+            neighbours[other].discard(gone)
+            neighbours[other].add(keep)
+            neighbours[keep].add(other)
+            heapq.heappush(heap, (-total[new] / count[new], new))
+    return union
+
+
+def agglomerate(seg: np.ndarray, scores: Mapping[tuple[int, int], float], threshold: float,
+                linkage: str = "single") -> np.ndarray:
+    """``seg`` with the objects that ``join_groups`` puts together joined under the smallest id."""
+    union = join_groups(scores, threshold, linkage)
     if not union.parent:
         return seg
     ids = np.unique(seg)

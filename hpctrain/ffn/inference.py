@@ -57,6 +57,34 @@ def clear_dust(seg: np.ndarray, min_size: int) -> np.ndarray:
     return seg
 
 
+def split_disconnected(seg: np.ndarray, min_size: int = 1) -> np.ndarray:
+    """Every object's 6-connected components as objects of their own (ids 1..N, in order of the objects' ids),
+    components under ``min_size`` voxels set to 0 (google/ffn ``segmentation.clean_up`` with ``split_cc`` and
+    ``min_size``). 0 stays 0."""
+    from scipy import ndimage
+
+    out = np.zeros(seg.shape, dtype=np.int64)
+    next_id = 0
+    ids = np.unique(seg[seg > 0])
+    if not len(ids):
+        return out.astype(np.uint32)
+    dense = np.searchsorted(ids, seg) + 1
+    dense[seg <= 0] = 0
+    for index, box in enumerate(ndimage.find_objects(dense)):
+        if box is None:
+            continue
+        components, count = ndimage.label(dense[box] == index + 1)  # 6-connected (the default structure)
+        sizes = np.bincount(components.ravel(), minlength=count + 1)
+        keep = np.flatnonzero(sizes[1:] >= min_size) + 1
+        table = np.zeros(count + 1, dtype=np.int64)
+        table[keep] = np.arange(next_id + 1, next_id + 1 + len(keep))
+        next_id += len(keep)
+        view = out[box]
+        inside = components > 0
+        view[inside] = table[components[inside]]
+    return out.astype(np.uint32 if next_id < 2**32 else np.uint64)
+
+
 def make_labels_contiguous(seg: np.ndarray) -> np.ndarray:
     """Renumber ids to 1..N in order of first id, keeping 0 as 0 (``segmentation.make_labels_contiguous``)."""
     ids, inverse = np.unique(seg, return_inverse=True)
@@ -483,6 +511,16 @@ class InferenceConfig:
     agglomerate_threshold: float = 0.0
     min_contact: int = 20
     watershed_fill: bool = False
+    # Not in the reference's canvas (its segmentation.clean_up does it): after the floods, every object is split
+    # into its 6-connected components and those under ``min_segment_size`` voxels are left unsegmented, before
+    # pieces are joined or filled. A flood's object is every voxel of its box at or above the segment threshold,
+    # connected to the seed or not: stray voxels inside a neighbour would otherwise join their flood's piece to
+    # the neighbour (its bare seeds sit in the neighbour and claim it).
+    split_pieces: bool = False
+    # How scored pairs become joins (``agglomeration.join_groups``): "single" joins every pair at or above
+    # ``agglomerate_threshold``, transitively; "average" joins groups of pieces best first while the mean score of
+    # the pairs between them reaches it, so one leaky pair cannot join two objects that other pairs keep apart.
+    linkage: str = "single"
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "inference config") -> InferenceConfig:
@@ -581,6 +619,8 @@ def pieces_and_scores(canvas: Canvas, cfg: InferenceConfig) -> tuple[np.ndarray,
     """The flooded canvas's objects (ids 1..N) and, when ``cfg`` agglomerates, the mutual-claim score of every
     pair of them in contact (``agglomeration.mutual_claims``): what any join threshold is applied to."""
     labels = canvas.labels()
+    if cfg.split_pieces:
+        labels = split_disconnected(labels, cfg.min_segment_size)
     if cfg.agglomerate_threshold <= 0:
         return labels, {}
     pairs = sorted(contact_pairs(labels, min_voxels=cfg.min_contact))
@@ -594,7 +634,7 @@ def join_and_fill(image: np.ndarray, pieces: np.ndarray, scores: Mapping[tuple[i
     grown by ``expand_labels`` as ``cfg`` says."""
     labels = pieces
     if cfg.agglomerate_threshold > 0:
-        joined = agglomerate(pieces, scores, cfg.agglomerate_threshold)
+        joined = agglomerate(pieces, scores, cfg.agglomerate_threshold, cfg.linkage)
         if counters is not None:
             counters["agglomeration_joins"] = (len(np.unique(pieces[pieces > 0]))
                                                - len(np.unique(joined[joined > 0])))

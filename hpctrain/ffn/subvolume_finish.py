@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from hpctrain.errors import DataError
-from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, mutual_claims, watershed_fill
+from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, join_groups, mutual_claims, watershed_fill
 from hpctrain.ffn.subvolumes import Subvolume, mine, read_plan, renumbering, write_cores
 
 OVERSEGMENTATION = "oversegmentation.h5"
@@ -167,12 +167,12 @@ def finish_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads
 
 
 def assemble(plan: Sequence[Subvolume], parts_dir: Path, out_path: str | Path, shape: Sequence[int],
-             threshold: float, attrs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Join the pairs scoring ``>= threshold`` and write the finished cores as one segmentation (ids 1..N)."""
+             threshold: float, attrs: dict[str, Any] | None = None, linkage: str = "single") -> dict[str, Any]:
+    """Join the scored pairs as ``agglomeration.join_groups`` says (every pair's score, from whichever piece
+    scored it, in one place) and write the finished cores as one segmentation (ids 1..N)."""
     import h5py
 
-    union = UnionFind()
-    scored = joined = 0
+    scores: dict[tuple[int, int], float] = {}
     present: set[int] = set()
     for sub in plan:
         path = finished_path(parts_dir, sub)
@@ -183,10 +183,10 @@ def assemble(plan: Sequence[Subvolume], parts_dir: Path, out_path: str | Path, s
             ds = f["segmentation"]
             present.update(np.unique(ds[()]).tolist())
             for a, b, score in json.loads(ds.attrs["scores"]) if "scores" in ds.attrs else []:
-                scored += 1
-                if threshold > 0 and score >= threshold:
-                    union.union(int(a), int(b))
-                    joined += 1
+                scores[(int(a), int(b))] = float(score)
+    union = join_groups(scores, threshold, linkage) if threshold > 0 else UnionFind()
+    scored = len(scores)
+    joined = sum(union.find(a) == union.find(b) for a, b in scores)
     present.discard(0)
     table, objects = renumbering(union, present)
     file = write_cores(out_path, shape, plan, lambda sub: table[_read(finished_path(parts_dir, sub), ())], attrs)

@@ -53,9 +53,13 @@ def _args(model_args: Mapping[str, Any] | FFNModelArgs) -> FFNModelArgs:
 
 
 def model_config(model_args: Mapping[str, Any] | FFNModelArgs) -> dict[str, Any]:
-    """ConvStack3D arguments (depth, features, fov, deltas) from the spec's model_args, validated."""
+    """ConvStack3D arguments (depth, features, fov, deltas; dilations when given) from the spec's model_args,
+    validated."""
     args = _args(model_args)
-    return {"depth": args.depth, "features": args.features, "fov": args.fov, "deltas": args.deltas}
+    cfg: dict[str, Any] = {"depth": args.depth, "features": args.features, "fov": args.fov, "deltas": args.deltas}
+    if args.dilations is not None:
+        cfg["dilations"] = list(args.dilations)
+    return cfg
 
 
 def stream_options(model_args: Mapping[str, Any] | FFNModelArgs, batch_per_rank: int = 1) -> dict[str, Any]:
@@ -148,7 +152,7 @@ class FFNTask(TrainingTask):
         self.clip = args.clip
         self.boundary_weight, self.boundary_radius = args.boundary_weight, args.boundary_radius
         torch.manual_seed(ctx.seed)
-        self.model = ConvStack3D(depth=args.depth, features=args.features, fov=self.fov)
+        self.model = ConvStack3D(depth=args.depth, features=args.features, fov=self.fov, dilations=args.dilations)
         if ctx.device.type == "cpu":
             # Channels-last weights + oneDNN convolutions: ~15-40 % faster steps, the same float32 sums up to
             # their order (docs/ffn_speed.md); state_dict keys and checkpoints are unchanged.

@@ -1,10 +1,12 @@
-"""Inference thresholds chosen for one trained model on a labelled volume (its training volume).
+"""Inference thresholds chosen for one trained model on a labelled volume (a validation volume, or its training
+volume).
 
 How confident a trained FFN is inside an object differs from one training run to the next (another seed, another
 CPU's float summation order): a move threshold that lets one model's floods grow stops another's at its seed,
 and a join threshold that separates one model's pair scores merges another's. So, as the watershed baseline's
-parameters are, the thresholds are chosen per model on the training volume: every candidate segments (a central
-crop of) it and the lowest VOI against its labels wins. Candidates that differ only in how the pieces are joined
+parameters are, the thresholds are chosen per model on labelled data: every candidate segments (a central crop
+of) a labelled volume — best a validation volume in the condition the model will segment, else its training
+volume — and the lowest VOI against its labels wins. Candidates that differ only in how the pieces are joined
 (``agglomerate_threshold``) share one flood and one set of pair scores, so they cost no model calls.
 """
 

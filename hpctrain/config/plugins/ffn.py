@@ -79,6 +79,9 @@ class FFNModelArgs(Strict):
 
     depth: int = Field(9, ge=1, description="Convolution modules (ConvStack3D depth)")
     features: int = Field(32, ge=1, description="Feature maps per convolution")
+    dilations: Annotated[tuple[int, ...], BeforeValidator(_as_tuple)] | None = Field(
+        None, description="Dilation of each residual module's convolutions, depth - 1 values >= 1 (default: all 1, "
+        "the reference); the receptive field grows by 4 x dilation per module at the same cost")
     fov: FovSize = Field((33, 33, 33), description="Field of view (z, y, x), odd sizes; one integer for a cube")
     deltas: Offsets = Field((8, 8, 8), description="FOV movement step (z, y, x)")
     fov_policy: Literal["fixed", "max_pred_moves"] = Field("fixed", description="--fov_policy")
@@ -96,6 +99,13 @@ class FFNModelArgs(Strict):
                                    "the seed object's edge in the FOV (0: google/ffn's unweighted loss)")
     boundary_radius: int = Field(2, ge=1, le=8, description="Voxels from the object's edge that boundary_weight "
                                  "weights, on either side")
+
+    @model_validator(mode="after")
+    def _dilations_match_depth(self) -> FFNModelArgs:
+        if self.dilations is not None and (len(self.dilations) != self.depth - 1 or min(self.dilations, default=1) < 1):
+            raise ValueError(f"dilations {list(self.dilations)} needs one value >= 1 per residual module: "
+                             f"{self.depth - 1} values for depth {self.depth}")
+        return self
 
     @model_validator(mode="after")
     def _single_fov_fits(self) -> FFNModelArgs:
@@ -219,6 +229,8 @@ class InferenceSettings(Strict):
     agglomerate_threshold: Annotated[float, Field(ge=0, le=1)] | None = None
     min_contact: int | None = Field(None, ge=0)
     watershed_fill: bool | None = None
+    split_pieces: bool | None = None
+    linkage: Literal["single", "average"] | None = None
 
 
 def _candidates(values: tuple[float, ...]) -> tuple[float, ...]:
@@ -231,16 +243,20 @@ Candidates = Annotated[tuple[Fraction, ...], BeforeValidator(_as_tuple), AfterVa
 
 
 class InferenceTuning(Strict):
-    """``data.eval.tune``: inference thresholds chosen for each trained model on the training volume
-    (``hpctrain.ffn.tuning``): every combination of the candidates segments a central crop of ``data.train``
-    and the lowest VOI against its labels wins (``hpctrain demo``, ``hpctrain ffn tune``)."""
+    """``data.eval.tune``: inference thresholds chosen for each trained model on a labelled volume
+    (``hpctrain.ffn.tuning``): every combination of the candidates segments (a central crop of) ``volume`` —
+    ``data.train`` when it is not given — and the lowest VOI against its labels wins (``hpctrain demo``,
+    ``hpctrain ffn tune``)."""
 
     move_threshold: Candidates | None = Field(None, description="candidate move thresholds")
     segment_threshold: Candidates | None = Field(None, description="candidate segment thresholds")
     agglomerate_threshold: Candidates | None = Field(None, description="candidate join thresholds (no model "
                                                                        "calls: applied to one flood's pair scores)")
-    crop: Shape | None = Field(None, description="central crop of the training volume segmented per candidate "
+    crop: Shape | None = Field(None, description="central crop of the volume segmented per candidate "
                                                  "(default: all of it)")
+    volume: _VolumeSource | None = Field(None, description="labelled volume the candidates are tried on, like "
+                                         "data.train (default: the training volume); a validation volume in the "
+                                         "condition the model will segment chooses better")
 
     @model_validator(mode="after")
     def _something(self) -> InferenceTuning:
@@ -296,6 +312,8 @@ class FFNSchema(ModelSchema):
 
     def data_paths(self, args: FFNModelArgs, data: FFNData) -> dict[str, str]:
         paths = {**volume_paths("data.train", data.train), **volume_paths("data.eval", data.eval)}
+        if data.eval is not None and data.eval.tune is not None:
+            paths.update(volume_paths("data.eval.tune.volume", data.eval.tune.volume))
         if data.coordinates:
             paths["data.coordinates"] = data.coordinates
         return paths
