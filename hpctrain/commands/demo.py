@@ -190,18 +190,14 @@ def segment_and_score(checkpoint: str, volume: str, out: Path, settings: dict[st
     return summary, score(seg, np.asarray(load_volume(f"{volume}:labels")))
 
 
-def tuning_volume(tuning: Any, volumes: dict[str, str]) -> tuple[str, str, str]:
+def tuning_volume(tuning: Any, volumes: dict[str, str]) -> tuple[Any, Any, str]:
     """(image spec, labels spec, name) of the volume the thresholds are chosen on: ``data.eval.tune.volume``
-    (the demo's synthetic validation volume, or files), else the training volume."""
+    (files, or the demo's synthetic validation volume), else the training volume."""
     source = tuning.volume
     if source is not None and source.synthetic is None:
-        return _spec_text(source.image), _spec_text(source.labels), "validation volume"
-    name = "validation" if source is not None else "train"
-    return f"{volumes[name]}:image", f"{volumes[name]}:labels", f"{'validation' if source else 'training'} volume"
-
-
-def _spec_text(spec: Any) -> str:
-    return spec if isinstance(spec, str) else f"{spec.path}:{spec.dataset}" if spec.dataset else spec.path
+        return source.image, source.labels, "validation volume"
+    name, where = ("validation", "validation volume") if source is not None else ("train", "training volume")
+    return f"{volumes[name]}:image", f"{volumes[name]}:labels", where
 
 
 def tune_thresholds(checkpoint: str, volumes: dict[str, str], settings: dict[str, Any], tuning: Any,

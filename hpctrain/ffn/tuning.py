@@ -102,16 +102,20 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
     {"chosen": {key: value}, "crop": [z, y, x], "rows": every candidate's scores, "seconds": wall time}.
     ``settings``: the base inference settings (a job's ``data.eval.inference``)."""
     from hpctrain.ffn.inference import prepare_inference
-    from hpctrain.ffn.volume import load_volume
+    from hpctrain.ffn.volume import open_volume
 
     t0 = time.perf_counter()
     model, base, _ = prepare_inference(checkpoint, dict(settings) if settings else None, threads=threads)
-    image, labels = load_volume(image_spec), load_volume(labels_spec)
-    box = central_crop(image.shape, crop)
+    with open_volume(image_spec) as image_volume, open_volume(labels_spec) as labels_volume:
+        if tuple(image_volume.shape) != tuple(labels_volume.shape):
+            raise DataError(f"tuning image {tuple(image_volume.shape)} and labels {tuple(labels_volume.shape)} "
+                            "differ in shape")
+        box = central_crop(image_volume.shape, crop)
+        image, labels = np.asarray(image_volume[box]), np.asarray(labels_volume[box])
     shape = [b.stop - b.start for b in box]
     if say:
         say(f"choosing the inference thresholds on {'x'.join(map(str, shape))} voxels at the volume's centre, "
             f"candidates {dict(grid)}:")
-    chosen, rows = tune_inference(model, np.asarray(image[box]), np.asarray(labels[box]), base, grid, say=say)
+    chosen, rows = tune_inference(model, image, labels, base, grid, say=say)
     return {"chosen": {key: getattr(chosen, key) for key in grid}, "crop": shape, "rows": rows,
             "seconds": round(time.perf_counter() - t0, 1)}
