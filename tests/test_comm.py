@@ -58,8 +58,8 @@ def test_collectives_under_mpiexec(n: int, backend: str) -> None:
 def test_mpich_wheel_on_one_node_starts_without_ucx_unless_the_user_chose(chosen: dict[str, str],
                                                                          tmp_path: Path) -> None:
     """MPICH's UCX netmod exchanges every transport's address at MPI_Init (it once failed there under srun);
-    on one node hpctrain starts the wheel's MPICH over libfabric's shared memory instead. A transport the user
-    chose (here UCX_TLS) is left alone."""
+    on one node hpctrain starts the wheel's MPICH over libfabric's tcp provider on loopback instead. A transport
+    the user chose (here UCX_TLS) is left alone."""
     import json
 
     env = {**_clean_env(), **chosen}
@@ -70,11 +70,50 @@ def test_mpich_wheel_on_one_node_starts_without_ucx_unless_the_user_chose(chosen
     assert sorted(r["rank"] for r in reports) == [0, 1] and all(r["sum"] == [2.0] * 3 for r in reports)
     for r in reports:
         if chosen:
-            assert r["set"] == {"MPICH_CH4_NETMOD": None, "FI_PROVIDER": None}
+            assert r["set"] == {"MPICH_CH4_NETMOD": None, "FI_PROVIDER": None, "FI_TCP_IFACE": None}
             assert r["ucx_transports"], r  # UCX came up, as the user asked
         else:
-            assert r["set"] == {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"}
+            assert r["set"] == {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo"}
             assert r["ucx_transports"] == [] and "async" not in r["threads"], r  # UCX never initialised
+
+
+NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
+PID_WORKER = str(ROOT / "tests" / "mp_helpers" / "mpi_pid_worker.py")
+
+
+def _run_with_pids_across_a_power_of_ten(env_extra: dict[str, str], tmp_path: Path) -> tuple[
+        subprocess.CompletedProcess[str], list[int], Path]:
+    """Runs 3 ranks whose PIDs have different numbers of digits (e.g. 9999 and 10000): the kernel hands out the
+    PID after the one written to ns_last_pid. Other processes (the other xdist worker) can take PIDs in
+    between, so it tries until the ranks' PIDs straddle a power of ten."""
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    boundaries = [b for b in (10_000, 1_000, 100_000) if b < pid_max]
+    for attempt in range(12):
+        out_dir = tmp_path / f"try-{attempt}"
+        out_dir.mkdir(parents=True)
+        NS_LAST_PID.write_text(str(boundaries[attempt % len(boundaries)] - 4))
+        out = subprocess.run([MPIEXEC, "-n", "3", PY, PID_WORKER, str(out_dir)], capture_output=True, text=True,
+                             timeout=120, env={**_clean_env(), **env_extra}, cwd=ROOT)
+        pids = [int(p.read_text()) for p in sorted(out_dir.glob("pid-*"))]
+        if len(pids) == 3 and len({len(str(p)) for p in pids}) > 1:
+            return out, pids, out_dir
+    pytest.fail("could not start 3 ranks whose PIDs straddle a power of ten in 12 tries")
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif(not os.access(NS_LAST_PID, os.W_OK), reason="setting the next PID needs root (ns_last_pid)")
+def test_mpi_init_works_when_the_ranks_pids_have_different_lengths(tmp_path: Path) -> None:
+    """The regression behind a CI failure: with libfabric's shm provider (hpctrain's one-node setting until
+    2026-11-26) a rank's address is "fi_shm://<pid>:<uid>:<n>", whose length follows its PID's digits, and
+    MPICH's address exchange at MPI_Init aborted ("Message truncated") when the ranks' PIDs straddled a power of
+    ten. The second half shows the test can tell: the same run with FI_PROVIDER=shm still fails that way."""
+    out, pids, out_dir = _run_with_pids_across_a_power_of_ten({}, tmp_path / "hpctrain")
+    assert out.returncode == 0, (pids, out.stderr[-3000:])
+    assert sorted(p.read_text() for p in out_dir.glob("ok-*")) == ["3 tcp"] * 3
+
+    out, pids, _ = _run_with_pids_across_a_power_of_ten({"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"},
+                                                         tmp_path / "shm")
+    assert out.returncode != 0 and "truncated" in out.stderr, (pids, out.stderr[-3000:])
 
 
 def test_one_node_settings_only_for_the_wheel_on_one_node_without_a_user_choice() -> None:
@@ -84,6 +123,7 @@ def test_one_node_settings_only_for_the_wheel_on_one_node_without_a_user_choice(
     assert one_node_settings(hydra, wheel=True) == ONE_NODE_WHEEL
     assert one_node_settings(hydra, wheel=False) == {}
     assert one_node_settings({**hydra, "FI_PROVIDER": "tcp"}, wheel=True) == {}
+    assert one_node_settings({**hydra, "FI_TCP_IFACE": "eth0"}, wheel=True) == {}
     assert one_node_settings({**hydra, "MPI4PY_LIBMPI": "/opt/site/libmpi.so"}, wheel=True) == {}
     two_nodes = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "0",
                  "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "2"}

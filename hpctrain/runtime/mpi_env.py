@@ -1,10 +1,16 @@
-"""What MPI must be told before ``MPI_Init``: the PyPI mpich wheel on one node runs over shared memory only.
+"""What MPI must be told before ``MPI_Init``: the PyPI mpich wheel on one node starts over loopback TCP.
 
 The wheel's MPICH (ch4, built with the UCX and libfabric netmods) starts UCX by default, and UCX exchanges the
 address of every transport at ``MPI_Init`` even when all ranks share one node. That exchange failed once here
 under ``srun --mpi=pmi2`` ("UCX ERROR failed to unpack address, invalid bandwidth 0.00", also reported as
-pmodels/mpich#7417). On one node no network is needed: the libfabric netmod with its shared-memory provider
-starts without it. A site's own MPI (mpi4py built against it) and multi-node jobs are left as they are.
+pmodels/mpich#7417). On one node the libfabric netmod is used instead, with its ``tcp`` provider on the loopback
+interface. Not libfabric's shared-memory provider (``shm``): its address is the string ``fi_shm://<pid>:<uid>:<n>``,
+whose length follows the number of digits in the rank's PID, and MPICH's address exchange at ``MPI_Init`` assumes
+every rank's address has the length of its own. A job whose ranks' PIDs straddle a power of ten (9999 and 10000,
+or a PID counter wrapping from 32767 to 300) aborted in ``MPI_Init`` with "Message truncated"
+(tests/test_comm.py sets the PIDs to show it). A TCP address is a fixed-size ``sockaddr_in``. Messages between the
+ranks go through MPICH's own shared memory either way (ch4's posix module), not through the netmod.
+A site's own MPI (mpi4py built against it) and multi-node jobs are left as they are.
 """
 
 from __future__ import annotations
@@ -19,10 +25,11 @@ from types import ModuleType
 
 from hpctrain.launch_env import detect_launch_env
 
-# MPICH reads MPICH_CH4_NETMOD (MPIR_CVAR_CH4_NETMOD) and libfabric reads FI_PROVIDER during MPI_Init.
-ONE_NODE_WHEEL = {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"}
+# MPICH reads MPICH_CH4_NETMOD (MPIR_CVAR_CH4_NETMOD), libfabric reads FI_PROVIDER and FI_TCP_IFACE during MPI_Init.
+ONE_NODE_WHEEL = {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo"}
 # Any of these set by the user or the site means they chose the transport: hpctrain then sets nothing.
-USER_CHOICES = ("MPICH_CH4_NETMOD", "MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "UCX_TLS", "MPI4PY_LIBMPI")
+USER_CHOICES = ("MPICH_CH4_NETMOD", "MPIR_CVAR_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE", "UCX_TLS",
+                "MPI4PY_LIBMPI")
 
 
 def mpich_wheel_in_use(prefix: str = sys.exec_prefix) -> bool:

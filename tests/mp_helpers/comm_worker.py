@@ -113,7 +113,7 @@ def transport(out_dir: str) -> None:
         ucx_transports = sorted({line.rsplit("/", 1)[-1].strip() for line in f if "libuct_" in line})
     report = {"rank": comm.rank, "sum": t.tolist(), "ucx_transports": ucx_transports,
               "threads": sorted(native_threads()),
-              "set": {k: os.environ.get(k) for k in ("MPICH_CH4_NETMOD", "FI_PROVIDER")}}
+              "set": {k: os.environ.get(k) for k in ("MPICH_CH4_NETMOD", "FI_PROVIDER", "FI_TCP_IFACE")}}
     comm.close()
     # One file per rank: lines two ranks print at once can reach mpiexec's stdout joined on one line.
     with open(os.path.join(out_dir, f"rank-{report['rank']}.json"), "w") as f:
