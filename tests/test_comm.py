@@ -134,6 +134,29 @@ def test_one_node_settings_only_for_the_wheel_on_one_node_without_a_user_choice(
     assert not mpich_wheel_in_use(prefix="/nonexistent")
 
 
+def test_no_gloo_thread_outlives_train(tmp_path: Path) -> None:
+    """train() as `hpctrain run` runs it (model, optimizer, reducer, checkpoints), then close(): none of gloo's
+    native threads may be left for interpreter shutdown, where they made a rank die in std::terminate (exit 134)
+    once in a few full-suite runs. They were left before 2026-11-26: the trainer's first optimizer imported
+    torch.distributed.nn.functional after the group existed, and its default arguments kept the group."""
+    import yaml
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "threads", "model": "tests.mp_helpers.trainer_models:tiny", "model_args": {"seed": 0},
+        "data": {"synthetic": {"input_shape": [6], "outputs": 2, "samples": 40}},
+        "train": {"steps": 4, "batch_per_rank": 4, "lr": 0.05, "optimizer": {"name": "sgd", "momentum": 0.9},
+                  "collective_timeout_s": 30, "seed": 3},
+        "checkpoint": {"every_steps": 2, "keep": 2},
+    }))
+    argv = [PY, "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", "2", "--",
+            PY, WORKER, "train", str(spec), str(tmp_path / "run")]
+    out = _run(argv, 300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    for r in (0, 1):
+        assert f"rank {r}: trained to step 4; gloo threads left: []" in out.stdout, out.stdout[-3000:]
+
+
 def test_collectives_gloo_under_torchrun() -> None:
     argv = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), WORKER, "collectives", "gloo"]
     out = _run(argv, 120)

@@ -467,6 +467,14 @@ class TorchDistCommunicator(_WatchedCommunicator):
         self.device_type = DEVICE_TYPE.get(backend, "cpu")
         if self.device_type != "cpu":
             make_current(pick_device(1, backend, env.local_rank))
+        # A module that reads the default group when it is imported keeps that group for ever:
+        # torch.distributed.nn.functional puts `group.WORLD` into its functions' default arguments, and
+        # torch._dynamo imports it, which the first torch.optim optimizer does (lazily: after this group exists).
+        # The group then outlived destroy_process_group() in close(), its native threads ran on into interpreter
+        # shutdown and a rank could die in std::terminate (exit 134) after its last checkpoint. Imported now,
+        # while no group exists, those defaults are None (docs/runtime.md, "Closing").
+        import torch.distributed.nn.functional  # noqa: F401
+
         # Our watchdog must fire before the back-end's own timeout so the message names the missing rank.
         dist.init_process_group(
             backend, store=dist.PrefixStore("pg/", self._store), rank=self.rank, world_size=self.size,

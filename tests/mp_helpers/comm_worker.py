@@ -4,6 +4,7 @@
 ``python comm_worker.py collectives BACKEND``     checks every collective against hand-computed values, and
                                                   that closing stops the back-end's native threads
 ``python comm_worker.py hang BACKEND TIMEOUT R``  rank R sleeps before collective #3; the job must abort
+``python comm_worker.py train SPEC RUN_DIR``      runs train() (gloo), then prints which gloo threads are left
 ``python comm_worker.py transport DIR``           writes DIR/rank-R.json: how MPI was started (the variables
                                                   hpctrain set, whether UCX was brought up: thread, transports)
 """
@@ -26,6 +27,9 @@ from hpctrain.runtime.comm import make_communicator  # noqa: E402
 
 def collectives(backend: str) -> None:
     comm = make_communicator(backend, timeout_s=60)
+    # As the trainer does: its first optimizer imports torch._dynamo, and with it torch.distributed.nn.functional,
+    # after the group exists (that import once kept the group, and its threads, alive past close()).
+    torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
     r, n = comm.rank, comm.size
     t = torch.full((5,), float(r + 1))
     comm.allreduce_(t)
@@ -93,6 +97,19 @@ def native_threads() -> set[str]:
     return names
 
 
+def train_then_threads(spec: str, run_dir: str) -> None:
+    """``train()`` as ``hpctrain run`` calls it, then: which of gloo's threads are still running."""
+    from pathlib import Path
+
+    from hpctrain.config.job import load_job
+    from hpctrain.runtime.trainer import train
+
+    outcome = train(load_job(spec), Path(run_dir), backend="gloo")
+    left = GLOO_THREADS & native_threads()
+    print(f"rank {detect_launch_env(os.environ).rank}: trained to step {outcome.end_step}; gloo threads left: "
+          f"{sorted(left)}", flush=True)
+
+
 def hang(backend: str, timeout_s: float, stuck: int) -> None:
     comm = make_communicator(backend, timeout_s=timeout_s)
     t = torch.ones(8)
@@ -128,6 +145,8 @@ def main(argv: list[str]) -> None:
         collectives(argv[1])
     elif argv[0] == "transport":
         transport(argv[1])
+    elif argv[0] == "train":
+        train_then_threads(argv[1], argv[2])
     elif argv[0] == "hang":
         hang(argv[1], float(argv[2]), int(argv[3]))
     else:
