@@ -60,6 +60,41 @@ def test_synthetic_objects_are_separated_by_darker_membranes() -> None:
     assert 0.6 < best < 0.95
 
 
+def _membrane_dip(image: np.ndarray, labels: np.ndarray) -> float:
+    """Mean of (brightness of the membrane voxel's nearest object, away from its edges) - (the voxel's own)."""
+    from scipy import ndimage
+
+    img, membrane = image.astype(np.float64), labels == 0
+    _, idx = ndimage.distance_transform_edt(membrane, return_indices=True)
+    nearest = labels[idx[0], idx[1], idx[2]][membrane]
+    inner = np.where(ndimage.distance_transform_edt(~membrane) >= 3, labels, 0)
+    with np.errstate(invalid="ignore"):  # objects with no voxel 3 from their edge have no mean (NaN)
+        means = ndimage.mean(img, inner, np.arange(labels.max() + 1))
+    return float(np.nanmean(means[nearest] - img[membrane]))
+
+
+def test_membrane_on_neighbours_makes_faint_membranes_equally_faint_in_every_volume() -> None:
+    """By default every membrane voxel starts from label 0's random brightness, so a faint membrane (all of them
+    here: faint_fraction 1) is anywhere from invisible to clearly darker depending on the volume's seed; with
+    membrane_on_neighbours it is darker than its own objects by the same contrast in every volume, and the
+    objects (labels) do not change."""
+    from hpctrain.config.plugins.ffn import SyntheticVolume
+
+    spec = SyntheticVolume(shape=(24, 48, 48), seed=0, faint_fraction=1.0, noise_sigma=0.0,
+                           membrane_on_neighbours=True)
+    default, on = [], []
+    for seed in range(6):
+        kw = {**spec.options(), "membrane_on_neighbours": False}
+        image, labels = make_synthetic_volume(spec.shape, seed, **kw)
+        image_on, labels_on = make_synthetic_volume(spec.shape, seed, **spec.options())
+        assert np.array_equal(labels, labels_on)
+        default.append(_membrane_dip(image, labels))
+        on.append(_membrane_dip(image_on, labels_on))
+    assert min(default) < 2 and max(default) - min(default) > 10, default  # seed 0: invisible
+    assert all(6 < d < 13 for d in on), on  # 15 % of 90 grey levels, less what the blur takes
+
+
+
 def test_write_hdf5_and_load_volume_roundtrip(tmp_path: Path, small: tuple[np.ndarray, np.ndarray]) -> None:
     image, labels = small
     path = write_hdf5(tmp_path / "vol.h5", image, labels)

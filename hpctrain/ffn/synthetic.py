@@ -49,6 +49,7 @@ def make_synthetic_volume(
     noise_sigma: float = 8.0,
     shading: float = 0.0,
     membrane_width: int = 2,
+    membrane_on_neighbours: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return ``(image uint8, labels uint32)`` of ``shape`` (z, y, x), deterministic in ``seed``.
 
@@ -61,6 +62,13 @@ def make_synthetic_volume(
     ``membrane_contrast``) over a ``faint_fraction`` of their area, Gaussian blur, Gaussian noise and optional
     ``shading`` (a smooth brightness field across the volume). ``membrane_width`` (2, 4, 6, ... voxels) thickens
     the membranes symmetrically; cell sizes follow from ``neurites`` (default: one per 15 000 voxels).
+
+    ``membrane_on_neighbours`` (off by default, so every volume of earlier runs stays the same): the brightness a
+    membrane voxel is darkened from is that of the nearest object, so a membrane is ``membrane_contrast`` (times
+    ``faint_contrast`` where faint) darker than the objects it separates. Off, every membrane voxel starts from
+    one brightness drawn like an object's (that of label 0), so the membranes' real contrast differs from volume
+    to volume by that draw: where faint they can be as bright as their objects (held-out seed 2: 3.5 grey levels
+    darker, seed 3: 0.2) or clearly darker (seed 5: 23), docs/ffn.md.
     """
     if membrane_width < 2 or membrane_width % 2:
         raise ValueError(f"membrane_width must be an even number of voxels >= 2, got {membrane_width}")
@@ -112,7 +120,12 @@ def make_synthetic_volume(
     labels = labels.reshape(shape).astype(np.uint32)
 
     base = rng.uniform(150.0, 200.0, size=int(labels.max()) + 1).astype(np.float32)
-    image = base[labels] + 10.0 * _smooth_noise(rng, shape, 1.5)
+    if membrane_on_neighbours:  # no random draw: the volume's other features stay those of the default
+        _, nearest = ndimage.distance_transform_edt(membrane, return_indices=True)
+        image = base[labels[nearest[0], nearest[1], nearest[2]]]
+    else:
+        image = base[labels]
+    image = image + 10.0 * _smooth_noise(rng, shape, 1.5)
     specks = _smooth_noise(rng, shape, 1.0) > 2.6
     image[specks & ~membrane] -= 0.6 * membrane_contrast
     # Membrane contrast varies smoothly; where the field is low the membrane is nearly invisible.
