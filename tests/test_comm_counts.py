@@ -115,10 +115,13 @@ def test_one_setting_orders_every_timeout() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(300)
-def test_rank_0_address_comes_over_mpi_and_a_late_rank_0_is_a_message_not_a_hang() -> None:
+def test_rank_0_address_comes_over_mpi_and_a_late_rank_0_is_a_message_not_a_hang(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         # Ranks leave with os._exit after printing: without auto-cleanup hydra does not kill the others meanwhile.
-        argv = [MPIEXEC, "-disable-auto-cleanup", "-n", "3", sys.executable, WORKER, "rendezvous", *args]
+        sync_dir = tmp_path / "-".join(args)
+        sync_dir.mkdir()
+        argv = [MPIEXEC, "-disable-auto-cleanup", "-n", "3", sys.executable, WORKER, "rendezvous", *args,
+                str(sync_dir)]
         return subprocess.run(argv, capture_output=True, text=True, timeout=150, cwd=ROOT, env=_clean_env())
 
     ok = run("60", "0", "address")

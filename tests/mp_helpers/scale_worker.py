@@ -9,9 +9,11 @@
                                                    table rows it was dealt (rows-R.npy)
 ``python scale_worker.py checkpoint ROOT``        per-node checkpoint files over gloo: two saves, a corrupt member,
                                                    a failed save; writes result-R.json and this rank's record
-``python scale_worker.py rendezvous TIMEOUT DELAY STAGE``  rank 0 is DELAY s late to MPI_Init (STAGE init) or
-                                                   to the address broadcast (address); every rank prints the
-                                                   address it got over MPI or the error that ended its wait
+``python scale_worker.py rendezvous TIMEOUT DELAY STAGE DIR``  rank 0 is DELAY s late to MPI_Init (STAGE init:
+                                                   late after the others wrote DIR/waiting-R, just before they
+                                                   entered it) or to the address broadcast (address); every rank
+                                                   prints the address it got over MPI or the error that ended its
+                                                   wait
 """
 
 from __future__ import annotations
@@ -56,8 +58,9 @@ def counts(backend: str, run_dir: str) -> None:
     print(counters.write_record(run_dir, r, n, **work_counts.sections()), flush=True)
 
 
-def rendezvous(timeout_s: float, delay_s: float, stage: str) -> None:
+def rendezvous(timeout_s: float, delay_s: float, stage: str, sync_dir: str) -> None:
     import time
+    from pathlib import Path
 
     from hpctrain.errors import RuntimeFailure
     from hpctrain.launch_env import detect_launch_env
@@ -65,8 +68,18 @@ def rendezvous(timeout_s: float, delay_s: float, stage: str) -> None:
     from hpctrain.runtime.mpi_env import import_mpi
 
     env = detect_launch_env(os.environ)
-    if stage == "init" and env.rank == 0:
-        time.sleep(delay_s)
+    if stage == "init":
+        # Rank 0 is late counting from when the others enter MPI_Init, not from the launch: on a loaded machine a
+        # rank's start-up (interpreter, imports) once took longer than the delay, and it then met rank 0 in
+        # MPI_Init instead of waiting there for it.
+        waiting = [Path(sync_dir) / f"waiting-{r}" for r in range(1, env.size)]
+        if env.rank == 0:
+            deadline = time.monotonic() + 120
+            while not all(p.exists() for p in waiting) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(delay_s)
+        else:
+            waiting[env.rank - 1].touch()
     import_mpi(timeout_s=timeout_s if stage == "init" else 120.0)  # MPI_Init alone may take seconds here
     if stage == "address" and env.rank == 0:
         time.sleep(delay_s)
@@ -169,4 +182,4 @@ if __name__ == "__main__":
     elif sys.argv[1] == "checkpoint":
         checkpoint(sys.argv[2])
     else:
-        rendezvous(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4])
+        rendezvous(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5])
