@@ -16,8 +16,9 @@ A site's own MPI (mpi4py built against it) and multi-node jobs are left as they 
 from __future__ import annotations
 
 import os
+import signal
 import sys
-import threading
+import time
 from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
@@ -62,24 +63,43 @@ def import_mpi(environ: Mapping[str, str] | None = None, timeout_s: float | None
     if "mpi4py.MPI" not in sys.modules:
         os.environ.update(one_node_settings(os.environ if environ is None else environ, mpich_wheel_in_use()))
         if timeout_s is not None:
-            timer = threading.Timer(timeout_s, _init_too_slow, args=(timeout_s,))
-            timer.daemon = True
-            timer.start()
+            watcher = _start_init_watcher(timeout_s)
             try:
                 from mpi4py import MPI
             finally:
-                timer.cancel()
+                _stop_init_watcher(watcher)
             return MPI
     from mpi4py import MPI
 
     return MPI
 
 
-def _init_too_slow(timeout_s: float) -> None:
+def _start_init_watcher(timeout_s: float) -> int:
+    """A child process that, unless stopped first, says after ``timeout_s`` that this rank's ``MPI_Init`` has not
+    completed and ends the rank (SIGKILL: its launcher then ends the others). Not a thread: mpi4py calls
+    ``MPI_Init_thread`` holding the GIL, so no Python thread of this process runs until ``MPI_Init`` returns —
+    a timer thread fired only once the late rank had arrived, and lost the race to a cancel now and then
+    (docs/runtime.md)."""
     from hpctrain.launch_env import rank_label
 
-    print(f"hpctrain: error: rank {rank_label(os.environ)}: MPI_Init did not complete within {timeout_s:g} s: a rank "
-          "of this job has not started (slow start-up from the shared file system?); raise "
-          "train.collective_timeout_s or stage the environment to node-local storage (docs/scaling.md)",
-          file=sys.stderr, flush=True)
-    os._exit(1)
+    message = (f"hpctrain: error: rank {rank_label(os.environ)}: MPI_Init did not complete within {timeout_s:g} s: "
+               "a rank of this job has not started (slow start-up from the shared file system?); raise "
+               "train.collective_timeout_s or stage the environment to node-local storage (docs/scaling.md)\n")
+    rank_pid = os.getpid()
+    child = os.fork()
+    if child == 0:  # only sleep, write and kill here: nothing of the parent's state is used
+        try:
+            time.sleep(timeout_s)
+            os.write(2, message.encode())
+            os.kill(rank_pid, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    return child
+
+
+def _stop_init_watcher(child: int) -> None:
+    try:
+        os.kill(child, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(child, 0)
