@@ -59,7 +59,8 @@ def import_mpi(environ: Mapping[str, str] | None = None, timeout_s: float | None
     """``mpi4py.MPI`` (importing it calls ``MPI_Init``), after putting what ``one_node_settings`` asks for
     into this process's environment; ``environ`` (default ``os.environ``) is where the launcher's variables
     are read. ``MPI_Init`` waits for every rank of the job: with ``timeout_s`` a rank still waiting after that
-    long says so and exits (its launcher then ends the others) instead of waiting for ever."""
+    long says so and is ended by its watcher process (its launcher then ends the others) instead of waiting for
+    ever."""
     if "mpi4py.MPI" not in sys.modules:
         os.environ.update(one_node_settings(os.environ if environ is None else environ, mpich_wheel_in_use()))
         if timeout_s is not None:
