@@ -119,3 +119,20 @@ def catch_early_signals(stop_signal: str = "USR2") -> None:
             _signal.signal(signal_number(name), lambda signum, _frame: EARLY_SIGNALS.append(signum))
         except (ValueError, OSError):  # not the main thread, or a name this platform lacks
             continue
+
+
+def ignore_late_signals(stop_signal: str = "USR2") -> None:
+    """Ignore walltime/preemption signals from now on: the run has finished, or stopped after its checkpoint.
+
+    Call it when training returns. Python gives every signal it handles back to the default action before it
+    tears the interpreter down (``_PySignal_Fini`` runs before modules and native libraries are freed, which takes
+    a while with torch and gloo loaded), so a walltime signal that arrives then kills a rank whose work is done:
+    the launcher reports "killed by SIGUSR2", a finished run is recorded as failed, and a stopped one exits 140
+    instead of asking for its requeue. An ignored signal stays ignored through the teardown. TERM stays as it is
+    unless it is the stop signal: a scheduler's TERM still ends a rank that hangs in teardown.
+    """
+    for name in {stop_signal, "USR1", "USR2"}:
+        try:
+            _signal.signal(signal_number(name), _signal.SIG_IGN)
+        except (ValueError, OSError):  # not the main thread, or a name this platform lacks
+            continue

@@ -89,6 +89,10 @@ def make_volumes(job_data: dict[str, Any], out: Path, shape: tuple[int, int, int
     tune_volume = ((job_data["eval"].get("tune") or {}).get("volume") or {}).get("synthetic")
     if tune_volume is not None:  # the labelled validation volume the inference thresholds are chosen on
         paths["validation"] = _synthetic(tune_volume, shape, out, "validation")
+    fit_volume = ((((job_data["eval"].get("tune") or {}).get("fit_joins") or {}).get("volume") or {})
+                  .get("synthetic"))
+    if fit_volume is not None:  # a labelled volume of its own for the join model (the training volume otherwise)
+        paths["join_fit"] = _synthetic(fit_volume, shape, out, "join_fit")
     if more:
         held_out = {k: v for k, v in job_data["eval"]["synthetic"].items() if k != "seed"}
         for seed in EXTRA_SEEDS:
@@ -208,10 +212,19 @@ def tune_thresholds(checkpoint: str, volumes: dict[str, str], settings: dict[str
     from hpctrain.ffn.tuning import tune_checkpoint
 
     image, labels, where = tuning_volume(tuning, volumes)
+    fit_on = None
+    if tuning.fit_joins is not None:  # the join model is fitted on the training volume unless it names another
+        source = tuning.fit_joins.volume
+        if source is not None and source.synthetic is None:
+            fit_on = (source.image, source.labels, tuning.fit_joins.crop)
+        else:
+            name = "join_fit" if source is not None else "train"
+            fit_on = (f"{volumes[name]}:image", f"{volumes[name]}:labels", tuning.fit_joins.crop)
     record = tune_checkpoint(checkpoint, image, labels, settings, tuning.grid(), tuning.crop, threads=threads,
-                             say=_say)
+                             say=_say, fit_on=fit_on, fit_required=False)
     record["volume"] = where
-    _say(f"chosen (lowest VOI on the {where}): {record['chosen']}, in {record['seconds']:.0f} s")
+    shown = {k: v for k, v in record["chosen"].items() if k != "join_model"}
+    _say(f"chosen (lowest VOI on the {where}): {shown}, in {record['seconds']:.0f} s")
     return {**settings, **record["chosen"]}, record
 
 
@@ -220,7 +233,8 @@ def settings_text(settings: dict[str, Any], tuned: dict[str, Any]) -> str:
     keys = ("move_threshold", "segment_threshold", "agglomerate_threshold")
     text = ", ".join(f"{k} {settings[k]}" for k in keys if k in settings)
     where = f" (chosen on the {tuned.get('volume', 'training volume')})" if tuned else ""
-    return f"{text or 'the default settings'}{where}"
+    joins = ", pairs joined by the fitted join model" if settings.get("join_model") else ""
+    return f"{text or 'the default settings'}{where}{joins}"
 
 
 def training_seconds(metrics_path: Path) -> dict[int, float]:

@@ -62,6 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "data.eval.tune (the candidates and the crop)")
     p_tune.add_argument("--crop", type=int, nargs=3, metavar=("Z", "Y", "X"), default=None,
                         help="central crop of the volume to segment per candidate (default: data.eval.tune.crop)")
+    p_tune.add_argument("--fit-joins", nargs=2, metavar=("IMAGE", "LABELS"), default=None,
+                        help="fit a join model (hpctrain.ffn.join_model) on this labelled volume first, e.g. the "
+                             "training volume (default: data.eval.tune.fit_joins's volume, else data.train, when the "
+                             "job has data.eval.tune.fit_joins); --json prints it as chosen.join_model")
     p_tune.add_argument("--threads", type=int, default=None, help="threads (default: all CPUs of this process)")
     p_tune.add_argument("--json", action="store_true")
     p_tune.set_defaults(handler=cmd_tune)
@@ -277,16 +281,45 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                "agglomerate_threshold: [0.6, 0.7, 0.8]}")
     record = tune_checkpoint(resolve_checkpoint(args.checkpoint), args.image, args.labels,
                              inference_settings(dict(job.data)), tuning.grid(), args.crop or tuning.crop,
-                             threads=args.threads or available_cpus())
+                             threads=args.threads or available_cpus(), fit_on=join_fit_volume(args, job, tuning))
     if args.json:
-        print_json({"chosen": record["chosen"], "rows": record["rows"]})
+        print_json({"chosen": record["chosen"], "rows": record["rows"],
+                    **({"join_fit": record["join_fit"]} if "join_fit" in record else {})})
         return 0
     print_table(["settings", "VOI", "split", "merge", "adapted Rand", "segments"],
                 [[", ".join(f"{k} {v}" for k, v in r["settings"].items()), f"{r['voi']:.3f}", f"{r['voi_split']:.3f}",
                   f"{r['voi_merge']:.3f}", f"{r['adapted_rand_error']:.3f}", str(r["segments"])]
                  for r in record["rows"]])
-    print("chosen (lowest VOI): " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in record["chosen"].items()))
+    print("chosen (lowest VOI): " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in record["chosen"].items()
+                                             if k != "join_model"))
+    fit = record.get("join_fit") or {}
+    if "pairs" in fit:
+        print(f"join model fitted on {fit['pairs']} pairs ({fit['one_object']} one object), weights {fit['coef']}; "
+              "--json prints it for data.eval.inference.join_model")
     return 0
+
+
+def join_fit_volume(args: argparse.Namespace, job: Any, tuning: Any) -> tuple[str, str, Any] | None:
+    """(image, labels, crop) the join model is fitted on: --fit-joins, else the job's data.eval.tune.fit_joins
+    volume or data.train (files; a synthetic one is the demo's to write); None when neither asks for one."""
+    from hpctrain.errors import ConfigError
+
+    fit = tuning.fit_joins
+    if args.fit_joins:
+        return args.fit_joins[0], args.fit_joins[1], fit.crop if fit is not None else None
+    if fit is None:
+        return None
+    if fit.volume is not None:
+        image, labels = fit.volume.image, fit.volume.labels
+    else:
+        train = dict(job.data).get("train") or {}
+        image, labels = train.get("image"), train.get("labels")
+    if not image or not labels:
+        raise ConfigError("data.eval.tune.fit_joins needs a labelled volume with image and labels files",
+                          key="data.eval.tune.fit_joins",
+                          hint="pass --fit-joins IMAGE LABELS (e.g. the training volume's FILE.h5:image and "
+                               "FILE.h5:labels)")
+    return str(image), str(labels), fit.crop
 
 
 def baseline_scores(image_spec: str, labels: Any, train: tuple[str, str] | None) -> dict[str, dict[str, Any]]:

@@ -35,7 +35,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import faulthandler
     import logging
 
-    from hpctrain.checkpoint.signals import catch_early_signals
+    from hpctrain.checkpoint.signals import catch_early_signals, ignore_late_signals
     from hpctrain.config.job import load_job
     from hpctrain.errors import HpctrainError
     from hpctrain.exit_codes import EXIT_REQUEUE
@@ -59,6 +59,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from hpctrain.runtime.trainer import train
 
         outcome = train(job, run_dir, backend=args.backend, check_sync_every=args.check_sync)
+        # Finished or stopped after its checkpoint: a walltime signal during the teardown must not kill the rank.
+        ignore_late_signals(os.environ.get("HPCTRAIN_STOP_SIGNAL", "USR2"))
         _write_counters(run_dir)
     except HpctrainError as exc:
         print(f"hpctrain: error: rank {_rank()}: {exc}", file=sys.stderr, flush=True)

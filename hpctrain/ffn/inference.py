@@ -521,6 +521,10 @@ class InferenceConfig:
     # ``agglomerate_threshold``, transitively; "average" joins groups of pieces best first while the mean score of
     # the pairs between them reaches it, so one leaky pair cannot join two objects that other pairs keep apart.
     linkage: str = "single"
+    # Not in the reference (None = off): a logistic model over each claimed pair's features (the claim, and what the
+    # image shows between the two pieces: ``join_model.FEATURES``), fitted on a labelled volume's pieces
+    # (``JoinModel.as_dict``); its probability that the pair is one object replaces the claim as the pair's score.
+    join_model: dict[str, Any] | None = None
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "inference config") -> InferenceConfig:
@@ -535,6 +539,10 @@ class InferenceConfig:
         for key in ("fov", "deltas", "min_boundary_dist"):
             if key in kwargs:
                 kwargs[key] = _triple(kwargs[key], key)
+        if kwargs.get("join_model") is not None:
+            from hpctrain.ffn.join_model import JoinModel
+
+            kwargs["join_model"] = JoinModel.from_mapping(kwargs["join_model"], f"{where}: join_model").as_dict()
         return cls(**kwargs)
 
     def canvas_kwargs(self) -> dict[str, Any]:
@@ -616,8 +624,15 @@ def _finish(canvas: Canvas, cfg: InferenceConfig) -> np.ndarray:
 
 
 def pieces_and_scores(canvas: Canvas, cfg: InferenceConfig) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
-    """The flooded canvas's objects (ids 1..N) and, when ``cfg`` agglomerates, the mutual-claim score of every
-    pair of them in contact (``agglomeration.mutual_claims``): what any join threshold is applied to."""
+    """The flooded canvas's objects (ids 1..N) and, when ``cfg`` agglomerates, the score of every pair of them in
+    contact (``pair_scores``): what any join threshold is applied to."""
+    labels, claims = pieces_and_claims(canvas, cfg)
+    return labels, pair_scores(canvas.image, labels, claims, cfg)
+
+
+def pieces_and_claims(canvas: Canvas, cfg: InferenceConfig) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
+    """The flooded canvas's objects (ids 1..N; split into connected pieces where ``cfg.split_pieces``) and, when
+    ``cfg`` agglomerates, the mutual bare-seed claim of every two of them in contact (``mutual_claims``)."""
     labels = canvas.labels()
     if cfg.split_pieces:
         labels = split_disconnected(labels, cfg.min_segment_size)
@@ -626,6 +641,16 @@ def pieces_and_scores(canvas: Canvas, cfg: InferenceConfig) -> tuple[np.ndarray,
     pairs = sorted(contact_pairs(labels, min_voxels=cfg.min_contact))
     canvas.counters["agglomeration_pairs"] = len(pairs)
     return labels, mutual_claims(labels, canvas.predict_bare, canvas.fov, canvas.segment_logit, pairs)
+
+
+def pair_scores(image: np.ndarray, pieces: np.ndarray, claims: Mapping[tuple[int, int], float],
+                cfg: InferenceConfig) -> dict[tuple[int, int], float]:
+    """The score each claimed pair is joined by: its claim, or ``cfg.join_model``'s probability."""
+    if cfg.join_model is None:
+        return dict(claims)
+    from hpctrain.ffn.join_model import JoinModel, join_scores
+
+    return join_scores(image, pieces, claims, JoinModel.from_mapping(cfg.join_model))
 
 
 def join_and_fill(image: np.ndarray, pieces: np.ndarray, scores: Mapping[tuple[int, int], float],

@@ -102,8 +102,9 @@ def assign_pairs(plan: Sequence[Subvolume], parts_dir: Path, shape: Sequence[int
 
 def finish_piece(model: Any, config: Any, image: np.ndarray, seg: np.ndarray,
                  pairs: Sequence[Sequence[int]]) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
-    """One piece: (its box filled, with the ids of ``seg``; the mutual-claim score of each of ``pairs``)."""
-    from hpctrain.ffn.inference import Canvas
+    """One piece: (its box filled, with the ids of ``seg``; the score of each of ``pairs``: its mutual claim, or
+    the join model's probability, from what the piece's box holds of the two)."""
+    from hpctrain.ffn.inference import Canvas, pair_scores
 
     ids, local = np.unique(seg, return_inverse=True)  # small local ids: object boxes are a list as long as the
     local = local.reshape(seg.shape).astype(np.int64)  # largest id
@@ -114,8 +115,8 @@ def finish_piece(model: Any, config: Any, image: np.ndarray, seg: np.ndarray,
     todo = [(position[int(a)], position[int(b)]) for a, b in pairs if int(a) in position and int(b) in position]
     if config.agglomerate_threshold > 0 and todo:
         canvas = Canvas(model, image, config.fov, config.deltas, **config.canvas_kwargs())
-        for (a, b), score in mutual_claims(local, canvas.predict_bare, canvas.fov, canvas.segment_logit,
-                                           todo).items():
+        claims = mutual_claims(local, canvas.predict_bare, canvas.fov, canvas.segment_logit, todo)
+        for (a, b), score in pair_scores(image, local, claims, config).items():
             scores[(int(ids[a]), int(ids[b]))] = score
     if config.watershed_fill:
         local = watershed_fill(image, local)

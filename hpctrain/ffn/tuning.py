@@ -28,7 +28,8 @@ from hpctrain.ffn.inference import (
     InferenceConfig,
     _segmentation,
     join_and_fill,
-    pieces_and_scores,
+    pair_scores,
+    pieces_and_claims,
     run_requests,
 )
 
@@ -58,6 +59,42 @@ def candidates(grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*values)]
 
 
+def flood_pieces(model: Any, image: np.ndarray,
+                 cfg: InferenceConfig) -> tuple[np.ndarray, dict[tuple[int, int], float], Canvas]:
+    """One segmentation's floods of ``image``: (its pieces, the mutual claim of each pair in contact, the canvas)."""
+    canvas = Canvas(model, image, cfg.fov, cfg.deltas, **cfg.canvas_kwargs())
+    run_requests(_segmentation(canvas, cfg, None), canvas.predict)
+    pieces, claims = pieces_and_claims(canvas, cfg)
+    return pieces, claims, canvas
+
+
+def fit_joins(model: Any, image: np.ndarray, labels: np.ndarray, base: InferenceConfig, *,
+              say: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Flood ``image`` with ``base``'s settings, label each claimed pair of pieces one object or two from
+    ``labels`` and fit ``join_model.fit_join_model`` to them: (the model as ``JoinModel.as_dict``, a record)."""
+    from hpctrain.ffn.join_model import fit_join_model, training_pairs
+
+    if image.shape != labels.shape:
+        raise DataError(f"join-fitting image {image.shape} and labels {labels.shape} differ in shape")
+    t0 = time.perf_counter()
+    cfg = dataclasses.replace(base, agglomerate_threshold=max(base.agglomerate_threshold, 0.5), join_model=None)
+    pieces, claims, _ = flood_pieces(model, image, cfg)
+    x, y, w = training_pairs(image, pieces, labels, claims)
+    try:
+        fitted = fit_join_model(x, y, w)
+    except ValueError as e:
+        raise DataError(f"cannot fit the join model on this volume: {e}",
+                        hint="fit on a larger labelled volume (data.eval.tune.fit_joins.crop) with several "
+                             "objects") from e
+    record = {"pairs": len(y), "one_object": int(y.sum()), "pieces": int(pieces.max(initial=0)),
+              "coef": dict(zip(fitted.features, [round(c, 3) for c in fitted.coef], strict=True)),
+              "seconds": round(time.perf_counter() - t0, 1)}
+    if say:
+        say(f"join model fitted on {record['pairs']} pairs of {record['pieces']} pieces "
+            f"({record['one_object']} one object) in {record['seconds']:.0f} s; weights {record['coef']}")
+    return fitted.as_dict(), record
+
+
 def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: InferenceConfig,
                    grid: Mapping[str, Sequence[float]], *,
                    say: Callable[[str], None] | None = None) -> tuple[InferenceConfig, list[dict[str, Any]]]:
@@ -75,9 +112,8 @@ def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: Infe
         cfg = dataclasses.replace(base, **flood)
         scoring = dataclasses.replace(cfg, agglomerate_threshold=max([cfg.agglomerate_threshold, *joins]))
         t0 = time.perf_counter()
-        canvas = Canvas(model, image, cfg.fov, cfg.deltas, **cfg.canvas_kwargs())
-        run_requests(_segmentation(canvas, cfg, None), canvas.predict)
-        pieces, scores = pieces_and_scores(canvas, scoring)
+        pieces, claims, canvas = flood_pieces(model, image, scoring)
+        scores = pair_scores(image, pieces, claims, scoring)
         flood_seconds = time.perf_counter() - t0
         for join in joins or [cfg.agglomerate_threshold]:
             settings = {**flood, **({"agglomerate_threshold": join} if joins else {})}
@@ -95,27 +131,56 @@ def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: Infe
     return dataclasses.replace(base, **best["settings"]), rows
 
 
+def read_labelled(image_spec: Any, labels_spec: Any, crop: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(image, labels) of a central ``crop`` of a labelled volume; only the crop is read."""
+    from hpctrain.ffn.volume import open_volume
+
+    with open_volume(image_spec) as image_volume, open_volume(labels_spec) as labels_volume:
+        if tuple(image_volume.shape) != tuple(labels_volume.shape):
+            raise DataError(f"image {tuple(image_volume.shape)} and labels {tuple(labels_volume.shape)} "
+                            f"differ in shape ({image_spec}, {labels_spec})")
+        box = central_crop(image_volume.shape, crop)
+        return np.asarray(image_volume[box]), np.asarray(labels_volume[box])
+
+
 def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, settings: Mapping[str, Any] | None,
                     grid: Mapping[str, Sequence[float]], crop: Sequence[int] | None, *, threads: int | None = None,
-                    say: Callable[[str], None] | None = None) -> dict[str, Any]:
+                    say: Callable[[str], None] | None = None,
+                    fit_on: tuple[Any, Any, Sequence[int] | None] | None = None,
+                    fit_required: bool = True) -> dict[str, Any]:
     """``tune_inference`` for a checkpoint on a central ``crop`` of a labelled volume (only the crop is read):
     {"chosen": {key: value}, "crop": [z, y, x], "rows": every candidate's scores, "seconds": wall time}.
-    ``settings``: the base inference settings (a job's ``data.eval.inference``)."""
+    ``settings``: the base inference settings (a job's ``data.eval.inference``). ``fit_on`` = (image spec, labels
+    spec, crop) of a labelled volume (the training volume): a join model is fitted there first (``fit_joins``),
+    used for every candidate and returned as ``chosen["join_model"]``; "join_fit" records the fit. A volume whose
+    floods leave no pairs of both kinds to fit on is an error, or with ``fit_required`` False (a quick demo run's
+    barely trained model) a message, and the pairs are joined by their claims."""
     from hpctrain.ffn.inference import prepare_inference
-    from hpctrain.ffn.volume import open_volume
 
     t0 = time.perf_counter()
     model, base, _ = prepare_inference(checkpoint, dict(settings) if settings else None, threads=threads)
-    with open_volume(image_spec) as image_volume, open_volume(labels_spec) as labels_volume:
-        if tuple(image_volume.shape) != tuple(labels_volume.shape):
-            raise DataError(f"tuning image {tuple(image_volume.shape)} and labels {tuple(labels_volume.shape)} "
-                            "differ in shape")
-        box = central_crop(image_volume.shape, crop)
-        image, labels = np.asarray(image_volume[box]), np.asarray(labels_volume[box])
-    shape = [b.stop - b.start for b in box]
+    fitted: dict[str, Any] = {}
+    if fit_on is not None:
+        fit_image, fit_labels = read_labelled(*fit_on)
+        if say:
+            say(f"fitting the join model on {'x'.join(map(str, fit_image.shape))} voxels of {fit_on[0]}:")
+        try:
+            join_model, fitted = fit_joins(model, fit_image, fit_labels, base, say=say)
+            base = dataclasses.replace(base, join_model=join_model)
+        except DataError as e:
+            if fit_required:
+                raise
+            fitted = {"not_fitted": e.message}
+            if say:
+                say(f"no join model: {e.message}; pairs are joined by their mutual claims")
+    image, labels = read_labelled(image_spec, labels_spec, crop)
+    shape = list(image.shape)
     if say:
         say(f"choosing the inference thresholds on {'x'.join(map(str, shape))} voxels at the volume's centre, "
             f"candidates {dict(grid)}:")
     chosen, rows = tune_inference(model, image, labels, base, grid, say=say)
-    return {"chosen": {key: getattr(chosen, key) for key in grid}, "crop": shape, "rows": rows,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    picked = {key: getattr(chosen, key) for key in grid}
+    if chosen.join_model is not None:
+        picked["join_model"] = chosen.join_model
+    return {"chosen": picked, "crop": shape, "rows": rows, "seconds": round(time.perf_counter() - t0, 1),
+            **({"join_fit": fitted} if fitted else {})}

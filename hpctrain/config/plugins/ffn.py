@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
 from hpctrain.config.common import Strict
 from hpctrain.config.job import JobSpec
@@ -207,6 +207,32 @@ class TrainVolume(_VolumeSource):
     """``data.train``: the labelled training volume."""
 
 
+JOIN_FEATURES = ("claim", "gap", "brightness_difference", "log_contact", "touch", "membrane_dip")
+"""The pair features a join model is over, in order (``hpctrain.ffn.join_model`` computes them)."""
+JOIN_MODEL_KEYS = ("features", "mean", "scale", "coef", "intercept")
+
+
+def join_model_problem(data: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(what is wrong, the fix) with a join model's mapping (``JoinModel.as_dict``), or None when it is whole."""
+    refit = "fit it again (data.eval.tune.fit_joins, or hpctrain ffn tune --fit-joins IMAGE LABELS)"
+    if not isinstance(data, Mapping) or set(data) != set(JOIN_MODEL_KEYS):
+        keys = sorted(data) if isinstance(data, Mapping) else type(data).__name__
+        return f"needs exactly the keys {list(JOIN_MODEL_KEYS)}, got {keys}", \
+            "use the join_model that hpctrain ffn tune --json or hpctrain demo wrote"
+    if list(data["features"] or []) != list(JOIN_FEATURES):
+        return f"is over features {data['features']}; this hpctrain computes {list(JOIN_FEATURES)}", refit
+    try:
+        vectors = [[float(v) for v in data[k]] for k in ("mean", "scale", "coef")]
+        float(data["intercept"])
+    except (TypeError, ValueError):
+        return "mean, scale and coef must be lists of numbers and intercept a number", refit
+    if any(len(v) != len(JOIN_FEATURES) for v in vectors):
+        return f"mean, scale and coef need {len(JOIN_FEATURES)} numbers each, one per feature", refit
+    if min(vectors[1]) <= 0:
+        return f"scale must be positive, got {vectors[1]}", refit
+    return None
+
+
 class InferenceSettings(Strict):
     """``data.eval.inference``: hpctrain.ffn.inference.InferenceConfig keys; unset ones keep its defaults."""
 
@@ -234,6 +260,17 @@ class InferenceSettings(Strict):
     watershed_fill: bool | None = None
     split_pieces: bool | None = None
     linkage: Literal["single", "average"] | None = None
+    join_model: dict[str, Any] | None = Field(None, description="a fitted join model (hpctrain.ffn.join_model."
+                                              "JoinModel.as_dict, as hpctrain ffn tune --json prints it): pairs "
+                                              "are joined by its probability instead of the mutual claim")
+
+    @field_validator("join_model")
+    @classmethod
+    def _join_model(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        problem = join_model_problem(value) if value is not None else None
+        if problem:  # pydantic reports ValueErrors under the key's full path
+            raise ValueError(f"{problem[0]} ({problem[1]})")
+        return value
 
 
 def _candidates(values: tuple[float, ...]) -> tuple[float, ...]:
@@ -243,6 +280,15 @@ def _candidates(values: tuple[float, ...]) -> tuple[float, ...]:
 
 
 Candidates = Annotated[tuple[Fraction, ...], BeforeValidator(_as_tuple), AfterValidator(_candidates)]
+
+
+class JoinFit(Strict):
+    """``data.eval.tune.fit_joins``: a join model (``hpctrain.ffn.join_model``) fitted for each trained model on
+    the pieces of a labelled volume before the thresholds are chosen; the join threshold is then a probability."""
+
+    volume: _VolumeSource | None = Field(None, description="labelled volume to fit on, like data.train (default: "
+                                                           "the training volume)")
+    crop: Shape | None = Field(None, description="central crop of that volume (default: all of it)")
 
 
 class InferenceTuning(Strict):
@@ -260,6 +306,8 @@ class InferenceTuning(Strict):
     volume: _VolumeSource | None = Field(None, description="labelled volume the candidates are tried on, like "
                                          "data.train (default: the training volume); a validation volume in the "
                                          "condition the model will segment chooses better")
+    fit_joins: JoinFit | None = Field(None, description="fit a join model on a labelled volume first and join "
+                                                        "pieces by its probability (candidates: probabilities)")
 
     @model_validator(mode="after")
     def _something(self) -> InferenceTuning:
@@ -317,6 +365,8 @@ class FFNSchema(ModelSchema):
         paths = {**volume_paths("data.train", data.train), **volume_paths("data.eval", data.eval)}
         if data.eval is not None and data.eval.tune is not None:
             paths.update(volume_paths("data.eval.tune.volume", data.eval.tune.volume))
+            if data.eval.tune.fit_joins is not None:
+                paths.update(volume_paths("data.eval.tune.fit_joins.volume", data.eval.tune.fit_joins.volume))
         if data.coordinates:
             paths["data.coordinates"] = data.coordinates
         return paths
