@@ -86,11 +86,11 @@ def make_volumes(job_data: dict[str, Any], out: Path, shape: tuple[int, int, int
     run); ``more`` adds the extra held-out seeds and the generalisation condition (the held-out volume's
     settings otherwise)."""
     paths = {role: _synthetic(job_data[role]["synthetic"], shape, out, role) for role in ("train", "eval")}
-    tune_volume = ((job_data["eval"].get("tune") or {}).get("volume") or {}).get("synthetic")
+    tune = job_data["eval"].get("tune") or {}
+    tune_volume = (tune.get("volume") or {}).get("synthetic")
     if tune_volume is not None:  # the labelled validation volume the inference thresholds are chosen on
         paths["validation"] = _synthetic(tune_volume, shape, out, "validation")
-    fit_volume = ((((job_data["eval"].get("tune") or {}).get("fit_joins") or {}).get("volume") or {})
-                  .get("synthetic"))
+    fit_volume = ((tune.get("fit_joins") or {}).get("volume") or {}).get("synthetic")
     if fit_volume is not None:  # a labelled volume of its own for the join model (the training volume otherwise)
         paths["join_fit"] = _synthetic(fit_volume, shape, out, "join_fit")
     if more:

@@ -12,7 +12,7 @@ is not a join. The bare-seed answer is the FFN's best-trained skill (docs/ffn.md
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -39,16 +39,15 @@ class UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def contact_pairs(seg: np.ndarray, reach: int = 3, min_voxels: int = 20,
-                  counted: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
-    """(smaller id, larger id) -> how many voxel pairs of the two objects lie within ``reach`` voxels of each
-    other along an axis (a membrane is 2 voxels: neighbours across it count); pairs under ``min_voxels`` left out.
-    ``counted`` (a shape): only voxel pairs whose first (lower) voxel lies in ``seg[:counted[0], :counted[1],
-    :counted[2]]`` count, so pieces that each pass their core plus ``reach`` voxels beyond it count every voxel
-    pair of the whole volume exactly once between them."""
+def axis_neighbours(seg: np.ndarray, reach: int,
+                    counted: Sequence[int] | None = None) -> Iterator[tuple[int, int, tuple[slice, ...],
+                                                                             np.ndarray, np.ndarray]]:
+    """Every two voxels of different objects (> 0) ``d`` = 1 … ``reach`` apart along an axis: for each axis and
+    ``d``, (axis, d, the lower voxels' box, the touching mask over it, the keys ``min(a, b) · n + max(a, b)`` with
+    n = seg.max() + 1). The upper voxels' box is the lower one moved by ``d`` along ``axis``. ``counted`` (a shape):
+    only pairs whose lower voxel lies in ``seg[:counted[0], :counted[1], :counted[2]]``."""
     n = int(seg.max(initial=0)) + 1
     limit = [int(c) for c in counted] if counted is not None else list(seg.shape)
-    keys = []
     for axis in range(3):
         for d in range(1, reach + 1):
             if seg.shape[axis] <= d:
@@ -60,7 +59,18 @@ def contact_pairs(seg: np.ndarray, reach: int = 3, min_voxels: int = 20,
             a, b = seg[tuple(lo)], seg[tuple(hi)]
             touch = (a > 0) & (b > 0) & (a != b)
             a, b = a[touch].astype(np.int64), b[touch].astype(np.int64)
-            keys.append(np.minimum(a, b) * n + np.maximum(a, b))
+            yield axis, d, tuple(lo), touch, np.minimum(a, b) * n + np.maximum(a, b)
+
+
+def contact_pairs(seg: np.ndarray, reach: int = 3, min_voxels: int = 20,
+                  counted: Sequence[int] | None = None) -> dict[tuple[int, int], int]:
+    """(smaller id, larger id) -> how many voxel pairs of the two objects lie within ``reach`` voxels of each
+    other along an axis (a membrane is 2 voxels: neighbours across it count); pairs under ``min_voxels`` left out.
+    ``counted`` (a shape): only voxel pairs whose first (lower) voxel lies in ``seg[:counted[0], :counted[1],
+    :counted[2]]`` count, so pieces that each pass their core plus ``reach`` voxels beyond it count every voxel
+    pair of the whole volume exactly once between them."""
+    n = int(seg.max(initial=0)) + 1
+    keys = [k for *_, k in axis_neighbours(seg, reach, counted)]
     if not keys:
         return {}
     found, counts = np.unique(np.concatenate(keys), return_counts=True)

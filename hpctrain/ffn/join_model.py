@@ -15,7 +15,7 @@ supervoxels, a classifier fitted on ground truth) with the FFN's claim as one fe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +23,7 @@ import numpy as np
 
 from hpctrain.config.plugins.ffn import JOIN_FEATURES, join_model_problem
 from hpctrain.errors import ConfigError
+from hpctrain.ffn.agglomeration import Box, axis_neighbours, object_boxes
 
 Pair = tuple[int, int]
 
@@ -36,12 +37,6 @@ exactly ``reach`` apart, how much darker the darkest voxel between them is than 
 a membrane dips, a cut through one object does not)."""
 
 
-def _axis_slices(shape: Sequence[int], axis: int, lo: int, hi: int) -> tuple[slice, ...]:
-    box = [slice(None)] * len(shape)
-    box[axis] = slice(lo, shape[axis] - hi)
-    return tuple(box)
-
-
 def _boundary_features(image: np.ndarray, pieces: np.ndarray, reach: int) -> dict[Pair, tuple[float, float]]:
     """(a, b) -> (touch, membrane_dip) for every two pieces with voxels up to ``reach`` apart along an axis."""
     from scipy import ndimage
@@ -52,40 +47,38 @@ def _boundary_features(image: np.ndarray, pieces: np.ndarray, reach: int) -> dic
     total: dict[int, int] = {}
     dip_sum: dict[int, float] = {}
     dip_count: dict[int, int] = {}
-    for axis in range(3):
-        for d in range(1, reach + 1):
-            if pieces.shape[axis] <= d:
-                continue
-            lo, hi = _axis_slices(pieces.shape, axis, 0, d), _axis_slices(pieces.shape, axis, d, 0)
-            a, b = pieces[lo], pieces[hi]
-            touching = (a > 0) & (b > 0) & (a != b)
-            keys = np.minimum(a, b)[touching].astype(np.int64) * n + np.maximum(a, b)[touching]
-            found, index, counts = np.unique(keys, return_inverse=True, return_counts=True)
-            for key, count in zip(found.tolist(), counts.tolist(), strict=True):
-                total[key] = total.get(key, 0) + count
-                if d == 1:
-                    near[key] = near.get(key, 0) + count
-            if d == reach and reach > 1 and len(found):
-                ends = 0.5 * (smooth[lo] + smooth[hi])
-                between = np.min([smooth[_axis_slices(pieces.shape, axis, m, d - m)] for m in range(1, d)], axis=0)
-                sums = np.bincount(index, weights=(ends - between)[touching], minlength=len(found))
-                for key, s, count in zip(found.tolist(), sums.tolist(), counts.tolist(), strict=True):
-                    dip_sum[key] = dip_sum.get(key, 0.0) + s
-                    dip_count[key] = dip_count.get(key, 0) + count
+    for axis, d, lo, touching, keys in axis_neighbours(pieces, reach):
+        found, index, counts = np.unique(keys, return_inverse=True, return_counts=True)
+        for key, count in zip(found.tolist(), counts.tolist(), strict=True):
+            total[key] = total.get(key, 0) + count
+            if d == 1:
+                near[key] = near.get(key, 0) + count
+        if d == reach and reach > 1 and len(found):
+            ends = 0.5 * (smooth[lo] + smooth[_shifted(lo, axis, d)])
+            between = np.min([smooth[_shifted(lo, axis, m)] for m in range(1, d)], axis=0)
+            sums = np.bincount(index, weights=(ends - between)[touching], minlength=len(found))
+            for key, s, count in zip(found.tolist(), sums.tolist(), counts.tolist(), strict=True):
+                dip_sum[key] = dip_sum.get(key, 0.0) + s
+                dip_count[key] = dip_count.get(key, 0) + count
     return {(key // n, key % n): (near.get(key, 0) / count,
                                   dip_sum[key] / dip_count[key] if dip_count.get(key) else 0.0)
             for key, count in total.items()}
 
 
-def _median_brightness(image: np.ndarray, pieces: np.ndarray) -> dict[int, float]:
+def _shifted(box: tuple[slice, ...], axis: int, by: int) -> tuple[slice, ...]:
+    """``box`` moved by ``by`` voxels along ``axis``."""
+    moved = list(box)
+    moved[axis] = slice(box[axis].start + by, box[axis].stop + by)
+    return tuple(moved)
+
+
+def _median_brightness(image: np.ndarray, pieces: np.ndarray, boxes: Mapping[int, Box]) -> dict[int, float]:
     """piece -> median image value of its voxels more than one voxel from its edge (all of them when fewer than
     20 are)."""
     from scipy import ndimage
 
     out = {}
-    for i, box in enumerate(ndimage.find_objects(pieces), start=1):
-        if box is None:
-            continue
+    for i, box in boxes.items():
         mask = pieces[box] == i
         inner = ndimage.binary_erosion(mask)
         values = image[box][inner if int(inner.sum()) >= 20 else mask]
@@ -101,12 +94,12 @@ def pair_features(image: np.ndarray, pieces: np.ndarray, claims: Mapping[Pair, f
     if not claims:
         return {}
     boundary = _boundary_features(image, pieces, reach)
-    brightness = _median_brightness(image, pieces)
-    boxes = ndimage.find_objects(pieces)
+    boxes = object_boxes(pieces)
+    brightness = _median_brightness(image, pieces, boxes)
     ball = ndimage.generate_binary_structure(3, 1)
     out = {}
     for (a, b), claim in claims.items():
-        box_a, box_b = boxes[a - 1], boxes[b - 1]
+        box_a, box_b = boxes[a], boxes[b]
         box = tuple(slice(max(0, min(p.start, q.start) - reach), min(n, max(p.stop, q.stop) + reach))
                     for p, q, n in zip(box_a, box_b, pieces.shape, strict=True))
         local = pieces[box]
@@ -123,12 +116,8 @@ def pair_features(image: np.ndarray, pieces: np.ndarray, claims: Mapping[Pair, f
 def same_object(pieces: np.ndarray, labels: np.ndarray, pairs: Iterable[Pair]) -> dict[Pair, bool]:
     """(a, b) -> whether the two pieces' most common true objects (label > 0) are the same one; a piece over
     label 0 alone is nobody's and joins nothing."""
-    from scipy import ndimage
-
     owner: dict[int, int] = {}
-    for i, box in enumerate(ndimage.find_objects(pieces), start=1):
-        if box is None:
-            continue
+    for i, box in object_boxes(pieces).items():
         truth = labels[box][(pieces[box] == i) & (labels[box] > 0)]
         owner[i] = int(np.bincount(truth.astype(np.int64)).argmax()) if truth.size else 0
     return {(a, b): owner.get(a, 0) > 0 and owner.get(a, 0) == owner.get(b, -1) for a, b in pairs}

@@ -77,6 +77,7 @@ def fit_joins(model: Any, image: np.ndarray, labels: np.ndarray, base: Inference
     if image.shape != labels.shape:
         raise DataError(f"join-fitting image {image.shape} and labels {labels.shape} differ in shape")
     t0 = time.perf_counter()
+    # any join threshold > 0 makes the floods' pairs scored; the fit is of the claims, not an earlier join model
     cfg = dataclasses.replace(base, agglomerate_threshold=max(base.agglomerate_threshold, 0.5), join_model=None)
     pieces, claims, _ = flood_pieces(model, image, cfg)
     x, y, w = training_pairs(image, pieces, labels, claims)
