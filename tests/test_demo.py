@@ -45,15 +45,15 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     assert min(t["voi"] for t in tuning["grid"]) == pytest.approx(
         next(t["voi"] for t in tuning["grid"] if all(t[k] == v for k, v in tuning["params"].items())))
     assert [p["step"] for p in scores["curve"]] == [4, 8] and (out / "curve.png").exists()
-    # the flood-fill thresholds chosen for this run's model on the job's validation volume (data.eval.tune, a
-    # synthetic volume of the held-out condition, seed 7): every candidate tried, the lowest VOI kept, and the
-    # held-out volumes segmented with it
+    # the join threshold chosen for this run's model on the training volume (data.eval.tune without a volume of
+    # its own): every candidate tried, the lowest VOI kept, and the held-out volumes segmented with it; where the
+    # join model could be fitted there, its flood served every candidate (no second flood of the same volume)
     chosen = scores["inference_tuning"]
-    assert len(chosen["rows"]) == 8 and chosen["crop"] == [24, 40, 40] and chosen["volume"] == "validation volume"
-    assert chosen["chosen"] == min(chosen["rows"], key=lambda r: r["voi"])["settings"]
-    assert "(chosen on the validation volume)" in text and "choosing thresholds" in text
-    with h5py.File(out / "data" / "validation.h5") as f, h5py.File(out / "data" / "eval.h5") as g:
-        assert f["labels"].shape == (24, 40, 40) and not np.array_equal(f["image"][()], g["image"][()])
+    assert len(chosen["rows"]) == 4 and chosen["crop"] == [24, 40, 40] and chosen["volume"] == "training volume"
+    assert chosen["chosen"].items() >= min(chosen["rows"], key=lambda r: r["voi"])["settings"].items()
+    assert all(r["reused_flood"] == ("pairs" in chosen["join_fit"]) for r in chosen["rows"])
+    assert "(chosen on the training volume)" in text and "choosing thresholds" in text
+    assert not (out / "data" / "validation.h5").exists()  # the job names no validation volume
 
     png = out / "demo.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -74,6 +74,27 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     rescored = json.loads((again / "scores.json").read_text())
     assert rescored["ffn"] == scores["ffn"] and rescored["from_run"] == str(metrics.parent)
     assert rescored["seconds"]["training"] == 0 and not (again / "runs").exists()
+
+
+def test_a_synthetic_validation_volume_is_written_and_chosen_on(tmp_path: Path) -> None:
+    """A job whose data.eval.tune names a synthetic volume of its own (a validation volume of the held-out
+    condition): the demo writes it beside the others, from its own seed, and chooses the thresholds there."""
+    import yaml
+
+    from hpctrain.commands.demo import make_volumes, tuning_volume
+    from hpctrain.commands.ffn import inference_tuning
+
+    job = yaml.safe_load((REPO / "jobs" / "ffn-local.yaml").read_text())
+    job["data"]["eval"]["tune"]["volume"] = {"synthetic": {"shape": [48, 96, 96], "seed": 7}}
+    volumes = make_volumes(job["data"], tmp_path, shape=(12, 20, 20))
+    assert set(volumes) == {"train", "eval", "validation"}
+    with h5py.File(volumes["validation"]) as f, h5py.File(volumes["eval"]) as g:
+        assert f["labels"].shape == (12, 20, 20) and not np.array_equal(f["image"][()], g["image"][()])
+    image, labels, where = tuning_volume(inference_tuning(job["data"]), volumes)
+    assert (image, labels, where) == (f"{volumes['validation']}:image", f"{volumes['validation']}:labels",
+                                      "validation volume")
+    del job["data"]["eval"]["tune"]["volume"]
+    assert tuning_volume(inference_tuning(job["data"]), volumes)[2] == "training volume"
 
 
 def test_reseed_passes_and_expand_labels_of_the_demo_settings() -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+import torch
 import yaml
 from test_ffn_inference import OracleModel
 from test_ffn_subvolumes import REPO, everything_model, painted_volume
@@ -136,7 +137,7 @@ def test_joins_fitted_on_one_volume_segment_another() -> None:
     put them back together as well as the oracle's own claims do."""
     fit_image, fit_labels = painted_volume((32, 48, 48), seed=5)
     image, labels = painted_volume((32, 48, 48), seed=6)
-    fitted, record = fit_joins(OracleModel(), fit_image, fit_labels, BASE)
+    fitted, record, _ = fit_joins(OracleModel(), fit_image, fit_labels, BASE)
     assert record["pairs"] > record["one_object"] > 0 and set(record["coef"]) == set(FEATURES)
     chosen, rows = tune_inference(OracleModel(), image, labels, replace(BASE, join_model=fitted),
                                   {"agglomerate_threshold": [0.3, 0.5]})
@@ -148,6 +149,31 @@ def test_joins_fitted_on_one_volume_segment_another() -> None:
     assert unjoined["voi_split"] > 1.0
     assert learned["voi"] < unjoined["voi"] - 0.8 and learned["voi"] <= by_claims["voi"] + 0.05
     assert min(r["voi"] for r in rows) == pytest.approx(learned["voi"])
+
+
+class NoCalls(OracleModel):
+    """A model that must not be called: tuning on the volume the join model was fitted on reuses the fit's flood."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the model was called: the fit's flood was not reused")
+
+
+def test_tuning_on_the_fit_volume_reuses_the_fit_flood() -> None:
+    """Choosing the join threshold on the volume the join model was fitted on costs no second flood: the rows are
+    those a fresh flood gives, and a candidate with other flood settings (another move threshold) floods anew."""
+    image, labels = painted_volume((32, 48, 48), seed=5)
+    fitted, _, flood = fit_joins(OracleModel(), image, labels, BASE)
+    with_model = replace(BASE, join_model=fitted)
+    grid = {"agglomerate_threshold": [0.3, 0.5]}
+    reused, reused_rows = tune_inference(NoCalls(), image, labels, with_model, grid, floods=[flood])
+    fresh, fresh_rows = tune_inference(OracleModel(), image, labels, with_model, grid)
+    assert reused == fresh and all(r["reused_flood"] for r in reused_rows)
+    assert [r["voi"] for r in reused_rows] == [r["voi"] for r in fresh_rows]
+    assert flood.serves(replace(with_model, agglomerate_threshold=0.3))
+    assert not flood.serves(replace(with_model, move_threshold=0.8))
+    assert not flood.serves(replace(with_model, agglomerate_threshold=0))  # no join: no claims computed
+    with pytest.raises(AssertionError, match="not reused"):
+        tune_inference(NoCalls(), image, labels, with_model, {"move_threshold": [0.9, 0.8]}, floods=[flood])
 
 
 def test_ffn_tune_fits_the_join_model_and_prints_it(tmp_path: Path) -> None:

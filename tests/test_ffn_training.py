@@ -185,6 +185,22 @@ def test_edge_band_and_the_boundary_weighted_loss_by_hand() -> None:
     torch.testing.assert_close(fov_loss(logits, labels, 0.0, 1), per_voxel.mean())  # 0: the reference's loss
 
 
+@pytest.mark.parametrize("radius", [1, 2, 3])
+def test_edge_band_matches_a_voxel_by_voxel_reference(radius: int) -> None:
+    # the band as its definition says, voxel by voxel: some voxel of the cube around it (inside the FOV) is
+    # object and some is not — against the three separable 1-D maxes edge_band computes
+    rng = np.random.default_rng(radius)
+    labels = np.where(rng.random((2, 1, 7, 8, 9)) < 0.6, 0.95, 0.05)
+    mask = labels > 0.5
+    expected = np.zeros_like(labels)
+    for n, c, z, y, x in itertools.product(*(range(s) for s in labels.shape)):
+        cube = mask[n, c, max(0, z - radius):z + radius + 1, max(0, y - radius):y + radius + 1,
+                    max(0, x - radius):x + radius + 1]
+        expected[n, c, z, y, x] = float(cube.any() and not cube.all())
+    band = edge_band(torch.from_numpy(labels).float(), radius)
+    assert torch.equal(band, torch.from_numpy(expected).float())
+
+
 def test_boundary_weight_reaches_the_task_and_bad_values_name_the_key() -> None:
     from hpctrain.config.plugins.ffn import SCHEMA
     from hpctrain.errors import ConfigError

@@ -417,10 +417,17 @@ def edge_band(labels: torch.Tensor, radius: int) -> torch.Tensor:
     """1.0 where a voxel lies within ``radius`` (in the max-norm) of the seed object's edge, on either side:
     the object mask grown by ``radius`` less the mask shrunk by ``radius``. FOV borders are not edges."""
     mask = (labels > 0.5).to(labels.dtype)
+    # grown - shrunk = max(mask) + max(-mask) over the cube, each cube's max as three 1-D maxes (the same values,
+    # ~3x faster than a 3-D window: the loss took ~8 % of a demo step)
+    return _cube_max(mask, radius) + _cube_max(-mask, radius)
+
+
+def _cube_max(values: torch.Tensor, radius: int) -> torch.Tensor:
+    """Max over the (2·radius + 1)³ cube around each voxel of (N, C, Z, Y, X) ``values``, the border excluded."""
     size = 2 * radius + 1
-    grown = F.max_pool3d(mask, size, stride=1, padding=radius)
-    shrunk = -F.max_pool3d(-mask, size, stride=1, padding=radius)
-    return grown - shrunk
+    for kernel in ((size, 1, 1), (1, size, 1), (1, 1, size)):
+        values = F.max_pool3d(values, kernel, stride=1, padding=tuple(k // 2 for k in kernel))
+    return values
 
 
 def fov_loss(logits: torch.Tensor, labels: torch.Tensor, boundary_weight: float = 0.0,

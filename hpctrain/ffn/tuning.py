@@ -7,7 +7,8 @@ and a join threshold that separates one model's pair scores merges another's. So
 parameters are, the thresholds are chosen per model on labelled data: every candidate segments (a central crop
 of) a labelled volume — best a validation volume in the condition the model will segment, else its training
 volume — and the lowest VOI against its labels wins. Candidates that differ only in how the pieces are joined
-(``agglomerate_threshold``) share one flood and one set of pair scores, so they cost no model calls.
+(``agglomerate_threshold``) share one flood and one set of pair scores, so they cost no model calls; and where the
+join model is fitted on the same volume the thresholds are chosen on, the fit's flood is the candidates' too.
 """
 
 from __future__ import annotations
@@ -36,6 +37,25 @@ from hpctrain.ffn.inference import (
 FLOOD_KEYS = ("move_threshold", "segment_threshold")  # each value floods the crop again
 JOIN_KEYS = ("agglomerate_threshold",)  # applied to one flood's pieces and scores
 TUNABLE = FLOOD_KEYS + JOIN_KEYS
+
+
+@dataclasses.dataclass(frozen=True)
+class Flood:
+    """One flood of a labelled volume: the settings it ran with, its pieces and the mutual claim of each pair."""
+
+    cfg: InferenceConfig
+    pieces: np.ndarray
+    claims: dict[tuple[int, int], float]
+    ffn_calls: int
+    seconds: float
+
+    def serves(self, cfg: InferenceConfig) -> bool:
+        """Whether a flood with ``cfg`` would give these pieces and claims: every setting the same except how the
+        pairs are scored and joined afterwards (any join threshold > 0 computes the claims)."""
+        def flood_only(c: InferenceConfig) -> InferenceConfig:
+            return dataclasses.replace(c, agglomerate_threshold=float(c.agglomerate_threshold > 0), join_model=None)
+
+        return flood_only(self.cfg) == flood_only(cfg)
 
 
 def central_crop(shape: Sequence[int], crop: Sequence[int] | None) -> tuple[slice, ...]:
@@ -69,9 +89,10 @@ def flood_pieces(model: Any, image: np.ndarray,
 
 
 def fit_joins(model: Any, image: np.ndarray, labels: np.ndarray, base: InferenceConfig, *,
-              say: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+              say: Callable[[str], None] | None = None) -> tuple[dict[str, Any], dict[str, Any], Flood]:
     """Flood ``image`` with ``base``'s settings, label each claimed pair of pieces one object or two from
-    ``labels`` and fit ``join_model.fit_join_model`` to them: (the model as ``JoinModel.as_dict``, a record)."""
+    ``labels`` and fit ``join_model.fit_join_model`` to them: (the model as ``JoinModel.as_dict``, a record, the
+    flood — ``tune_inference`` reuses it where it tries the same settings on the same volume)."""
     from hpctrain.ffn.join_model import fit_join_model, training_pairs
 
     if image.shape != labels.shape:
@@ -79,7 +100,8 @@ def fit_joins(model: Any, image: np.ndarray, labels: np.ndarray, base: Inference
     t0 = time.perf_counter()
     # any join threshold > 0 makes the floods' pairs scored; the fit is of the claims, not an earlier join model
     cfg = dataclasses.replace(base, agglomerate_threshold=max(base.agglomerate_threshold, 0.5), join_model=None)
-    pieces, claims, _ = flood_pieces(model, image, cfg)
+    pieces, claims, canvas = flood_pieces(model, image, cfg)
+    flood = Flood(cfg, pieces, claims, canvas.counters.get("ffn_calls", 0), time.perf_counter() - t0)
     x, y, w = training_pairs(image, pieces, labels, claims)
     try:
         fitted = fit_join_model(x, y, w)
@@ -93,14 +115,16 @@ def fit_joins(model: Any, image: np.ndarray, labels: np.ndarray, base: Inference
     if say:
         say(f"join model fitted on {record['pairs']} pairs of {record['pieces']} pieces "
             f"({record['one_object']} one object) in {record['seconds']:.0f} s; weights {record['coef']}")
-    return fitted.as_dict(), record
+    return fitted.as_dict(), record, flood
 
 
 def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: InferenceConfig,
-                   grid: Mapping[str, Sequence[float]], *,
-                   say: Callable[[str], None] | None = None) -> tuple[InferenceConfig, list[dict[str, Any]]]:
+                   grid: Mapping[str, Sequence[float]], *, say: Callable[[str], None] | None = None,
+                   floods: Sequence[Flood] = ()) -> tuple[InferenceConfig, list[dict[str, Any]]]:
     """Segment ``image`` with every candidate of ``grid`` over ``base`` and score each against ``labels``
-    (0 = not scored); returns (the candidate with the lowest VOI — the first of equals —, every row tried)."""
+    (0 = not scored); returns (the candidate with the lowest VOI — the first of equals —, every row tried).
+    ``floods``: floods of this same image already run (``fit_joins``'); a candidate one of them ``serves`` is not
+    flooded again."""
     if image.shape != labels.shape:
         raise DataError(f"tuning image {image.shape} and labels {labels.shape} differ in shape")
     if not np.any(labels > 0):
@@ -113,17 +137,22 @@ def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: Infe
         cfg = dataclasses.replace(base, **flood)
         scoring = dataclasses.replace(cfg, agglomerate_threshold=max([cfg.agglomerate_threshold, *joins]))
         t0 = time.perf_counter()
-        pieces, claims, canvas = flood_pieces(model, image, scoring)
+        done = next((f for f in floods if f.serves(scoring)), None)
+        if done is None:
+            pieces, claims, canvas = flood_pieces(model, image, scoring)
+            ffn_calls = canvas.counters.get("ffn_calls", 0)
+        else:
+            pieces, claims, ffn_calls = done.pieces, done.claims, done.ffn_calls
         scores = pair_scores(image, pieces, claims, scoring)
-        flood_seconds = time.perf_counter() - t0
+        flood_seconds = time.perf_counter() - t0 + (done.seconds if done is not None else 0.0)
         for join in joins or [cfg.agglomerate_threshold]:
             settings = {**flood, **({"agglomerate_threshold": join} if joins else {})}
             seg = join_and_fill(image, pieces, scores, dataclasses.replace(cfg, agglomerate_threshold=join))
             m = evaluate_segmentation(seg, labels)
             rows.append({"settings": settings, "voi": m["voi_split"] + m["voi_merge"], "voi_split": m["voi_split"],
                          "voi_merge": m["voi_merge"], "adapted_rand_error": m["adapted_rand_error"],
-                         "segments": int(seg.max(initial=0)), "ffn_calls": canvas.counters.get("ffn_calls", 0),
-                         "flood_seconds": round(flood_seconds, 1)})
+                         "segments": int(seg.max(initial=0)), "ffn_calls": ffn_calls,
+                         "flood_seconds": round(flood_seconds, 1), "reused_flood": done is not None})
             if say:
                 r = rows[-1]
                 say(f"  {settings}: VOI {r['voi']:.3f} ({r['voi_split']:.2f}/{r['voi_merge']:.2f}), "
@@ -161,25 +190,29 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
     t0 = time.perf_counter()
     model, base, _ = prepare_inference(checkpoint, dict(settings) if settings else None, threads=threads)
     fitted: dict[str, Any] = {}
+    floods: list[Flood] = []
+    same_volume = fit_on is not None and tuple(fit_on) == (image_spec, labels_spec, crop)
     if fit_on is not None:
         fit_image, fit_labels = read_labelled(*fit_on)
         if say:
             say(f"fitting the join model on {'x'.join(map(str, fit_image.shape))} voxels of {fit_on[0]}:")
         try:
-            join_model, fitted = fit_joins(model, fit_image, fit_labels, base, say=say)
+            join_model, fitted, flood = fit_joins(model, fit_image, fit_labels, base, say=say)
             base = dataclasses.replace(base, join_model=join_model)
+            if same_volume:  # the candidates with the fit's flood settings join the fit's pieces
+                floods.append(flood)
         except DataError as e:
             if fit_required:
                 raise
             fitted = {"not_fitted": e.message}
             if say:
                 say(f"no join model: {e.message}; pairs are joined by their mutual claims")
-    image, labels = read_labelled(image_spec, labels_spec, crop)
+    image, labels = (fit_image, fit_labels) if same_volume else read_labelled(image_spec, labels_spec, crop)
     shape = list(image.shape)
     if say:
         say(f"choosing the inference thresholds on {'x'.join(map(str, shape))} voxels at the volume's centre, "
-            f"candidates {dict(grid)}:")
-    chosen, rows = tune_inference(model, image, labels, base, grid, say=say)
+            f"candidates {dict(grid)}{' (the join fit flooded it already)' if floods else ''}:")
+    chosen, rows = tune_inference(model, image, labels, base, grid, say=say, floods=floods)
     picked = {key: getattr(chosen, key) for key in grid}
     if chosen.join_model is not None:
         picked["join_model"] = chosen.join_model
