@@ -185,16 +185,22 @@ def fit_join_model(x: np.ndarray, y: np.ndarray, weight: np.ndarray | None = Non
     return JoinModel(FEATURES, tuple(mean.tolist()), tuple(scale.tolist()), tuple(beta[1:].tolist()), float(beta[0]))
 
 
+def feature_matrix(image: np.ndarray, pieces: np.ndarray,
+                   claims: Mapping[Pair, float]) -> tuple[list[Pair], np.ndarray]:
+    """(the claimed pairs, their ``pair_features`` as rows of a (pairs, len(FEATURES)) array, in that order)."""
+    features = pair_features(image, pieces, claims)
+    pairs = list(features)
+    return pairs, np.array([features[p] for p in pairs]).reshape(len(pairs), len(FEATURES))
+
+
 def training_pairs(image: np.ndarray, pieces: np.ndarray, labels: np.ndarray,
                    claims: Mapping[Pair, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(features, one object or not, weight) of every claimed pair of a labelled volume's pieces: what
     ``fit_join_model`` takes. A pair weighs the square root of its smaller piece's voxels: the wrong joins and
     splits of large pieces are what VOI and the adapted Rand error count."""
-    features = pair_features(image, pieces, claims)
-    truth = same_object(pieces, labels, features)
+    pairs, x = feature_matrix(image, pieces, claims)
+    truth = same_object(pieces, labels, pairs)
     sizes = np.bincount(pieces.ravel().astype(np.int64))
-    pairs = list(features)
-    x = np.array([features[p] for p in pairs]).reshape(len(pairs), len(FEATURES))
     y = np.array([truth[p] for p in pairs], dtype=np.float64)
     w = np.array([np.sqrt(min(sizes[a], sizes[b])) for a, b in pairs], dtype=np.float64)
     return x, y, w
@@ -203,9 +209,7 @@ def training_pairs(image: np.ndarray, pieces: np.ndarray, labels: np.ndarray,
 def join_scores(image: np.ndarray, pieces: np.ndarray, claims: Mapping[Pair, float],
                 model: JoinModel) -> dict[Pair, float]:
     """(a, b) -> the model's probability that the two claimed pieces are one object."""
-    features = pair_features(image, pieces, claims)
-    if not features:
+    pairs, x = feature_matrix(image, pieces, claims)
+    if not pairs:
         return {}
-    pairs = list(features)
-    p = model.probability(np.array([features[k] for k in pairs]))
-    return {k: float(v) for k, v in zip(pairs, p, strict=True)}
+    return {k: float(v) for k, v in zip(pairs, model.probability(x), strict=True)}

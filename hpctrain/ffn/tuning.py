@@ -5,10 +5,11 @@ How confident a trained FFN is inside an object differs from one training run to
 CPU's float summation order): a move threshold that lets one model's floods grow stops another's at its seed,
 and a join threshold that separates one model's pair scores merges another's. So, as the watershed baseline's
 parameters are, the thresholds are chosen per model on labelled data: every candidate segments (a central crop
-of) a labelled volume — best a validation volume in the condition the model will segment, else its training
-volume — and the lowest VOI against its labels wins. Candidates that differ only in how the pieces are joined
-(``agglomerate_threshold``) share one flood and one set of pair scores, so they cost no model calls; and where the
-join model is fitted on the same volume the thresholds are chosen on, the fit's flood is the candidates' too.
+of) a labelled volume — a validation volume in the condition the model will segment, or its training volume (the
+demo's, with the join model fitted there too) — and the lowest VOI against its labels wins. Candidates that
+differ only in how the pieces are joined (``agglomerate_threshold``) share one flood and one set of pair scores, so
+they cost no model calls; and where the join model is fitted on the same volume the thresholds are chosen on, the
+fit's flood is the candidates' too.
 """
 
 from __future__ import annotations
