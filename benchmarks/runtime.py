@@ -367,7 +367,7 @@ def device_report(r: dict[str, list[float]], info: dict, ranks: int, reps: int, 
     for name, (q1, m, q3), target in rows:
         print(f"{name:<46} {m:6.3f}  [{q1:5.3f},{q3:5.3f}]  {target}")
     factor = 2 * (ranks - 1) / ranks  # nccl-tests: all-reduce bus bandwidth = algorithm bandwidth x 2(n-1)/n
-    for mb in BUS_MB:
+    for mb in BUS_MB if ranks > 1 else ():  # one rank moves nothing between GPUs: no bandwidth to report
         seconds = med[f"bus{mb}"] / CALLS
         algbw = mb * 2**20 / seconds / 1e9
         print(f"all-reduce {mb:>4} MB: {seconds * 1e3:8.3f} ms, algbw {algbw:7.2f} GB/s, busbw {algbw * factor:7.2f}"
@@ -426,6 +426,11 @@ def main() -> None:
 def _device_section(reps: int, device: str, ranks: int) -> int:
     """The device section under mpiexec, one rank per GPU (at most 8)."""
     ranks = min(ranks, 8)
+    if ranks == 1 and device == "cuda":  # NCCL refuses two ranks on one GPU: one rank, in this process
+        print("device section on ONE GPU: one rank, so NCCL's all-reduce is a local copy; the rows show the "
+              "reducer's own cost on the device against DDP's, not the network's", flush=True)
+        device_worker(reps, device)
+        return 0
     if ranks < 2:
         print(f"device section not run: {ranks} {device} device(s) visible, it needs 2 or more")
         return 1

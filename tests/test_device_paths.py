@@ -1,6 +1,6 @@
 """Device-side reduction and backends by device (issue 14, items 2 and 4), as far as a CPU-only machine can show.
 
-No GPU and no NCCL/RCCL/XCCL exist here (the CPU wheel of torch has neither nccl nor xccl). What is checked:
+No GPU and no NCCL/RCCL/XCCL exist on CI (the CPU wheel of torch has neither nccl nor xccl). What is checked:
 
 - the refusal a GPU site gets from this torch: one line naming the site, the backend and what to install, from
   ``make_communicator`` and through ``hpctrain run``;
@@ -8,6 +8,10 @@ No GPU and no NCCL/RCCL/XCCL exist here (the CPU wheel of torch has neither nccl
   stand-in for NCCL: it reduces the tensors it is handed where they are) under a guard that records every host
   transfer (``.numpy()``, ``.cpu()``, ``.to('cpu')``) and every tensor created without a device (which would land
   on the CPU beside a GPU bucket). On a GPU these are the copies and device mix-ups that would fail or cost.
+
+On a machine whose torch sees a CUDA GPU (``benchmarks/device_check.py`` runs this file there) the buckets and the
+rank group live on that GPU, so a CPU tensor mixed into a device bucket fails for real; the refusal tests, which
+are about a torch without the backend, do not apply there and say so.
 """
 
 from __future__ import annotations
@@ -33,10 +37,15 @@ from hpctrain.runtime.comm import Communicator, Handle, make_communicator
 from hpctrain.runtime.reducer import _make_buckets
 
 ROOT = Path(__file__).resolve().parents[1]
+# Where the buckets of the combiner tests live: the GPU when this torch sees one (a device machine), else the CPU.
+DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+needs_cpu_only_torch = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="about a torch without GPU backends; this one sees a CUDA GPU")
 
 # --- backends by device ---------------------------------------------------------------------------------------
 
 
+@needs_cpu_only_torch
 @pytest.mark.parametrize(("backend", "site", "kind", "install"), [
     ("nccl", "polaris", "nvidia", "a CUDA build of torch"),
     ("nccl", "frontier", "amd", "a ROCm build of torch"),
@@ -53,6 +62,7 @@ def test_a_torch_without_the_sites_backend_is_refused_in_one_line(backend: str, 
     assert f"torch {torch.__version__} has no {backend}" in text and install in text
 
 
+@needs_cpu_only_torch
 def test_backend_and_device_follow_the_gpu_kind() -> None:
     assert devices.DEVICE_TYPE == {"nccl": "cuda", "xccl": "xpu"}  # ROCm builds call AMD GPUs cuda
     assert devices.gpu_kind("xccl", {}) == "intel" and devices.gpu_kind("nccl", {"HPCTRAIN_GPU_KIND": "amd"}) == "amd"
@@ -62,6 +72,7 @@ def test_backend_and_device_follow_the_gpu_kind() -> None:
     assert not devices.backend_in_torch("nccl") and not devices.backend_in_torch("xccl")
 
 
+@needs_cpu_only_torch
 def test_hpctrain_run_on_a_site_whose_backend_this_torch_lacks_exits_2_in_one_line(tmp_path: Path) -> None:
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump({
@@ -208,7 +219,7 @@ def run_ranks(size: int, body: Callable[[Communicator], Any]) -> tuple[list[Any]
 def _params() -> list[torch.nn.Parameter]:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten(), torch.nn.Linear(8 * 4 * 4, 5))
-    return list(net.parameters())
+    return list(net.to(DEVICE).parameters())
 
 
 def _bucket(params: Sequence[torch.nn.Parameter], rank: int) -> GradBucket:
@@ -217,7 +228,8 @@ def _bucket(params: Sequence[torch.nn.Parameter], rank: int) -> GradBucket:
                                for i, p in enumerate(params)], 2**30)
     generator = torch.Generator().manual_seed(100 + rank)
     with torch.no_grad():
-        bucket.flat.copy_(torch.randn(bucket.flat.numel(), generator=generator, device=bucket.flat.device))
+        # Drawn on the CPU (the generator's device) and copied into the bucket: the same numbers on any device.
+        bucket.flat.copy_(torch.randn(bucket.flat.numel(), generator=generator, device="cpu"))
     return bucket
 
 
@@ -243,6 +255,7 @@ def _reduce(name: str, size: int, **config: Any) -> tuple[list[torch.Tensor], li
 def test_mean_reduces_the_bucket_itself_with_no_host_copy(size: int) -> None:
     inputs, outputs, problems, shared = _reduce("mean", size)
     assert problems == []
+    assert {out.device.type for out in outputs} == {DEVICE.type}  # on a GPU machine the buckets are on the GPU
     want = sum(inputs[1:], inputs[0].clone())  # prescaled, as the trainer runs it: the loss was scaled by 1/ranks
     for out in outputs:
         torch.testing.assert_close(out, want)
@@ -298,6 +311,30 @@ def test_dasgd_average_stays_on_the_device() -> None:
     assert problems == []
     for tensors in results:
         assert all(torch.equal(t, torch.full_like(t, 0.5)) for t in tensors)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: run by benchmarks/device_check.py "
+                    "on a device machine (CI has none)")
+def test_nccl_reduces_a_device_bucket_in_place() -> None:
+    """A real NCCL communicator (one rank: NCCL refuses two ranks on one GPU) through ``make_communicator``:
+    the bucket's own device buffer is reduced where it is, synchronously and asynchronously."""
+    comm = make_communicator("nccl", 60.0, {"HPCTRAIN_SITE": "polaris", "HPCTRAIN_GPU_KIND": "nvidia"})
+    try:
+        params = _params()
+        bucket = _bucket(params, 0)
+        before, pointer = bucket.flat.clone(), bucket.flat.data_ptr()
+        comm.allreduce_(bucket.flat, "sum", "check")
+        comm.allreduce_async_(bucket.flat, "sum", "check").wait()
+        torch.cuda.synchronize()
+        assert bucket.flat.device.type == "cuda" and bucket.flat.data_ptr() == pointer
+        torch.testing.assert_close(bucket.flat, before)  # one rank: the sum is the rank's own
+        combiner = build_combiner(CombinerConfig(name="mean", compression="bf16"), comm, params)
+        handle = combiner.launch(bucket, blocking=False)
+        if handle is not None:
+            handle.wait()
+        torch.testing.assert_close(bucket.flat, before, rtol=1e-2, atol=1e-2)
+    finally:
+        comm.close()
 
 
 def test_the_guard_catches_what_it_is_for() -> None:

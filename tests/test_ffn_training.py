@@ -419,3 +419,18 @@ def test_dilations_reach_the_model_and_its_checkpoint_and_bad_ones_name_the_key(
     x = torch.randn(1, 2, 7, 7, 7)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), task.model.eval()(x.contiguous(memory_format=torch.channels_last_3d)))
+
+
+def test_the_task_hands_the_model_its_batches_on_the_ranks_device(tmp_path: Path) -> None:
+    """A GPU rank's model lives on the GPU; the stream builds batches on the CPU. The task moves them (found by
+    benchmarks/device_check.py on an H200: the first step failed with CPU inputs to CUDA weights). ``meta`` stands
+    in for the GPU here: a tensor left on the CPU keeps its device and the assertion fails."""
+    from hpctrain.ffn.task import FFNTask
+    from hpctrain.models.task import TaskContext
+
+    ctx = TaskContext(model_args={"depth": 1, "features": 4, "fov": 7, "deltas": 1},
+                      data={"train": {"synthetic": {"shape": [20, 24, 24], "seed": 3}}, "margin": 4},
+                      batch_per_rank=2, seed=0, rank=0, world_size=1, run_dir=tmp_path, device=torch.device("meta"))
+    batch = FFNTask(ctx).next_batch()
+    assert {t.device.type for t in (batch.image, batch.seed, batch.labels, batch.inputs())} == {"meta"}
+    assert tuple(batch.inputs().shape) == (2, 2, 7, 7, 7) and len(batch.offsets) == 2

@@ -169,6 +169,7 @@ class FFNTask(TrainingTask):
         if self.coords.count < ctx.world_size:
             raise DataError(f"{self.coords.count} training coordinates cannot be shared by {ctx.world_size} ranks")
         self.rank, self.world_size, self.seed = ctx.rank, ctx.world_size, ctx.seed
+        self.device = ctx.device
         self.batch = ctx.batch_per_rank
         self._stream_config = StreamConfig(fov=self.fov, deltas=self.deltas, batch_size=self.batch,
                                            image_mean=self.image_mean, image_stddev=self.image_stddev,
@@ -186,7 +187,9 @@ class FFNTask(TrainingTask):
         return self.batch
 
     def next_batch(self) -> Any:
-        return self.stream.next_batch()
+        """The stream's next FOVs, on the rank's device (the examples themselves stay numpy on the CPU)."""
+        batch = self.stream.next_batch()
+        return batch if self.device.type == "cpu" else batch.to(self.device)
 
     def forward_loss(self, batch: Any) -> tuple[torch.Tensor, Any]:
         logits = self.model(batch.inputs())

@@ -146,6 +146,11 @@ class FovBatch:
         """The model input (B, 2, Z, Y, X): image then seed logits."""
         return torch.cat([self.image, self.seed], dim=1)
 
+    def to(self, device: torch.device) -> FovBatch:
+        """The batch with its tensors on ``device`` (the stream builds them on the CPU, from numpy)."""
+        return FovBatch(image=self.image.to(device), seed=self.seed.to(device), labels=self.labels.to(device),
+                        offsets=self.offsets)
+
 
 @dataclass
 class _Slot:
