@@ -417,3 +417,92 @@ def test_self_prediction_check_stops_a_flood_at_a_faint_membrane() -> None:
     assert m["adapted_rand_error"] < leaky["adapted_rand_error"] - 0.2
     with pytest.raises(ConfigError, match="unknown inference setting"):
         InferenceConfig.from_mapping({"self_predicton": 0.5})
+
+
+# --------------------------------------------------------------------------- several objects at once
+def _cells_volume(shape: tuple[int, int, int], cells: int, seed: int) -> np.ndarray:
+    """Voronoi cells with random intensities, a few of them close enough for a leaky flood to cross."""
+    rng = np.random.default_rng(seed)
+    centres = rng.uniform(0, 1, (cells, 3)) * np.array(shape)
+    grid = np.stack(np.meshgrid(*[np.arange(s) for s in shape], indexing="ij"), -1).astype(np.float32)
+    owner = np.argmin(((grid[..., None, :] - centres) ** 2).sum(-1), axis=-1)
+    values = rng.choice(np.arange(40, 220, 12), cells)
+    return values[owner].astype(np.uint8)
+
+
+class _BatchSizes(nn.Module):
+    """Wraps a model and records the batch size of every call."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model, self.sizes = model, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.sizes.append(int(x.shape[0]))
+        return self.model(x)
+
+
+@pytest.mark.parametrize(("width", "speculative"), [(2, False), (4, False), (1, True), (3, True)])
+def test_objects_flooded_at_once_are_the_objects_flooded_one_at_a_time(width: int, speculative: bool) -> None:
+    """Bounded, leaky floods with the self-prediction check and reseed passes over Voronoi cells: every object, id,
+    overlap and counter is the same whether 1 or ``width`` objects are in flight, and whether each move's seeded FOV
+    is asked with its check's bare-seed FOV or after it; the batches prove they were. (LeakyOracle computes each
+    FOV on its own, so a batch changes no float.)"""
+    image = _cells_volume((30, 64, 64), 40, seed=5)
+    cfg = {"fov": (9, 9, 9), "deltas": (3, 3, 3), "min_segment_size": 30, "max_seed_distance": 4,
+           "self_prediction": 0.5, "reseed_passes": 2, "seed_args": {"order": "distance"}}
+    one = _BatchSizes(LeakyOracle())
+    seg1, canvas1 = segment_volume(one, image, InferenceConfig(**cfg), return_canvas=True)
+    many = _BatchSizes(LeakyOracle())
+    seg2, canvas2 = segment_volume(many, image, InferenceConfig(**cfg, concurrent_floods=width,
+                                                                speculative_self_prediction=speculative),
+                                   return_canvas=True)
+    assert set(one.sizes) == {1} and max(many.sizes) > 1 and max(many.sizes) <= width * (1 + speculative)
+    wasted = canvas1.counters["self_prediction_rejects"] if speculative else 0  # seeded FOVs of refused moves
+    assert sum(many.sizes) == sum(one.sizes) + wasted and len(many.sizes) < 0.9 * len(one.sizes)
+    assert np.array_equal(canvas1.segmentation, canvas2.segmentation) and np.array_equal(seg1, seg2)
+    strip = [{k: v for k, v in o.items() if k != "seconds"} for o in canvas1.origins.values()]
+    assert strip == [{k: v for k, v in o.items() if k != "seconds"} for o in canvas2.origins.values()]
+    assert list(canvas1.origins) == list(canvas2.origins) and canvas1.overlaps == canvas2.overlaps
+    assert canvas1.counters == canvas2.counters
+    assert len(canvas1.origins) >= 15 and any(canvas1.overlaps.values())  # many objects, and they compete
+    assert canvas1.counters["self_prediction_rejects"] > 0 and np.isnan(canvas2.seed).all()
+
+
+def test_unbounded_floods_go_one_at_a_time() -> None:
+    """Without max_seed_distance a flood may reach anywhere: concurrent_floods cannot apply."""
+    image, _ = cubes_volume()
+    model = _BatchSizes(OracleModel())
+    segment_volume(model, image, InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=100,
+                                                 concurrent_floods=4))
+    assert set(model.sizes) == {1}
+    with pytest.raises(ConfigError, match="concurrent_floods"):
+        segment_volume(model, image, InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), concurrent_floods=0))
+
+
+def test_seed_order_lets_a_seed_go_first_only_clear_of_everything_before_it() -> None:
+    from hpctrain.ffn.inference import _Box, _Object, _SeedOrder
+
+    def started(pos: tuple[int, int, int]) -> _Object:
+        return _Object(start=pos, movement=None, visited=_Box.at(pos), written=_Box.at(pos), began=0.0)  # type: ignore[arg-type]
+
+    seeds = [(10, 10, 10), (10, 10, 15), (10, 10, 40), (10, 10, 20)]
+    order = _SeedOrder(seeds, reach=(3, 3, 3), window=8)  # clash: within 6 voxels on every axis
+    assert order.take() == (0, seeds[0])
+    a = started(seeds[0])
+    order.started(0, a)
+    # Seed 1 lies within 6 of seed 0 (waits); seed 2 is clear of both; seed 3 is clear of 0 but not of waiting 1.
+    assert order.take() == (2, seeds[2])
+    c = started(seeds[2])
+    order.started(2, c)
+    assert order.take() is None and order.waiting == [1, 3]
+    c.done = True
+    assert order.committable() == []  # seed 2 commits after seeds 0 and 1
+    a.done = True
+    assert order.committable() == [a]
+    assert order.take() == (1, seeds[1])  # seed 1 first: seed 3 still clashes with it
+    order.skipped(1)
+    assert order.committable() == [c]
+    assert order.take() == (3, seeds[3]) and order.take() is None
+    order.skipped(3)
+    assert order.finished()

@@ -96,8 +96,11 @@ def make_labels_contiguous(seg: np.ndarray) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- driving canvases
-# A flood is a generator that yields (FOV centre, seed logits) and is sent back the model's logits there.
-FovRequests = Generator[tuple[Position, np.ndarray], np.ndarray, int | None]
+# A flood yields lists of (FOV centre, seed logits) and is sent back the model's logits for each, in order: one
+# object's flood (``Canvas._flood_object``) one or two FOVs at a time, a canvas's floods (``Canvas.flood``) those of
+# every object in flight at once.
+FovRequests = Generator[list[tuple[Position, np.ndarray]], list[np.ndarray], int | None]
+FovBatches = Generator[list[tuple[Position, np.ndarray]], list[np.ndarray], None]
 
 
 def check_output(out: Any, input_shape: Sequence[int]) -> Any:
@@ -113,52 +116,188 @@ def check_output(out: Any, input_shape: Sequence[int]) -> Any:
 
 
 def run_requests(requests: FovRequests, predict: Callable[[Position, np.ndarray], np.ndarray]) -> Any:
-    """Answer every FOV request of one flood with ``predict``; returns the generator's return value."""
+    """Answer every FOV request of one flood with ``predict``, one FOV at a time; returns the generator's value."""
     try:
-        pos, logit_seed = next(requests)
+        batch = next(requests)
         while True:
-            pos, logit_seed = requests.send(predict(pos, logit_seed))
+            batch = requests.send([predict(pos, logit_seed) for pos, logit_seed in batch])
     except StopIteration as stop:
         return stop.value
 
 
-def flood_together(model: Any, floods: Sequence[tuple[Canvas, FovRequests]]) -> None:
+def run_floods(canvas: Canvas, floods: FovBatches) -> None:
+    """Answer every batch of FOVs a canvas's floods ask for, each batch in one model call."""
+    flood_together(canvas.model, [(canvas, floods)])
+
+
+def flood_together(model: Any, floods: Sequence[tuple[Canvas, FovBatches]]) -> None:
     """Advance several canvases' floods in lock step, their pending FOVs stacked into one model call.
 
     Each canvas computes exactly what it would alone (its own FOVs in its own order); only the model sees
-    a batch. The canvases must share the FOV size. Used for the pieces of a subvolume plan in one process.
+    a batch. The canvases must share the FOV size. Used for the pieces of a subvolume plan in one process, and
+    for one canvas flooding several objects at once (``Canvas.flood``'s ``width``).
     """
-    import torch
-
     if not floods:
         return
     fov = floods[0][0].fov
     if any(c.fov != fov for c, _ in floods):
         raise ConfigError("canvases flooded together must have the same FOV")
-    pending: list[tuple[Canvas, FovRequests, tuple[Position, np.ndarray]]] = []
+    pending: list[tuple[Canvas, FovBatches, list[tuple[Position, np.ndarray]]]] = []
     for canvas, requests in floods:
         try:
             pending.append((canvas, requests, next(requests)))
         except StopIteration:
             continue
-    device = floods[0][0].device
-    batch = torch.empty((len(pending), 2, *fov), dtype=torch.float32, device=device)
+    predictor = _BatchPredictor(model, floods[0][0].device, fov)
     while pending:
-        inputs = batch[: len(pending)]
-        for i, (canvas, _, (pos, logit_seed)) in enumerate(pending):
-            canvas.fill_input(inputs[i], pos, logit_seed)
-        with torch.inference_mode():
-            out = check_output(model(inputs), inputs.shape).numpy()
-        still = []
-        for i, (canvas, requests, _) in enumerate(pending):
+        logits = predictor([(canvas, pos, seed) for canvas, _, batch in pending for pos, seed in batch])
+        still, at = [], 0
+        for canvas, requests, batch in pending:
+            answers, at = logits[at : at + len(batch)], at + len(batch)
             try:
-                still.append((canvas, requests, requests.send(out[i, 0])))
+                still.append((canvas, requests, requests.send(answers)))
             except StopIteration:
                 pass
         pending = still
 
 
+class _BatchPredictor:
+    """One model call for a list of (canvas, FOV centre, seed logits); the input buffer is kept between calls."""
+
+    def __init__(self, model: Any, device: Any, fov: Position) -> None:
+        self.model, self.device, self.fov = model, device, fov
+        self._inputs: Any = None
+
+    def __call__(self, requests: Sequence[tuple[Canvas, Position, np.ndarray]]) -> list[np.ndarray]:
+        import torch
+
+        n = len(requests)
+        if self._inputs is None or self._inputs.shape[0] < n:
+            # Channels-last like the tuned model's weights, so the model's input conversion is a no-op.
+            self._inputs = torch.empty((n, 2, *self.fov), dtype=torch.float32, device=self.device).contiguous(
+                memory_format=torch.channels_last_3d)
+        inputs = self._inputs[:n]
+        for i, (canvas, pos, logit_seed) in enumerate(requests):
+            canvas.fill_input(inputs[i], pos, logit_seed)
+        with torch.inference_mode():
+            out = check_output(self.model(inputs), inputs.shape).numpy()
+        return [out[i, 0] for i in range(n)]
+
+
+class _SeedOrder:
+    """Which seed a canvas may take up next while other objects are in flight, and which finished objects may be
+    committed: seeds are taken up in order except that one may go before earlier seeds still waiting when it lies
+    more than twice ``reach`` (per axis, in some axis) from all of them and from every object in flight — then
+    none of them reads or writes what it does. Objects commit in seed order."""
+
+    def __init__(self, seeds: list[Position], reach: Position | None, window: int) -> None:
+        self.seeds, self.reach, self.window = seeds, reach, window
+        self.next = 0  # seeds before this were looked at
+        self.waiting: list[int] = []  # looked at, held back (seed order)
+        self.flight: dict[int, _Object] = {}  # started, not committed
+        self.pending: list[int] = []  # every seed index not yet committed or skipped, in order (waiting + flight)
+        self.changed = True  # something finished since the last look: worth looking again
+
+    def _clash(self, a: Position, b: Position) -> bool:
+        assert self.reach is not None
+        return all(abs(p - q) <= 2 * r for p, q, r in zip(a, b, self.reach, strict=True))
+
+    def take(self) -> tuple[int, Position] | None:
+        """The first seed that may be taken up now (it leaves the waiting list), or None."""
+        if self.reach is None:  # one at a time, in order: the next seed once nothing is in flight
+            if self.flight or self.next >= len(self.seeds):
+                return None
+            self.next += 1
+            self.pending.append(self.next - 1)
+            return self.next - 1, self.seeds[self.next - 1]
+        if not self.changed:
+            return None
+        blockers = [obj.start for obj in self.flight.values()]
+        for i in self.waiting:
+            pos = self.seeds[i]
+            if not any(self._clash(pos, b) for b in blockers):
+                self.waiting.remove(i)
+                return i, pos
+            blockers.append(pos)
+        while self.next < len(self.seeds) and len(self.waiting) < self.window:
+            i, self.next = self.next, self.next + 1
+            pos = self.seeds[i]
+            self.pending.append(i)
+            if not any(self._clash(pos, b) for b in blockers):
+                return i, pos
+            self.waiting.append(i)
+            blockers.append(pos)
+        self.changed = False
+        return None
+
+    def skipped(self, index: int) -> None:
+        self.pending.remove(index)
+
+    def started(self, index: int, obj: _Object) -> None:
+        self.flight[index] = obj
+        if obj.done:
+            self.changed = True
+
+    def committable(self) -> list[_Object]:
+        """The finished objects whose earlier seeds are all committed or skipped, in order (they leave)."""
+        out = []
+        while self.pending and self.pending[0] in self.flight and self.flight[self.pending[0]].done:
+            out.append(self.flight.pop(self.pending.pop(0)))
+        if out:
+            self.changed = True
+        return out
+
+    def finished(self) -> bool:
+        return not self.pending and self.next >= len(self.seeds)
+
+
 # --------------------------------------------------------------------------- the canvas
+@dataclass
+class _Box:
+    """A box of the volume, [lo, hi) per axis, grown as a flood writes; plain ints (updated once per FOV)."""
+
+    lo: list[int]
+    hi: list[int]
+
+    @classmethod
+    def at(cls, pos: Sequence[int]) -> _Box:
+        return cls([int(p) for p in pos], [int(p) + 1 for p in pos])
+
+    def cover(self, box: tuple[slice, slice, slice]) -> None:
+        for axis, b in enumerate(box):
+            self.lo[axis] = min(self.lo[axis], b.start)
+            self.hi[axis] = max(self.hi[axis], b.stop)
+
+    def cover_point(self, pos: Sequence[int]) -> None:
+        """Bounds of points (``hi`` inclusive here: the visited FOV centres)."""
+        for axis, p in enumerate(pos):
+            self.lo[axis] = min(self.lo[axis], p)
+            self.hi[axis] = max(self.hi[axis], p)
+
+
+
+@dataclass
+class _Object:
+    """One object being flooded: its seed, move queue, the FOV centres it visited and the map box it wrote."""
+
+    start: Position
+    movement: FaceMaxMovementPolicy
+    visited: _Box
+    written: _Box
+    began: float
+    iters: int = 0
+    done: bool = False
+    requests: FovRequests | None = None
+    next_request: list[tuple[Position, np.ndarray]] | None = None
+
+    @classmethod
+    def start_at(cls, start: Position, canvas: Canvas) -> _Object:
+        movement = FaceMaxMovementPolicy(canvas.deltas, canvas.move_logit, order=canvas.movement_order)
+        movement.reset(start)
+        return cls(start=start, movement=movement, visited=_Box(list(start), list(start)), written=_Box.at(start),
+                   began=time.perf_counter())
+
+
 class Canvas:
     """State of flood-filling one volume: the object logit map (``seed``) and the ``segmentation``.
 
@@ -188,6 +327,7 @@ class Canvas:
         self_prediction: float = 0.0,
         self_prediction_min_voxels: int = 50,
         self_prediction_radius: int = 0,
+        speculative_self_prediction: bool = False,
     ) -> None:
         import torch
 
@@ -228,25 +368,23 @@ class Canvas:
 
         self.seed = np.full(self.shape, np.nan, dtype=np.float32)
         self.segmentation = np.zeros(self.shape, dtype=np.int32)
-        self.movement = FaceMaxMovementPolicy(self.deltas, self.move_logit, order=movement_order)
+        self.movement_order = movement_order
+        FaceMaxMovementPolicy(self.deltas, self.move_logit, order=movement_order)  # checks the order here
         self.origins: dict[int, dict[str, Any]] = {}  # id -> seed position, iterations, seconds
         self.overlaps: dict[int, dict[int, int]] = {}  # id -> {earlier id: voxels above threshold there}
         self.max_seed_distance = int(max_seed_distance)
         self.self_prediction = float(self_prediction)
         self.self_prediction_min_voxels = int(self_prediction_min_voxels)
+        self.speculative = bool(speculative_self_prediction)
         self._bare_seed = np.full(self.fov, self.pad_logit, dtype=np.float32)
         self._bare_seed[tuple(f // 2 for f in self.fov)] = self.init_logit
         self._near = None  # the voxels of a FOV the check looks at: all, or those within a radius of its centre
         if self_prediction_radius:
             axes = np.ogrid[tuple(slice(-(f // 2), f // 2 + 1) for f in self.fov)]
             self._near = sum(a.astype(np.float32) ** 2 for a in axes) <= float(self_prediction_radius) ** 2
-        self._start: Position | None = None
         self.counters: dict[str, int] = {}
         self._max_id = 0
-        self._dirty: tuple[list[int], list[int]] | None = None  # seed box written since the last reset
-        # Plain ints, not numpy: these are updated once per FOV.
-        self._min_pos = [0, 0, 0]
-        self._max_pos = [0, 0, 0]
+        self._dirty: _Box | None = None  # the seed box ``segment_at`` left written (cleared by the next seed)
 
     def _count(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
@@ -263,13 +401,16 @@ class Canvas:
         reference's full reset at a fraction of the cost.
         """
         if self._dirty is not None:
-            lo, hi = self._dirty
-            self.seed[lo[0] : hi[0], lo[1] : hi[1], lo[2] : hi[2]] = np.nan
+            self._clear(self._dirty)
         self.seed[pos] = self.init_logit
-        self._dirty = ([int(v) for v in pos], [int(v) + 1 for v in pos])
+        self._dirty = _Box.at(pos)
 
-    def is_valid_pos(self, pos: Position, ignore_move_threshold: bool = False) -> bool:
-        """Whether to run the FFN at ``pos`` (``Canvas.is_valid_pos``).
+    def _clear(self, box: _Box) -> None:
+        (z0, y0, x0), (z1, y1, x1) = box.lo, box.hi
+        self.seed[z0:z1, y0:y1, x0:x1] = np.nan
+
+    def is_valid_pos(self, pos: Position, ignore_move_threshold: bool = False, start: Position | None = None) -> bool:
+        """Whether to run the FFN at ``pos`` (``Canvas.is_valid_pos``) for the object seeded at ``start``.
 
         Requires the object probability there >= move threshold (unless starting an object), the whole FOV
         inside the volume, and the voxel not yet part of another object.
@@ -284,8 +425,8 @@ class Canvas:
         if self.segmentation[pos] > 0:
             self._count("skip_invalid_pos")
             return False
-        if self.max_seed_distance and not ignore_move_threshold and self._start is not None and any(
-                abs(p - s) > self.max_seed_distance for p, s in zip(pos, self._start, strict=True)):
+        if self.max_seed_distance and not ignore_move_threshold and start is not None and any(
+                abs(p - s) > self.max_seed_distance for p, s in zip(pos, start, strict=True)):
             self._count("skip_seed_distance")
             return False
         return True
@@ -338,56 +479,68 @@ class Canvas:
         """The seed logits of the FOV at ``pos`` as the model sees them: NaN (not predicted yet) as the pad."""
         return np.nan_to_num(self.seed[self._fov_box(pos)], nan=self.pad_logit)
 
-    def write_back(self, pos: Position, logits: np.ndarray) -> None:
-        """Overwrite the object map's FOV at ``pos`` with the model's logits; remember the box for the reset."""
-        box = self._fov_box(pos)
-        self.seed[box] = logits
-        if self._dirty is None:
-            self._dirty = ([b.start for b in box], [b.stop for b in box])
+    def write_back(self, pos: Position, logits: np.ndarray, box: _Box | None = None) -> None:
+        """Overwrite the object map's FOV at ``pos`` with the model's logits; grow ``box`` (the object's written
+        box; by default the one ``segment_at`` clears at the next seed) over it."""
+        fov_box = self._fov_box(pos)
+        self.seed[fov_box] = logits
+        box = box if box is not None else self._dirty
+        if box is not None:
+            box.cover(fov_box)
         else:
-            lo, hi = self._dirty
-            self._dirty = ([min(a, b.start) for a, b in zip(lo, box, strict=True)],
-                           [max(a, b.stop) for a, b in zip(hi, box, strict=True)])
+            self._dirty = _Box([b.start for b in fov_box], [b.stop for b in fov_box])
 
     def segment_at(self, start: Position) -> int:
         """Flood one object from ``start`` until the move queue is empty; returns the FFN call count.
 
         Mirrors ``Canvas.segment_at``: stops early when the seed voxel itself drops below the move threshold.
+        The object map keeps its logits until the next seed.
         """
-        return run_requests(self._flood_object(start), self.predict)
-
-    def _flood_object(self, start: Position) -> FovRequests:
-        """``segment_at`` as a generator: yields (position, seed logits) for every FOV it needs predicted and
-        is sent the model's logits back, so a driver may batch the FOVs of several canvases."""
         self.init_seed(start)
-        self._start = start
-        self.movement.reset(start)
-        self.movement.append(2.0 * self.move_logit, start)  # any score: it is consumed at once
-        self._min_pos = list(start)
-        self._max_pos = list(start)
+        obj = _Object.start_at(start, self)
+        obj.written = self._dirty
+        return run_requests(self._flood_object(obj), self.predict)
+
+    def _flood_object(self, obj: _Object) -> FovRequests:
+        """One object's flood as a generator: yields (position, seed logits) for every FOV it needs predicted and
+        is sent the model's logits back, so a driver may batch the FOVs of several objects and canvases."""
+        start = obj.start
+        movement = obj.movement
+        movement.append(2.0 * self.move_logit, start)  # any score: it is consumed at once
+
+        def valid(pos: Position) -> bool:
+            return self.is_valid_pos(pos, start=start)
+
         iters = 0
         while True:
-            pos = self.movement.next_position(self.is_valid_pos)
+            pos = movement.next_position(valid)
             if pos is None:
                 break
             if not self.seed[start] >= self.move_logit:
                 self._count("seed_got_too_weak")
                 break
-            if self.self_prediction > 0 and pos != start:
+            checked = self.self_prediction > 0 and pos != start
+            if checked:
                 # The model's own answer from a bare seed here must claim the object the flood brought here;
                 # a flood that crossed a faint membrane meets a neighbour that does not (docs/ffn_inference.md).
-                bare = yield pos, self._bare_seed
+                # Speculatively, the seeded FOV is asked in the same call (its input is the same either way) and
+                # thrown away when the check refuses the move.
+                if self.speculative:
+                    bare, logits = yield [(pos, self._bare_seed), (pos, self.seed_at(pos))]
+                else:
+                    (bare,) = yield [(pos, self._bare_seed)]
                 if not self._agrees(pos, bare):
                     self._count("self_prediction_rejects")
-                    self.movement.mark_visited(pos)
+                    movement.mark_visited(pos)
                     continue
-            logits = yield pos, self.seed_at(pos)
-            self.write_back(pos, logits)
-            self._min_pos = [min(a, b) for a, b in zip(self._min_pos, pos, strict=True)]
-            self._max_pos = [max(a, b) for a, b in zip(self._max_pos, pos, strict=True)]
+            if not (checked and self.speculative):
+                (logits,) = yield [(pos, self.seed_at(pos))]
+            self.write_back(pos, logits, obj.written)
+            obj.visited.cover_point(pos)
             iters += 1
-            self.movement.update(logits, pos)
+            movement.update(logits, pos)
         self._count("ffn_calls", iters)
+        obj.iters = iters
         return iters
 
     def _agrees(self, pos: Position, bare: np.ndarray) -> bool:
@@ -407,46 +560,114 @@ class Canvas:
         if self.segmentation[pos] == 0:
             self.segmentation[pos] = -1
 
-    def segment_all(self, seeds: np.ndarray | Sequence[Sequence[int]]) -> None:
-        """Try to create one object from every seed, in order (``Canvas.segment_all``).
+    def segment_all(self, seeds: np.ndarray | Sequence[Sequence[int]], width: int = 1) -> None:
+        """Try to create one object from every seed, in order (``Canvas.segment_all``); see ``flood``."""
+        run_floods(self, self.flood(seeds, width))
+
+    def _may_start(self, pos: Position) -> bool:
+        """Whether an object may be seeded at ``pos`` now (else the seed is skipped, as the reference does)."""
+        if not self.is_valid_pos(pos, ignore_move_threshold=True):
+            return False
+        if self._too_close(pos):
+            self._count("skip_too_close")
+            self.segmentation[pos] = -1
+            return False
+        return True
+
+    def _reach(self) -> Position | None:
+        """How far (per axis) from its seed an object's flood reads or writes anything: its FOVs' centres stay within
+        ``max_seed_distance`` of the seed, and a FOV reaches ``margin`` beyond its centre. None: unbounded."""
+        if not self.max_seed_distance:
+            return None
+        d = self.max_seed_distance
+        return (d + self.margin[0], d + self.margin[1], d + self.margin[2])
+
+    def flood(self, seeds: np.ndarray | Sequence[Sequence[int]], width: int = 1) -> FovBatches:
+        """``segment_all`` as a generator of FOV batches: the FOVs of up to ``width`` objects in flight at once.
 
         A seed is skipped when its FOV leaves the volume, when it already lies in an object, or when an
         object is within ``min_boundary_dist`` of it. After flooding, the object is the voxels of the
         touched box with probability >= segment threshold that are not yet in another object (earlier
         objects keep their voxels; the overlap is recorded in ``overlaps``); it is dropped when it has fewer
         than ``min_segment_size`` such voxels or when the seed voxel itself ended below the move threshold.
-        """
-        run_requests(self.flood(seeds), self.predict)
 
-    def flood(self, seeds: np.ndarray | Sequence[Sequence[int]]) -> FovRequests:
-        """``segment_all`` as a generator of FOV requests (see ``_flood_object``).
-
-        A seed is skipped when its FOV leaves the volume, when it already lies in an object, or when an
-        object is within ``min_boundary_dist`` of it. After flooding, the object is the voxels of the
-        touched box with probability >= segment threshold that are not yet in another object (earlier
-        objects keep their voxels; the overlap is recorded in ``overlaps``); it is dropped when it has fewer
-        than ``min_segment_size`` such voxels or when the seed voxel itself ended below the move threshold.
+        ``width`` > 1 (with ``max_seed_distance`` set, so that a flood stays within ``_reach`` of its seed)
+        floods several objects at once, their FOVs in one model call. A seed is taken up (checked, then
+        flooded) only when no object in flight and no earlier seed still waiting lies within twice the reach of
+        it, and objects are committed in seed order: every object reads and writes exactly what it would one
+        after another, and gets the same id; only the model sees a batch. Seeds up to ``LOOKAHEAD`` x width
+        places beyond the first waiting one may go first.
         """
-        for raw in np.asarray(seeds, dtype=np.int64).reshape(-1, 3):
-            pos = (int(raw[0]), int(raw[1]), int(raw[2]))
-            if not self.is_valid_pos(pos, ignore_move_threshold=True):
+        reach = self._reach()
+        if width < 1:
+            raise ConfigError(f"concurrent_floods must be >= 1, got {width}", key="concurrent_floods")
+        if reach is None:
+            width = 1
+        queue = [(int(r[0]), int(r[1]), int(r[2])) for r in np.asarray(seeds, dtype=np.int64).reshape(-1, 3)]
+        order = _SeedOrder(queue, reach, window=1 if width == 1 else self.LOOKAHEAD * width)
+        running: list[_Object] = []
+        idle = 0
+        while True:
+            for obj in order.committable():
+                self._commit(obj)
+            while len(running) < width:
+                taken = order.take()
+                if taken is None:
+                    break
+                index, pos = taken
+                if not self._may_start(pos):
+                    order.skipped(index)
+                    continue
+                obj = self._start_object(pos)
+                order.started(index, obj)
+                if not obj.done:
+                    running.append(obj)
+            if not running:
+                if order.finished():
+                    return
+                idle += 1  # objects done but not committed yet: commit them, then seeds they held back may start
+                if idle > 2:  # the smallest seed still waiting clashes with nothing in flight: cannot happen
+                    raise RuntimeFailure(f"flood scheduling stalled with seeds {order.pending[:5]} pending")
+                order.changed = True
                 continue
-            if self._too_close(pos):
-                self._count("skip_too_close")
-                self.segmentation[pos] = -1
-                continue
-            t0 = time.perf_counter()
-            iters = yield from self._flood_object(pos)
-            if iters <= 0:
-                continue
+            idle = 0
+            logits = yield [request for obj in running for request in obj.next_request]  # type: ignore[union-attr]
+            at = 0
+            for obj in running:
+                answers, at = logits[at : at + len(obj.next_request)], at + len(obj.next_request)  # type: ignore[arg-type]
+                try:
+                    obj.next_request = obj.requests.send(answers)  # type: ignore[union-attr]
+                except StopIteration:
+                    obj.done, obj.next_request = True, None
+                    order.changed = True
+            running = [obj for obj in running if not obj.done]
+
+    LOOKAHEAD = 8  # seeds per unit of width that may be taken up before the first waiting one
+
+    def _start_object(self, pos: Position) -> _Object:
+        if self._dirty is not None:  # a box ``segment_at`` left written
+            self._clear(self._dirty)
+            self._dirty = None
+        self.seed[pos] = self.init_logit
+        obj = _Object.start_at(pos, self)
+        obj.requests = self._flood_object(obj)
+        obj.next_request = next(obj.requests, None)
+        obj.done = obj.next_request is None
+        return obj
+
+    def _commit(self, obj: _Object) -> None:
+        """Make a finished object's voxels an object of the segmentation (or mark its seed failed), in seed order;
+        then clear what it wrote into the object map."""
+        pos = obj.start
+        try:
+            if obj.iters <= 0:
+                return
             if not self.seed[pos] >= self.move_logit:
                 self._mark_failed(pos)
                 self._count("failed_weak_seed")
-                continue
-            sel = tuple(
-                slice(max(int(lo) - m, 0), int(hi) + m + 1)
-                for lo, hi, m in zip(self._min_pos, self._max_pos, self.margin, strict=True)
-            )
+                return
+            sel = tuple(slice(max(lo - m, 0), hi + m + 1)
+                        for lo, hi, m in zip(obj.visited.lo, obj.visited.hi, self.margin, strict=True))
             mask = self.seed[sel] >= self.segment_logit
             seg_box = self.segmentation[sel]  # a view: writes go to the canvas
             ids, counts = np.unique(seg_box[mask], return_counts=True)
@@ -456,7 +677,7 @@ class Canvas:
             if size < self.min_segment_size:
                 self._mark_failed(pos)
                 self._count("failed_too_small")
-                continue
+                return
             self._max_id += 1
             while self._max_id in self.origins:
                 self._max_id += 1
@@ -464,11 +685,13 @@ class Canvas:
             self.overlaps[self._max_id] = overlapped
             self.origins[self._max_id] = {
                 "seed": pos,
-                "iters": iters,
+                "iters": obj.iters,
                 "size": size,
-                "seconds": round(time.perf_counter() - t0, 4),
+                "seconds": round(time.perf_counter() - obj.began, 4),
             }
             self._count("voxels_segmented", size)
+        finally:
+            self._clear(obj.written)
 
     def labels(self) -> np.ndarray:
         """The segmentation as uint32 ids 1..N, 0 for unsegmented voxels (failed-seed markers removed)."""
@@ -525,6 +748,14 @@ class InferenceConfig:
     # image shows between the two pieces: ``join_model.FEATURES``), fitted on a labelled volume's pieces
     # (``JoinModel.as_dict``); its probability that the pair is one object replaces the claim as the pair's score.
     join_model: dict[str, Any] | None = None
+    # Not in the reference (1 = one object at a time): with ``max_seed_distance`` set, up to this many objects are
+    # flooded at once, far enough apart that none reads what another writes, their FOVs in one model call; the
+    # objects are the same as one at a time up to the float32 sums of a batched convolution (``Canvas.flood``).
+    concurrent_floods: int = 1
+    # Not in the reference (False = off): with ``self_prediction``, each move's seeded FOV is asked in the same model
+    # call as the check's bare-seed FOV and thrown away when the check refuses the move — the same objects from
+    # fewer, larger calls (a GPU's gain; on a CPU a batch of two costs what two single FOVs do).
+    speculative_self_prediction: bool = False
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "inference config") -> InferenceConfig:
@@ -560,6 +791,7 @@ class InferenceConfig:
             "max_seed_distance": self.max_seed_distance,
             "self_prediction": self.self_prediction,
             "self_prediction_radius": self.self_prediction_radius,
+            "speculative_self_prediction": self.speculative_self_prediction,
         }
 
 
@@ -581,7 +813,7 @@ def segment_volume(
     cfg = _as_config(cfg)
     model.eval()
     canvas = Canvas(model, image, cfg.fov, cfg.deltas, **cfg.canvas_kwargs())
-    run_requests(_segmentation(canvas, cfg, seeds), canvas.predict)
+    run_floods(canvas, _segmentation(canvas, cfg, seeds))
     labels = _finish(canvas, cfg)
     return (labels, canvas) if return_canvas else labels
 
@@ -599,18 +831,19 @@ def segment_volumes_together(model: Any, images: Sequence[np.ndarray],
     return [_finish(c, cfg) for c in canvases]
 
 
-def _segmentation(canvas: Canvas, cfg: InferenceConfig, seeds: np.ndarray | None) -> FovRequests:
+def _segmentation(canvas: Canvas, cfg: InferenceConfig, seeds: np.ndarray | None) -> FovBatches:
     """Every flood of one segmentation: the policy's seeds, then ``reseed_passes`` passes of the peaks policy
-    over the voxels still unsegmented."""
+    over the voxels still unsegmented; ``cfg.concurrent_floods`` objects in flight at once."""
     image = canvas.image
+    width = cfg.concurrent_floods
     if seeds is None:
         seeds = make_seeds(cfg.seed_policy, image, **cfg.seed_args)
-    yield from canvas.flood(within_margin(seeds, canvas.shape, canvas.margin))
+    yield from canvas.flood(within_margin(seeds, canvas.shape, canvas.margin), width)
     peak_args = cfg.seed_args if cfg.seed_policy == "peaks" else {}
     for _ in range(cfg.reseed_passes):
         before = len(canvas.origins)
         more = make_seeds("peaks", image, **{**peak_args, "mask": canvas.segmentation > 0})
-        yield from canvas.flood(within_margin(more, canvas.shape, canvas.margin))
+        yield from canvas.flood(within_margin(more, canvas.shape, canvas.margin), width)
         if len(canvas.origins) == before:
             break
     return None

@@ -32,7 +32,7 @@ from hpctrain.ffn.inference import (
     join_and_fill,
     pair_scores,
     pieces_and_claims,
-    run_requests,
+    run_floods,
 )
 
 FLOOD_KEYS = ("move_threshold", "segment_threshold")  # each value floods the crop again
@@ -84,7 +84,7 @@ def flood_pieces(model: Any, image: np.ndarray,
                  cfg: InferenceConfig) -> tuple[np.ndarray, dict[tuple[int, int], float], Canvas]:
     """One segmentation's floods of ``image``: (its pieces, the mutual claim of each pair in contact, the canvas)."""
     canvas = Canvas(model, image, cfg.fov, cfg.deltas, **cfg.canvas_kwargs())
-    run_requests(_segmentation(canvas, cfg, None), canvas.predict)
+    run_floods(canvas, _segmentation(canvas, cfg, None))
     pieces, claims = pieces_and_claims(canvas, cfg)
     return pieces, claims, canvas
 

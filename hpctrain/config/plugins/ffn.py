@@ -260,6 +260,10 @@ class InferenceSettings(Strict):
     watershed_fill: bool | None = None
     split_pieces: bool | None = None
     linkage: Literal["single", "average"] | None = None
+    concurrent_floods: int | None = Field(None, ge=1, description="objects flooded at once (their FOVs batched), "
+                                          "with max_seed_distance set; 1: one at a time")
+    speculative_self_prediction: bool | None = Field(None, description="ask each move's seeded FOV in the same "
+                                                     "model call as the self-prediction check's bare-seed FOV")
     join_model: dict[str, Any] | None = Field(None, description="a fitted join model (hpctrain.ffn.join_model."
                                               "JoinModel.as_dict, as hpctrain ffn tune --json prints it): pairs "
                                               "are joined by its probability instead of the mutual claim")
