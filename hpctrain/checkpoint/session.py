@@ -55,6 +55,7 @@ class CheckpointSession:
         self.background = background
         stop_at = environ.get(STOP_AT_STEP_ENV, "")
         self._stop_at: int | None = int(stop_at) if stop_at.strip() else None
+        self._vote_every = job.checkpoint.stop_check_every
         self._last_saved: int | None = None
         self._pending: PendingSave | None = None
         self._stopping = False
@@ -77,11 +78,15 @@ class CheckpointSession:
     def stop_requested(self, step: int | None = None) -> bool:
         """True on every rank once any rank received the stop signal (decided together at a step boundary).
 
+        The ranks vote after every ``checkpoint.stop_check_every``-th step (and the last, and the test hook's
+        step): a signal is acted on at the next vote, and between votes this returns False without a collective.
         The same all-reduce also tells whether every rank has finished writing a background save; if so it
         is committed here. When a stop is agreed, a save still in flight is committed before returning.
         """
         if step is not None and step == self._stop_at:
             self.flag.set()
+        elif step is not None and step % self._vote_every and step < self.job.train.steps:
+            return False
         pending = self._pending
         writing = pending is not None and not pending.done()
         votes = torch.tensor([1.0 if self.flag.requested() else 0.0, 1.0 if writing else 0.0], dtype=torch.float64)

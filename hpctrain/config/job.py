@@ -188,6 +188,10 @@ class CheckpointConfig(Strict):
     signal: Literal["USR1", "USR2", "TERM", "INT", "HUP", "XCPU"] = "USR2"
     signal_lead_s: int = Field(120, ge=10, le=MAX_COUNT,
                                description="Seconds before the walltime the warning signal comes (below the walltime)")
+    stop_check_every: int = Field(1, ge=1, le=MAX_COUNT,
+                                  description="Steps between the ranks' stop votes (one small all-reduce each); a "
+                                              "stop signal is acted on at the next vote, so keep this many steps well "
+                                              "inside signal_lead_s")
     layout: Literal["node", "rank"] = Field(
         "node", description="Rank states in one file per node (packed by the node's local rank 0) or one file per "
                             "rank (docs/checkpoints.md, 'Per-node files')")

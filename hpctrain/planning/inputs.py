@@ -29,8 +29,8 @@ ASSUMED: dict[str, tuple[Value, str]] = {
     "stream_bytes": (0.0, "no input stream is read at start-up beyond the measured one-node start-up"),
     "env_files": (33028.0, "files of the test machine's Python environment (.venv with the torch CPU stack)"),
     "env_bytes": (1.5e9, "size of the test machine's Python environment"),
-    "control_allreduces": (1.0, "the stop vote: one all-reduce of 16 bytes after every step "
-                                "(checkpoint/session.py stop_requested)"),
+    "control_allreduces": (1.0, "the stop vote: one all-reduce of 16 bytes after every step, the default "
+                                "(checkpoint/session.py stop_requested; a job's checkpoint.stop_check_every sets it)"),
     "adacomp_ratio": (0.02, "AdaComp sends about 1/50 of the dense bytes (no AdaComp run measured)"),
     "overlap_window_s": (0.0, "no gradient bucket timing measured: no overlap window"),
     "input_std_s": (0.0, "no input timing measured"),
@@ -95,6 +95,9 @@ def _job_params(job: JobSpec, where: str, site: SiteProfile) -> list[Param]:
         Param("dasgd_period", float(comb.period), "job", f"{where}: train.combiner.period"),
         Param("dasgd_delay", float(comb.delay), "job", f"{where}: train.combiner.delay"),
         Param("walltime_s", float(parse_walltime(res.walltime)), "job", f"{where}: resources.walltime"),
+        Param("control_allreduces", 1.0 / job.checkpoint.stop_check_every, "job",
+              f"{where}: checkpoint.stop_check_every (the stop vote: one all-reduce of 16 bytes every "
+              f"{job.checkpoint.stop_check_every} step(s), checkpoint/session.py stop_requested)"),
     ]
     # check_value: a backend the planner has no cost model for is one readable error, not a traceback
     if train.comm_backend != "auto":
