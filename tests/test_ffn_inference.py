@@ -506,3 +506,21 @@ def test_seed_order_lets_a_seed_go_first_only_clear_of_everything_before_it() ->
     assert order.take() == (3, seeds[3]) and order.take() is None
     order.skipped(3)
     assert order.finished()
+
+
+def test_canvases_flooded_together_each_with_objects_at_once_match_each_alone() -> None:
+    """Subvolume pieces in one process (``segment_volumes_together``) with ``concurrent_floods``: the model sees
+    the FOVs of every object in flight on every canvas in one call, and each canvas ends as it would alone."""
+    from hpctrain.ffn.inference import segment_volumes_together
+
+    image = _cells_volume((30, 64, 64), 40, seed=7)
+    pieces = [image[:, :40, :], image[:, 24:, :]]
+    cfg = {"fov": (9, 9, 9), "deltas": (3, 3, 3), "min_segment_size": 30, "max_seed_distance": 4,
+           "self_prediction": 0.5, "reseed_passes": 1, "seed_args": {"order": "distance"}}
+    alone = [segment_volume(LeakyOracle(), piece, InferenceConfig(**cfg)) for piece in pieces]
+    model = _BatchSizes(LeakyOracle())
+    together = segment_volumes_together(model, pieces, InferenceConfig(**cfg, concurrent_floods=3,
+                                                                      speculative_self_prediction=True))
+    assert max(model.sizes) > 2 * 2  # more FOVs in a call than one canvas with one object could ask
+    for one, both in zip(alone, together, strict=True):
+        assert np.array_equal(one, both) and one.max() >= 5
