@@ -199,17 +199,13 @@ class _SeedOrder:
         self.changed = True  # something finished since the last look: worth looking again
 
     def _clash(self, a: Position, b: Position) -> bool:
-        assert self.reach is not None
+        """Whether floods from ``a`` and ``b`` may touch the same voxels (always, when floods are unbounded)."""
+        if self.reach is None:
+            return True
         return all(abs(p - q) <= 2 * r for p, q, r in zip(a, b, self.reach, strict=True))
 
     def take(self) -> tuple[int, Position] | None:
         """The first seed that may be taken up now (it leaves the waiting list), or None."""
-        if self.reach is None:  # one at a time, in order: the next seed once nothing is in flight
-            if self.flight or self.next >= len(self.seeds):
-                return None
-            self.next += 1
-            self.pending.append(self.next - 1)
-            return self.next - 1, self.seeds[self.next - 1]
         if not self.changed:
             return None
         blockers = [obj.start for obj in self.flight.values()]
