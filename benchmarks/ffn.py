@@ -195,7 +195,7 @@ def flood_vs_forward(size: Size, threads: int, rounds: int, checkpoint: Path | N
         return canvas.counters.get("ffn_calls", 0), time.perf_counter() - t
 
     def together_once() -> tuple[int, float]:
-        counted = _CountingModule(model)
+        counted = CountingModule(model)
         t = time.perf_counter()
         segment_volumes_together(counted, pieces, {**cfg.__dict__, "seed_args": {}})
         return counted.fovs, time.perf_counter() - t  # seeds of the pieces included: a small share
@@ -225,15 +225,17 @@ def flood_vs_forward(size: Size, threads: int, rounds: int, checkpoint: Path | N
             for k, v in best.items()]
 
 
-class _CountingModule(nn.Module):
-    """Counts the FOVs a model is asked for."""
+class CountingModule(nn.Module):
+    """Counts the calls of a model and the FOVs it is asked for (benchmarks/flood_batching.py uses it too)."""
 
     def __init__(self, inner: nn.Module) -> None:
         super().__init__()
         self.inner = inner
+        self.calls = 0
         self.fovs = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         self.fovs += int(x.shape[0])
         return self.inner(x)
 

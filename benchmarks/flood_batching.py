@@ -18,7 +18,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -27,26 +26,12 @@ CONFIGS = ((1, False), (1, True), (2, False), (2, True), (4, True), (8, True))
 VOLUMES = {"s2": ((48, 96, 96), 2), "t1": ((64, 128, 128), 1)}  # the held-out and the training volume's shapes
 
 
-class Counting:
-    """Counts the model calls and FOVs of a flood."""
-
-    def __init__(self, model: Any) -> None:
-        self.model, self.calls, self.fovs = model, 0, 0
-
-    def __call__(self, x: Any) -> Any:
-        self.calls += 1
-        self.fovs += int(x.shape[0])
-        return self.model(x)
-
-    def eval(self) -> Counting:
-        return self
-
-
 def main() -> int:
     import numpy as np
     import torch
     import yaml
 
+    from benchmarks.ffn import CountingModule
     from hpctrain.ffn.inference import prepare_inference, segment_volume
     from hpctrain.ffn.synthetic import make_synthetic_volume
 
@@ -79,7 +64,7 @@ def main() -> int:
         segment_volume(model, image, cfg)  # warm-up: cuDNN/oneDNN plans, allocator
         for _ in range(args.rounds):
             for width, speculative in configs:
-                counted = Counting(model)
+                counted = CountingModule(model)
                 run = cfg.__class__(**{**cfg.__dict__, "concurrent_floods": width,
                                        "speculative_self_prediction": speculative})
                 sync()

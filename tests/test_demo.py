@@ -53,6 +53,16 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     assert chosen["chosen"].items() >= min(chosen["rows"], key=lambda r: r["voi"])["settings"].items()
     assert all(r["reused_flood"] == ("pairs" in chosen["join_fit"]) for r in chosen["rows"])
     assert "(chosen on the training volume)" in text and "choosing thresholds" in text
+    # --curve: the earlier checkpoint chose its own join threshold (and join model where one could be fitted)
+    # on the training volume; the last one is the demo's own model and reuses the demo's choice
+    first, last = scores["curve"]
+    assert first["tuning_seconds"] > 0 and "step 4: its own join model and thresholds" in text
+    candidates = [r["settings"]["agglomerate_threshold"] for r in chosen["rows"]]
+    assert first["settings"]["agglomerate_threshold"] in candidates
+    assert last["tuning_seconds"] == 0.0
+    assert last["settings"]["agglomerate_threshold"] == chosen["chosen"]["agglomerate_threshold"]
+    assert last["own_join_model"] == ("join_model" in chosen["chosen"])
+    assert last["voi"] == pytest.approx(scores["ffn"]["voi"])  # the same checkpoint and settings as the demo's row
     assert not (out / "data" / "validation.h5").exists()  # the job names no validation volume
 
     png = out / "demo.png"

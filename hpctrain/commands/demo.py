@@ -6,7 +6,8 @@ the ``local`` site (the same submission path as any cluster) while the baselines
 watershed whose parameters are chosen on the training volume, Otsu components) → flood-fill segmentation
 of the held-out volume → VOI and adapted Rand error against the ground truth and against the baselines → a
 PNG with the loss curve and slices. ``--more`` adds three more held-out seeds and one synthetic condition
-never used while tuning; ``--curve`` scores every checkpoint of the run (score against training time). The
+never used while tuning; ``--curve`` scores every checkpoint of the run (score against training time), each
+with the join model and thresholds chosen for it as for the final one. The
 orchestration lives here, in the command layer; the FFN's domain code (``hpctrain.ffn``) never reaches up.
 """
 
@@ -47,7 +48,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--more", action="store_true",
                         help="also score held-out seeds 3-5 and the generalisation condition")
     parser.add_argument("--curve", type=int, default=0, metavar="N",
-                        help="keep N checkpoints through the run and score each on the held-out volume")
+                        help="keep N checkpoints through the run and score each on the held-out volume, each with its "
+                             "own join model and thresholds (one flood of the training volume per checkpoint)")
     parser.add_argument("--from-run", default=None, metavar="RUN_DIR",
                         help="score a finished demo run's checkpoint again (e.g. with other inference settings "
                              "in --job) instead of training")
@@ -245,20 +247,35 @@ def training_seconds(metrics_path: Path) -> dict[int, float]:
     return {step: t - t0 for step, t in timed}
 
 
-def score_curve(run_dir: Path, checkpoint_dir: Path, volume: str, out: Path, settings: dict[str, Any],
-                threads: int) -> list[dict[str, float]]:
-    """Held-out scores of every checkpoint the run kept, with the training time at its step."""
+def score_curve(run_dir: Path, checkpoint_dir: Path, volumes: dict[str, str], out: Path, settings: dict[str, Any],
+                threads: int, *, tuning: Any = None, final: tuple[str, dict[str, Any]] | None = None,
+                ) -> list[dict[str, Any]]:
+    """Held-out scores of every checkpoint the run kept, with the training time at its step.
+
+    With the job's ``tuning``, each checkpoint gets its own join model and thresholds, chosen on the training
+    volume as the demo chooses them for its final model: a point is what the demo would have reported had the
+    run stopped there. ``final`` = (checkpoint, its tuned settings): the demo's own choice, not repeated."""
     from hpctrain.checkpoint.manifest import SHARED, read_entries
 
     entries, _ = read_entries(checkpoint_dir)
     seconds = training_seconds(run_dir / "metrics.jsonl")
-    points = []
+    points: list[dict[str, Any]] = []
     for entry in entries:
-        _, s = segment_and_score(str(entry.path / SHARED), volume, out / f"curve-{entry.step}.h5", settings, threads)
+        checkpoint = str(entry.path / SHARED)
+        chosen, tuned = settings, {}
+        if final is not None and Path(final[0]).resolve() == Path(checkpoint).resolve():
+            chosen = final[1]
+        elif tuning is not None:
+            _say(f"step {entry.step}: its own join model and thresholds")
+            chosen, tuned = tune_thresholds(checkpoint, volumes, settings, tuning, threads)
+        _, s = segment_and_score(checkpoint, volumes["eval"], out / f"curve-{entry.step}.h5", chosen, threads)
         at = max((k for k in seconds if k <= entry.step), default=None)
-        points.append({"step": entry.step, "seconds": seconds.get(at, 0.0) if at is not None else 0.0, **s})
+        picked = {k: chosen[k] for k in ("move_threshold", "agglomerate_threshold") if k in chosen}
+        points.append({"step": entry.step, "seconds": seconds.get(at, 0.0) if at is not None else 0.0, **s,
+                       "settings": picked, "own_join_model": bool(chosen.get("join_model")),
+                       "tuning_seconds": tuned.get("seconds", 0.0)})
         _say(f"step {entry.step}: VOI {s['voi']:.3f} (merge {s['voi_merge']:.3f}), "
-             f"adapted Rand {s['adapted_rand_error']:.3f}")
+             f"adapted Rand {s['adapted_rand_error']:.3f} with {picked}")
         (out / f"curve-{entry.step}.h5").unlink()
     return points
 
@@ -301,7 +318,7 @@ def plot(out_png: Path, metrics_path: Path, image: np.ndarray, truth: np.ndarray
     plt.close(fig)
 
 
-def plot_curve(out_png: Path, points: list[dict[str, float]], watershed_voi: float) -> None:
+def plot_curve(out_png: Path, points: list[dict[str, Any]], watershed_voi: float) -> None:
     """Held-out VOI, merge VOI and adapted Rand error against training time."""
     import matplotlib
 
@@ -418,7 +435,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     checkpoint = resolve_checkpoint(str(run_dir / job.checkpoint.dir))
     _say(f"trained in {train_seconds:.0f} s; checkpoint {checkpoint}" if handle else f"checkpoint {checkpoint}")
 
-    settings = inference_settings(dict(job.data))
+    settings = base_settings = inference_settings(dict(job.data))
     seg_threads = threads or available_cpus()
     tuning = inference_tuning(dict(job.data))
     tuned: dict[str, Any] = {}
@@ -442,9 +459,10 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     png = out / "demo.png"
     plot(png, run_dir / "metrics.jsonl", image, truth, ffn_seg, watershed_segmentation(image, watershed["params"]),
          scores, movement_from=single_fov_steps)
-    points: list[dict[str, float]] = []
+    points: list[dict[str, Any]] = []
     if curve:
-        points = score_curve(run_dir, run_dir / job.checkpoint.dir, volumes["eval"], out, settings, seg_threads)
+        points = score_curve(run_dir, run_dir / job.checkpoint.dir, volumes, out, base_settings, seg_threads,
+                             tuning=tuning, final=(checkpoint, settings))
         plot_curve(out / "curve.png", points, scores["watershed"]["voi"])
     total = time.perf_counter() - started
     (out / "scores.json").write_text(json.dumps(
