@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,12 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     assert last["settings"]["agglomerate_threshold"] == chosen["chosen"]["agglomerate_threshold"]
     assert last["own_join_model"] == ("join_model" in chosen["chosen"])
     assert last["voi"] == pytest.approx(scores["ffn"]["voi"])  # the same checkpoint and settings as the demo's row
+    # the time budget is a target like the others: the verdict follows the time kept in scores.json
+    took = scores["seconds"]["to_heldout_scores"]
+    assert 0 < took < scores["seconds"]["total"]
+    line = re.search(r"  (met    |NOT met)  the demo took (\d+) s up to these scores \(target <= 360 s", text)
+    assert line is not None and abs(int(line[2]) - took) <= 1
+    assert (line[1] == "met    ") == (took <= 360)
     assert not (out / "data" / "validation.h5").exists()  # the job names no validation volume
 
     png = out / "demo.png"
@@ -84,6 +91,7 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     rescored = json.loads((again / "scores.json").read_text())
     assert rescored["ffn"] == scores["ffn"] and rescored["from_run"] == str(metrics.parent)
     assert rescored["seconds"]["training"] == 0 and not (again / "runs").exists()
+    assert "the demo took" not in proc.stdout  # a rescoring trains nothing: no time verdict
 
 
 def test_a_synthetic_validation_volume_is_written_and_chosen_on(tmp_path: Path) -> None:
