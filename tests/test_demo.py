@@ -143,20 +143,3 @@ def test_reseed_passes_and_expand_labels_of_the_demo_settings() -> None:
 
     near = ndimage.distance_transform_edt(labels == 0) <= 2  # membrane voxels within 2 of a cube
     assert np.all(grown[near] > 0) and not np.any(grown[~near & (labels == 0)])
-
-
-def test_the_baselines_thread_runs_at_idle_priority_and_hands_back_value_and_error() -> None:
-    """The demo computes its baselines while the ranks train, in a thread that gets only the CPU the ranks leave
-    (SCHED_IDLE: the first ~300 steps of the demo ran at half speed beside them). The policy is the thread's own:
-    the caller (which later floods with the trained model) keeps its normal one."""
-    from hpctrain.commands.demo import IdleThread
-
-    seen = IdleThread(lambda: os.sched_getscheduler(0))
-    assert seen.result() == os.SCHED_IDLE == seen.policy
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
-
-    def fails() -> None:
-        raise ValueError("no training volume")
-
-    with pytest.raises(ValueError, match="no training volume"):
-        IdleThread(fails).result()

@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -135,39 +132,6 @@ def follow(handle: Any) -> Path:
         tail = handle.logs().splitlines()[-25:]
         raise HpctrainError(f"training run {handle.run_id} ended {view.state}: {view.reason}\n" + "\n".join(tail))
     return Path(view.run_dir)
-
-
-class IdleThread:
-    """``fn()`` in a thread whose CPU share is only what nothing else wants (Linux ``SCHED_IDLE``, this thread
-    alone): the demo's baselines run while its ranks train and must not slow them — they fill the ranks' waits
-    on each other instead. Where the policy is unavailable the thread runs at normal priority. ``result()``
-    waits and returns ``fn``'s value or raises its exception."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn = fn
-        self._value: Any = None
-        self._error: BaseException | None = None
-        self.policy: int | None = None
-        self._thread = threading.Thread(target=self._run, name="demo-baselines", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            if hasattr(os, "SCHED_IDLE"):
-                try:
-                    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: the calling thread
-                except OSError:
-                    pass
-                self.policy = os.sched_getscheduler(0)
-            self._value = self._fn()
-        except BaseException as e:  # handed to result()
-            self._error = e
-
-    def result(self) -> Any:
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-        return self._value
 
 
 def score(seg: np.ndarray, truth: np.ndarray) -> dict[str, float]:
@@ -465,11 +429,10 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
         sets += [f"checkpoint.every_steps={max(1, total_steps // curve)}", f"checkpoint.keep={curve + 1}"]
     t_train = time.perf_counter()
     handle = None if finished else submit_training(job_path, sets, out / "runs")
-    # The baselines need no training: they run while the ranks train, on the CPU time the ranks leave (IdleThread).
-    background = IdleThread(lambda: baselines(volumes, held_out))
-    run_dir = finished or follow(handle)
-    base, watershed = background.result()
+    # The baselines need no training: they run while the ranks train (this process only waits on them).
+    base, watershed = baselines(volumes, held_out)
     _say(f"baselines done; watershed parameters chosen on the training volume: {watershed['params']}")
+    run_dir = finished or follow(handle)
     train_seconds = time.perf_counter() - t_train if handle else 0.0
     checkpoint = resolve_checkpoint(str(run_dir / job.checkpoint.dir))
     _say(f"trained in {train_seconds:.0f} s; checkpoint {checkpoint}" if handle else f"checkpoint {checkpoint}")
