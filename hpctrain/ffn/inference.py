@@ -772,6 +772,11 @@ class InferenceConfig:
             kwargs["join_model"] = JoinModel.from_mapping(kwargs["join_model"], f"{where}: join_model").as_dict()
         return cls(**kwargs)
 
+    def unbatched(self) -> InferenceConfig:
+        """These settings with one object in flight and no speculative FOVs: the same objects, because
+        ``concurrent_floods`` and ``speculative_self_prediction`` change how FOVs are batched, not what is flooded."""
+        return dataclasses.replace(self, concurrent_floods=1, speculative_self_prediction=False)
+
     def canvas_kwargs(self) -> dict[str, Any]:
         return {
             "move_threshold": self.move_threshold,

@@ -55,8 +55,8 @@ class Flood:
         pairs are scored and joined afterwards (any join threshold > 0 computes the claims) and how the FOVs are
         batched (``concurrent_floods`` and ``speculative_self_prediction`` give the same objects)."""
         def flood_only(c: InferenceConfig) -> InferenceConfig:
-            return dataclasses.replace(c, agglomerate_threshold=float(c.agglomerate_threshold > 0), join_model=None,
-                                       concurrent_floods=1, speculative_self_prediction=False)
+            return dataclasses.replace(c.unbatched(), agglomerate_threshold=float(c.agglomerate_threshold > 0),
+                                       join_model=None)
 
         return flood_only(self.cfg) == flood_only(cfg)
 
