@@ -55,6 +55,21 @@ def test_seed_positions_lie_in_the_source_near_the_target_with_their_fov_inside(
     assert seed_positions(seg, 1, 3, margin=(4, 4, 4)) == []  # no object 3
 
 
+def test_a_distance_cache_gives_the_same_positions_with_one_transform_per_target() -> None:
+    """``mutual_claims`` keeps each target's distance transform for every pair it is the target of: the positions
+    are those computed without the cache, and a target met twice is transformed once."""
+    seg = np.zeros((21, 21, 60), np.int32)
+    seg[..., :20], seg[..., 22:38], seg[..., 40:] = 1, 2, 3
+    cache: dict = {}
+    for source in (1, 3):
+        assert (seed_positions(seg, source, 2, margin=(4, 4, 4), distances=cache)
+                == seed_positions(seg, source, 2, margin=(4, 4, 4)) != [])
+    assert list(cache) == [(2, 5)]  # (target, far): one transform for both sources
+    assert seed_positions(seg, 2, 3, margin=(4, 4, 4), far=3, distances=cache) == seed_positions(
+        seg, 2, 3, margin=(4, 4, 4), far=3)
+    assert sorted(cache) == [(2, 5), (3, 3)]
+
+
 def test_a_pair_is_joined_only_when_both_sides_claim_each_other() -> None:
     seg = np.zeros((15, 15, 30), np.int32)
     seg[..., :14] = 1

@@ -176,6 +176,59 @@ def test_tuning_on_the_fit_volume_reuses_the_fit_flood() -> None:
         tune_inference(NoCalls(), image, labels, with_model, {"move_threshold": [0.9, 0.8]}, floods=[flood])
 
 
+def test_the_join_fit_floods_with_its_own_settings_and_the_choice_reuses_that_flood(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``data.eval.tune.fit_joins.inference`` (the demo: ``self_prediction: 0``): the fit's flood of the training
+    volume skips the self-prediction check — fewer model calls —, the join threshold is chosen on that same flood
+    (no second flood), and only the choice and the join model come back: the held-out settings keep the check."""
+    from hpctrain.ffn.model import ConvStack3D
+    from hpctrain.ffn.tuning import tune_checkpoint
+
+    fovs = [0]  # FOVs the model was asked, all calls together
+    forward = ConvStack3D.forward
+
+    def counted(self: ConvStack3D, x: torch.Tensor) -> torch.Tensor:
+        fovs[0] += int(x.shape[0])
+        return forward(self, x)
+
+    monkeypatch.setattr(ConvStack3D, "forward", counted)
+    ckpt = everything_model(tmp_path / "m.pt")
+    image, labels = painted_volume((24, 32, 32), seed=5)
+    with h5py.File(tmp_path / "fit.h5", "w") as f:
+        f["image"], f["labels"] = image, labels
+    spec = (f"{tmp_path}/fit.h5:image", f"{tmp_path}/fit.h5:labels")
+    job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())
+    settings = {**job["data"]["eval"]["inference"], "max_seed_distance": 4, "min_segment_size": 20,
+                "seed_policy": "grid", "seed_args": {"step": 6, "offsets": [0, 3]}, "self_prediction": 0.7,
+                "concurrent_floods": 1, "speculative_self_prediction": False}
+    asked, moves = {}, {}
+    for name, changed in (("checked", None), ("unchecked", {"self_prediction": 0})):
+        fovs[0] = 0
+        record = tune_checkpoint(str(ckpt), *spec, settings, {"agglomerate_threshold": [0.4, 0.6]}, None,
+                                 threads=1, fit_on=(*spec, None), fit_settings=changed)
+        assert set(record["chosen"]) == {"agglomerate_threshold", "join_model"}
+        assert len(record["rows"]) == 2 and all(row["reused_flood"] for row in record["rows"])
+        asked[name], moves[name] = fovs[0], record["rows"][0]["ffn_calls"]
+    # every move is checked (this model agrees with itself), so the check doubles the flood's FOVs
+    assert moves["checked"] == moves["unchecked"] > 100
+    assert asked["unchecked"] < asked["checked"] - 0.9 * moves["checked"]
+
+
+def test_the_join_fit_flood_cannot_change_what_the_checkpoint_or_the_fit_decides(tmp_path: Path) -> None:
+    """fit_joins.inference takes flood settings only: the FOV (from the checkpoint) or a join model (the fit makes
+    it) there is refused naming the key, as is a misspelt setting; the demo job's own value validates."""
+    job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())
+    assert job["data"]["eval"]["tune"]["fit_joins"] == {"inference": {"self_prediction": 0}}
+    run = [sys.executable, "-m", "hpctrain", "jobs", "validate", str(tmp_path / "job.yaml")]
+    for bad, expect in (({"fov": [9, 9, 9]}, "fov cannot differ"), ({"self_predictoin": 0}, "self_predictoin")):
+        job["data"]["eval"]["tune"]["fit_joins"] = {"inference": bad}
+        (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+        proc = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0 and "data.eval.tune.fit_joins.inference" in out and expect in out, out
+        assert "Traceback" not in out
+
+
 def test_ffn_tune_fits_the_join_model_and_prints_it(tmp_path: Path) -> None:
     ckpt = everything_model(tmp_path / "m.pt")
     for name, seed in (("fit", 5), ("vol", 6)):

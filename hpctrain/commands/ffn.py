@@ -281,7 +281,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                                "agglomerate_threshold: [0.6, 0.7, 0.8]}")
     record = tune_checkpoint(resolve_checkpoint(args.checkpoint), args.image, args.labels,
                              inference_settings(dict(job.data)), tuning.grid(), args.crop or tuning.crop,
-                             threads=args.threads or available_cpus(), fit_on=join_fit_volume(args, job, tuning))
+                             threads=args.threads or available_cpus(), fit_on=join_fit_volume(args, job, tuning),
+                             fit_settings=tuning.fit_joins.flood_settings() if tuning.fit_joins is not None else None)
     if args.json:
         print_json({"chosen": record["chosen"], "rows": record["rows"],
                     **({"join_fit": record["join_fit"]} if "join_fit" in record else {})})

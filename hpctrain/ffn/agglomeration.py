@@ -87,21 +87,41 @@ def object_boxes(seg: np.ndarray) -> dict[int, Box]:
     return {i: box for i, box in enumerate(ndimage.find_objects(seg), start=1) if box is not None}
 
 
-def seed_positions(seg: np.ndarray, source: int, target: int, margin: Sequence[int], *, count: int = 3,
-                   near: int = 2, far: int = 5, boxes: Mapping[int, Box] | None = None) -> list[Position]:
-    """Up to ``count`` voxels of object ``source`` between ``near`` and ``far`` voxels from object ``target``,
-    closest to where the two meet and spread apart, whose FOV (``margin`` = fov // 2) lies inside the volume.
-    ``boxes``: ``object_boxes(seg)`` when the caller asks for many pairs (computed here otherwise)."""
+DistanceCache = dict[tuple[int, int], tuple[Box, np.ndarray]]
+
+
+def _distance_to(seg: np.ndarray, target: int, far: int, boxes: Mapping[int, Box],
+                 cache: DistanceCache | None) -> tuple[Box, np.ndarray] | None:
+    """(the box of ``target`` grown by ``far`` + 1, each voxel's distance to ``target`` there); ``cache`` keeps it
+    for every other pair with the same target (each piece is the target of as many pairs as it has neighbours)."""
     from scipy import ndimage
 
-    target_box = (boxes if boxes is not None else object_boxes(seg)).get(target)
+    if cache is not None and (target, far) in cache:
+        return cache[(target, far)]
+    target_box = boxes.get(target)
     if target_box is None:
-        return []
+        return None
     grow = far + 1
     box = tuple(slice(max(s.start - grow, 0), min(s.stop + grow, n)) for s, n in zip(target_box, seg.shape,
                                                                                         strict=True))
+    found = (box, ndimage.distance_transform_edt(seg[box] != target))
+    if cache is not None:
+        cache[(target, far)] = found
+    return found
+
+
+def seed_positions(seg: np.ndarray, source: int, target: int, margin: Sequence[int], *, count: int = 3,
+                   near: int = 2, far: int = 5, boxes: Mapping[int, Box] | None = None,
+                   distances: DistanceCache | None = None) -> list[Position]:
+    """Up to ``count`` voxels of object ``source`` between ``near`` and ``far`` voxels from object ``target``,
+    closest to where the two meet and spread apart, whose FOV (``margin`` = fov // 2) lies inside the volume.
+    ``boxes``: ``object_boxes(seg)`` when the caller asks for many pairs (computed here otherwise); ``distances``:
+    a dict kept between calls on the same ``seg``, so each target's distance transform is computed once."""
+    found = _distance_to(seg, target, far, boxes if boxes is not None else object_boxes(seg), distances)
+    if found is None:
+        return []
+    box, dist = found
     local = seg[box]
-    dist = ndimage.distance_transform_edt(local != target)
     candidates = np.argwhere((local == source) & (dist >= near) & (dist <= far))
     if len(candidates) == 0:
         return []
@@ -129,11 +149,13 @@ def mutual_claims(seg: np.ndarray, predict_bare: Callable[[list[Position]], np.n
     pair no score (it is not joined). ``predict_bare(positions)`` returns the FFN's logits, (n, *fov)."""
     margin = [f // 2 for f in fov]
     boxes = object_boxes(seg) if pairs else {}
+    distances: DistanceCache = {}
     jobs: list[tuple[int, int, Position]] = []  # (pair index, direction, seed position)
     for i, (a, b) in enumerate(pairs):
         for direction, (source, target) in enumerate(((a, b), (b, a))):
             jobs += [(i, direction, pos)
-                     for pos in seed_positions(seg, source, target, margin, count=positions, boxes=boxes)]
+                     for pos in seed_positions(seg, source, target, margin, count=positions, boxes=boxes,
+                                                distances=distances)]
     shares: dict[tuple[int, int], list[float]] = {}
     if jobs:
         logits = predict_bare([pos for _, _, pos in jobs])

@@ -180,12 +180,16 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
                     grid: Mapping[str, Sequence[float]], crop: Sequence[int] | None, *, threads: int | None = None,
                     say: Callable[[str], None] | None = None,
                     fit_on: tuple[Any, Any, Sequence[int] | None] | None = None,
+                    fit_settings: Mapping[str, Any] | None = None,
                     fit_required: bool = True) -> dict[str, Any]:
     """``tune_inference`` for a checkpoint on a central ``crop`` of a labelled volume (only the crop is read):
     {"chosen": {key: value}, "crop": [z, y, x], "rows": every candidate's scores, "seconds": wall time}.
     ``settings``: the base inference settings (a job's ``data.eval.inference``). ``fit_on`` = (image spec, labels
     spec, crop) of a labelled volume (the training volume): a join model is fitted there first (``fit_joins``),
-    used for every candidate and returned as ``chosen["join_model"]``; "join_fit" records the fit. A volume whose
+    used for every candidate and returned as ``chosen["join_model"]``; "join_fit" records the fit.
+    ``fit_settings``: settings of ``base`` the fit's flood changes (``data.eval.tune.fit_joins.inference``); where the
+    thresholds are chosen on the fit's volume they are chosen on that flood too, and only the chosen values and the
+    join model are returned, never these settings. A volume whose
     floods leave no pairs of both kinds to fit on is an error, or with ``fit_required`` False (a quick demo run's
     barely trained model) a message, and the pairs are joined by their claims."""
     from hpctrain.ffn.inference import prepare_inference
@@ -198,11 +202,14 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
     if fit_on is not None:
         fit_image, fit_labels = read_labelled(*fit_on)
         if say:
-            say(f"fitting the join model on {'x'.join(map(str, fit_image.shape))} voxels of {fit_on[0]}:")
+            changed = f" flooded with {dict(fit_settings)}" if fit_settings else ""
+            say(f"fitting the join model on {'x'.join(map(str, fit_image.shape))} voxels of {fit_on[0]}{changed}:")
+        fit_base = dataclasses.replace(base, **dict(fit_settings or {}))
         try:
-            join_model, fitted, flood = fit_joins(model, fit_image, fit_labels, base, say=say)
+            join_model, fitted, flood = fit_joins(model, fit_image, fit_labels, fit_base, say=say)
             base = dataclasses.replace(base, join_model=join_model)
-            if same_volume:  # the candidates with the fit's flood settings join the fit's pieces
+            if same_volume:  # the candidates are chosen on the fit's flood: its settings, its pieces
+                base = dataclasses.replace(fit_base, join_model=join_model)
                 floods.append(flood)
         except DataError as e:
             if fit_required:

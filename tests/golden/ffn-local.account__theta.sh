@@ -1,1 +1,1 @@
-REFUSED: jobs/ffn-local.yaml:47: resources.nodes: 1 nodes requested but queue 'default' of site 'theta' needs at least 128
+REFUSED: jobs/ffn-local.yaml:49: resources.nodes: 1 nodes requested but queue 'default' of site 'theta' needs at least 128

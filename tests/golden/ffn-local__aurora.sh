@@ -1,1 +1,1 @@
-REFUSED: jobs/ffn-local.yaml:46: resources.account: site 'aurora' needs an account (allocation/project) to charge; set resources.account or the site's account
+REFUSED: jobs/ffn-local.yaml:48: resources.account: site 'aurora' needs an account (allocation/project) to charge; set resources.account or the site's account

@@ -293,6 +293,26 @@ class JoinFit(Strict):
     volume: _VolumeSource | None = Field(None, description="labelled volume to fit on, like data.train (default: "
                                                            "the training volume)")
     crop: Shape | None = Field(None, description="central crop of that volume (default: all of it)")
+    inference: InferenceSettings | None = Field(
+        None, description="data.eval.inference settings this flood changes (e.g. self_prediction: 0, half the model "
+                          "calls); where the thresholds are chosen on the same volume they are chosen on this flood")
+
+    @field_validator("inference")
+    @classmethod
+    def _flood_settings_only(cls, value: InferenceSettings | None) -> InferenceSettings | None:
+        fixed = sorted(k for k in FIT_FLOOD_FIXED if value is not None and getattr(value, k) is not None)
+        if fixed:
+            raise ValueError(f"{', '.join(fixed)} cannot differ for the join fit's flood (the FOV and normalisation "
+                             "come from the checkpoint, and the fit makes the join model): remove them here")
+        return value
+
+    def flood_settings(self) -> dict[str, Any]:
+        """The ``inference`` settings given, as InferenceConfig keys and values ({} where none)."""
+        return self.inference.model_dump(exclude_none=True) if self.inference is not None else {}
+
+
+# Settings a join fit's flood takes from the checkpoint or makes itself, never from fit_joins.inference.
+FIT_FLOOD_FIXED = ("fov", "deltas", "image_mean", "image_stddev", "join_model", "agglomerate_threshold")
 
 
 class InferenceTuning(Strict):
