@@ -450,8 +450,10 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
         settings, tuned = tune_thresholds(checkpoint, volumes, settings, tuning, seg_threads)
     segmentation = out / "heldout_segmentation.h5"
     summary, ffn_scores = segment_and_score(checkpoint, volumes["eval"], segmentation, settings, seg_threads)
+    counted = summary["counters"]
+    fovs = counted.get("flood_fovs", 0) + counted.get("agglomeration_fovs", 0)
     _say(f"segmented the held-out volume with {settings_text(settings, tuned)}: {summary['objects']} objects, "
-         f"{summary['ffn_calls']} FOVs, "
+         f"{summary['ffn_calls']} moves, {fovs} FOVs through the model (with the checks and the joins' claims), "
          f"in {summary['seconds']:.1f} s")
     to_scores = time.perf_counter() - started  # the demo's own work; --more, --curve and the figures come after
     scores = {"ffn": ffn_scores, **base["eval"]}

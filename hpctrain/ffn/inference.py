@@ -153,6 +153,7 @@ def flood_together(model: Any, floods: Sequence[tuple[Canvas, FovBatches]]) -> N
         logits = predictor([(canvas, pos, seed) for canvas, _, batch in pending for pos, seed in batch])
         still, at = [], 0
         for canvas, requests, batch in pending:
+            canvas._count("flood_fovs", len(batch))  # the moves' FOVs and the checks' bare-seed FOVs alike
             answers, at = logits[at : at + len(batch)], at + len(batch)
             try:
                 still.append((canvas, requests, requests.send(answers)))
