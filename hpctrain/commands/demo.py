@@ -224,9 +224,8 @@ def tune_thresholds(checkpoint: str, volumes: dict[str, str], settings: dict[str
         else:
             name = "join_fit" if source is not None else "train"
             fit_on = (f"{volumes[name]}:image", f"{volumes[name]}:labels", tuning.fit_joins.crop)
-    fit_settings = tuning.fit_joins.flood_settings() if tuning.fit_joins is not None else None
     record = tune_checkpoint(checkpoint, image, labels, settings, tuning.grid(), tuning.crop, threads=threads,
-                             say=_say, fit_on=fit_on, fit_settings=fit_settings, fit_required=False)
+                             say=_say, fit_on=fit_on, fit_settings=tuning.fit_flood_settings(), fit_required=False)
     record["volume"] = where
     shown = {k: v for k, v in record["chosen"].items() if k != "join_model"}
     _say(f"chosen (lowest VOI on the {where}): {shown}, in {record['seconds']:.0f} s")

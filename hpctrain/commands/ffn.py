@@ -282,7 +282,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     record = tune_checkpoint(resolve_checkpoint(args.checkpoint), args.image, args.labels,
                              inference_settings(dict(job.data)), tuning.grid(), args.crop or tuning.crop,
                              threads=args.threads or available_cpus(), fit_on=join_fit_volume(args, job, tuning),
-                             fit_settings=tuning.fit_joins.flood_settings() if tuning.fit_joins is not None else None)
+                             fit_settings=tuning.fit_flood_settings())
     if args.json:
         print_json({"chosen": record["chosen"], "rows": record["rows"],
                     **({"join_fit": record["join_fit"]} if "join_fit" in record else {})})

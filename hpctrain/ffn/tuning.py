@@ -207,9 +207,9 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
         fit_base = dataclasses.replace(base, **dict(fit_settings or {}))
         try:
             join_model, fitted, flood = fit_joins(model, fit_image, fit_labels, fit_base, say=say)
-            base = dataclasses.replace(base, join_model=join_model)
-            if same_volume:  # the candidates are chosen on the fit's flood: its settings, its pieces
-                base = dataclasses.replace(fit_base, join_model=join_model)
+            # on the fit's own volume the candidates are chosen on the fit's flood: its settings, its pieces
+            base = dataclasses.replace(fit_base if same_volume else base, join_model=join_model)
+            if same_volume:
                 floods.append(flood)
         except DataError as e:
             if fit_required:

@@ -286,6 +286,10 @@ def _candidates(values: tuple[float, ...]) -> tuple[float, ...]:
 Candidates = Annotated[tuple[Fraction, ...], BeforeValidator(_as_tuple), AfterValidator(_candidates)]
 
 
+# Settings a join fit's flood takes from the checkpoint or makes itself, never from fit_joins.inference.
+FIT_FLOOD_FIXED = ("fov", "deltas", "image_mean", "image_stddev", "join_model", "agglomerate_threshold")
+
+
 class JoinFit(Strict):
     """``data.eval.tune.fit_joins``: a join model (``hpctrain.ffn.join_model``) fitted for each trained model on
     the pieces of a labelled volume before the thresholds are chosen; the join threshold is then a probability."""
@@ -303,16 +307,10 @@ class JoinFit(Strict):
         fixed = sorted(k for k in FIT_FLOOD_FIXED if value is not None and getattr(value, k) is not None)
         if fixed:
             raise ValueError(f"{', '.join(fixed)} cannot differ for the join fit's flood (the FOV and normalisation "
-                             "come from the checkpoint, and the fit makes the join model): remove them here")
+                             "come from the checkpoint, the fit makes the join model and its threshold): remove "
+                             "them here")
         return value
 
-    def flood_settings(self) -> dict[str, Any]:
-        """The ``inference`` settings given, as InferenceConfig keys and values ({} where none)."""
-        return self.inference.model_dump(exclude_none=True) if self.inference is not None else {}
-
-
-# Settings a join fit's flood takes from the checkpoint or makes itself, never from fit_joins.inference.
-FIT_FLOOD_FIXED = ("fov", "deltas", "image_mean", "image_stddev", "join_model", "agglomerate_threshold")
 
 
 class InferenceTuning(Strict):
@@ -338,6 +336,12 @@ class InferenceTuning(Strict):
         if not (self.move_threshold or self.segment_threshold or self.agglomerate_threshold):
             raise ValueError("name at least one of move_threshold, segment_threshold, agglomerate_threshold")
         return self
+
+    def fit_flood_settings(self) -> dict[str, Any]:
+        """``fit_joins.inference`` as InferenceConfig keys and values: what the join fit's flood changes ({} where
+        nothing is given, or no join model is fitted)."""
+        fit = self.fit_joins
+        return fit.inference.model_dump(exclude_none=True) if fit is not None and fit.inference is not None else {}
 
     def grid(self) -> dict[str, list[float]]:
         """The candidates by InferenceConfig key (``hpctrain.ffn.tuning.tune_inference``'s ``grid``)."""
