@@ -79,6 +79,12 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     metrics = next(out.glob("runs/*/metrics.jsonl"))
     records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     assert max(r["step"] for r in records if "loss" in r) == 8
+    # how fast this machine trained, from the run's own profile: printed with the training time and kept
+    profile = json.loads((metrics.parent / "profile.json").read_text())
+    pace = scores["training_pace"]
+    assert pace["compute_ms"] == pytest.approx(profile["compute_s"]["mean"] * 1e3, abs=0.06)
+    assert pace["step_ms"] >= pace["compute_ms"] > 0
+    assert f"ms: {pace['compute_ms']:.0f} ms compute" in text
 
     # --from-run scores that run's checkpoint again without training: the same volumes (regenerated from
     # their seeds), the same checkpoint and settings give the same segmentation and scores.
@@ -92,6 +98,15 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     assert rescored["ffn"] == scores["ffn"] and rescored["from_run"] == str(metrics.parent)
     assert rescored["seconds"]["training"] == 0 and not (again / "runs").exists()
     assert "the demo took" not in proc.stdout  # a rescoring trains nothing: no time verdict
+
+
+def test_training_pace_is_none_without_a_readable_profile(tmp_path: Path) -> None:
+    """A run that left no profile, or a damaged one, still gets its scores: the pace is simply not shown."""
+    from hpctrain.commands.demo import pace_text, training_pace
+
+    assert training_pace(tmp_path) is None and pace_text(None) == ""
+    (tmp_path / "profile.json").write_text('{"version": 1, "compute_s": {"mean": "fast"')
+    assert training_pace(tmp_path) is None
 
 
 def test_a_synthetic_validation_volume_is_written_and_chosen_on(tmp_path: Path) -> None:
