@@ -114,20 +114,14 @@ def submit_training(job_path: Path, sets: list[str], run_root: Path) -> Any:
     return handle
 
 
-def follow(handle: Any) -> Path:
-    """Follow a submitted run to its end, printing its progress; returns its run directory."""
+def follow(handle: Any, total_steps: int | None) -> Path:
+    """Follow a submitted run to its end, printing its progress; returns its run directory. The progress comes
+    from the run's metrics file; the scheduler is asked only around the run's end and with back-off
+    (``submission.follow``): each poll of the local site is a Python process taken from the ranks' CPUs."""
+    from hpctrain.submission.follow import follow_run
     from hpctrain.submission.schedulers.state import JobState
-    from hpctrain.submission.views import is_terminal
 
-    view = handle.status()
-    shown = None
-    while not is_terminal(view.state):
-        time.sleep(1.0)
-        view = handle.status()
-        text = view.progress.text() if view.progress else ""
-        if text and text != shown:
-            shown = text
-            _say(text)
+    view, _ = follow_run(handle, total_steps, _say)
     if view.state != JobState.COMPLETED.value:
         tail = handle.logs().splitlines()[-25:]
         raise HpctrainError(f"training run {handle.run_id} ended {view.state}: {view.reason}\n" + "\n".join(tail))
@@ -460,7 +454,7 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     # The baselines need no training: they run while the ranks train (this process only waits on them).
     base, watershed = baselines(volumes, held_out)
     _say(f"baselines done; watershed parameters chosen on the training volume: {watershed['params']}")
-    run_dir = finished or follow(handle)
+    run_dir = finished or follow(handle, total_steps)
     train_seconds = time.perf_counter() - t_train if handle else 0.0
     checkpoint = resolve_checkpoint(str(run_dir / job.checkpoint.dir))
     pace = training_pace(run_dir)
