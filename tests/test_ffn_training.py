@@ -185,12 +185,14 @@ def test_edge_band_and_the_boundary_weighted_loss_by_hand() -> None:
     torch.testing.assert_close(fov_loss(logits, labels, 0.0, 1), per_voxel.mean())  # 0: the reference's loss
 
 
-@pytest.mark.parametrize("radius", [1, 2, 3])
-def test_edge_band_matches_a_voxel_by_voxel_reference(radius: int) -> None:
+@pytest.mark.parametrize(("radius", "shape"), [(1, (2, 1, 7, 8, 9)), (2, (2, 1, 7, 8, 9)), (3, (2, 1, 7, 8, 9)),
+                                             (5, (1, 2, 3, 4, 9))])
+def test_edge_band_matches_a_voxel_by_voxel_reference(radius: int, shape: tuple[int, ...]) -> None:
     # the band as its definition says, voxel by voxel: some voxel of the cube around it (inside the FOV) is
-    # object and some is not — against the three separable 1-D maxes edge_band computes
+    # object and some is not — against the separable 1-D maxes edge_band computes (the last case: two channels,
+    # a radius wider than two of the axes)
     rng = np.random.default_rng(radius)
-    labels = np.where(rng.random((2, 1, 7, 8, 9)) < 0.6, 0.95, 0.05)
+    labels = np.where(rng.random(shape) < 0.6, 0.95, 0.05)
     mask = labels > 0.5
     expected = np.zeros_like(labels)
     for n, c, z, y, x in itertools.product(*(range(s) for s in labels.shape)):

@@ -422,16 +422,24 @@ def edge_band(labels: torch.Tensor, radius: int) -> torch.Tensor:
     """1.0 where a voxel lies within ``radius`` (in the max-norm) of the seed object's edge, on either side:
     the object mask grown by ``radius`` less the mask shrunk by ``radius``. FOV borders are not edges."""
     mask = (labels > 0.5).to(labels.dtype)
-    # grown - shrunk = max(mask) + max(-mask) over the cube, each cube's max as three 1-D maxes (the same values,
-    # ~3x faster than a 3-D window: the loss took ~8 % of a demo step)
-    return _cube_max(mask, radius) + _cube_max(-mask, radius)
+    # grown - shrunk = max(mask) + max(-mask) over the cube, both in one pass over (mask, -mask) stacked as
+    # channels: the same values as max-pooling, 1.2 -> 0.2 ms per 2 x 4 FOVs of 15^3 (docs/ffn.md, eleventh session)
+    channels = mask.shape[1]
+    both = _cube_max(torch.cat([mask, -mask], dim=1), radius)
+    return both[:, :channels] + both[:, channels:]
 
 
 def _cube_max(values: torch.Tensor, radius: int) -> torch.Tensor:
-    """Max over the (2·radius + 1)³ cube around each voxel of (N, C, Z, Y, X) ``values``, the border excluded."""
-    size = 2 * radius + 1
-    for kernel in ((size, 1, 1), (1, size, 1), (1, 1, size)):
-        values = F.max_pool3d(values, kernel, stride=1, padding=tuple(k // 2 for k in kernel))
+    """Max over the (2·radius + 1)³ cube around each voxel of (N, C, Z, Y, X) ``values``, the border excluded:
+    per axis, each voxel takes the max of its neighbours 1..radius away on either side (exact, any order)."""
+    for dim in (2, 3, 4):
+        n = values.shape[dim]
+        out = values.clone()
+        for shift in range(1, min(radius, n - 1) + 1):
+            lower, upper = out.narrow(dim, 0, n - shift), out.narrow(dim, shift, n - shift)
+            torch.maximum(lower, values.narrow(dim, shift, n - shift), out=lower)
+            torch.maximum(upper, values.narrow(dim, 0, n - shift), out=upper)
+        values = out
     return values
 
 
