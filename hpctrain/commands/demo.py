@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.errors import HpctrainError
+from hpctrain.errors import DataError, HpctrainError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -132,7 +132,6 @@ def training_pace(run_dir: Path) -> dict[str, float] | None:
     """How fast this machine trained: the run's start-up and its mean step, compute and wait for the other ranks
     (milliseconds), from the profile its rank 0 wrote; None when the run left no readable profile. The demo's
     time is mostly training, and the same steps took 36-55 ms of compute on this VM on different days."""
-    from hpctrain.errors import DataError
     from hpctrain.planning.measurements import PROFILE_FILE, parse_profile
 
     path = run_dir / PROFILE_FILE

@@ -10,7 +10,6 @@ script) is still seen.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpctrain.submission.schedulers.base import EXIT_LOG
-from hpctrain.submission.tracking import METRICS_FILE
+from hpctrain.submission.tracking import METRICS_FILE, last_json_record
 from hpctrain.submission.views import RunView, is_terminal, progress_from_record
 
 TAIL_BYTES = 4096  # a metrics record is ~300 bytes: the tail holds the newest whole line
@@ -28,7 +27,7 @@ class PolledRun(Protocol):
     def status(self) -> RunView: ...
 
 
-@dataclass
+@dataclass(frozen=True)
 class FollowPolicy:
     """When the scheduler is asked: after ``urgent_s`` of every tick once the exit record grew, else after
     ``first_poll_s``, growing by ``backoff`` up to ``max_poll_s``."""
@@ -44,20 +43,12 @@ def newest_record(path: Path) -> dict[str, Any] | None:
     """The last whole JSON line of ``path`` (read from its tail), or None when there is none yet."""
     try:
         with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
+            size = f.seek(0, 2)
             f.seek(max(0, size - TAIL_BYTES))
             lines = f.read().decode("utf-8", errors="replace").splitlines()
     except OSError:
         return None
-    for line in reversed(lines if size <= TAIL_BYTES else lines[1:]):  # the tail's first line may be cut
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict):
-            return record
-    return None
+    return last_json_record("\n".join(lines if size <= TAIL_BYTES else lines[1:]))  # the tail's first line may be cut
 
 
 def _size(path: Path) -> int:

@@ -192,7 +192,8 @@ def poll_scheduler(transport: Transport, scheduler: Scheduler, jobs: Mapping[str
     statuses: dict[str, JobStatus] | None = None
     if answers:
         statuses = combine(jobs, answers.get("accounting"), answers.get("live"), ended_runs=ended_runs)
-    metrics = {path: _last_json(sections.get(f"tail{i}", {}).get("out", "")) for i, path in enumerate(metrics_paths)}
+    metrics = {path: last_json_record(sections.get(f"tail{i}", {}).get("out", ""))
+               for i, path in enumerate(metrics_paths)}
     error = "" if statuses is not None or not jobs else (f"no status command answered on {transport.host}: "
                                                          + "; ".join(errors))
     records = {path: _json_lines(sections.get(f"rec{i}", {}).get("out", "")) for i, path in enumerate(record_paths)}
@@ -212,7 +213,8 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def _last_json(text: str) -> dict[str, Any] | None:
+def last_json_record(text: str) -> dict[str, Any] | None:
+    """The last line of ``text`` that is a JSON object (other lines, a cut or half-written one, are skipped)."""
     records = _json_lines(text)
     return records[-1] if records else None
 

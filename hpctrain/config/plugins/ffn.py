@@ -312,7 +312,6 @@ class JoinFit(Strict):
         return value
 
 
-
 class InferenceTuning(Strict):
     """``data.eval.tune``: inference thresholds chosen for each trained model on a labelled volume
     (``hpctrain.ffn.tuning``): every combination of the candidates segments (a central crop of) ``volume`` —
