@@ -3,6 +3,7 @@
 Sizes: the published model (depth 12, 32 features, 33³) and the demo (read from jobs/ffn-local.yaml: depth,
 features, FOV and batch per rank). GFLOP/s counts the convolutions (2 FLOP per MAC; a training FOV =
 forward + backward = 3 × forward), and is compared with the machine's own float32 matmul rate measured in the same run.
+The "tuned bf16" training row is ``train.precision: bfloat16`` (autocast; fast only on CPUs with AMX).
 
     .venv/bin/python benchmarks/ffn.py            # full table, ~2-4 min on 2 cores
     .venv/bin/python benchmarks/ffn.py --quick    # ~30 s
@@ -33,6 +34,7 @@ from torch import nn  # noqa: E402
 
 from hpctrain.ffn import perf  # noqa: E402
 from hpctrain.ffn.model import ConvStack3D, training_flops_per_fov  # noqa: E402
+from hpctrain.runtime.precision import forward_context, native_bf16  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,25 @@ def _train_step(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
     return step
 
 
+def _train_step_bf16(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    """The training step under ``train.precision: bfloat16`` (the runtime's autocast around the forward)."""
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        with forward_context("bfloat16", torch.device("cpu")):
+            out = model(x)
+        out.float().sum().backward()
+
+    return step
+
+
+def _infer_step_bf16(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
+    def step() -> torch.Tensor:
+        with torch.inference_mode(), forward_context("bfloat16", torch.device("cpu")):
+            return model(x).float()
+
+    return step
+
+
 def _infer_step(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
     def step() -> torch.Tensor:
         with torch.inference_mode():
@@ -135,6 +156,9 @@ def build_cases(size: Size, threads: int, compile_: bool) -> list[tuple[Row, Cal
     t = time.perf_counter()
     tuned = perf.tune_for_cpu(copy.deepcopy(base), threads=threads)
     add("train", "tuned", size.train_batch, _train_step(tuned, xt), time.perf_counter() - t)
+    # train.precision: bfloat16 (what the FFN task builds then: channels-last, torch's convolutions, autocast)
+    half = perf.tune_for_cpu(copy.deepcopy(base), threads=threads, onednn=False)
+    add("train", "tuned bf16", size.train_batch, _train_step_bf16(half, xt), 0.0)
     if compile_:
         t = time.perf_counter()
         comp = perf.tune_for_cpu(copy.deepcopy(base), threads=threads, compile=True, example_input=xt)
@@ -149,6 +173,8 @@ def build_cases(size: Size, threads: int, compile_: bool) -> list[tuple[Row, Cal
     frozen = perf.tune_for_inference(base, xi, threads=threads, freeze=True)
     label = "tuned+frozen" if isinstance(frozen, perf.FrozenInference) else "tuned+frozen(FAILED)"
     add("infer", label, size.infer_batch, _infer_step(frozen, xi), time.perf_counter() - t)
+    half_inf = perf.tune_for_inference(base, xi, threads=threads, onednn=False)
+    add("infer", "tuned bf16", size.infer_batch, _infer_step_bf16(half_inf, xi), 0.0)
     # Several FOVs per call (e.g. several canvases advanced together): what batching would buy.
     xb = torch.randn(4, 2, size.fov, size.fov, size.fov)
     add("infer", "tuned", 4, _infer_step(tuned_inf, xb), 0.0)
@@ -370,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
 
     flops = training_flops_per_fov()
-    print(f"torch {torch.__version__}, {threads} threads, CPUs available {perf.available_cpus()}")
+    print(f"torch {torch.__version__}, {threads} threads, CPUs available {perf.available_cpus()}; bfloat16 in "
+          f"hardware (AMX): {'yes' if native_bf16(torch.device('cpu')) else 'no (the bf16 rows are emulated)'}")
     print(f"published FOV: forward {flops['forward'] / 1e9:.1f} GFLOP, training {flops['train'] / 1e9:.1f} GFLOP")
     print(f"float32 matmul 2048² (best): {mm:.1f} GFLOP/s; one conv3d 32→32 3³ on 33³ fwd: {conv:.1f} GFLOP/s")
     print(table(rows))

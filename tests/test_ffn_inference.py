@@ -6,6 +6,8 @@ out) and are honest tests of the canvas mechanics; the real ConvStack3D is used 
 
 from __future__ import annotations
 
+import dataclasses
+
 import h5py
 import numpy as np
 import pytest
@@ -342,6 +344,47 @@ def test_run_segment_with_convstack_checkpoint(tmp_path) -> None:
     direct = segment_volume(loaded, image, InferenceConfig.from_mapping({**cfg, "fov": 9, "deltas": 3}))
     np.testing.assert_array_equal(written, direct)
     assert args["deltas"] == [3, 3, 3]
+
+
+def test_bfloat16_inference_gives_float32_logits_within_rounding_and_segments(tmp_path) -> None:
+    """``precision: bfloat16`` (inference settings): the model's forward under autocast, its logits float32 and
+    within bfloat16's rounding of the float32 model's; ``auto`` follows the hardware; a bad name is refused."""
+    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.model import ConvStack3D
+    from hpctrain.ffn.perf import BFloat16Inference
+    from hpctrain.ffn.synthetic import make_synthetic_volume
+    from hpctrain.runtime.precision import native_bf16
+
+    torch.manual_seed(0)
+    ckpt = tmp_path / "ckpt.pt"
+    model = ConvStack3D(depth=2, features=8, fov=(9, 9, 9))
+    with torch.no_grad():
+        model.conv_lom.bias.fill_(30.0)  # every voxel object: each flood visits what it can reach
+    _save_checkpoint(ckpt, model, {"depth": 2, "features": 8, "fov": [9, 9, 9], "deltas": [3, 3, 3]})
+    full, _, _ = prepare_inference(ckpt, {})
+    half, cfg, _ = prepare_inference(ckpt, {"precision": "bfloat16"})
+    untuned, _, _ = prepare_inference(ckpt, {"precision": "bfloat16"}, tune=False)
+    auto, _, _ = prepare_inference(ckpt, {"precision": "auto"})
+    assert isinstance(half, BFloat16Inference) and isinstance(untuned, BFloat16Inference)
+    assert not isinstance(full, BFloat16Inference)
+    assert isinstance(auto, BFloat16Inference) is native_bf16(torch.device("cpu"))
+    x = torch.randn(3, 2, 9, 9, 9)
+    with torch.inference_mode():
+        want, got, got_untuned = full(x), half(x), untuned(x)
+    assert got.dtype == got_untuned.dtype == torch.float32
+    assert not torch.equal(got, want)
+    torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(got, got_untuned)  # channels-last changes only the layout
+    image, _ = make_synthetic_volume((20, 24, 24), seed=1)
+    settings = dataclasses.replace(cfg, min_segment_size=5, seed_policy="grid", seed_args={"step": 6, "offsets": [4]},
+                                   max_seed_distance=4)
+    seg = segment_volume(half, image, settings)
+    # Several bounded floods through the bfloat16 model, covering the volume as the float32 model's do (where they
+    # go differs: bfloat16 rounds the logits the movement policy compares into ties).
+    assert seg.max() > 1
+    assert (seg > 0).mean() == pytest.approx((segment_volume(full, image, settings) > 0).mean(), abs=0.1)
+    with pytest.raises(ConfigError, match="'fp16' is not one of float32, bfloat16, auto"):
+        InferenceConfig.from_mapping({"precision": "fp16"})
 
 
 def test_zero_weight_convstack_passes_the_seed_through(tmp_path) -> None:

@@ -26,7 +26,7 @@ from hpctrain.ffn.training import ExampleStream, StreamConfig, epoch_coordinates
 STEPS, STOP_AT = 8, 5
 
 
-def ffn_spec(path: Path) -> Path:
+def ffn_spec(path: Path, precision: str = "float32") -> Path:
     # move_threshold 0.04 is below the pad value's probability: an untrained model takes nearly every fixed
     # move, so each example spans many steps and some are always half done at the stop.
     spec = {
@@ -36,7 +36,7 @@ def ffn_spec(path: Path) -> Path:
                        "move_threshold": 0.04},
         "data": {"train": {"synthetic": {"shape": [20, 28, 28], "seed": 3}}},
         "train": {"steps": STEPS, "batch_per_rank": 2, "lr": 0.002, "optimizer": {"name": "adam"},
-                  "log_every": 2, "seed": 3, "collective_timeout_s": 60},
+                  "log_every": 2, "seed": 3, "collective_timeout_s": 60, "precision": precision},
         "checkpoint": {"every_steps": 2, "keep": 3},
     }
     path.write_text(yaml.safe_dump(spec))
@@ -44,8 +44,10 @@ def ffn_spec(path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_ffn_run_stopped_and_resumed_on_two_ranks_is_bit_identical(tmp_path: Path) -> None:
-    spec = ffn_spec(tmp_path / "spec.yaml")
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_ffn_run_stopped_and_resumed_on_two_ranks_is_bit_identical(tmp_path: Path, precision: str) -> None:
+    """In bfloat16 too (``train.precision``): autocast's casts are as deterministic as float32's sums."""
+    spec = ffn_spec(tmp_path / "spec.yaml", precision)
     stopped(launch(spec, tmp_path / "run", stop_at=STOP_AT), STOP_AT)
     at_stop = final_state(tmp_path / "run", step=STOP_AT)
     for rank in ("rank-00000.pt", "rank-00001.pt"):

@@ -436,3 +436,34 @@ def test_the_task_hands_the_model_its_batches_on_the_ranks_device(tmp_path: Path
     batch = FFNTask(ctx).next_batch()
     assert {t.device.type for t in (batch.image, batch.seed, batch.labels, batch.inputs())} == {"meta"}
     assert tuple(batch.inputs().shape) == (2, 2, 7, 7, 7) and len(batch.offsets) == 2
+
+
+def test_a_bfloat16_task_keeps_torchs_convolutions_and_gives_the_stream_float32_logits(tmp_path: Path) -> None:
+    """``train.precision: bfloat16`` reaches the FFN task as ``ctx.precision``: its convolutions stay torch's own
+    (the oneDNN wrapper would run them in float32 under autocast), and the logits the canvas is updated with
+    are float32. The loss on the same batch differs from the float32 task's by bfloat16's rounding only."""
+    from hpctrain.ffn.perf import OneDNNConv3d
+    from hpctrain.ffn.task import FFNTask
+    from hpctrain.models.task import TaskContext
+    from hpctrain.runtime.precision import forward_context
+
+    def make_task(precision: str, run_dir: Path) -> FFNTask:
+        ctx = TaskContext(model_args={"depth": 2, "features": 8, "fov": 7, "deltas": 1},
+                          data={"train": {"synthetic": {"shape": [20, 24, 24], "seed": 3}}, "margin": 4},
+                          batch_per_rank=2, seed=0, rank=0, world_size=1, run_dir=run_dir,
+                          device=torch.device("cpu"), precision=precision)
+        return FFNTask(ctx)
+
+    full, half = make_task("float32", tmp_path / "f32"), make_task("bfloat16", tmp_path / "bf16")
+    assert any(isinstance(m, OneDNNConv3d) for m in full.model.modules())
+    assert not any(isinstance(m, OneDNNConv3d) for m in half.model.modules())
+    assert all(isinstance(m, torch.nn.Conv3d) for m in half.model.residual_a)
+    batch_full, batch_half = full.next_batch(), half.next_batch()
+    assert torch.equal(batch_full.inputs(), batch_half.inputs())  # the same seed: the same examples
+    loss_full, logits_full = full.forward_loss(batch_full)
+    with forward_context("bfloat16", torch.device("cpu")):
+        loss_half, logits_half = half.forward_loss(batch_half)
+    assert logits_half.dtype == loss_half.dtype == torch.float32
+    assert loss_half.item() != loss_full.item()
+    assert loss_half.item() == pytest.approx(loss_full.item(), rel=2e-2)
+    half.observe(batch_half, logits_half)  # the canvas takes them

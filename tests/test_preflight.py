@@ -185,6 +185,39 @@ def test_checkpoint_interval_beyond_the_run_is_a_warning_only_when_chosen() -> N
                       "a crash loses the whole run (the walltime signal still writes one)"]
 
 
+def test_bfloat16_on_nodes_without_amx_is_a_warning_naming_the_site_and_the_fix() -> None:
+    """``train.precision: bfloat16`` on CPU nodes that emulate it (a site's node.cpu names AMD, Xeon Phi, ...) is
+    slower than float32: the laptop says so; auto, float32, AMX nodes, GPU ranks and unknown CPUs say nothing."""
+    from hpctrain.config.preflight import cpu_has_amx
+
+    half = {"precision": "bfloat16"}
+    warned = check_job(tiny(train=half), load_site("theta"), local_paths=False)
+    assert [w for w in warned if "AMX" in w] == [
+        "train.precision is bfloat16 but the nodes of site 'theta' (Intel Xeon Phi 7230 (KNL), 1.3 GHz) have no AMX: "
+        "bfloat16 convolutions are emulated there, slower than float32; use precision: auto (bfloat16 only where "
+        "the hardware has it) or float32"]
+    assert not [w for w in check_job(tiny(train={"precision": "auto"}), load_site("theta"), local_paths=False)
+                if "AMX" in w]
+    on_cpu = [w for w in check_job(tiny(train=half), load_site("polaris"), local_paths=False) if "AMX" in w]
+    assert len(on_cpu) == 1 and "(AMD EPYC Milan 7543P, 2.8 GHz)" in on_cpu[0]  # ranks on the host CPUs
+    gpu = tiny(train=half, resources={"gpus_per_rank": 1})
+    assert not [w for w in check_job(gpu, load_site("polaris"), local_paths=False) if "AMX" in w]
+    assert cpu_has_amx("2x Intel Xeon CPU Max 9470C (Sapphire Rapids + HBM)") is None  # not judged: no warning
+    assert cpu_has_amx("AMD EPYC 7763, 2.45 GHz") is False
+    assert cpu_has_amx(None) is None
+
+
+def test_the_local_sites_amx_is_read_from_cpuinfo(tmp_path: Path) -> None:
+    from hpctrain.config.preflight import cpu_has_amx
+
+    with_amx, without = tmp_path / "amx", tmp_path / "plain"
+    with_amx.write_text("processor\t: 0\nflags\t\t: fpu avx512f amx_bf16 amx_tile amx_int8\n")
+    without.write_text("processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512bw\n")
+    assert cpu_has_amx("AMD EPYC", with_amx) is True  # the machine itself outranks a name
+    assert cpu_has_amx(None, without) is False
+    assert cpu_has_amx("AMD EPYC", tmp_path / "missing") is False  # unreadable: back to the name
+
+
 # ------------------------------------------------------------------------------------ the built-in plug-ins
 
 

@@ -242,6 +242,25 @@ def test_mean_with_half_precision_wire_stays_in_sync_and_near_full_precision(
 
 
 @pytest.mark.timeout(240)
+def test_bfloat16_forward_keeps_ranks_identical_float32_weights_and_stays_near_float32(tmp_path: Path) -> None:
+    """``train.precision: bfloat16``: the forward under autocast (the conv and linear layers in bfloat16), the
+    weights, gradients and the reduction in float32; 2 MPI ranks stay identical after every step."""
+    spec = make_spec(tmp_path / "spec.yaml", tmp_path / "log", conv=True, precision="bfloat16")
+    proc = launch("mpi", 2, spec, tmp_path / "run", "--check-sync", "1")
+    assert_ok(proc)
+    assert "precision bfloat16: the forward runs in bfloat16 on cpu" in proc.stdout
+    per_rank = digests(tmp_path / "log", 2)
+    assert len(per_rank[0]) == STEPS and per_rank[0] == per_rank[1]
+    shared, _ = checkpoint(tmp_path / "run", STEPS)
+    assert all(t.dtype == torch.float32 for t in shared["model"].values())
+    reference = single_process(tmp_path, 2, conv=True)
+    assert_close_models(shared["model"], reference, rtol=2e-2, atol=2e-3)
+    assert not all(torch.equal(shared["model"][k], reference[k]) for k in reference), \
+        "bfloat16 left no trace: is the forward under autocast?"
+    assert json.loads((tmp_path / "run" / "profile.json").read_text())["precision"] == "bfloat16"
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize(("launcher", "nprocs", "mode"), [
     pytest.param("mpi", 3, "gradient", id="mpi-3-gradient"),
     pytest.param("gloo", 2, "delta", id="gloo-2-delta"),

@@ -150,6 +150,10 @@ class TrainConfig(Strict):
         300.0, gt=0, description="Abort when a collective takes longer; the one setting every communication "
         "timeout derives from (docs/runtime.md, 'Timeouts')")
     grad_clip: float | None = Field(None, gt=0)
+    precision: Literal["float32", "bfloat16", "auto"] = Field(
+        "float32", description="Arithmetic of the forward pass and its backward: float32, bfloat16 autocast (float32 "
+        "weights, gradients and loss), or auto: bfloat16 where the device computes it natively (AMX CPUs, CUDA GPUs "
+        "with bfloat16), else float32 (docs/runtime.md, 'Precision')")
 
 
 class ResourcesConfig(Strict):

@@ -61,6 +61,7 @@ def check_job(job: JobSpec, site: SiteProfile | None = None, *, local_paths: boo
         raise locate(exc, origin) from None
     found += _schedule_warnings(job, schedule)
     found += _checkpoint_warnings(job)
+    found += _precision_warnings(job, site)
     return found
 
 
@@ -136,3 +137,38 @@ def _checkpoint_warnings(job: JobSpec) -> list[str]:
         return [f"checkpoint.every_steps ({every}) is more than train.steps ({steps}): no checkpoint before the "
                 "end; a crash loses the whole run (the walltime signal still writes one)"]
     return []
+
+
+# Processor names of CPUs without AMX (bfloat16 convolutions emulated there): AMD, Xeon Phi, Xeons before Sapphire
+# Rapids. Matched case-insensitively in a site's node.cpu; a name matching none of them is not judged.
+NO_AMX_CPUS = ("amd", "epyc", "xeon phi", "knl", "haswell", "broadwell", "skylake", "cascade lake", "ice lake",
+               "grace", "neoverse", "a64fx")
+
+
+def cpu_has_amx(cpu: str | None, cpuinfo: Path | None = None) -> bool | None:
+    """Whether nodes with processor ``cpu`` (a site's ``node.cpu``) have AMX; with ``cpuinfo`` (this machine's
+    /proc/cpuinfo, for the local site) its flags decide. None: not known (nothing is said then)."""
+    if cpuinfo is not None:
+        try:
+            flags = next((line for line in cpuinfo.read_text().splitlines() if line.startswith("flags")), None)
+        except OSError:
+            flags = None
+        if flags is not None:
+            return "amx_tile" in flags.split()
+    if not cpu:
+        return None
+    name = cpu.lower()
+    return False if any(marker in name for marker in NO_AMX_CPUS) else None
+
+
+def _precision_warnings(job: JobSpec, site: SiteProfile | None) -> list[str]:
+    if job.train.precision != "bfloat16" or site is None or job.resources.gpus_per_rank > 0:
+        return []
+    node = site.node_for(job.resources.queue)
+    local = site.scheduler == "local"
+    amx = cpu_has_amx(node.cpu, Path("/proc/cpuinfo") if local else None)
+    if amx is not False:
+        return []
+    where = "this machine's CPU has" if local else f"the nodes of site {site.name!r} ({node.cpu}) have"
+    return [f"train.precision is bfloat16 but {where} no AMX: bfloat16 convolutions are emulated there, slower "
+            "than float32; use precision: auto (bfloat16 only where the hardware has it) or float32"]

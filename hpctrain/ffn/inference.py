@@ -23,6 +23,8 @@ from hpctrain.errors import CheckpointError, ConfigError, DataError, RuntimeFail
 from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
 from hpctrain.ffn.movement import FaceMaxMovementPolicy
 from hpctrain.ffn.seeds import make_seeds, within_margin
+from hpctrain.runtime.precision import REQUESTS as PRECISIONS
+from hpctrain.runtime.precision import resolve_precision
 
 Position = tuple[int, int, int]
 
@@ -753,6 +755,10 @@ class InferenceConfig:
     # call as the check's bare-seed FOV and thrown away when the check refuses the move — the same objects from
     # fewer, larger calls (a GPU's gain; on a CPU a batch of two costs what two single FOVs do).
     speculative_self_prediction: bool = False
+    # Not in the reference ("float32"): "bfloat16" runs the model's forward under bfloat16 autocast (its logits
+    # still float32), "auto" does where the device computes bfloat16 natively (runtime/precision.py): ~1.7x the
+    # demo's FOVs/s, ~5x the published model's on an AMX CPU (benchmarks/ffn.py); the objects may differ.
+    precision: str = "float32"
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any], where: str = "inference config") -> InferenceConfig:
@@ -764,6 +770,9 @@ class InferenceConfig:
                 f"unknown inference setting(s) {unknown}", path=where, hint=f"valid keys: {', '.join(names)}"
             )
         kwargs = dict(data)
+        if kwargs.get("precision", "float32") not in PRECISIONS:
+            raise ConfigError(f"inference precision {kwargs['precision']!r} is not one of {', '.join(PRECISIONS)}",
+                              path=where, hint="use float32 (the default), bfloat16 or auto")
         for key in ("fov", "deltas", "min_boundary_dist"):
             if key in kwargs:
                 kwargs[key] = _triple(kwargs[key], key)
@@ -1021,10 +1030,15 @@ def prepare_inference(
             if value is not None:
                 updates[key] = float(value)
     cfg = dataclasses.replace(cfg, **updates)
+    precision = resolve_precision(cfg.precision, torch.device(cfg.device))
     if tune and cfg.device == "cpu":
         from hpctrain.ffn.perf import tune_for_inference
 
-        model = tune_for_inference(model, torch.zeros((1, 2, *cfg.fov), dtype=torch.float32))
+        model = tune_for_inference(model, torch.zeros((1, 2, *cfg.fov), dtype=torch.float32), precision=precision)
+    elif precision == "bfloat16":
+        from hpctrain.ffn.perf import BFloat16Inference
+
+        model = BFloat16Inference(model)
     return model, cfg, model_args
 
 

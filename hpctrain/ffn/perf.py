@@ -203,6 +203,21 @@ class FrozenInference(nn.Module):
             return self.traced(x)
 
 
+class BFloat16Inference(nn.Module):
+    """``model``'s forward under bfloat16 autocast (convolutions in bfloat16 with float32 accumulation), its logits
+    returned in float32: what the canvas reads stays float32 (``precision: bfloat16`` of the inference settings).
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+            out = self.model(x)
+        return out.float()
+
+
 def tune_for_inference(
     model: nn.Module,
     example_input: torch.Tensor,
@@ -211,22 +226,28 @@ def tune_for_inference(
     channels_last: bool = True,
     onednn: bool = True,
     freeze: bool = False,
+    precision: str = "float32",
 ) -> nn.Module:
     """A module for fast flood-fill inference with the same outputs as ``model`` (which is not modified).
 
     ``channels_last``/``onednn``: as in :func:`tune_for_cpu`, applied to a copy with gradients off.
     ``freeze``: also trace + ``torch.jit.freeze`` (conv+ReLU/add fusion; within noise here, costs seconds of
     setup; falls back to the eager copy on failure).
+    ``precision`` ``"bfloat16"``: a :class:`BFloat16Inference` around the channels-last copy with torch's own
+    convolutions (autocast casts those, not the oneDNN wrapper's), not frozen; outputs within bfloat16's rounding.
     ``example_input`` is the (N, 2, Z, Y, X) input the canvas will feed (batch 1 for ``Canvas``).
     """
     set_threads(threads)
     eager = copy.deepcopy(model).eval()
     for p in eager.parameters():
         p.requires_grad_(False)
-    if onednn:
+    half = precision == "bfloat16"
+    if onednn and not half:
         onednn_convs_(eager)
     if channels_last:
         channels_last_(eager)
+    if half:
+        return BFloat16Inference(eager)
     if not freeze:
         return eager
     x = example_input.contiguous(memory_format=torch.channels_last_3d) if channels_last else example_input

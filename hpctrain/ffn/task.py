@@ -155,10 +155,11 @@ class FFNTask(TrainingTask):
         self.model = ConvStack3D(depth=args.depth, features=args.features, fov=self.fov, dilations=args.dilations)
         if ctx.device.type == "cpu":
             # Channels-last weights + oneDNN convolutions: ~15-40 % faster steps, the same float32 sums up to
-            # their order (docs/ffn_speed.md); state_dict keys and checkpoints are unchanged.
+            # their order (docs/ffn_speed.md); state_dict keys and checkpoints are unchanged. In bfloat16 the
+            # convolutions stay torch's own (autocast casts them; the oneDNN wrapper would run them in float32).
             from hpctrain.ffn.perf import tune_for_cpu
 
-            tune_for_cpu(self.model)
+            tune_for_cpu(self.model, onednn=ctx.precision == "float32")
         self.model_args = {**cfg, "fov": list(self.fov), "deltas": list(self.deltas),
                            "image_mean": self.image_mean, "image_stddev": self.image_stddev}
         # One process per node reads the volumes from the shared path; the node's ranks map its copy.
@@ -192,7 +193,7 @@ class FFNTask(TrainingTask):
         return batch if self.device.type == "cpu" else batch.to(self.device)
 
     def forward_loss(self, batch: Any) -> tuple[torch.Tensor, Any]:
-        logits = self.model(batch.inputs())
+        logits = self.model(batch.inputs()).float()  # float32 under bfloat16 autocast too: the canvas keeps it
         return fov_loss(logits, batch.labels, self.boundary_weight, self.boundary_radius), logits.detach()
 
     def clip_gradients(self) -> None:

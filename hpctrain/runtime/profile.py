@@ -108,7 +108,7 @@ class StepProfiler:
 
     def __init__(self, path: Path | None, *, model: Any, reducer: Any, combiner_state: Any, ranks: int,
                  ranks_per_node: int, threads_per_rank: int, backend: str, combiner: str, samples_per_step: int,
-                 sample_unit: str) -> None:
+                 sample_unit: str, precision: str = "float32") -> None:
         self.path = path
         self.combiner_state = combiner_state
         self.reducer = reducer
@@ -116,7 +116,7 @@ class StepProfiler:
             reducer.timeline = []
         self.info = {"version": VERSION, "ranks": ranks, "ranks_per_node": ranks_per_node,
                      "threads_per_rank": threads_per_rank, "backend": backend, "combiner": combiner,
-                     "samples_per_step": samples_per_step, "sample_unit": sample_unit,
+                     "samples_per_step": samples_per_step, "sample_unit": sample_unit, "precision": precision,
                      "grad_bytes": sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)}
         self.stats = {k: RunningStat() for k in ("compute_s", "input_s", "reduction_wait_s", "step_s", "cpu_s",
                                                  "loop_s", "control_s", "overlap_window_s")}
@@ -214,11 +214,11 @@ class StepProfiler:
 
 
 def start_profile(job: Any, run_dir: Path, comm: Any, model: Any, reducer: Any, combiner: Any,
-                  task: Any) -> StepProfiler:
+                  task: Any, precision: str = "float32") -> StepProfiler:
     """The step profiler of a training run; rank 0 writes ``RUN_DIR/profile.json``, other ranks write nothing."""
     return StepProfiler(run_dir / PROFILE_FILE if comm.rank == 0 else None, model=model, reducer=reducer,
                         combiner_state=combiner,
                         ranks=comm.size, ranks_per_node=max(1, comm.size // job.resources.nodes),
                         threads_per_rank=job.resources.threads_per_rank, backend=comm.backend,
                         combiner=job.train.combiner.name, samples_per_step=task.samples_per_step,
-                        sample_unit=task.sample_unit)
+                        sample_unit=task.sample_unit, precision=precision)

@@ -31,6 +31,7 @@ from hpctrain.runtime.comm import Communicator, make_communicator
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
 from hpctrain.runtime.metrics import MetricsLog
 from hpctrain.runtime.optim import build_optimizer
+from hpctrain.runtime.precision import forward_context, resolve_precision
 from hpctrain.runtime.profile import start_profile
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
 from hpctrain.runtime.schedule import LRSchedule
@@ -103,9 +104,12 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     rank, size = comm.rank, comm.size
     run_dir.mkdir(parents=True, exist_ok=True)
     device = pick_device(job, local_rank, comm.backend)
+    precision = resolve_precision(job.train.precision, device)
+    if rank == 0 and job.train.precision != "float32":
+        log.info("precision %s: the forward runs in %s on %s", job.train.precision, precision, device)
     ctx = TaskContext(model_args=dict(job.model_args), data=dict(job.data), batch_per_rank=job.train.batch_per_rank,
                       seed=job.train.seed, rank=rank, world_size=size, run_dir=run_dir, device=device,
-                      barrier=lambda: comm.barrier("data preparation"), local_rank=local_rank)
+                      barrier=lambda: comm.barrier("data preparation"), local_rank=local_rank, precision=precision)
     task: TrainingTask = build_task(job.model, ctx)
     model = task.model.to(device)
     broadcast_model(model, comm)
@@ -124,7 +128,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
         (run_dir / REQUEUE_MARKER).unlink(missing_ok=True)
     metrics = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 else None, job.train.steps, task.sample_unit)
     clip = getattr(task, "clip_gradients", None)
-    profiler = start_profile(job, run_dir, comm, model, reducer, combiner, task)  # timings for `hpctrain plan`
+    # timings for `hpctrain plan`
+    profiler = start_profile(job, run_dir, comm, model, reducer, combiner, task, precision)
     loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
     step = start
     stopped = False
@@ -138,7 +143,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
             batch = task.next_batch()
             profiler.mark("input")
             reducer.zero_grad()
-            loss, aux = task.forward_loss(batch)
+            with forward_context(precision, device):
+                loss, aux = task.forward_loss(batch)
             if not torch.isfinite(loss):
                 raise RuntimeFailure(f"rank {rank}: loss is {loss.item()} at step {step}",
                                      hint="lower train.lr or check the data")
