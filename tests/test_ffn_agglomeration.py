@@ -207,7 +207,7 @@ def test_segment_command_takes_the_job_s_inference_settings_and_refuses_a_bad_on
                               stdin=subprocess.DEVNULL)
 
     demo_job = REPO / "jobs" / "ffn-local.yaml"
-    done = segment(demo_job, "one.h5", "--min-segment-size", "10")
+    done = segment(demo_job, "one.h5", "--min-segment-size", "10", "--precision", "bfloat16")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     with h5py.File(tmp_path / "one.h5") as f:
         config = json.loads(f["segmentation"].attrs["config"])
@@ -215,7 +215,7 @@ def test_segment_command_takes_the_job_s_inference_settings_and_refuses_a_bad_on
     expected = yaml.safe_load(demo_job.read_text())["data"]["eval"]["inference"]
     assert config["agglomerate_threshold"] == expected["agglomerate_threshold"] > 0
     assert config["watershed_fill"] is True and config["max_seed_distance"] == expected["max_seed_distance"]
-    assert config["min_segment_size"] == 10  # the flag overrides the job
+    assert config["min_segment_size"] == 10 and config["precision"] == "bfloat16"  # the flags override the job
     assert (labels > 0).all()  # the watershed fill leaves no voxel unsegmented
     pieces = segment(demo_job, "eight.h5", "--subvolumes", "2", "2", "2")
     assert pieces.returncode == 0 and "pieces: 8" in pieces.stdout, pieces.stderr[-2000:]

@@ -364,7 +364,8 @@ def test_bfloat16_inference_gives_float32_logits_within_rounding_and_segments(tm
     full, _, _ = prepare_inference(ckpt, {})
     half, cfg, _ = prepare_inference(ckpt, {"precision": "bfloat16"})
     untuned, _, _ = prepare_inference(ckpt, {"precision": "bfloat16"}, tune=False)
-    auto, _, _ = prepare_inference(ckpt, {"precision": "auto"})
+    auto, auto_cfg, _ = prepare_inference(ckpt, {"precision": "auto"})
+    assert auto_cfg.precision == ("bfloat16" if native_bf16(torch.device("cpu")) else "float32")  # what ran
     assert isinstance(half, BFloat16Inference) and isinstance(untuned, BFloat16Inference)
     assert not isinstance(full, BFloat16Inference)
     assert isinstance(auto, BFloat16Inference) is native_bf16(torch.device("cpu"))

@@ -30,6 +30,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_seg.add_argument("--segment-threshold", type=float, default=None)
     p_seg.add_argument("--agglomerate-threshold", type=float, default=None,
                        help="join pieces whose mutual claims reach this (0: no agglomeration)")
+    p_seg.add_argument("--precision", choices=("float32", "bfloat16", "auto"), default=None,
+                       help="the model's arithmetic (auto: bfloat16 where the CPU has AMX; docs/runtime.md)")
     p_seg.add_argument("--threads", type=int, default=None, help="threads per process")
     p_seg.add_argument("--subvolumes", type=int, nargs=3, metavar=("Z", "Y", "X"), default=None,
                        help="cut the volume into Z x Y x X overlapping pieces, segment each on its own, reconcile")
@@ -150,7 +152,8 @@ def cmd_segment(args: argparse.Namespace) -> int:
     config = job_inference_settings(args.job) if args.job else {}
     config.update({k: v for k, v in {"min_segment_size": args.min_segment_size, "move_threshold": args.move_threshold,
                                      "segment_threshold": args.segment_threshold,
-                                     "agglomerate_threshold": args.agglomerate_threshold}.items() if v is not None})
+                                     "agglomerate_threshold": args.agglomerate_threshold,
+                                     "precision": args.precision}.items() if v is not None})
     checkpoint = resolve_checkpoint(args.checkpoint)
     if args.subvolumes:
         summary = segment_in_pieces(checkpoint, args.volume, args.output, config, counts=tuple(args.subvolumes),

@@ -1031,6 +1031,7 @@ def prepare_inference(
                 updates[key] = float(value)
     cfg = dataclasses.replace(cfg, **updates)
     precision = resolve_precision(cfg.precision, torch.device(cfg.device))
+    cfg = dataclasses.replace(cfg, precision=precision)  # what ran: the segmentation's attributes record it
     if tune and cfg.device == "cpu":
         from hpctrain.ffn.perf import tune_for_inference
 
