@@ -125,14 +125,6 @@ def _train_step_bf16(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
     return step
 
 
-def _infer_step_bf16(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
-    def step() -> torch.Tensor:
-        with torch.inference_mode(), forward_context("bfloat16", torch.device("cpu")):
-            return model(x).float()
-
-    return step
-
-
 def _infer_step(model: nn.Module, x: torch.Tensor) -> Callable[[], object]:
     def step() -> torch.Tensor:
         with torch.inference_mode():
@@ -173,8 +165,8 @@ def build_cases(size: Size, threads: int, compile_: bool) -> list[tuple[Row, Cal
     frozen = perf.tune_for_inference(base, xi, threads=threads, freeze=True)
     label = "tuned+frozen" if isinstance(frozen, perf.FrozenInference) else "tuned+frozen(FAILED)"
     add("infer", label, size.infer_batch, _infer_step(frozen, xi), time.perf_counter() - t)
-    half_inf = perf.tune_for_inference(base, xi, threads=threads, onednn=False)
-    add("infer", "tuned bf16", size.infer_batch, _infer_step_bf16(half_inf, xi), 0.0)
+    half_inf = perf.tune_for_inference(base, xi, threads=threads, precision="bfloat16")  # the inference setting's
+    add("infer", "tuned bf16", size.infer_batch, _infer_step(half_inf, xi), 0.0)
     # Several FOVs per call (e.g. several canvases advanced together): what batching would buy.
     xb = torch.randn(4, 2, size.fov, size.fov, size.fov)
     add("infer", "tuned", 4, _infer_step(tuned_inf, xb), 0.0)

@@ -8,6 +8,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from hpctrain.config.precision import PRECISION_REQUESTS
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ffn", help="Flood-Filling Network: prepare data, segment, evaluate")
@@ -30,7 +32,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_seg.add_argument("--segment-threshold", type=float, default=None)
     p_seg.add_argument("--agglomerate-threshold", type=float, default=None,
                        help="join pieces whose mutual claims reach this (0: no agglomeration)")
-    p_seg.add_argument("--precision", choices=("float32", "bfloat16", "auto"), default=None,
+    p_seg.add_argument("--precision", choices=PRECISION_REQUESTS, default=None,
                        help="the model's arithmetic (auto: bfloat16 where the CPU has AMX; docs/runtime.md)")
     p_seg.add_argument("--threads", type=int, default=None, help="threads per process")
     p_seg.add_argument("--subvolumes", type=int, nargs=3, metavar=("Z", "Y", "X"), default=None,

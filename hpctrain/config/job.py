@@ -28,6 +28,7 @@ from hpctrain.config.common import (
     walltime_seconds,
 )
 from hpctrain.config.origin import JobOrigin
+from hpctrain.config.precision import PrecisionRequest
 from hpctrain.config.site import Directives
 from hpctrain.config.staging import JobStaging
 from hpctrain.config.validation import validate_model
@@ -150,7 +151,7 @@ class TrainConfig(Strict):
         300.0, gt=0, description="Abort when a collective takes longer; the one setting every communication "
         "timeout derives from (docs/runtime.md, 'Timeouts')")
     grad_clip: float | None = Field(None, gt=0)
-    precision: Literal["float32", "bfloat16", "auto"] = Field(
+    precision: PrecisionRequest = Field(
         "float32", description="Arithmetic of the forward pass and its backward: float32, bfloat16 autocast (float32 "
         "weights, gradients and loss), or auto: bfloat16 where the device computes it natively (AMX CPUs, CUDA GPUs "
         "with bfloat16), else float32 (docs/runtime.md, 'Precision')")

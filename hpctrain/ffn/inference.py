@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.precision import PRECISION_REQUESTS
 from hpctrain.errors import CheckpointError, ConfigError, DataError, RuntimeFailure
 from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
 from hpctrain.ffn.movement import FaceMaxMovementPolicy
 from hpctrain.ffn.seeds import make_seeds, within_margin
-from hpctrain.runtime.precision import REQUESTS as PRECISIONS
 from hpctrain.runtime.precision import resolve_precision
 
 Position = tuple[int, int, int]
@@ -770,8 +770,9 @@ class InferenceConfig:
                 f"unknown inference setting(s) {unknown}", path=where, hint=f"valid keys: {', '.join(names)}"
             )
         kwargs = dict(data)
-        if kwargs.get("precision", "float32") not in PRECISIONS:
-            raise ConfigError(f"inference precision {kwargs['precision']!r} is not one of {', '.join(PRECISIONS)}",
+        if kwargs.get("precision", "float32") not in PRECISION_REQUESTS:
+            raise ConfigError(f"inference precision {kwargs['precision']!r} is not one of "
+                              f"{', '.join(PRECISION_REQUESTS)}",
                               path=where, hint="use float32 (the default), bfloat16 or auto")
         for key in ("fov", "deltas", "min_boundary_dist"):
             if key in kwargs:

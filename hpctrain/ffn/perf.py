@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hpctrain.runtime.precision import forward_context
+
 log = logging.getLogger(__name__)
 
 _HOOK_ATTR = "_hpctrain_channels_last_hook"
@@ -213,7 +215,7 @@ class BFloat16Inference(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+        with forward_context("bfloat16", x.device):
             out = self.model(x)
         return out.float()
 

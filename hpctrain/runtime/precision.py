@@ -14,11 +14,12 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
+from hpctrain.config.precision import PRECISION_REQUESTS
+
 if TYPE_CHECKING:
     import torch
 
 Precision = Literal["float32", "bfloat16"]
-REQUESTS = ("float32", "bfloat16", "auto")  # what train.precision and the FFN's inference precision accept
 
 
 def native_bf16(device: torch.device) -> bool:
@@ -37,8 +38,8 @@ def native_bf16(device: torch.device) -> bool:
 def resolve_precision(requested: str, device: torch.device,
                       native: Callable[[torch.device], bool] = native_bf16) -> Precision:
     """The precision a rank trains in: ``requested`` itself, or for ``auto`` bfloat16 where ``native(device)``."""
-    if requested not in REQUESTS:
-        raise ValueError(f"precision {requested!r}: expected one of {', '.join(REQUESTS)}")
+    if requested not in PRECISION_REQUESTS:
+        raise ValueError(f"precision {requested!r}: expected one of {', '.join(PRECISION_REQUESTS)}")
     if requested == "auto":
         return "bfloat16" if native(device) else "float32"
     return "bfloat16" if requested == "bfloat16" else "float32"

@@ -16,6 +16,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 from hpctrain.config.common import Strict
 from hpctrain.config.job import JobSpec
 from hpctrain.config.plugin import ModelSchema
+from hpctrain.config.precision import PrecisionRequest
 from hpctrain.errors import ConfigError, DataError
 
 Zyx = tuple[int, int, int]
@@ -264,7 +265,7 @@ class InferenceSettings(Strict):
                                           "with max_seed_distance set; 1: one at a time")
     speculative_self_prediction: bool | None = Field(None, description="ask each move's seeded FOV in the same "
                                                      "model call as the self-prediction check's bare-seed FOV")
-    precision: Literal["float32", "bfloat16", "auto"] | None = Field(
+    precision: PrecisionRequest | None = Field(
         None, description="arithmetic of the model's forward: float32 (default), bfloat16 autocast (logits "
         "returned in float32), or auto: bfloat16 where the device computes it natively (AMX CPUs, CUDA GPUs)")
     join_model: dict[str, Any] | None = Field(None, description="a fitted join model (hpctrain.ffn.join_model."
