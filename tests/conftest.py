@@ -5,6 +5,7 @@ fixture FAILS (never skips) and says to run `bash scripts/install.sh`.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import time
@@ -90,6 +91,28 @@ class SshLogin:
 
     def argv(self, *command: str, options: Sequence[str] = ()) -> list[str]:
         return ["ssh", "-F", str(self.config), *options, self.host, *command]
+
+    @property
+    def log(self) -> Path:
+        return self.config.parent / "sshd.log"
+
+    def log_offset(self) -> int:
+        """Where sshd's log ends now: count logins after it with ``logins``."""
+        return self.log.stat().st_size if self.log.exists() else 0
+
+    def logins(self, port: str, since: int, wait_s: float = 5.0) -> int:
+        """Logins sshd accepted from loopback client ``port`` after log offset ``since``, waiting up to ``wait_s``
+        for the first to be written. The log is shared by the whole suite and the kernel reuses a closed
+        connection's ephemeral port, so a count over the whole log can include an earlier test's login (seen)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.log.open("rb") as f:
+                f.seek(since)
+                text = f.read().decode("utf-8", errors="replace")
+            count = len(re.findall(rf"Accepted publickey for \S+ from 127\.0\.0\.1 port {port} ", text))
+            if count or time.monotonic() > deadline:
+                return count
+            time.sleep(0.2)
 
 
 def _start_failure(what: str, proc: subprocess.CompletedProcess[str] | None, err: str = "") -> None:

@@ -84,6 +84,7 @@ def test_submit_watch_logs_cancel_over_one_master(env: Path, sshd: Any, slurm: A
 
     pool = TransportPool(factory)
     root = str(env / "remote-runs")
+    since = sshd.log_offset()
     with Registry() as reg:
         a = submit_runs(env / "tiny.yaml", "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
                         run_root=root, command=HELLO, registry=reg, pool=pool)
@@ -113,14 +114,7 @@ def test_submit_watch_logs_cancel_over_one_master(env: Path, sshd: Any, slurm: A
 
     assert len(made) == 1 and _master_pid(ssh) == master  # the same master served every command
     port = ssh.run(["sh", "-c", 'echo "$SSH_CONNECTION"'], timeout=30).stdout.split()[1]
-    log = sshd.config.parent / "sshd.log"
-    deadline = time.monotonic() + 5
-    while True:
-        logins = re.findall(rf"Accepted publickey for \S+ from 127\.0\.0\.1 port {port} ", log.read_text())
-        if logins or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
-    assert len(logins) == 1  # one login for the whole session
+    assert sshd.logins(port, since) == 1  # one login for the whole session
     ssh.close()
 
 

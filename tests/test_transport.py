@@ -10,7 +10,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -98,6 +97,7 @@ def test_put_get_roundtrip(ssh: SSHTransport, tmp_path: Path) -> None:
 def test_one_master_serves_many_commands(ssh: SSHTransport, sshd: SshLogin) -> None:
     ssh.close()
     assert not ssh.check_master()
+    since = sshd.log_offset()
     client_ports, master_pids = set(), set()
     for _ in range(6):
         # $SSH_CONNECTION = "client_ip client_port server_ip server_port": one TCP connection, one port
@@ -107,17 +107,8 @@ def test_one_master_serves_many_commands(ssh: SSHTransport, sshd: SshLogin) -> N
         master_pids.add(re.search(r"pid=(\d+)", check.stderr).group(1))  # type: ignore[union-attr]
     assert ssh.check_master()
     assert len(client_ports) == 1 and len(master_pids) == 1
-    # sshd logged exactly one login for that connection (the log is shared with other tests: filter by port)
-    log = sshd.config.parent / "sshd.log"
-    deadline = time.monotonic() + 5
-    while True:
-        port = client_ports.pop()
-        logins = re.findall(rf"Accepted publickey for \S+ from 127\.0\.0\.1 port {port} ", log.read_text())
-        if logins or time.monotonic() > deadline:
-            break
-        client_ports.add(port)
-        time.sleep(0.2)
-    assert len(logins) == 1
+    # sshd logged exactly one login for that connection since the test began
+    assert sshd.logins(client_ports.pop(), since) == 1
     ssh.close()
     assert not ssh.check_master()
 
