@@ -63,7 +63,8 @@ def test_json_shape(tmp_path: Path) -> None:
     compute = data["parameters"]["compute_s"]
     assert compute == {"value": 0.05, "unit": "s", "source": "measured",
                        "detail": f"{run}/profile.json: compute_s mean of 40 steps"}
-    assert data["parameters"]["intra_latency_us"]["detail"] == "site_configs/local.yaml: network.intra_latency_us"
+    site_detail = "hpctrain/site_configs/local.yaml: network.intra_latency_us"  # the file behind site_configs/
+    assert data["parameters"]["intra_latency_us"]["detail"] == site_detail
     assert data["parameters"]["ranks_per_node"]["source"] == "set"
     assert data["parameters"]["intra_latency_us"]["source"] == "site"
     assert data["buckets"] == [{"bytes": 197000.0, "lead_s": 0.0}]

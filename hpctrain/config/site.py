@@ -9,7 +9,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -345,11 +344,9 @@ def _machine_memory_gb() -> float:
 
 
 def shipped_sites_dir() -> Path:
-    """The ``site_configs/`` shipped with hpctrain (repository checkout or installed data files)."""
-    repo = Path(__file__).resolve().parents[2] / "site_configs"
-    if repo.is_dir():
-        return repo
-    return Path(sys.prefix) / "share" / "hpctrain" / "site_configs"
+    """The profiles shipped with hpctrain: package data (``hpctrain/site_configs/``), the same directory in a
+    checkout (where the top-level ``site_configs/`` links to it) and in any installed copy."""
+    return Path(__file__).resolve().parents[1] / "site_configs"
 
 
 def site_search_path() -> list[Path]:
