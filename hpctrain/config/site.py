@@ -463,12 +463,10 @@ def load_site(name_or_path: str | None = None) -> SiteProfile:
 
 
 def embedded_local_site() -> SiteProfile:
-    """The default site when no profile file is found: this machine, no scheduler."""
-    return SiteProfile(
-        name="local",
-        description="This machine, no scheduler (embedded default)",
-        scheduler="local",
-        launcher="mpiexec",
-        node=NodeShape(cores="auto", memory_gb="auto"),
-        comm_backend="gloo",
-    )
+    """The default site, ``local`` (this machine, no scheduler): the shipped ``local.yaml``, read from the
+    package whatever the search path holds — the one definition of the default."""
+    path = shipped_sites_dir() / "local.yaml"
+    if not _is_file(path):
+        raise ConfigError("hpctrain's shipped site profiles are missing (no local.yaml)", path=str(path),
+                          hint="reinstall hpctrain: its package data hpctrain/site_configs/*.yaml holds them")
+    return load_site_file(path)
