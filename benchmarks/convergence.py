@@ -2,8 +2,9 @@
 
 Run: ``python benchmarks/convergence.py [--quick] [--out DIR] [--only NAME ...]``. Every claim runs >= 3 seeds
 (2 with ``--quick``) on ``hpctrain.runtime.simulate`` (the runtime's own combiners, optimizers and LR schedule),
-and ends in a row of the table (claim / setting / measured / holds?) and a PNG in DIR (default
-docs/convergence/), beside results.json (every number) and table.md. First, ``mpiexec -n 4`` runs ``hpctrain run``
+and ends in a row of the table (claim / setting / measured / holds?) and a PNG in DIR (default: a new temporary
+directory, printed; the committed results are refreshed with ``--out docs/convergence``), beside results.json
+(every number) and table.md. First, ``mpiexec -n 4`` runs ``hpctrain run``
 on a small job once per combiner and the simulation of the same job must end with the same parameters.
 ``--quick`` checks that machinery in a few minutes; its numbers mean nothing.
 """
@@ -655,17 +656,42 @@ def table(rows: Sequence[Row]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes: checks the machinery in a few minutes")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "convergence", help="PNGs, results.json, table.md")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="PNGs, results.json, table.md (default: a new temporary directory; the committed "
+                        "results are docs/convergence)")
     parser.add_argument("--only", nargs="*", choices=sorted(CLAIMS), help="run only these (default: all)")
     parser.add_argument("--train-on-ranks", nargs="+", metavar="RUN_DIR", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def output_dir(out: Path | None, quick: bool) -> Path:
+    """Where this run writes: ``out``, or a new temporary directory. A ``--quick`` run never replaces the rows
+    of a full run (its numbers mean nothing): that refusal comes before any work."""
+    if out is None:
+        return Path(tempfile.mkdtemp(prefix="hpctrain-convergence-results-"))
+    previous = out / "results.json"
+    if quick and previous.exists():
+        try:
+            earlier_quick = json.loads(previous.read_text()).get("quick", True)
+        except (ValueError, AttributeError, OSError):
+            earlier_quick = True
+        if earlier_quick is False:
+            raise SystemExit(f"convergence.py: {out} holds a full run's results; a --quick run would replace them "
+                             "with numbers that mean nothing: give another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
     if args.train_on_ranks:
         return train_on_ranks(args.train_on_ranks)
     sizes = Sizes(args.quick)
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out = output_dir(args.out, args.quick)
+    print(f"results go to {args.out}", flush=True)
     started, load_at_start = time.perf_counter(), os.getloadavg()
     rows = []
     with tempfile.TemporaryDirectory(prefix="hpctrain-convergence-") as tmp:

@@ -23,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -72,10 +73,12 @@ def train_rate(run_dir: Path) -> float | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "device-check")))
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where the logs and device_check.json go (default: $OUT, else a new temporary directory)")
     ap.add_argument("--steps", type=int, default=400, help="training steps of the GPU runs")
     args = ap.parse_args()
-    out: Path = args.out
+    out: Path = args.out or Path(os.environ.get("OUT") or tempfile.mkdtemp(prefix="hpctrain-device-check-"))
+    print(f"results go to {out}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     gpu_env = {"HPCTRAIN_SITE": "polaris", "HPCTRAIN_GPU_KIND": "nvidia", "OMP_NUM_THREADS": "1",

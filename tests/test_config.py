@@ -228,6 +228,33 @@ def test_impossible_specs_are_refused_naming_the_limit(change: dict, limit: str)
         check_fit(job, load_site("theta"))
 
 
+@pytest.mark.parametrize("sets,key", [
+    (["resources.ranks_per_node=64"], "resources.ranks_per_node"),
+    (["resources.threads_per_rank=64", "resources.ranks_per_node=8"], None),
+    (["resources.threads_per_rank=300"], "resources.threads_per_rank"),
+])
+def test_too_many_threads_per_node_names_the_key_the_user_set(sets: list[str], key: str | None) -> None:
+    """A refusal names the key (and the flag) that made the node over-full, not always threads_per_rank."""
+    job = load_job(REPO / "jobs/ffn-theta.yaml", sets=sets)
+    with pytest.raises(FitError) as caught:
+        check_fit(job, load_site("theta"))
+    err = caught.value
+    if key is None:  # both set by flags: ranks_per_node alone fits, so threads_per_rank is the one to lower
+        key = "resources.threads_per_rank"
+    assert err.key == key
+    flag = next(s for s in sets if s.startswith(key + "="))
+    assert err.path == f"--set {flag}", err
+
+
+def test_a_fit_error_names_the_line_of_the_spec(tmp_path: Path) -> None:
+    spec = (REPO / "jobs/ffn-theta.yaml").read_text().replace("nodes: 128", "nodes: 9000")
+    path = write(tmp_path, "big.yaml", spec)
+    with pytest.raises(FitError) as caught:
+        check_fit(load_job(path), load_site("theta"))
+    lines = path.read_text().splitlines()
+    assert caught.value.path == str(path) and "nodes: 9000" in lines[caught.value.line - 1]
+
+
 def test_local_site_refuses_many_nodes_and_unknown_queue() -> None:
     from hpctrain.submission.schedulers.base import place  # the one-machine limit is the local back-end's
 

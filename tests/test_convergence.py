@@ -181,3 +181,35 @@ def test_quick_run_gives_every_claim_its_row_and_the_simulation_equals_real_rank
             assert (tmp_path / row["png"]).stat().st_size > 5000, row["claim"]
     table = (tmp_path / "table.md").read_text()
     assert all(f"| {claim} |" in table for claim in rows)
+
+
+def _convergence_benchmark():  # noqa: ANN202 - the benchmark script as a module
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("convergence_benchmark", REPO / "benchmarks" / "convergence.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_benchmark_writes_to_a_temporary_directory_unless_told(tmp_path: Path) -> None:
+    """Without --out a run (--quick above all) never lands in docs/convergence, where the committed results are."""
+    bench = _convergence_benchmark()
+    args = bench.parse_args(["--quick"])
+    out = bench.output_dir(args.out, args.quick)
+    try:
+        assert REPO not in out.resolve().parents and out.is_dir() and not any(out.iterdir())
+    finally:
+        out.rmdir()
+    assert bench.output_dir(tmp_path / "mine", quick=True) == tmp_path / "mine"
+
+
+def test_a_quick_run_refuses_to_replace_a_full_run_s_results(tmp_path: Path) -> None:
+    bench = _convergence_benchmark()
+    full = {"quick": False, "runs": [], "rows": []}
+    (tmp_path / "results.json").write_text(json.dumps(full))
+    with pytest.raises(SystemExit, match="full run's results"):
+        bench.main(["--quick", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "results.json").read_text()) == full  # nothing written
+    assert bench.output_dir(tmp_path, quick=False) == tmp_path  # a full run refreshes them

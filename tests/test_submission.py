@@ -84,6 +84,28 @@ def test_combine_prefers_live_while_active_and_marks_missing() -> None:
     assert "4" not in combine(["4"], acc, None)  # nothing live answered: we cannot say it is missing
 
 
+def _completion_records(job: str, runs: list[tuple[str, str]]) -> str:
+    """``sacct -c -P -n`` lines of one job's ended runs (state, exit code), as parse_sacct_completion reads."""
+    return "".join(f"{job}|ffn|{state}|{code}|00:00:05|t0|t1|localhost\n" for state, code in runs)
+
+
+@pytest.mark.parametrize("squeue_state,records,restarts", [
+    ("PENDING", [("REQUEUED", "0:0")] * 8, 8),  # queued again after the 8th requeue: restart 8
+    ("RUNNING", [("REQUEUED", "0:0")] * 8, 8),
+    # the 9th run has ended (8 requeues, then the last run) and Slurm is cleaning it up: its record may be
+    # there already, and it is not a ninth restart
+    ("COMPLETING", [("REQUEUED", "0:0")] * 8 + [("COMPLETED", "0:0")], 8),
+    ("COMPLETING", [("REQUEUED", "0:0")] * 8, 7),  # its record not yet written: never more than the truth
+])
+def test_restarts_from_the_completion_file_never_count_a_winding_down_run(
+        squeue_state: str, records: list, restarts: int) -> None:
+    from hpctrain.submission.schedulers.status_parsers import parse_sacct_completion, parse_squeue
+
+    live = parse_squeue(f"7|{squeue_state}|None|0:01|localhost|ffn\n")
+    acc = parse_sacct_completion(_completion_records("7", records))
+    assert combine(["7"], acc, live, ended_runs=True)["7"].restart_count == restarts
+
+
 def test_expand_pending_array_range() -> None:
     got = expand_array_ranges({"15_[0-2,5%2]": JobStatus("15_[0-2,5%2]", JobState.PENDING, "held"),
                                "16": JobStatus("16", JobState.RUNNING)})

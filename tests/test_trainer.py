@@ -452,3 +452,28 @@ def test_intel_extension_optimize_is_called_in_place_when_it_imports(monkeypatch
 
     monkeypatch.setitem(sys.modules, "intel_extension_for_pytorch", types.SimpleNamespace(optimize=broken))
     assert maybe_optimize(model, optimizer, wanted=True, device=torch.device("cpu")) == (model, optimizer, False)
+
+
+def test_a_finished_run_s_last_metrics_record_keeps_its_training_loss(tmp_path: Path) -> None:
+    """The final record (held-out scores) is the last line status reads: it carries the last training loss and
+    rate, so a completed run's progress shows them (not loss None)."""
+    from hpctrain.config.job import load_job
+    from hpctrain.runtime.trainer import train as run_training
+    from hpctrain.submission.views import progress_from_record
+
+    job = load_job(REPO / "jobs/resnet-local.yaml", sets=["train.steps=4", "train.log_every=2", "train.warmup.steps=1",
+                                                          "model_args.channels=4", "model_args.blocks=1"])
+    saved = {k: os.environ.pop(k) for k in LAUNCH_VARIABLES if k in os.environ}
+    threads = torch.get_num_threads()
+    try:
+        outcome = run_training(job, tmp_path / "run", backend="none", environ={})
+    finally:
+        os.environ.update(saved)
+        torch.set_num_threads(threads)
+    records = metrics(tmp_path / "run")
+    last, logged = records[-1], records[-2]
+    assert last.get("final") is True and outcome.final and "test_accuracy" in last
+    assert last["loss"] == logged["loss"] and last["per_rank_rate"] == logged["per_rank_rate"]
+    progress = progress_from_record(last, job.train.steps)
+    assert progress is not None and progress.loss == logged["loss"] and progress.step == 4
+    assert "loss " in progress.text()

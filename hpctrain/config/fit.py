@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from hpctrain.config.common import walltime_seconds
 from hpctrain.config.job import JobSpec
+from hpctrain.config.origin import key_path, locate
 from hpctrain.config.site import DEVICE_BACKENDS, NodeShape, Queue, SiteProfile
 from hpctrain.errors import ConfigError, FitError
 
@@ -27,7 +28,26 @@ class Placement:
 
 
 def check_fit(job: JobSpec, site: SiteProfile) -> Placement:
-    """The job's placement on the site, or a FitError that says which limit it breaks."""
+    """The job's placement on the site, or a FitError that says which limit it breaks, placed at the file line
+    or the flag (``--set``, ``--nodes``) that set the key."""
+    try:
+        return _fit(job, site)
+    except FitError as exc:
+        raise locate(exc, job.origin) from None
+
+
+def _per_node_threads_key(job: JobSpec, hw_threads: int) -> str:
+    """Which of ranks_per_node and threads_per_rank to name when their product does not fit a node: the one a
+    flag set, else ranks_per_node when it alone is too many, else threads_per_rank."""
+    keys = ("resources.ranks_per_node", "resources.threads_per_rank")
+    origin = job.origin
+    flagged = [k for k in keys if origin is not None and origin.flag_for(key_path(k))]
+    if len(flagged) == 1:
+        return flagged[0]
+    return keys[0] if job.resources.ranks_per_node > hw_threads else keys[1]
+
+
+def _fit(job: JobSpec, site: SiteProfile) -> Placement:
     res = job.resources
     where = f"site {site.name!r}"
     try:
@@ -54,7 +74,7 @@ def check_fit(job: JobSpec, site: SiteProfile) -> Placement:
         raise FitError(
             f"{res.ranks_per_node} ranks x {res.threads_per_rank} threads = {wanted} per node, but a node of {where}"
             f" has {node.cores} cores x {node.threads_per_core} threads = {hw_threads}",
-            key="resources.threads_per_rank", hint="lower ranks_per_node or threads_per_rank")
+            key=_per_node_threads_key(job, hw_threads), hint="lower ranks_per_node or threads_per_rank")
     if res.gpus_per_rank > 0 and node.gpus == 0:
         raise FitError(f"{res.gpus_per_rank} GPUs per rank requested but {where} has no GPUs"
                        + (f" in queue {queue_name!r}" if queue_name else ""),

@@ -131,6 +131,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     # timings for `hpctrain plan`
     profiler = start_profile(job, run_dir, comm, model, reducer, combiner, task, precision)
     loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
+    last_logged: dict[str, float] = {}  # the final record repeats them: a finished run's progress shows its loss
     step = start
     stopped = False
     counters.mark("startup")  # file-open counts up to the first step (free when counting is off)
@@ -168,6 +169,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
                                           combiner.interval_metrics())
                 if rank == 0:
                     metrics.write(record)
+                last_logged = {k: record[k] for k in ("loss", "per_rank_rate") if k in record}
                 loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
             if check_sync_every and step % check_sync_every == 0 and combiner.ranks_in_sync:
                 differing = check_sync(model, comm)
@@ -196,7 +198,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     final = task.evaluate() if rank == 0 and not stopped else {}
     if final and rank == 0:
         metrics = MetricsLog(run_dir / "metrics.jsonl", job.train.steps, task.sample_unit)
-        metrics.write({"step": step, "final": True, **final})
+        metrics.write({"step": step, "final": True, **last_logged, **final})
         metrics.close()
     return TrainOutcome(start_step=start, end_step=step, stopped_by_signal=stopped, final=final,
                         parameters_checksum=parameters_checksum(model))

@@ -64,14 +64,17 @@ def combine(job_ids: Iterable[str], accounting: Mapping[str, JobStatus] | None,
     finished jobs; the live view (``squeue``/``scontrol``) forgets jobs after MinJobAge. A job found in
     neither is MISSING, but only when the live view answered (otherwise we cannot know).
     ``ended_runs``: every accounting record of a job is a run that ended (``sacct -c``) — so a job that is
-    active again has been requeued at least once per record (``squeue`` does not show restarts).
+    active again has been requeued at least once per record (``squeue`` does not show restarts); a job whose
+    run is winding down (``run_ended``, Slurm's COMPLETING) is not active again, and its record may be there.
     """
     out: dict[str, JobStatus] = {}
     acc, liv = accounting or {}, live or {}
     for job_id in job_ids:
         a, lv = acc.get(job_id), liv.get(job_id)
         if lv is not None and lv.state.is_active and a is not None and ended_runs:
-            out[job_id] = replace(lv, restart_count=max(lv.restart_count, a.restart_count + 1))
+            # A run that is winding down may already be one of the records: it is not a new run.
+            runs_before = a.restart_count + (0 if lv.run_ended else 1)
+            out[job_id] = replace(lv, restart_count=max(lv.restart_count, runs_before))
         elif lv is not None and (lv.state.is_active or a is None):
             out[job_id] = lv
         elif a is not None:

@@ -33,6 +33,8 @@ class JobStatus:
     restart_count: int = 0
     raw_state: str = ""
     signal: int | None = None  # the signal that ended the job, when the scheduler says
+    # The current run has ended and is being cleaned up (Slurm's COMPLETING): accounting may already hold it.
+    run_ended: bool = False
 
 
 # Field lists: the parsers below read exactly these columns, in this order, '|'-separated (-P / %..|..).
@@ -113,7 +115,8 @@ def _slurm_status(
         words = words or f"cancelled by uid {raw.split()[-1]}"
     if signal and state in (JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT):
         words = (words + "; " if words else "") + f"killed by signal {signal}"
-    return JobStatus(job_id, state, words, exit_code, restarts, raw.strip(), signal)
+    return JobStatus(job_id, state, words, exit_code, restarts, raw.strip(), signal,
+                     run_ended=raw.strip() in ("COMPLETING", "CG"))
 
 
 def _split_fields(line: str, n: int, name_index: int | None) -> list[str] | None:
