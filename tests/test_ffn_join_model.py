@@ -284,4 +284,6 @@ def test_a_join_fit_volume_is_checked_before_any_work(tmp_path: Path) -> None:
                           stdin=subprocess.DEVNULL)
     assert proc.returncode != 0 and "data.eval.tune.fit_joins.volume.image" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    assert subprocess.run(run, cwd=REPO, capture_output=True, timeout=60, stdin=subprocess.DEVNULL).returncode == 0
+    # For a site whose files are elsewhere the paths are not checked here: the rest of the spec is valid.
+    assert subprocess.run([*run, "--site", "ci-slurm"], cwd=REPO, capture_output=True, timeout=60,
+                          stdin=subprocess.DEVNULL).returncode == 0

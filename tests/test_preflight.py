@@ -40,6 +40,18 @@ def spec(tmp_path: Path, text: str, name: str = "job.yaml") -> Path:
     return path
 
 
+def write_volume(path: Path, shape: tuple[int, int, int], labels_shape: tuple[int, int, int] | None = None,
+                 names: tuple[str, str] = ("image", "labels")) -> Path:
+    """An HDF5 file holding a uint8 image and uint64 labels (of ``labels_shape``, default the same)."""
+    import h5py
+    import numpy as np
+
+    with h5py.File(path, "w") as f:
+        f[names[0]] = np.zeros(shape, np.uint8)
+        f[names[1]] = np.ones(labels_shape or shape, np.uint64)
+    return path
+
+
 def tiny(model: str = "resnet", **sections: object) -> JobSpec:
     doc = {"name": "tiny", "model": model, "train": {"steps": 20, "batch_per_rank": 4, "lr": 0.1},
            "resources": {"nodes": 1, "ranks_per_node": 2, "walltime": "00:10:00"}}
@@ -57,6 +69,11 @@ ISSUE_CASES = [
                                            "hold one training box"),
     ("train.steps=2", "train.steps: the cosine decay runs from the end of the 50-step warm-up to train.steps = 2"),
     ("model=resent", "model: unknown model 'resent'; did you mean 'resnet'?"),
+    # A movement step wider than half the FOV: the ranks' face_max_offsets (and the inference Canvas) refuse it.
+    ("model_args.deltas=[9,9,9]", "model_args.deltas: deltas [9, 9, 9] must lie within 0..(fov - 1) // 2 = "
+                                  "[7, 7, 7] for fov [15, 15, 15]"),
+    ("data.eval.inference.deltas=[8,8,8]", "data.eval.inference.deltas: inference deltas [8, 8, 8] must lie "
+                                           "within 0..(fov - 1) // 2 = [7, 7, 7]"),
 ]
 
 
@@ -252,8 +269,8 @@ def test_ffn_margin_and_policy_boxes() -> None:
         check_job(tiny("ffn", model_args={"fov": 9, "deltas": 2, "fov_policy": "max_pred_moves"}, **ffn),
                   local_paths=False)
     assert err.value.key == "data.margin" and "use at least [8, 8, 8]" in str(err.value)
-    for bad, key in [({"fov": [8, 9, 9]}, "model_args.fov"), ({"permutable_axes": [0, 1], "fov": [9, 15, 15]},
-                                                               "model_args"),
+    for bad, key in [({"fov": [8, 9, 9]}, "model_args.fov"),
+                     ({"permutable_axes": [0, 1], "fov": [9, 15, 15], "deltas": 2}, "model_args"),
                      ({"faces_only": "yes"}, "model_args.faces_only"), ({"fov": [9, 9]}, "model_args.fov")]:
         with pytest.raises(ConfigError) as err:
             check_job(tiny("ffn", model_args=bad, data={"train": {"synthetic": {}}}), local_paths=False)
@@ -304,8 +321,9 @@ def test_missing_local_data_names_the_key(tmp_path: Path) -> None:
     remote = check_job(job, load_site("ci-slurm"), local_paths=False)
     assert remote == ["data.train.image, data.train.labels: not checked on this machine; the ranks read them where "
                       "the job runs (submit without --remote and jobs validate --check-paths check them here)"]
-    volume.write_bytes(b"")
-    assert check_job(job, load_site("ci-slurm"), local_paths=True) == []
+    write_volume(volume, (20, 20, 20))
+    small = tiny("ffn", model_args={"fov": 9, "deltas": 2}, data=data)
+    assert check_job(small, load_site("ci-slurm"), local_paths=True) == []
     with pytest.raises(ConfigError) as err:
         check_job(tiny("ffn", data={"train": {"image": "train.h5:image", "labels": "train.h5:labels"}}),
                   load_site("ci-slurm"), local_paths=False)
@@ -327,6 +345,92 @@ def test_jobs_validate_check_paths_from_the_command_line(tmp_path: Path) -> None
     checked = cli("jobs", "validate", str(path), "--site", "ci-slurm", "--check-paths", "--json")
     assert checked.returncode == 2
     assert f"hpctrain: error: {path}:5: data.train.image: {missing} does not exist" in checked.stderr
+
+
+FILES_JOB = """\
+    name: files
+    model: ffn
+    model_args: {{fov: 9, deltas: 2}}
+    data:
+      train: {{image: "{image}", labels: "{labels}"}}
+    train: {{steps: 10, batch_per_rank: 2, lr: 0.1}}
+    """
+
+
+def test_jobs_validate_reads_the_data_files_as_the_ranks_do(tmp_path: Path) -> None:
+    """A wrong dataset name, a file that is not HDF5, image and labels of different shapes, a volume too small for
+    one training box: each refused by ``jobs validate`` without --site (local, the default site, reads its files
+    here) and by ``submit --site local --dry-run``, naming the key's line and the ranks' own message."""
+    good = write_volume(tmp_path / "good.h5", (20, 20, 20), names=("raw", "seg"))
+    odd = write_volume(tmp_path / "odd.h5", (20, 20, 20), labels_shape=(20, 20, 16))
+    small = write_volume(tmp_path / "small.h5", (10, 20, 20))
+    text = tmp_path / "text.h5"
+    text.write_text("not an HDF5 file\n")
+    cases = [
+        (f"{good}:image", f"{good}:seg", "data.train.image",
+         f"{good}: no dataset 'image'; datasets in the file: ['raw', 'seg']"),
+        (f"{text}:image", f"{good}:seg", "data.train.image", f"{text} is not a readable HDF5 file"),
+        (f"{odd}:image", f"{odd}:labels", "data.train.labels",
+         f"image {odd}:image has shape (20, 20, 20) but labels {odd}:labels have shape (20, 20, 16)"),
+        (f"{small}:image", f"{small}:labels", "data.train.image",
+         "the file's volume of [10, 20, 20] cannot hold one training box"),
+    ]
+    env = {"HPCTRAIN_HOME": str(tmp_path / "home"), "HPCTRAIN_RUNS": str(tmp_path / "runs")}
+    for image, labels, key, message in cases:
+        path = spec(tmp_path, FILES_JOB.format(image=image, labels=labels))
+        for args in (("jobs", "validate", str(path)), ("submit", str(path), "--site", "local", "--dry-run")):
+            done = cli(*args, cwd=tmp_path, env=env)
+            assert done.returncode == 2, (args, done.stdout + done.stderr)
+            assert done.stderr.startswith(f"hpctrain: error: {path}:5: {key}: "), done.stderr
+            assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
+    path = spec(tmp_path, FILES_JOB.format(image=f"{good}:raw", labels=f"{good}:seg"))
+    done = cli("jobs", "validate", str(path), "--json", cwd=tmp_path, env=env)
+    assert done.returncode == 0 and json.loads(done.stdout)["warnings"] == [], done.stderr
+
+
+def test_without_h5py_the_files_are_not_read_and_a_note_says_so(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "h5py" else find_spec(name, *a))
+    text = tmp_path / "text.h5"
+    text.write_text("not an HDF5 file\n")
+    job = tiny("ffn", model_args={"fov": 9, "deltas": 2},
+               data={"train": {"image": f"{text}:image", "labels": f"{text}:labels"}})
+    assert check_job(job, load_site("local"), local_paths=True) == [
+        "data.train: h5py is not installed here, so the files' datasets and shapes were not checked (the ranks "
+        "check them when they start)"]
+
+
+def test_the_ranks_move_fovs_by_the_rule_the_laptop_checks() -> None:
+    """face_max_offsets (training's max_pred_moves, inference) refuses deltas by ``deltas_problem``, the function
+    the schema's model_args check calls."""
+    import numpy as np
+
+    from hpctrain.config.plugins.ffn import deltas_problem
+    from hpctrain.ffn.movement import face_max_offsets
+
+    problem = deltas_problem((15, 15, 15), (9, 9, 9))
+    assert problem is not None and deltas_problem((15, 15, 15), (7, 7, 7)) is None
+    with pytest.raises(ValueError) as err:
+        face_max_offsets(np.zeros((15, 15, 15), np.float32), (9, 9, 9), 0.5)
+    assert str(err.value) == f"face_max_offsets: deltas do not fit inside a map of shape (15, 15, 15): {problem}"
+    assert face_max_offsets(np.ones((15, 15, 15), np.float32), (7, 7, 7), 0.5)  # the widest step is allowed
+
+
+def test_a_walltime_barely_above_the_signal_lead_is_warned() -> None:
+    """Each run then spends most of its time starting; under load a restart advanced one step and the requeues
+    ran out. The warning says how much time is left and the fix."""
+    done = cli("jobs", "validate", "jobs/ffn-local.yaml", "--walltime", "00:02:10", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["warnings"] == [
+        "resources.walltime 00:02:10 leaves 10 s per run before the stop signal (checkpoint.signal_lead_s 120 s "
+        "before the end), and start-up takes 20-60 s of it, more under load: a run may checkpoint after a few "
+        "steps, and each of the 3 requeues (checkpoint.max_requeues) advances as little; lengthen the walltime to "
+        "00:05:00 or more, or lower checkpoint.signal_lead_s"]
+    done = cli("jobs", "validate", "jobs/ffn-local.yaml", "--json")
+    assert done.returncode == 0 and json.loads(done.stdout)["warnings"] == [], done.stderr
 
 
 # ------------------------------------------------------------------------------------------ user plug-ins

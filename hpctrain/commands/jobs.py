@@ -18,8 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                                             "it fits the site")
     add_job_arguments(p_val)
     p_val.add_argument("--check-paths", action="store_true",
-                       help="check that the data files exist on this machine (implied with --site local); "
-                            "run it where the job will be submitted")
+                       help="check the data files on this machine (exist, format, datasets, shapes); implied "
+                            "without --site (the local site, the default) and with --site local; run it where "
+                            "the job will be submitted")
     p_val.add_argument("--json", action="store_true")
     p_val.set_defaults(handler=cmd_validate)
     p_show = sub.add_parser("show", help="the job spec with defaults and overrides applied")
@@ -41,7 +42,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         placement = place(job, site)
         result.update(site=site.name, queue=placement.queue_name, backend=placement.backend,
                       ranks=job.resources.ranks)
-    result["warnings"] = check_job(job, site, local_paths=args.check_paths)
+    # Without --site the job is checked for the default site, local: it would read its files here.
+    result["warnings"] = check_job(job, site, local_paths=args.check_paths or not args.site)
     if args.json:
         print_json(result)
         return 0

@@ -61,6 +61,12 @@ class ModelSchema:
         """Files and directories the ranks will read: ``{key: path}`` (``data.train.image`` -> the .h5 file)."""
         return {}
 
+    def check_files(self, args: Any, data: Any) -> list[str]:
+        """Checks of the data files' contents (format, dataset names, shapes), run where the files are visible
+        (the job runs on this machine) after ``data_paths`` were found to exist; returns notes (what could not
+        be checked here), raises ConfigError naming the key. Read headers, not the data: it runs on a laptop."""
+        return []
+
     def check(self, args: Any, data: Any, job: JobSpec, world_size: int) -> list[str]:
         """Checks across keys and against the rest of the job; returns warnings, raises ConfigError."""
         return []

@@ -15,11 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.config.catalog import find_schema, schema_module_name
+from hpctrain.config.common import walltime_seconds
 from hpctrain.config.job import JobSpec
 from hpctrain.config.origin import locate
 from hpctrain.config.plugin import ModelSchema
 from hpctrain.config.schedule_rules import schedule_parameters
 from hpctrain.config.site import SiteProfile
+from hpctrain.config.walltime import format_hms
 from hpctrain.errors import ConfigError, ConfigErrors, HpctrainError
 
 
@@ -55,12 +57,16 @@ def check_job(job: JobSpec, site: SiteProfile | None = None, *, local_paths: boo
         found += _plugin_checks(schema, args, data, job, world)
         epoch_steps = _epoch_steps(schema, args, data, job, world)
         found += _path_checks(schema.data_paths(args, data), job, local_paths=local_paths, at_start=at_start)
+        if local_paths and not at_start:  # the ranks read the files themselves, one reader per node
+            found += _file_checks(schema, args, data, job)
     try:
         schedule = schedule_parameters(job.schedule_config(), world, epoch_steps)
     except ConfigError as exc:
         raise locate(exc, origin) from None
     found += _schedule_warnings(job, schedule)
     found += _checkpoint_warnings(job)
+    if not at_start:
+        found += walltime_warnings(job)
     found += _precision_warnings(job, site)
     return found
 
@@ -122,6 +128,18 @@ def _path_checks(paths: dict[str, str], job: JobSpec, *, local_paths: bool, at_s
             "without --remote and jobs validate --check-paths check them here)"]
 
 
+def _file_checks(schema: ModelSchema, args: Any, data: Any, job: JobSpec) -> list[str]:
+    try:
+        return list(schema.check_files(args, data))
+    except ConfigError as exc:
+        raise locate(exc, job.origin) from None
+    except HpctrainError:
+        raise
+    except Exception as exc:  # a user's schema hook is broken: name it, not a traceback
+        raise locate(ConfigError(f"the schema of {job.model} failed in check_files(): {type(exc).__name__}: {exc}",
+                                 key="model"), job.origin) from None
+
+
 def _schedule_warnings(job: JobSpec, schedule: dict[str, Any]) -> list[str]:
     warmup, steps = schedule["warmup_steps"], job.train.steps
     if schedule["warmup_kind"] != "none" and warmup > steps:
@@ -137,6 +155,28 @@ def _checkpoint_warnings(job: JobSpec) -> list[str]:
         return [f"checkpoint.every_steps ({every}) is more than train.steps ({steps}): no checkpoint before the "
                 "end; a crash loses the whole run (the walltime signal still writes one)"]
     return []
+
+
+# Time a run needs before the stop signal for training to be most of it: start-up (the interpreter, torch, the
+# process group, the data and, after a requeue, the checkpoint read back) takes 20-60 s on an idle node and more
+# under load, and Slurm may send the signal up to 60 s before it was asked for (docs/checkpoints.md).
+MIN_RUN_BEFORE_SIGNAL_S = 180
+
+
+def walltime_warnings(job: JobSpec) -> list[str]:
+    """A walltime that leaves too little time between start-up and the stop signal: each run (and each requeue)
+    then advances a few steps and the requeues run out. Says how much is left and the fix."""
+    walltime = int(walltime_seconds(job.resources.walltime))
+    lead = job.checkpoint.signal_lead_s
+    window = walltime - lead
+    if window >= MIN_RUN_BEFORE_SIGNAL_S:
+        return []
+    enough = format_hms(lead + MIN_RUN_BEFORE_SIGNAL_S)
+    return [f"resources.walltime {job.resources.walltime} leaves {window} s per run before the stop signal "
+            f"(checkpoint.signal_lead_s {lead} s before the end), and start-up takes 20-60 s of it, more under load: "
+            f"a run may checkpoint after a few steps, and each of the {job.checkpoint.max_requeues} requeues "
+            f"(checkpoint.max_requeues) advances as little; lengthen the walltime to {enough} or more, or lower "
+            f"checkpoint.signal_lead_s"]
 
 
 # Processor names of CPUs without AMX (bfloat16 convolutions emulated there): AMD, Xeon Phi, Xeons before Sapphire

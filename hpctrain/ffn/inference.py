@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn import deltas_problem
 from hpctrain.config.precision import PRECISION_REQUESTS
 from hpctrain.errors import CheckpointError, ConfigError, DataError, RuntimeFailure
 from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
@@ -337,12 +338,9 @@ class Canvas:
         if any(s % 2 == 0 or s < 1 for s in self.fov):
             raise ConfigError(f"fov {self.fov} must be odd sizes", key="model_args.fov")
         self.margin = tuple(s // 2 for s in self.fov)
-        if any(d < 0 or d > m for d, m in zip(self.deltas, self.margin, strict=True)):
-            raise ConfigError(
-                f"deltas {self.deltas} must lie within 0..fov//2 = {self.margin}",
-                key="model_args.deltas",
-                hint="the move offsets are read on the faces of the predicted FOV",
-            )
+        problem = deltas_problem(self.fov, self.deltas)  # the rule the laptop checks model_args by
+        if problem:
+            raise ConfigError(problem, key="model_args.deltas", hint="use smaller deltas or a larger fov")
         if image_stddev <= 0:
             raise ConfigError(f"image_stddev must be > 0, got {image_stddev}", key="image_stddev")
         self.shape = tuple(int(s) for s in image.shape)

@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn import deltas_problem
+
 Offset = tuple[int, int, int]
 Position = tuple[int, int, int]
 
@@ -31,8 +33,9 @@ def face_max_offsets(prob: np.ndarray, deltas: Sequence[int], threshold: float) 
         raise ValueError(f"face_max_offsets: prob must be 3-D (z, y, x), got shape {prob.shape}")
     centre = np.array(prob.shape) // 2
     deltas = [int(d) for d in deltas]
-    if any(d < 0 or c - d < 0 or c + d >= s for c, d, s in zip(centre, deltas, prob.shape, strict=True)):
-        raise ValueError(f"face_max_offsets: deltas {deltas} do not fit inside a map of shape {prob.shape}")
+    problem = deltas_problem(prob.shape, deltas)  # the rule the laptop checks model_args by
+    if problem:
+        raise ValueError(f"face_max_offsets: deltas do not fit inside a map of shape {prob.shape}: {problem}")
     cuboid = [slice(c - d, c + d + 1) for c, d in zip(centre, deltas, strict=True)]
 
     found: set[tuple[float, Offset]] = set()

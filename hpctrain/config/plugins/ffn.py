@@ -7,13 +7,14 @@ exist or a training volume too small to hold one training box.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import importlib.util
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
 
-from hpctrain.config.common import Strict
+from hpctrain.config.common import FieldProblem, Strict
 from hpctrain.config.job import JobSpec
 from hpctrain.config.plugin import ModelSchema
 from hpctrain.config.precision import PrecisionRequest
@@ -37,6 +38,25 @@ def _odd(sizes: Zyx) -> Zyx:
     if any(s < 1 or s % 2 == 0 for s in sizes):
         raise ValueError(f"FOV sizes must be odd and >= 1 (a FOV has a centre voxel), got {list(sizes)}")
     return sizes
+
+
+def max_deltas(fov: Sequence[int]) -> Zyx:
+    """The largest FOV movement step on each axis: (fov - 1) // 2, the centre to the FOV's face."""
+    return tuple((int(f) - 1) // 2 for f in fov)  # type: ignore[return-value]
+
+
+def deltas_problem(fov: Sequence[int], deltas: Sequence[int]) -> str | None:
+    """Why ``deltas`` cannot move a FOV of ``fov`` (None: they can).
+
+    A move's score is read on the faces of the current FOV's predicted map at +/- deltas from its centre
+    (``hpctrain.ffn.movement.face_max_offsets``, the inference Canvas): each step must stay inside the FOV. The
+    ranks apply this rule when they move FOVs; the laptop applies it to model_args and the inference settings.
+    """
+    limit = max_deltas(fov)
+    if any(int(d) < 0 or int(d) > m for d, m in zip(deltas, limit, strict=True)):
+        return (f"deltas {[int(d) for d in deltas]} must lie within 0..(fov - 1) // 2 = {list(limit)} for fov "
+                f"{[int(f) for f in fov]}: a move is scored on the faces of the FOV at +/- deltas from its centre")
+    return None
 
 
 def _non_negative(sizes: Zyx) -> Zyx:
@@ -106,6 +126,13 @@ class FFNModelArgs(Strict):
         if self.dilations is not None and (len(self.dilations) != self.depth - 1 or min(self.dilations, default=1) < 1):
             raise ValueError(f"dilations {list(self.dilations)} needs one value >= 1 per residual module: "
                              f"{self.depth - 1} values for depth {self.depth}")
+        return self
+
+    @model_validator(mode="after")
+    def _deltas_inside_fov(self) -> FFNModelArgs:
+        problem = deltas_problem(self.fov, self.deltas)
+        if problem:
+            raise FieldProblem(("deltas",), f"{problem}; use smaller deltas or a larger fov")
         return self
 
     @model_validator(mode="after")
@@ -403,7 +430,6 @@ class FFNSchema(ModelSchema):
         return paths
 
     def check(self, args: FFNModelArgs, data: FFNData, job: JobSpec, world_size: int) -> list[str]:
-        margin = training_margin(args, data)
         if data.margin is not None and any(m < b for m, b in zip(data.margin, args.box_margin(), strict=True)):
             raise ConfigError(
                 f"margin {list(data.margin)} is smaller than half the training box {list(args.training_box())} "
@@ -412,19 +438,82 @@ class FFNSchema(ModelSchema):
                 hint=f"use at least {list(args.box_margin())}, or leave data.margin out")
         synthetic = data.train.synthetic
         if synthetic is not None:
-            inner = [max(m, r) for m, r in zip(margin, args.lom_radius(), strict=True)]
-            need = [2 * i + 1 for i in inner]
-            if any(s < n for s, n in zip(synthetic.shape, need, strict=True)):
-                raise ConfigError(
-                    f"a training volume of {list(synthetic.shape)} cannot hold one training box: centres need "
-                    f"{inner} voxels to every border (FOV {list(args.fov)}, deltas {list(args.deltas)}), so every "
-                    f"axis needs at least {need}", key="data.train.synthetic.shape",
-                    hint="enlarge the volume or make model_args.fov / deltas smaller")
+            check_training_shape(synthetic.shape, args, data, key="data.train.synthetic.shape")
+        fov, deltas, where = inference_geometry(args, data)
+        problem = deltas_problem(fov, deltas)
+        if problem:
+            raise ConfigError(f"inference {problem}", key=where,
+                              hint="make data.eval.inference.deltas smaller or its fov larger")
+        if data.eval is not None and data.eval.synthetic is not None:
+            check_inference_shape(data.eval.synthetic.shape, fov, key="data.eval.synthetic.shape")
         warnings = []
         if args.single_fov_steps >= job.train.steps > 0:
             warnings.append(f"model_args.single_fov_steps ({args.single_fov_steps}) >= train.steps "
                             f"({job.train.steps}): every step trains on bare-seed FOVs, FOV movement is never trained")
         return warnings
+
+
+    def check_files(self, args: FFNModelArgs, data: FFNData) -> list[str]:
+        """Open each image + labels pair given as files (headers only) with the ranks' reader: a missing dataset,
+        a file that is not HDF5 (or zarr), wrong dtypes, image and labels of different shapes, a training volume
+        too small for one training box or an eval volume smaller than the FOV fail here."""
+        from hpctrain.config.plugins.ffn_volumes import reader_module, source_shape
+
+        fov, _, _ = inference_geometry(args, data)
+        sources = [("data.train", data.train)]
+        if data.eval is not None:
+            sources.append(("data.eval", data.eval))
+            if data.eval.tune is not None:
+                sources.append(("data.eval.tune.volume", data.eval.tune.volume))
+                if data.eval.tune.fit_joins is not None:
+                    sources.append(("data.eval.tune.fit_joins.volume", data.eval.tune.fit_joins.volume))
+        notes: list[str] = []
+        for key, source in sources:
+            if source is None or source.image is None or source.labels is None:
+                continue
+            readers = sorted({reader_module(source.image), reader_module(source.labels)})
+            missing = [name for name in readers if importlib.util.find_spec(name) is None]
+            if missing:
+                notes.append(f"{key}: {' and '.join(missing)} is not installed here, so the files' datasets and "
+                             "shapes were not checked (the ranks check them when they start)")
+                continue
+            shape = source_shape(key, source.image, source.labels)
+            if key == "data.train":
+                check_training_shape(shape, args, data, key="data.train.image", size_of="the file's volume")
+            elif key == "data.eval":
+                check_inference_shape(shape, fov, key="data.eval.image")
+        return notes
+
+
+def inference_geometry(args: FFNModelArgs, data: FFNData) -> tuple[Zyx, Zyx, str]:
+    """The FOV and deltas the trained model floods with (data.eval.inference's, else model_args'), and the key
+    that set the deltas."""
+    settings = data.eval.inference if data.eval is not None else None
+    fov = settings.fov if settings is not None and settings.fov is not None else args.fov
+    if settings is not None and settings.deltas is not None:
+        return fov, settings.deltas, "data.eval.inference.deltas"
+    where = "data.eval.inference.fov" if settings is not None and settings.fov is not None else "model_args.deltas"
+    return fov, args.deltas, where
+
+
+def check_training_shape(shape: Sequence[int], args: FFNModelArgs, data: FFNData, *, key: str,
+                         size_of: str = "a training volume") -> None:
+    """Refuse a training volume of ``shape`` that cannot hold one training box around a centre (the ranks find
+    no training coordinates in it)."""
+    inner = [max(m, r) for m, r in zip(training_margin(args, data), args.lom_radius(), strict=True)]
+    need = [2 * i + 1 for i in inner]
+    if any(s < n for s, n in zip(shape, need, strict=True)):
+        raise ConfigError(
+            f"{size_of} of {list(shape)} cannot hold one training box: centres need {inner} voxels to every border "
+            f"(FOV {list(args.fov)}, deltas {list(args.deltas)}), so every axis needs at least {need}", key=key,
+            hint="enlarge the volume or make model_args.fov / deltas smaller")
+
+
+def check_inference_shape(shape: Sequence[int], fov: Sequence[int], *, key: str) -> None:
+    """Refuse an eval volume smaller than the FOV the model floods it with (the inference Canvas's rule)."""
+    if any(int(s) < int(f) for s, f in zip(shape, fov, strict=True)):
+        raise ConfigError(f"an eval volume of {list(shape)} is smaller than the FOV {list(fov)}", key=key,
+                          hint="use a larger eval volume or a smaller data.eval.inference.fov")
 
 
 def training_margin(args: FFNModelArgs, data: FFNData) -> Zyx:

@@ -1,0 +1,198 @@
+"""The FFN's image and label files: how a volume spec is opened and what its arrays must be, in one place.
+
+``hpctrain.ffn.volume`` reads training data on the ranks through these functions; the preflight opens the same
+files with them on the laptop (headers only: names, shapes and dtypes, no voxels) wherever the files are
+visible, so that a wrong dataset name, a file that is not HDF5 or an image and labels of different shapes fail
+before the job waits in a queue. h5py, zarr and numpy are imported when a file is opened, never at import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from hpctrain.config.plugins.ffn import VolumeRef, parse_volume_spec
+from hpctrain.errors import ConfigError, DataError
+
+VolumeSpec = str | Mapping[str, Any] | VolumeRef
+ZARR_SUFFIX = ".zarr"
+
+
+class ArrayInfo(Protocol):
+    """What the checks read of an opened volume: its name in messages, shape and dtype (a numpy dtype)."""
+
+    name: str
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def dtype(self) -> Any: ...
+
+
+@dataclass
+class OpenedArray:
+    """An array of an opened volume file: ``array`` is read lazily; ``handle`` (an HDF5 file) must be closed."""
+
+    array: Any
+    name: str
+    handle: Any = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(int(s) for s in self.array.shape)
+
+    @property
+    def dtype(self) -> Any:
+        import numpy as np
+
+        return np.dtype(self.array.dtype)
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+            self.handle = None
+
+
+def is_zarr(path: Path) -> bool:
+    """A zarr store (a directory, or a name ending in .zarr) rather than an HDF5 file."""
+    return path.is_dir() or path.suffix == ZARR_SUFFIX
+
+
+def reader_module(spec: VolumeSpec) -> str:
+    """The Python package that opens ``spec``'s file: h5py, or zarr for a store."""
+    path, _ = parse_volume_spec(spec)
+    return "zarr" if is_zarr(path) else "h5py"
+
+
+def _h5_datasets(f: Any) -> list[str]:
+    import h5py
+
+    names: list[str] = []
+    f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+    return names
+
+
+def _zarr_arrays(group: Any, prefix: str = "") -> list[str]:
+    import zarr
+
+    names: list[str] = []
+    for key, member in group.members():
+        if isinstance(member, zarr.Array):
+            names.append(prefix + key)
+        else:
+            names.extend(_zarr_arrays(member, prefix + key + "/"))
+    return names
+
+
+def open_array(spec: VolumeSpec) -> OpenedArray:
+    """Open a volume's array lazily; raise DataError naming the file and the datasets that do exist."""
+    path, dataset = parse_volume_spec(spec)
+    name = f"{path}:{dataset}" if dataset else str(path)
+    if not path.exists():
+        raise DataError(f"volume file {path} does not exist", hint="check the data path in the job spec")
+    if is_zarr(path):
+        return _open_zarr(path, dataset, name)
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise DataError(
+            f"{path} is not a readable HDF5 file ({e})", hint="give path.h5:dataset or a .zarr"
+        ) from e
+    if dataset is None:
+        names = _h5_datasets(f)
+        f.close()
+        raise DataError(f"{path}: no dataset named", hint=f"write {path}:NAME with NAME one of {names}")
+    if dataset not in f or not isinstance(f[dataset], h5py.Dataset):
+        names = _h5_datasets(f)
+        f.close()
+        raise DataError(f"{path}: no dataset '{dataset}'", hint=f"datasets in the file: {names}")
+    return OpenedArray(f[dataset], name, handle=f)
+
+
+def _open_zarr(path: Path, dataset: str | None, name: str) -> OpenedArray:
+    import zarr
+
+    try:
+        node = zarr.open(str(path), mode="r")
+    except Exception as e:  # zarr raises several unrelated types for a non-store directory
+        raise DataError(f"{path} is not a readable zarr store ({e})") from e
+    if isinstance(node, zarr.Array):
+        if dataset:
+            raise DataError(
+                f"{path} is a single zarr array; it has no dataset '{dataset}'", hint=f"use {path}"
+            )
+        return OpenedArray(node, name)
+    names = _zarr_arrays(node)
+    if dataset is None:
+        raise DataError(f"{path}: no dataset named", hint=f"write {path}:NAME with NAME one of {names}")
+    if dataset not in names:
+        raise DataError(f"{path}: no dataset '{dataset}'", hint=f"datasets in the store: {names}")
+    return OpenedArray(node[dataset], name)
+
+
+def check_image(vol: ArrayInfo) -> None:
+    """Images are 3-D uint8, or float (both normalised by image_mean / image_stddev in training)."""
+    if len(vol.shape) != 3:
+        raise DataError(f"image {vol.name} has shape {vol.shape}; expected a 3-D (z, y, x) volume")
+    dtype = vol.dtype
+    if not (dtype.kind == "u" and dtype.itemsize == 1) and dtype.kind != "f":
+        raise DataError(
+            f"image {vol.name} has dtype {dtype}; expected uint8 (or float32)",
+            hint="rescale the image to uint8 0..255, or store float32 and set image_mean/image_stddev",
+        )
+
+
+def check_labels(vol: ArrayInfo) -> None:
+    """Labels are a 3-D integer volume; 0 is background."""
+    if len(vol.shape) != 3:
+        raise DataError(f"labels {vol.name} have shape {vol.shape}; expected a 3-D (z, y, x) volume")
+    if vol.dtype.kind not in "iub":
+        raise DataError(
+            f"labels {vol.name} have dtype {vol.dtype}; expected an integer type (uint32/uint64/int64)",
+            hint="labels are object ids, 0 = background: convert them with astype(np.uint64)",
+        )
+
+
+def check_pair(image: ArrayInfo, labels: ArrayInfo) -> None:
+    """An image and its labels: each as above, and the same (z, y, x) box."""
+    check_image(image)
+    check_labels(labels)
+    if image.shape != labels.shape:
+        raise DataError(
+            f"image {image.name} has shape {image.shape} but labels {labels.name} have shape {labels.shape}",
+            hint="the image and its labels must cover the same (z, y, x) box",
+        )
+
+
+def source_shape(key: str, image_spec: VolumeSpec, labels_spec: VolumeSpec) -> tuple[int, int, int]:
+    """Open a volume source's image and labels (headers only), check them as the ranks do and return their
+    shape; a problem is a ConfigError naming ``key.image`` or ``key.labels`` (``data.train.labels``)."""
+    opened: list[OpenedArray] = []
+    try:
+        for role, spec in (("image", image_spec), ("labels", labels_spec)):
+            with _keyed(f"{key}.{role}"):
+                opened.append(open_array(spec))
+        image, labels = opened
+        with _keyed(f"{key}.image"):
+            check_image(image)
+        with _keyed(f"{key}.labels"):
+            check_pair(image, labels)
+        z, y, x = image.shape
+        return (z, y, x)
+    finally:
+        for array in opened:
+            array.close()
+
+
+@contextmanager
+def _keyed(key: str) -> Iterator[None]:
+    try:
+        yield
+    except DataError as exc:
+        raise ConfigError(exc.message, key=key, hint=exc.hint) from None
