@@ -568,3 +568,27 @@ def test_extends_chains_and_unreadable_paths_are_config_errors(tmp_path: Path) -
     long_name = write(tmp_path, "long.yaml", f"name: long\nextends: {'x' * 5000}.yaml\n")
     with pytest.raises(ConfigError, match="extends"):
         load_site_file(long_name)
+
+
+@pytest.mark.parametrize("scheduler,launcher,valid", [
+    ("pbs", "srun", "mpiexec or aprun"), ("cobalt", "srun", "aprun or mpiexec"), ("slurm", "aprun", "srun or mpiexec"),
+])
+def test_a_launcher_its_scheduler_cannot_start_is_refused(tmp_path: Path, scheduler: str, launcher: str,
+                                                          valid: str) -> None:
+    """srun needs Slurm's step daemons, aprun Cray's ALPS: a profile pairing them with another scheduler is refused
+    by ``sites validate`` at the launcher's line, and by every check of a job against it (``place``)."""
+    from hpctrain.submission.schedulers.base import place
+
+    path = write(tmp_path, "s.yaml", f"""\
+        name: odd
+        scheduler: {scheduler}
+        launcher: {launcher}
+        node: {{cores: 4, memory_gb: 8}}
+        """)
+    message = f"launcher: site 'odd': scheduler {scheduler} starts ranks with {valid}, not '{launcher}'"
+    done = cli("sites", "validate", str(path))
+    assert done.returncode == 2 and done.stderr.startswith(f"hpctrain: error: {path}:3: {message}"), done.stderr
+    with pytest.raises(ConfigError, match=message):
+        place(load_job(REPO / "jobs/ffn-local.yaml"), load_site_file(path))
+    done = cli("jobs", "validate", "jobs/ffn-local.yaml", "--site", str(path))
+    assert done.returncode == 2 and message in done.stderr, done.stderr

@@ -82,7 +82,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for path in args.paths:
         try:
             site = load_site_file(path)
-            get_scheduler(site.scheduler).check_site(site)  # what the scheduler itself cannot run (its launchers)
+            try:
+                get_scheduler(site.scheduler).check_site(site)  # what the scheduler itself cannot run (its launchers)
+            except ConfigError as exc:
+                raise _placed_in(exc, path) from None
             results.append({"path": path, "valid": True, "name": site.name, "errors": []})
         except ConfigError as exc:
             failed = True
@@ -102,6 +105,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 for e in r["errors"]:
                     print(f"hpctrain: error: {e['text']}", file=sys.stderr)
     return 2 if failed else 0
+
+
+def _placed_in(exc: ConfigError, path: str) -> ConfigError:
+    """A back-end's refusal of a profile, placed at the key's line in the profile's file (or its first line when
+    the key comes from the profile it extends)."""
+    from hpctrain.config.yamlio import load_yaml_file
+
+    if exc.path is None:
+        exc.path = str(path)
+        exc.line = load_yaml_file(path).line_of(tuple((exc.key or "").split("."))) if exc.key else None
+    return exc
 
 
 # --- discover (hpctrain/submission/discovery) -----------------------------------------------------------------

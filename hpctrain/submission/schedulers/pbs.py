@@ -40,6 +40,8 @@ class PBSPro(Scheduler):
     needs_signal_timer = True
     array_index_variable = "PBS_ARRAY_INDEX"
     mpiexec_launcher = "mpiexec-pals"  # HPE Cray PALS, the mpiexec of PBS Pro machines (Polaris, Aurora)
+    # PALS's mpiexec, or ALPS's aprun on Cray XC machines under PBS; srun needs Slurm's step daemons.
+    launchers = ("mpiexec", "aprun")
     dependency_kinds = ("afterok", "afterany", "afternotok", "after")
     supports_hold = True
 
@@ -112,6 +114,9 @@ class PBSPro(Scheduler):
 
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["qdel", check_job_id(job_id)]
+
+    def signal_argv(self, job_id: str, run_dir: str, signal_name: str) -> list[str] | None:
+        return ["qsig", "-s", signal_name, check_job_id(job_id)]  # to the job's session leader: the batch shell
 
     def log_names(self, job_id: str) -> list[str]:
         # A server that ignores `#PBS -o` (the torque wrappers over Slurm) writes its default job.sh.o<seq>.

@@ -34,6 +34,7 @@ class Slurm(Scheduler):
     template = "slurm.tmpl"
     job_id_variable = "SLURM_JOB_ID"
     array_index_variable = "SLURM_ARRAY_TASK_ID"
+    launchers = ("srun", "mpiexec")  # srun, or MPICH's hydra (which starts its proxies through Slurm)
     dependency_kinds = ("afterok", "afterany", "afternotok", "after")
     supports_hold = True
     # A requeued job is held until its BeginTime (about cred_expire seconds): not a start time anyone asked for.
@@ -121,6 +122,10 @@ class Slurm(Scheduler):
 
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["scancel", check_job_id(job_id)]
+
+    def signal_argv(self, job_id: str, run_dir: str, signal_name: str) -> list[str] | None:
+        # --batch: to the batch shell only, as --signal=B:SIG@LEAD sends the warning.
+        return ["scancel", "--batch", f"--signal={signal_name}", check_job_id(job_id)]
 
     def log_names(self, job_id: str) -> list[str]:
         # An array task's id (123_4) names its file too: --output=..._%a/slurm-%A_%a.out.
