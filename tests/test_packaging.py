@@ -168,6 +168,17 @@ def test_sites_list_and_show_read_the_shipped_profiles(fresh: FreshVenv) -> None
 
 
 @pytest.mark.slow
+def test_the_example_jobs_and_the_demo_job_ship_with_the_package(fresh: FreshVenv) -> None:
+    probe = "from hpctrain.commands.demo import DEMO_JOB; print(DEMO_JOB)"
+    demo_job = Path(_checked(fresh.run(fresh.python, "-c", probe), "demo job probe").stdout.strip())
+    assert demo_job.is_relative_to(fresh.site_packages) and demo_job.is_file(), demo_job
+    installed = fresh.site_packages / "hpctrain" / "jobs"
+    assert {p.name for p in installed.glob("*.yaml")} == {p.name for p in (REPO / "jobs").glob("*.yaml")}
+    shown = _checked(fresh.hpctrain("jobs", "show", str(demo_job)), "hpctrain jobs show")
+    assert "ffn-local" in shown.stdout, shown.stdout
+
+
+@pytest.mark.slow
 def test_a_two_rank_job_runs_to_completion_on_the_default_local_site(fresh: FreshVenv) -> None:
     (fresh.cwd / "tiny.yaml").write_text(TINY_JOB)
     _checked(fresh.hpctrain("submit", "tiny.yaml", "--wait", timeout=600), "hpctrain submit --wait")
