@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from hpctrain.config.job import load_job
+from hpctrain.config.site import load_site_file
 from hpctrain.errors import TransportError
 from hpctrain.submission.api import cancel_run, read_log, submit_runs
 from hpctrain.submission.registry import SUBMIT_FAILED, Registry
@@ -169,3 +171,57 @@ def test_sbatch_missing_on_login_node_is_recorded_as_failed(env: Path, sshd: Any
         (run,) = reg.list_runs()
         assert run.state == SUBMIT_FAILED and "Slurm module" in run.state_reason
     pool.close(stop_masters=True)
+
+
+def test_an_interpreter_without_hpctrain_is_refused_before_anything_is_queued(env: Path, sshd: Any, slurm: Any,
+                                                                              short_dir: Path) -> None:
+    """ci-slurm sets no environment.venv: its jobs start the login node's python3, which has no hpctrain. submit
+    --remote asks that interpreter, after the profile's environment setup, over the submission's ssh master and
+    refuses before anything is registered or queued. An interpreter that has hpctrain is asked once per login
+    node: the next submissions (fresh processes, fresh masters) read the cached answer until it expires."""
+    from hpctrain.errors import ConfigError
+
+    made: list[CountingSSH] = []
+
+    def pool() -> TransportPool:
+        def factory(remote: str | None, cfg: str | None) -> CountingSSH:
+            made.append(CountingSSH(remote, ssh_config=cfg, control_dir=str(short_dir), connect_timeout=5))
+            return made[-1]
+        return TransportPool(factory)
+
+    def probes(ssh: CountingSSH) -> int:
+        return sum(1 for argv in ssh.calls if argv[:2] == ["bash", "-c"] and "hpctrain-interpreter-probe" in argv[2])
+
+    root = env / "remote-runs"
+    with Registry() as reg:
+        with pytest.raises(ConfigError) as err:
+            submit_runs(env / "tiny.yaml", "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
+                        run_root=str(root), registry=reg, pool=pool())
+        assert err.value.key == "environment.venv"
+        assert f"the job's interpreter python3 on {sshd.host} cannot import hpctrain" in str(err.value)
+        assert "set environment.venv in site 'ci-slurm'" in str(err.value)
+        assert reg.list_runs() == [] and not root.exists()
+        assert probes(made[0]) == 1 and not any("sbatch" in " ".join(argv) for argv in made[0].calls)
+    out = _cli(env, "submit", "tiny.yaml", "--site", "ci-slurm", "--remote", sshd.host, "--ssh-config",
+               str(sshd.config), "--run-root", str(root))
+    assert out.returncode == 2 and "hpctrain: error: environment.venv: the job's interpreter python3" in out.stderr
+    assert "Traceback" not in out.stderr and not root.exists()
+
+    venv = Path(sys.executable).parent.parent  # this test's venv: hpctrain and its training stack
+    (env / "good.yaml").write_text(f"name: good\nextends: ci-slurm\nenvironment: {{venv: {venv}}}\n")
+    for expected_probes in (1, 0):
+        with Registry() as reg:
+            done = submit_runs(env / "tiny.yaml", str(env / "good.yaml"), remote=sshd.host,
+                               ssh_config=str(sshd.config), run_root=str(root), registry=reg, pool=pool(),
+                               dry_run=True)
+        assert done.dry_run and "sbatch: Job" in done.message, done.message
+        assert probes(made[-1]) == expected_probes
+    from hpctrain.submission.interpreter import CACHE_TTL_S, cache_path, check_interpreter
+
+    assert cache_path() == env / "home" / "cache" / "interpreters.json" and cache_path().is_file()
+    job, site = load_job(env / "tiny.yaml"), load_site_file(env / "good.yaml")
+    ssh = pool().get(sshd.host, str(sshd.config))
+    assert check_interpreter(ssh, job, site) is False  # cached
+    assert check_interpreter(ssh, job, site, now=time.time() + CACHE_TTL_S + 1) is True  # expired: asked again
+    for t in made:
+        t.close()

@@ -202,6 +202,11 @@ def submit_runs(
     # The back-end refuses what it cannot do (arrays on Cobalt, dependencies locally) before we register.
     scheduler.submit_argv("job.sh", dependency=dependency, array="0-0" if is_array else None)
     transport = pool.get(remote, ssh_config)
+    if remote is not None and command is None:
+        # The login node's answer for the job's interpreter (cached per node), before anything is registered.
+        from hpctrain.submission.interpreter import check_interpreter
+
+        check_interpreter(transport, job, site_profile)
     root = run_root or default_run_root(site_profile, remote)
     root = _expand_home(transport, root).rstrip("/") or "/"
     python = sys.executable if remote is None else None

@@ -1,0 +1,182 @@
+"""Before a job waits in a remote queue: can its interpreter, in the site's environment, import what the ranks need?
+
+The batch script prepares the job's shell (modules, the site's setup lines, exports, the venv) and starts
+``PYTHON -m hpctrain run``; a profile without ``environment.venv`` starts the login node's ``python3``, which
+usually has no hpctrain, and the job would end "FAILED exit code 1" after its wait. ``check_interpreter`` runs
+the script's own environment lines and then the job's interpreter on the login node, over the submission's
+transport, and asks it (``importlib.util.find_spec``, nothing imported) for hpctrain and the modules the ranks
+import. A yes is cached per login node, interpreter and environment (``interpreters.json`` in the user's cache
+directory, for ``CACHE_TTL_S``), so the next submission sends no command; a no refuses before anything is
+registered or queued, naming what is missing and the fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.config.staging import effective
+from hpctrain.errors import ConfigError
+from hpctrain.submission.shell import quote, quote_path
+
+if TYPE_CHECKING:
+    from hpctrain.config.job import JobSpec
+    from hpctrain.config.site import SiteProfile
+    from hpctrain.submission.transport import Transport
+
+PROBE_TIMEOUT_S = 120.0
+CACHE_TTL_S = 24 * 3600  # an environment changes rarely; a day bounds how long a removed venv goes unnoticed
+CACHE_FILE = "interpreters.json"
+MARKER = "hpctrain-interpreter-probe"
+# What `hpctrain run` imports on every rank of a built-in model (setup.cfg: the base install and [train]).
+BASE_MODULES = ("hpctrain", "pydantic", "yaml", "numpy", "torch")
+# The pip requirement that provides each module, for the fix; hpctrain[train] brings the training stack with it.
+_PIP_NAMES = {"hpctrain": "'hpctrain[train]'", "yaml": "PyYAML"}
+_WITH_HPCTRAIN = {"pydantic", "yaml", "numpy", "torch", "h5py"}
+_HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
+
+_PROBE = f"""import importlib.util, json, sys
+missing = []
+for name in sys.argv[1:]:
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        missing.append(name)
+print(json.dumps({{"{MARKER}": "answer", "python": sys.executable, "missing": missing}}))
+"""
+
+
+def runtime_modules(job: JobSpec, backend: str) -> list[str]:
+    """The modules the job's ranks import: hpctrain and its training stack, mpi4py for the mpi backend, the
+    reader of the data files (h5py, zarr)."""
+    from hpctrain.submission.staging import job_data_paths
+
+    modules = list(BASE_MODULES)
+    if backend == "mpi":
+        modules.append("mpi4py")
+    paths = list((job_data_paths(job) or {}).values())
+    if any(p.lower().endswith(_HDF5_SUFFIXES) for p in paths):
+        modules.append("h5py")
+    if any(p.rstrip("/").endswith(".zarr") for p in paths):
+        modules.append("zarr")
+    return modules
+
+
+def probe_script(environment: list[str], python: str, modules: list[str]) -> str:
+    """The batch script's environment lines, then the interpreter asked for ``modules``; it always ends with
+    one JSON line carrying MARKER (the answer, or the interpreter's exit status when it could not run)."""
+    ask = " ".join([quote_path(python), "-c", quote(_PROBE), *(quote(m) for m in modules)])
+    return "\n".join([*environment, f"{ask} 2>&1 || printf '{{\"{MARKER}\": \"failed\", \"status\": %s}}\\n' \"$?\""])
+
+
+def cache_path() -> Path:
+    """``$HPCTRAIN_HOME/cache/interpreters.json``, else ``interpreters.json`` in the user's cache directory."""
+    if os.environ.get("HPCTRAIN_HOME"):
+        return Path(os.environ["HPCTRAIN_HOME"]).expanduser() / "cache" / CACHE_FILE
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hpctrain" / CACHE_FILE
+
+
+def _cache_key(host: str, ssh_config: str | None, python: str, environment: Any, modules: list[str]) -> str:
+    text = json.dumps([host, ssh_config, python, environment, sorted(modules)], sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _cached(key: str, now: float) -> bool:
+    entry = _read_cache(cache_path()).get(key)
+    return isinstance(entry, dict) and isinstance(entry.get("checked_at"), int | float) and \
+        0 <= now - entry["checked_at"] < CACHE_TTL_S
+
+
+def _remember(key: str, now: float, host: str, python: str) -> None:
+    path = cache_path()
+    entries = {k: v for k, v in _read_cache(path).items()
+               if isinstance(v, dict) and isinstance(v.get("checked_at"), int | float)
+               and now - v["checked_at"] < CACHE_TTL_S}
+    entries[key] = {"checked_at": now, "host": host, "python": python}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # no cache here: the next submission asks again
+
+
+def check_interpreter(transport: Transport, job: JobSpec, site: SiteProfile, *, now: float | None = None) -> bool:
+    """Refuse (ConfigError) when the job's interpreter on the transport's login node, after the site's environment
+    setup, cannot import what the ranks need. Returns True when it asked the login node, False when the cache
+    (or a container, whose interpreter is inside the image) answered."""
+    from hpctrain.submission.render import environment_lines, launch_plan, python_for
+    from hpctrain.submission.schedulers.base import place
+
+    if effective(site.staging, job.staging).environment == "container":
+        return False
+    placement = place(job, site)
+    python = python_for(site, None)
+    modules = runtime_modules(job, placement.backend)
+    env = site.environment
+    mpi_modules = list(site.mpi.modules) if placement.backend == "mpi" else []
+    key = _cache_key(transport.host, getattr(transport, "ssh_config", None), python,
+                     [env.model_dump(mode="json"), mpi_modules, job.env], modules)
+    now = time.time() if now is None else now
+    if _cached(key, now):
+        return False
+    plan = launch_plan(job, site, placement, python)
+    script = probe_script(environment_lines(job, site, placement, plan, python), python, modules)
+    done = transport.run(["bash", "-c", script], timeout=PROBE_TIMEOUT_S, check=False)
+    answer = _answer(done.stdout)
+    where = f"{python} on {transport.host}"
+    if answer is None or answer.get(MARKER) == "failed":
+        output = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip() and MARKER not in ln]
+        detail = output[-1].strip() if output else "no output"
+        status = answer.get("status") if answer else done.returncode
+        raise ConfigError(f"the job's interpreter {where} did not run after the environment setup of site "
+                          f"{site.name!r} (exit status {status}: {detail})", key="environment.venv",
+                          hint=_fix(site, python, ["hpctrain"]))
+    missing = [str(m) for m in answer.get("missing") or []]
+    if missing:
+        raise ConfigError(f"the job's interpreter {where} cannot import {', '.join(missing)} after the "
+                          f"environment setup of site {site.name!r}: the ranks would fail as they start",
+                          key="environment.venv", hint=_fix(site, python, missing))
+    _remember(key, now, transport.host, python)
+    return True
+
+
+def _answer(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.splitlines()):
+        if MARKER in line:
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                return None
+            return answer if isinstance(answer, dict) else None
+    return None
+
+
+def _fix(site: SiteProfile, python: str, missing: list[str]) -> str:
+    env = site.environment
+    if "hpctrain" in missing:
+        missing = [m for m in missing if m not in _WITH_HPCTRAIN]
+    packages = " ".join(_PIP_NAMES.get(m, m) for m in missing)
+    if env.venv is None and env.python is None:
+        return (f"set environment.venv in site {site.name!r} to a virtual environment on the login node's shared "
+                f"file system where hpctrain is installed (python3 -m venv DIR && DIR/bin/pip install "
+                f"{packages}), or environment.python to such an interpreter")
+    mpi = (" (mpi4py built against the site's MPI: docs/runtime.md, 'Building mpi4py against the site MPI')"
+           if "mpi4py" in missing else "")
+    return f"install them for that interpreter: {python} -m pip install {packages}{mpi}"
