@@ -223,5 +223,11 @@ def test_an_interpreter_without_hpctrain_is_refused_before_anything_is_queued(en
     ssh = pool().get(sshd.host, str(sshd.config))
     assert check_interpreter(ssh, job, site) is False  # cached
     assert check_interpreter(ssh, job, site, now=time.time() + CACHE_TTL_S + 1) is True  # expired: asked again
+    # The environment lines run as the batch script runs them (set -e): a line that fails there fails here.
+    (env / "mod.yaml").write_text(f"name: mod\nextends: ci-slurm\nenvironment: {{venv: {venv}, modules: [nosuch]}}\n")
+    with pytest.raises(ConfigError) as err:
+        check_interpreter(ssh, job, load_site_file(env / "mod.yaml"))
+    assert f"the job's interpreter {venv}/bin/python on {sshd.host} did not run after the environment setup of " \
+           "site 'mod' (exit status 127: " in str(err.value) and "module: command not found" in str(err.value)
     for t in made:
         t.close()

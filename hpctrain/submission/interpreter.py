@@ -69,10 +69,13 @@ def runtime_modules(job: JobSpec, backend: str) -> list[str]:
 
 
 def probe_script(environment: list[str], python: str, modules: list[str]) -> str:
-    """The batch script's environment lines, then the interpreter asked for ``modules``; it always ends with
-    one JSON line carrying MARKER (the answer, or the interpreter's exit status when it could not run)."""
-    ask = " ".join([quote_path(python), "-c", quote(_PROBE), *(quote(m) for m in modules)])
-    return "\n".join([*environment, f"{ask} 2>&1 || printf '{{\"{MARKER}\": \"failed\", \"status\": %s}}\\n' \"$?\""])
+    """The batch script's environment lines under its ``set -eo pipefail``, then the interpreter asked for
+    ``modules``, in a subshell; the script always ends with one JSON line carrying MARKER (the answer, or the exit
+    status of the line that failed) and exits 0."""
+    ask = " ".join(["exec", quote_path(python), "-c", quote(_PROBE), *(quote(m) for m in modules), "2>&1"])
+    return "\n".join(["(", "set -eo pipefail", *environment, ask, ")",
+                      f"status=$?; [ \"$status\" -eq 0 ] || printf '{{\"{MARKER}\": \"failed\", \"status\": %s}}\\n' "
+                      '"$status"'])
 
 
 def cache_path() -> Path:
