@@ -1,6 +1,6 @@
 """Check that a job spec fits its site profile before anything is rendered or submitted.
 
-Each refusal is a FitError naming the limit: the queue's node or walltime limit, the node's cores,
+Each refusal is a FitError naming the limit: the queue's policies (config/queue_policy.py), the node's cores,
 threads, GPUs or memory, or a backend the site cannot run. Limits of the scheduler itself (the local
 one runs on one node) are its back-end's: ``hpctrain.submission.schedulers.base.place`` checks both.
 """
@@ -9,22 +9,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hpctrain.config.common import walltime_seconds
 from hpctrain.config.job import JobSpec
 from hpctrain.config.origin import key_path, locate
+from hpctrain.config.queue_policy import choose_queue
 from hpctrain.config.site import DEVICE_BACKENDS, NodeShape, Queue, SiteProfile
 from hpctrain.errors import ConfigError, FitError
 
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a job runs once it fits: the queue, its limits, the node shape and the backend."""
+    """Where a job runs once it fits: the queue, its limits, the node shape and the backend; the execution queue a
+    routing queue sends it to, notes on what was chosen for it, and whether its script may requeue it (the queue's
+    policy, ``no_requeue_reason`` says why not)."""
 
     queue_name: str | None
     queue: Queue | None
     node: NodeShape
     backend: str
     account: str | None
+    execution_queue: str | None = None
+    notes: tuple[str, ...] = ()
+    requeue: bool = True
+    no_requeue_reason: str | None = None
 
 
 def check_fit(job: JobSpec, site: SiteProfile) -> Placement:
@@ -57,17 +63,10 @@ def _fit(job: JobSpec, site: SiteProfile) -> Placement:
     node = site.node_for(queue_name)
     assert isinstance(node.cores, int) and isinstance(node.gpus, int) and not isinstance(node.memory_gb, str)
 
+    choice = None
     if queue is not None:
-        qwhere = f"queue {queue_name!r} of {where}"
-        if res.nodes > queue.max_nodes:
-            raise FitError(f"{res.nodes} nodes requested but {qwhere} allows at most {queue.max_nodes}",
-                           key="resources.nodes", hint="lower --nodes or pick a larger queue")
-        if res.nodes < queue.min_nodes:
-            raise FitError(f"{res.nodes} nodes requested but {qwhere} needs at least {queue.min_nodes}",
-                           key="resources.nodes")
-        if walltime_seconds(res.walltime) > walltime_seconds(queue.max_walltime):
-            raise FitError(f"walltime {res.walltime} is over the limit of {qwhere} ({queue.max_walltime})",
-                           key="resources.walltime", hint="shorten the walltime; checkpoints let the run continue")
+        assert queue_name is not None
+        choice = choose_queue(site, queue_name, queue, res.nodes, res.walltime)
     hw_threads = node.cores * node.threads_per_core
     wanted = res.ranks_per_node * res.threads_per_rank
     if wanted > hw_threads:
@@ -102,4 +101,8 @@ def _fit(job: JobSpec, site: SiteProfile) -> Placement:
         if backend != wanted:
             raise FitError(f"comm_backend {backend} cannot reduce on {node.gpu_kind} GPUs of {where}",
                            key="train.comm_backend", hint=f"use {wanted} (or auto, mpi, gloo)")
-    return Placement(queue_name=queue_name, queue=queue, node=node, backend=backend, account=account)
+    if choice is None:
+        return Placement(queue_name=queue_name, queue=queue, node=node, backend=backend, account=account)
+    return Placement(queue_name=queue_name, queue=queue, node=node, backend=backend, account=account,
+                     execution_queue=choice.execution_queue, notes=choice.notes, requeue=choice.requeue,
+                     no_requeue_reason=choice.no_requeue_reason)

@@ -24,6 +24,7 @@ from hpctrain.config.common import (
     Strict,
     Walltime,
     Word,
+    walltime_seconds,
 )
 from hpctrain.config.staging import Staging
 from hpctrain.config.validation import validate_model
@@ -188,19 +189,106 @@ class NodeOverride(Strict):
     cpu: str | None = None
 
 
+class WalltimeBin(Strict):
+    """The walltime limit of a queue for jobs of ``min_nodes`` to ``max_nodes`` nodes (Frontier's batch partition:
+    2 h up to 91 nodes)."""
+
+    min_nodes: int = Field(ge=1, le=MAX_COUNT)
+    max_nodes: int = Field(ge=1, le=MAX_COUNT)
+    max_walltime: Walltime
+
+
+# The rules of a queue a refusal can name; ``Queue.sources`` maps any of them to the page that states it.
+QUEUE_RULES: tuple[str, ...] = (
+    "max_nodes", "min_nodes", "max_walltime", "min_walltime", "walltime_by_nodes", "routes_to", "direct_submit",
+    "max_queued_per_user", "max_running_per_user", "max_nodes_per_user", "chaining")
+# Rules beyond a node range and a walltime: a profile that sets one says where it comes from (``source``,
+# ``sources`` or the profile's ``guessed``).
+_SOURCED_RULES: tuple[str, ...] = (
+    "min_walltime", "walltime_by_nodes", "routes_to", "max_queued_per_user", "max_running_per_user",
+    "max_nodes_per_user")
+
+
 class Queue(Strict):
-    """A queue, partition or QOS with its limits."""
+    """A queue, partition or QOS with its limits and the policies the centre states for it (docs/rendering.md,
+    'Queue policies')."""
 
     description: str = ""
     max_nodes: int = Field(ge=1, le=MAX_COUNT)
     min_nodes: int = Field(1, ge=1, le=MAX_COUNT)
     max_walltime: Walltime
+    min_walltime: Walltime | None = Field(None, description="Shortest walltime the queue accepts (Theta: 00:30:00)")
+    walltime_by_nodes: list[WalltimeBin] = Field(
+        default_factory=list, description="Walltime limit by job size: bins sorted by nodes, contiguous, covering "
+        "min_nodes..max_nodes; none: max_walltime at every size")
+    routes_to: list[Word] = Field(
+        default_factory=list, description="A routing queue's execution queues (keys of this profile), tried in "
+        "order: the job lands in the first whose nodes and walltime take it (Polaris' prod)")
+    direct_submit: bool = Field(True, description="False for an execution queue that takes jobs only through a "
+                                "routing queue")
+    max_queued_per_user: int | None = Field(None, ge=1, le=MAX_COUNT, description="Jobs one user may have queued "
+                                            "(PBS max_queued, Slurm MaxSubmitPU)")
+    max_running_per_user: int | None = Field(None, ge=1, le=MAX_COUNT, description="Jobs one user may run at once "
+                                             "(PBS max_run, Slurm MaxJobsPU)")
+    max_nodes_per_user: int | None = Field(None, ge=1, le=MAX_COUNT, description="Nodes one user's jobs may hold "
+                                           "at once (Slurm MaxTRESPU node=)")
+    chaining: bool = Field(True, description="Whether the centre lets a job requeue itself or submit its successor "
+                           "(false: Frontier's debug QOS)")
+    source: str | None = Field(None, description="Where the queue's rules come from: the page, its address and the "
+                               "date it was read")
+    sources: dict[str, str] = Field(default_factory=dict, description="A rule whose source differs from source "
+                                    "(keys: the rule names above; 'guessed' for an estimate)")
     submit_as: Word | None = Field(None, description="Name passed to the scheduler if it differs from the key")
     qos: Word | None = Field(None, description="Slurm QOS the queue stands for, beside its partition "
                              "(Frontier's debug: --qos=debug on the batch partition)")
     node: NodeOverride | None = None
     directives: Directives = Field(default_factory=dict)
     comm_backend: BackendName | None = None
+
+    @model_validator(mode="after")
+    def _policies(self) -> Queue:
+        if self.min_nodes > self.max_nodes:
+            raise FieldProblem(("min_nodes",), f"min_nodes {self.min_nodes} is above max_nodes {self.max_nodes}")
+        longest = walltime_seconds(self.max_walltime)
+        if self.min_walltime is not None and walltime_seconds(self.min_walltime) > longest:
+            raise FieldProblem(("min_walltime",), f"min_walltime {self.min_walltime} is above max_walltime "
+                               f"{self.max_walltime}")
+        expected = self.min_nodes
+        for i, size in enumerate(self.walltime_by_nodes):
+            if size.min_nodes != expected:
+                raise FieldProblem(("walltime_by_nodes", i, "min_nodes"), (
+                    f"bins must be sorted and contiguous from min_nodes {self.min_nodes}: this one starts at "
+                    f"{size.min_nodes}, expected {expected}"))
+            if size.max_nodes < size.min_nodes:
+                raise FieldProblem(("walltime_by_nodes", i, "max_nodes"), f"max_nodes {size.max_nodes} is below "
+                                   f"min_nodes {size.min_nodes}")
+            if walltime_seconds(size.max_walltime) > longest:
+                raise FieldProblem(("walltime_by_nodes", i, "max_walltime"), (
+                    f"{size.max_walltime} is above the queue's max_walltime {self.max_walltime}"))
+            expected = size.max_nodes + 1
+        if self.walltime_by_nodes and expected != self.max_nodes + 1:
+            raise FieldProblem(("walltime_by_nodes",), f"the bins end at {expected - 1} nodes; they must end at "
+                               f"max_nodes {self.max_nodes}")
+        for key in self.sources:
+            if key not in QUEUE_RULES:
+                raise FieldProblem(("sources", key), f"{key!r} is not a queue rule; rules: {', '.join(QUEUE_RULES)}")
+        return self
+
+    def walltime_limit(self, nodes: int) -> tuple[str, WalltimeBin | None]:
+        """The longest walltime for a job of ``nodes`` nodes, and the bin that sets it (None: max_walltime)."""
+        for size in self.walltime_by_nodes:
+            if size.min_nodes <= nodes <= size.max_nodes:
+                return size.max_walltime, size
+        return self.max_walltime, None
+
+    def set_rules(self) -> list[str]:
+        """The policy rules this queue sets beyond a node range and a walltime (each needs a source)."""
+        rules = [r for r in _SOURCED_RULES if getattr(self, r) not in (None, [])]
+        if not self.chaining:
+            rules.append("chaining")
+        if not self.direct_submit:
+            rules.append("direct_submit")
+        return rules
 
 
 class Environment(Strict):
@@ -305,7 +393,44 @@ class SiteProfile(Strict):
                 raise FieldProblem(("queues", name, "qos"), (
                     "a queue's qos is a Slurm QOS beside its partition" if self.scheduler == "slurm" else
                     f"{self.scheduler} has no QOS: name the queue itself"))
+            self._check_policies(name, queue)
+        if self.default_queue is not None and not self.queues[self.default_queue].direct_submit:
+            raise FieldProblem(("default_queue",), f"queue {self.default_queue!r} takes jobs only through a routing "
+                               "queue (direct_submit: false): make that queue the default")
         return self
+
+    def _check_policies(self, name: str, queue: Queue) -> None:
+        """Routing targets exist and route no further; every policy rule names where it comes from."""
+        for i, target in enumerate(queue.routes_to):
+            if target not in self.queues:
+                raise FieldProblem(("queues", name, "routes_to", i), f"{target!r} is not one of the queues: "
+                                   f"{', '.join(self.queues)}")
+            if self.queues[target].routes_to or target == name:
+                raise FieldProblem(("queues", name, "routes_to", i), f"{target!r} is itself a routing queue: "
+                                   "route to execution queues")
+        for rule in queue.set_rules():
+            if queue.source is None and rule not in queue.sources and not self.is_guessed(name, rule):
+                raise FieldProblem(("queues", name, rule), (
+                    f"the {rule} rule needs its source: set queues.{name}.source (the page and the date read), "
+                    f"queues.{name}.sources.{rule}, or list queues.{name}.{rule} under guessed"))
+
+    def is_guessed(self, queue_name: str, rule: str) -> bool:
+        """Whether the profile lists the queue's rule (or the whole queue, or all queues) under ``guessed``."""
+        key = f"queues.{queue_name}.{rule}"
+        return any(key == g or key.startswith(g + ".") for g in self.guessed)
+
+    def rule_source(self, queue_name: str, rule: str) -> str:
+        """Where one rule of a queue comes from, as a refusal cites it."""
+        queue = self.queues[queue_name]
+        if rule in queue.sources:
+            return queue.sources[rule]
+        if self.is_guessed(queue_name, rule):
+            return f"guessed in site profile {self.name!r}"
+        return queue.source or f"site profile {self.name!r}"
+
+    def routing_queue_of(self, queue_name: str) -> str | None:
+        """The routing queue that leads to ``queue_name``, if one does."""
+        return next((n for n, q in self.queues.items() if queue_name in q.routes_to), None)
 
     def queue(self, name: str | None) -> tuple[str | None, Queue | None]:
         """The queue a job lands in (its own or the default) and its limits; unknown names are errors."""
