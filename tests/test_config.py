@@ -571,7 +571,8 @@ def test_extends_chains_and_unreadable_paths_are_config_errors(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("scheduler,launcher,valid", [
-    ("pbs", "srun", "mpiexec or aprun"), ("cobalt", "srun", "aprun or mpiexec"), ("slurm", "aprun", "srun or mpiexec"),
+    ("pbs", "srun", "mpiexec, aprun or local"), ("cobalt", "srun", "aprun, mpiexec or local"),
+    ("slurm", "aprun", "srun, mpiexec or local"),
 ])
 def test_a_launcher_its_scheduler_cannot_start_is_refused(tmp_path: Path, scheduler: str, launcher: str,
                                                           valid: str) -> None:

@@ -186,9 +186,10 @@ class Scheduler(ABC):
     def check_site(self, site: SiteProfile) -> None:
         """Refuse a site profile this scheduler cannot run (its launcher)."""
         if self.launchers is not None and site.launcher not in self.launchers:
-            raise ConfigError(f"site {site.name!r}: scheduler {self.name} starts ranks with "
-                              f"{' or '.join(self.launchers)}, not {site.launcher!r}", key="launcher",
-                              hint=f"set launcher: {self.launchers[0]}")
+            *others, last = self.launchers
+            names = f"{', '.join(others)} or {last}" if others else last
+            raise ConfigError(f"site {site.name!r}: scheduler {self.name} starts ranks with {names}, not "
+                              f"{site.launcher!r}", key="launcher", hint=f"set launcher: {self.launchers[0]}")
 
     def check_job(self, job: JobSpec, site: SiteProfile) -> None:
         """Refuse a job this scheduler cannot place (more nodes than it has, per-job options it has not)."""

@@ -37,7 +37,7 @@ class Cobalt(Scheduler):
     template = "cobalt.tmpl"
     job_id_variable = "COBALT_JOBID"
     needs_signal_timer = True
-    launchers = ("aprun", "mpiexec")  # ALPS on Theta, MPICH's hydra elsewhere; no Slurm steps
+    launchers = ("aprun", "mpiexec", "local")  # ALPS on Theta, MPICH's hydra elsewhere, one node; no srun
     dependency_kinds = ("afterok", "afterany")  # --dependencies: the job starts after the others succeeded
     supports_hold = True
 

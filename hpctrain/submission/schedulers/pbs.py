@@ -40,8 +40,9 @@ class PBSPro(Scheduler):
     needs_signal_timer = True
     array_index_variable = "PBS_ARRAY_INDEX"
     mpiexec_launcher = "mpiexec-pals"  # HPE Cray PALS, the mpiexec of PBS Pro machines (Polaris, Aurora)
-    # PALS's mpiexec, or ALPS's aprun on Cray XC machines under PBS; srun needs Slurm's step daemons.
-    launchers = ("mpiexec", "aprun")
+    # PALS's mpiexec, or ALPS's aprun on Cray XC machines under PBS (srun needs Slurm's step daemons); hpctrain's
+    # local launcher starts the ranks of a one-node job on the node the script runs on, under any scheduler.
+    launchers = ("mpiexec", "aprun", "local")
     dependency_kinds = ("afterok", "afterany", "afternotok", "after")
     supports_hold = True
 

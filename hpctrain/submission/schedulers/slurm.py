@@ -34,7 +34,7 @@ class Slurm(Scheduler):
     template = "slurm.tmpl"
     job_id_variable = "SLURM_JOB_ID"
     array_index_variable = "SLURM_ARRAY_TASK_ID"
-    launchers = ("srun", "mpiexec")  # srun, or MPICH's hydra (which starts its proxies through Slurm)
+    launchers = ("srun", "mpiexec", "local")  # or MPICH's hydra (proxies started through Slurm), one node
     dependency_kinds = ("afterok", "afterany", "afternotok", "after")
     supports_hold = True
     # A requeued job is held until its BeginTime (about cred_expire seconds): not a start time anyone asked for.
