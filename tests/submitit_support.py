@@ -142,3 +142,27 @@ class Resumable(Checkpointable):
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         self.checkpointed_at = self.count
         return super().checkpoint(*args, **kwargs)
+
+
+def fail_on_task_1(go_file: str) -> int:
+    """Task 1 raises; task 0 waits for a word that never comes (as for a peer in a collective) until the
+    launcher ends it."""
+    env = submitit.JobEnvironment()
+    if env.global_rank == 1:
+        raise ValueError("task 1 cannot go on")
+    deadline = time.monotonic() + 240
+    while not os.path.exists(go_file):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"task {env.global_rank} was not ended after task 1 failed")
+        time.sleep(0.2)
+    return env.global_rank
+
+
+def requeue_once() -> dict[str, Any]:
+    """Asks for a requeue through submitit's JobEnvironment the first time; returns the restart count after."""
+    env = submitit.JobEnvironment()
+    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or os.environ.get("HPCTRAIN_RESTART_COUNT") or 0)
+    if restarts == 0:
+        env._requeue(1)
+        return {"requeued": False}
+    return {"requeued": True, "restarts": restarts, "rank": env.global_rank}

@@ -152,5 +152,25 @@ def test_past_max_num_timeout_the_job_ends_at_its_walltime_with_a_clear_error(pl
     error = job.exception()
     assert isinstance(error, UncompletedJobError) and not isinstance(error, FailedJobError)
     assert "state: TIMEOUT" in str(error) and "restart 1 of 1" in str(error)
+    reason = str(error).splitlines()[1]  # hpctrain's reason, below the first line
+    assert reason.startswith("hpctrain: ") and "walltime of 20 s reached" in reason and "exit code" not in reason
     assert "max_requeues is 1" in str(error)  # the task's own stderr says why it was not requeued again
     assert marker.read_text() == "2\n"
+
+
+def test_a_task_that_raises_is_the_error_of_a_multi_task_job(places: Places) -> None:
+    """Task 1 raises while task 0 waits for it; the launcher ends task 0, which leaves no result. result(),
+    results() and exception() give task 1's own exception with its traceback, not task 0's missing result;
+    task 0's own error says which task failed first."""
+    job = _executor(places, tasks_per_node=2).submit(submitit_support.fail_on_task_1, str(places.root / "never"))
+    error = job.exception()
+    assert isinstance(error, FailedJobError)
+    text = str(error)
+    assert "Job (task=1)" in text and "ValueError: task 1 cannot go on" in text and ", in fail_on_task_1" in text
+    for call in (job.results, job.result):
+        with pytest.raises(FailedJobError, match="task 1 cannot go on"):
+            call()
+    task_0 = job.task(0).exception()
+    assert isinstance(task_0, UncompletedJobError) and not isinstance(task_0, FailedJobError)
+    assert "result-0.pkl" in str(task_0)
+    assert "task 1 raised ValueError: task 1 cannot go on (job.task(1).exception() has its traceback)" in str(task_0)

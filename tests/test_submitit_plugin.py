@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import threading
+import warnings
 from importlib import metadata
 from pathlib import Path
 
@@ -31,9 +32,10 @@ from hpctrain.submission.transport import LocalTransport
 from hpctrain.submitit_plugin.environment import HpctrainJobEnvironment
 from hpctrain.submitit_plugin.executor import HpctrainExecutor
 from hpctrain.submitit_plugin.fetch import fetch_files
-from hpctrain.submitit_plugin.params import ParameterError, build_job
+from hpctrain.submitit_plugin.params import IgnoredParameterWarning, ParameterError, build_job
 from hpctrain.submitit_plugin.probe import PythonProbe, needed_modules, referenced_globals
 from hpctrain.submitit_plugin.runner import PAYLOAD_FILE, log_name, result_name
+from hpctrain.submitit_plugin.watcher import reason_in_submitit_words
 
 cloudpickle.register_pickle_by_value(submitit_support)
 places = submitit_support.places
@@ -109,7 +111,7 @@ def test_a_job_that_does_not_fit_its_site_is_refused_naming_the_parameter(places
     slurm.update_parameters(timeout_min=2 * 24 * 60)
     with pytest.raises(FitError, match="parameter timeout_min=2880.*over the limit of queue 'debug'"):
         slurm.job_spec(add)
-    with pytest.raises(ConfigError, match="parameter nodes=0: resources.nodes"):
+    with pytest.raises(ConfigError, match="parameter nodes=0: Input should be greater than or equal to 1"):
         slurm.update_parameters(nodes=0)
     assert slurm.parameters == {"site": "ci-slurm", "timeout_min": 2880}  # a refused update changes nothing
     polaris = HpctrainExecutor(places.folder, site="polaris", remote="alice@polaris.alcf.anl.gov")
@@ -121,6 +123,73 @@ def test_a_job_that_does_not_fit_its_site_is_refused_naming_the_parameter(places
         HpctrainExecutor(places.folder, site="local", remote="alice@login1")
     with pytest.raises(ConfigError, match="no-such-site"):
         HpctrainExecutor(places.folder, site="no-such-site")
+
+
+def test_refusals_name_the_submitit_parameters_not_the_job_spec_keys(places: Places) -> None:
+    """A Python user sets ``nodes`` and ``account``, not ``--nodes`` or ``resources.account``: the key, the
+    text and the fix of each refusal name the executor's parameters (AutoExecutor's spelling where it differs)."""
+    cases: list[tuple[dict[str, object], dict[str, object], str, str]] = [
+        ({}, {"nodes": 2}, "parameter nodes=2: 2 nodes requested but site 'local' (local) runs on at most 1",
+         "lower nodes, or pick a queue (parameter queue) or a site (parameter site)"),
+        ({"site": "polaris", "remote": "alice@polaris.alcf.anl.gov"}, {},
+         "executor parameters: account: site 'polaris' needs an account",
+         "set the executor parameter account (AutoExecutor: hpctrain_account=...)"),
+        ({"site": "ci-slurm"}, {"timeout_min": 5000}, "parameter timeout_min=5000: walltime 83:20:00 is over",
+         "lower timeout_min (or walltime)"),
+        ({}, {"tasks_per_node": 64}, "parameter tasks_per_node=64: 64 ranks x 1 threads", "lower tasks_per_node"),
+        ({}, {"cpus_per_task": 64}, "parameter cpus_per_task=64: 1 ranks x 64 threads", "lower cpus_per_task"),
+        ({}, {"gpus_per_node": 2}, "parameter gpus_per_node=2: 2 GPUs per rank requested", "set gpus_per_node=0"),
+        ({}, {"mem_gb": 100000}, "parameter mem_gb=100000: 100000.0 GB per node", "lower mem_gb"),
+        ({"site": "ci-slurm"}, {"comm_backend": "nccl"}, "comm_backend nccl needs GPUs: set gpus_per_node",
+         "set comm_backend to auto, mpi or gloo"),
+    ]
+    for init, parameters, message, fix in cases:
+        ex = HpctrainExecutor(places.folder, **init)  # type: ignore[arg-type]
+        ex.update_parameters(**parameters)
+        with pytest.raises(FitError) as info:
+            ex.submit(add, 1, 2)
+        text = str(info.value)
+        assert message in text and fix in text, text
+        assert "resources." not in text and "--" not in text and "threads_per_rank" not in text, text
+    with pytest.raises(ConfigError) as error:
+        HpctrainExecutor(places.folder).update_parameters(signal_lead_s=5)
+    assert str(error.value) == "parameter signal_lead_s=5: Input should be greater than or equal to 10 (got 5)"
+    with Registry() as reg:
+        assert reg.list_runs() == []
+
+
+def test_slurm_parameters_given_to_auto_executor_are_warned_about(places: Places) -> None:
+    """AutoExecutor drops ``slurm_*`` parameters with cluster="hpctrain": a Slurm user who moves over is told,
+    with the hpctrain parameter to use, at the line that passed them."""
+    with pytest.warns(IgnoredParameterWarning) as seen:
+        ex = submitit.AutoExecutor(places.folder, cluster="hpctrain", slurm_partition="gpu")
+        ex.update_parameters(slurm_time=30, slurm_account="proj", timeout_min=5, slurm_setup=["module load x"],
+                             slurm_constraint="a100")
+        ex.update_parameters(slurm_time="02:00:00")
+    texts = [str(w.message) for w in seen]
+    assert len(texts) == 3 and all(w.filename == __file__ for w in seen)
+    assert "slurm_partition='gpu': use hpctrain_queue='gpu'" in texts[0]
+    for said in ("slurm_time=30: use timeout_min=30", "slurm_account='proj': use hpctrain_account='proj'",
+                 "slurm_setup=['module load x']: use the site profile's environment",
+                 "slurm_constraint='a100': use a directive in the site profile"):
+        assert said in texts[1]
+    assert "slurm_time='02:00:00': use hpctrain_walltime='02:00:00'" in texts[2]
+    assert ex._executor.parameters == {"timeout_min": 5}  # the warned ones are indeed not used
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IgnoredParameterWarning)
+        ex.update_parameters(timeout_min=6, hpctrain_queue="debug")
+
+
+def test_a_timeout_reason_says_walltime_not_the_exit_code_of_the_signal() -> None:
+    """What the watcher keeps for ``job.get_info()`` and the errors: the local controller's and Slurm's TIMEOUT
+    reasons as hpctrain reads them, in a submitit user's words; other states keep their exit code."""
+    assert reason_in_submitit_words("timeout", "walltime of 15 s reached; exit code -15") == \
+        "walltime of 15 s reached"
+    assert reason_in_submitit_words("timeout", "exit code 0") == "stopped at its walltime (timeout_min)"
+    assert reason_in_submitit_words("timeout", "restart 1 of 1; exit code 143 (killed by signal 15)") == \
+        "stopped at its walltime (timeout_min); restart 1 of 1"
+    assert reason_in_submitit_words("failed", "exit code 137 (killed by signal 9)") == \
+        "exit code 137 (killed by signal 9)"
 
 
 def test_the_polaris_example_of_the_docs_renders(places: Places) -> None:

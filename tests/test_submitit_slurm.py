@@ -155,3 +155,36 @@ def test_a_checkpointable_is_requeued_by_the_walltime_signal_and_finishes(places
     (run,) = json.loads(out.stdout)
     assert [(entry["kind"], entry["job_id"]) for entry in run["chain"]] == [("submit", job_id), ("requeue", job_id)]
     assert run["state"] == "completed" and "restart 1 of 2" in run["reason"]
+
+
+def test_interrupt_signals_the_batch_shell_and_the_job_is_requeued(places: Places, slurm: Any) -> None:
+    """``job._interrupt()``: ``scancel --batch --signal=USR2`` reaches the batch shell as the walltime warning
+    does; it forwards the signal, rank 0 checkpoints, ``scontrol requeue`` puts the job back, and the callable
+    continues from its state."""
+    marker = places.root / "marker"
+    job = _executor(places, slurm, hpctrain_max_num_timeout=2).submit(Resumable(str(marker)))
+    try:
+        wait_for(marker.exists, 150, f"the callable started ({scontrol(job.job_id)})")
+        job._interrupt(timeout=True)
+        result = job.result()
+    except BaseException:
+        subprocess.run(["scancel", job.job_id], timeout=15)
+        raise
+    assert result["runs"] == 2 and result["resumed_from"] > 0 and result["count"] == result["resumed_from"]
+    assert RunHandle(job.run_id).wait(timeout=60, poll_s=1).state == "completed"
+    with Registry() as reg:
+        run_dir = Path(reg.get_run(job.run_id).run_dir)
+    script_log = (run_dir / f"slurm-{job.job_id}.out").read_text()
+    assert "SIGUSR2 received, forwarding it to the launcher" in script_log
+    assert "putting the job back in the queue (restart 1 of 2)" in script_log
+
+
+def test_a_task_that_raises_is_the_error_of_an_srun_job(places: Places, slurm: Any) -> None:
+    """srun ends task 0 when task 1 fails: the job's error is task 1's exception, not task 0's missing result."""
+    ex = _executor(places, slurm)
+    ex.update_parameters(tasks_per_node=2)
+    job = ex.submit(submitit_support.fail_on_task_1, str(places.root / "never"))
+    error = job.exception()
+    assert error is not None and "Job (task=1)" in str(error) and "ValueError: task 1 cannot go on" in str(error)
+    with pytest.raises(submitit.core.utils.FailedJobError, match="task 1 cannot go on"):
+        job.results()

@@ -2,7 +2,8 @@
 
 Registered as the ``submitit`` entry point ``job_environment``: ``submitit.JobEnvironment()`` returns it in a job
 started by the runner (which sets ``SUBMITIT_EXECUTOR=hpctrain``), under srun, PALS mpiexec, aprun, hydra or
-hpctrain's local launcher alike (``hpctrain.launch_env``). Requeueing is the batch script's, on exit 75.
+hpctrain's local launcher alike (``hpctrain.launch_env``). Requeueing is the batch script's, on exit 75:
+``_requeue`` ends the task with it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from submitit.core.job_environment import JobEnvironment
 from submitit.core.utils import JobPaths
 
 from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
-from hpctrain.submitit_plugin.runner import PAYLOAD_FILE, job_id_of, log_name, result_name
+from hpctrain.submitit_plugin.runner import PAYLOAD_FILE, job_id_of, log_name, result_name, stop_for_requeue
 
 
 class HpctrainJobPaths(JobPaths):
@@ -95,3 +96,14 @@ class HpctrainJobEnvironment(JobEnvironment):
     @property
     def hostnames(self) -> list[str]:
         return scheduler_nodes(os.environ) or [self.hostname]
+
+    def _requeue(self, countdown: int) -> None:
+        """Requeue this job: the task exits 75 and the batch script puts the job back in line (``scontrol
+        requeue``, a new ``qsub``, the local controller), at most ``max_num_timeout`` times in all.
+
+        submitit's own signal handler calls it after checkpointing; called in the callable, it ends the callable
+        there (``countdown`` is not used: the batch script counts the requeues).
+        """
+        if not self.activated():
+            raise RuntimeError("_requeue is for a task of an hpctrain submitit job (SUBMITIT_EXECUTOR=hpctrain)")
+        stop_for_requeue(Path(os.environ["SUBMITIT_FOLDER"]), self.global_rank)

@@ -13,6 +13,7 @@ import os
 import pickle
 import sys
 import uuid
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,11 +32,15 @@ from hpctrain.submitit_plugin.job import HpctrainJob
 from hpctrain.submitit_plugin.params import (
     DEFAULT_NAME,
     PARAMETERS,
+    IgnoredParameterWarning,
     ParameterError,
     build_job,
     check_values,
     default_name,
+    ignored_slurm_parameters,
+    in_parameter_words,
     load_site_value,
+    text_in_parameter_words,
 )
 from hpctrain.submitit_plugin.probe import PythonProbe, needed_modules
 from hpctrain.submitit_plugin.runner import MODULE, PAYLOAD_FILE
@@ -50,6 +55,48 @@ def describe(function: object) -> str:
     target = getattr(function, "func", function)
     named = target if hasattr(target, "__qualname__") else type(target)
     return f"{getattr(named, '__module__', '?')}.{getattr(named, '__qualname__', repr(target))}"
+
+
+def script_directory() -> str | None:
+    """The directory of the script this process runs (``python script.py``), which Python put first on its
+    ``sys.path``; None in a notebook, the interactive prompt, ``python -c`` or ``python -m``."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if not path or getattr(main, "__spec__", None) is not None:
+        return None
+    return str(Path(path).resolve().parent)
+
+
+def warn_about_slurm_parameters() -> None:
+    """Warn about the ``slurm_*`` arguments of the AutoExecutor call that leads here.
+
+    AutoExecutor passes an executor only its own prefixed names and the shared ones, and drops the rest without
+    a word: a Slurm user who moves to cluster="hpctrain" would lose their partition and time silently. The
+    arguments are seen only in AutoExecutor's frame (its constructor's ``flexible_init``, its
+    ``_internal_update_parameters``), read here; called otherwise, nothing is said.
+    """
+    from submitit.auto import auto
+
+    codes = {auto.flexible_init.__code__, auto.AutoExecutor._internal_update_parameters.__code__}
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code not in codes:
+        frame = frame.f_back
+    given = frame.f_locals.get("kwargs") if frame is not None else None
+    text = ignored_slurm_parameters(given) if isinstance(given, dict) else None
+    if text:
+        warnings.warn(text, IgnoredParameterWarning, stacklevel=users_stacklevel())
+
+
+def users_stacklevel() -> int:
+    """The ``stacklevel`` of a warning given by the caller that points at the user's line: the first frame
+    outside submitit and hpctrain."""
+    import submitit
+
+    packages = tuple(str(Path(str(m.__file__)).parent) + os.sep for m in (submitit, sys.modules["hpctrain"]))
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(packages):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def pickled(delayed: utils.DelayedSubmission, index: int, count: int) -> bytes:
@@ -87,7 +134,7 @@ class HpctrainExecutor(core.Executor):
         self.max_pickle_size_gb = max_pickle_size_gb
         self.registry_path = None if registry is None else os.fspath(registry)
         self.pool = pool or TransportPool()
-        self._probes: dict[tuple[str | None, str | None, str], PythonProbe] = {}
+        self._probes: dict[tuple[str | None, str | None, str, tuple[str, ...]], PythonProbe] = {}
         given = {"site": site, "remote": remote, "ssh_config": ssh_config, "run_root": run_root, "python": python}
         self._internal_update_parameters(**{k: v for k, v in given.items() if v is not None})
 
@@ -111,8 +158,9 @@ class HpctrainExecutor(core.Executor):
 
         Names, types, the job spec they make and the site profile are checked here; whether the job fits the
         site (queue limits, node shape, a required account) when it is submitted, as parameters may come in
-        any order.
+        any order. ``slurm_*`` parameters given to AutoExecutor are warned about: it drops them.
         """
+        warn_about_slurm_parameters()
         check_values(kwargs)
         merged = {**self.parameters, **kwargs}
         for newer, older in (("walltime", "timeout_min"), ("timeout_min", "walltime")):
@@ -125,7 +173,10 @@ class HpctrainExecutor(core.Executor):
 
     def _checked(self, values: dict[str, Any], name: str, *, fit: bool = True) -> tuple[JobSpec, SiteProfile]:
         check_values(values)
-        job = build_job(values, max_requeues=self.max_num_timeout, name=name)
+        try:
+            job = build_job(values, max_requeues=self.max_num_timeout, name=name)
+        except ConfigError as exc:
+            raise in_parameter_words(exc, values) from None
         site = load_site_value(values.get("site"))
         scheduler = get_scheduler(site.scheduler)
         if values.get("remote") is not None and not scheduler.submits_over_ssh:
@@ -135,7 +186,7 @@ class HpctrainExecutor(core.Executor):
             try:
                 place(job, site)
             except ConfigError as exc:
-                raise locate(exc, job.origin) from None
+                raise in_parameter_words(locate(exc, job.origin), values) from None
         return job, site
 
     def job_spec(self, function: object = None) -> tuple[JobSpec, SiteProfile]:
@@ -149,6 +200,12 @@ class HpctrainExecutor(core.Executor):
         """The interpreter that runs the callable in the job."""
         remote = self.parameters.get("remote")
         return self.parameters.get("python") or python_for(site, sys.executable if remote is None else None)
+
+    def job_sys_path(self) -> list[str]:
+        """What the runner puts first on the job's ``sys.path``: the submitting script's directory, as a submitit
+        job started there has it — when the job runs on this machine's file system (not over ``remote``)."""
+        directory = script_directory()
+        return [directory] if directory is not None and self.parameters.get("remote") is None else []
 
     def _internal_process_submissions(self, delayed_submissions: list[utils.DelayedSubmission]
                                       ) -> list[core.Job[Any]]:
@@ -175,8 +232,9 @@ class HpctrainExecutor(core.Executor):
                 staged.append(path)
                 modules |= needed_modules(data)
             transport = self.pool.get(remote, ssh_config)
-            probe = self._probes.setdefault((remote, ssh_config, python), PythonProbe())
-            probe.check(transport, python, modules, what=f"the callable {describe(first)}")
+            sys_path = self.job_sys_path()
+            probe = self._probes.setdefault((remote, ssh_config, python, tuple(sys_path)), PythonProbe())
+            probe.check(transport, python, modules, what=f"the callable {describe(first)}", sys_path=sys_path)
             return self._submit(job, site, python, staged)
         finally:
             for path in staged:
@@ -188,6 +246,8 @@ class HpctrainExecutor(core.Executor):
                    "--signal", job.checkpoint.signal]
         if self.parameters.get("stderr_to_stdout"):
             command.append("--stderr-to-stdout")
+        for directory in self.job_sys_path():
+            command += ["--sys-path", directory]
         return command
 
     def _submit(self, job: JobSpec, site: SiteProfile, python: str, staged: Sequence[Path]) -> list[core.Job[Any]]:
@@ -199,14 +259,21 @@ class HpctrainExecutor(core.Executor):
         jobs: list[core.Job[Any]] = []
         with Registry(self.registry_path) as reg:
             for batch in batches:
-                done = submit_runs(job, site, remote=values.get("remote"), ssh_config=values.get("ssh_config"),
-                                   run_root=values.get("run_root"), command=command, registry=reg, pool=self.pool,
-                                   tasks=len(batch) if len(batch) > 1 else None,
-                                   files=[[(staged[i], PAYLOAD_FILE)] for i in batch])
+                # The checks' warnings name job-spec keys: say them with the parameters' names.
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    done = submit_runs(job, site, remote=values.get("remote"), ssh_config=values.get("ssh_config"),
+                                       run_root=values.get("run_root"), command=command, registry=reg,
+                                       pool=self.pool, tasks=len(batch) if len(batch) > 1 else None,
+                                       files=[[(staged[i], PAYLOAD_FILE)] for i in batch])
+                for caught_warning in caught:
+                    warnings.warn(text_in_parameter_words(str(caught_warning.message), values),
+                                  caught_warning.category, stacklevel=users_stacklevel())
                 for i, run, job_id in zip(batch, done.runs, done.job_ids, strict=True):
                     assert job_id is not None
                     new: HpctrainJob[Any] = HpctrainJob(self.folder, job_id, tasks=range(ranks), run_id=run.run_id,
-                                                        registry_path=str(reg.path), pool=self.pool)
+                                                        registry_path=str(reg.path), pool=self.pool,
+                                                        signal=job.checkpoint.signal)
                     new.paths.move_temporary_file(staged[i], "submitted_pickle")
                     jobs.append(new)
         return jobs

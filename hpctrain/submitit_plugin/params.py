@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain.config.origin import JobOrigin
 from hpctrain.config.walltime import format_hms, parse_walltime
 from hpctrain.config.yamlio import KeyPath, LoadedYaml
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, ConfigErrors, FitError
 
 if TYPE_CHECKING:
     from hpctrain.config.job import JobSpec
@@ -161,6 +161,93 @@ def build_job(values: Mapping[str, Any], *, max_requeues: int, name: str) -> Job
     job = validate_model(JobSpec, loaded, data, origins)
     job._origin = JobOrigin(loaded, origins)
     return job
+
+
+# The job-spec keys the parameters set, by the name a submitit user knows (walltime: see parameter_for).
+_SPEC_KEYS: dict[str, str] = {".".join(p.spec_key): name for name, p in PARAMETERS.items()
+                              if p.spec_key is not None and name != "walltime"}
+_SPEC_KEYS["checkpoint.max_requeues"] = "max_num_timeout"
+# What to do, said with the parameters, where a limit of the site refuses the value of a key.
+_FIT_HINTS: dict[str, str] = {
+    "resources.nodes": "lower nodes, or pick a queue (parameter queue) or a site (parameter site) that has more",
+    "resources.walltime": "lower timeout_min (or walltime), or pick another queue (parameter queue); a "
+                          "Checkpointable callable is requeued at the walltime and continues",
+    "resources.ranks_per_node": "lower tasks_per_node or cpus_per_task",
+    "resources.threads_per_rank": "lower cpus_per_task or tasks_per_node",
+    "resources.gpus_per_rank": "set gpus_per_node=0, or pick a GPU queue (parameter queue) or site (parameter site)",
+    "resources.memory_gb": "lower mem_gb (GB per node)",
+    "resources.account": "set the executor parameter account (AutoExecutor: hpctrain_account=...), or the site "
+                         "profile's account",
+    "train.comm_backend": "or set comm_backend to auto, mpi or gloo",
+}
+_KEY_WORD = re.compile(r"\b(?:resources|checkpoint|train)\.[a-z_]+\b")
+
+
+def parameter_for(key: str, values: Mapping[str, Any]) -> str:
+    """The parameter that sets job-spec key ``key`` (``resources.walltime`` -> ``timeout_min`` or ``walltime``);
+    the key itself where none does."""
+    if key == "resources.walltime" and values.get("walltime") is not None:
+        return "walltime"
+    return _SPEC_KEYS.get(key, key)
+
+
+def text_in_parameter_words(text: str, values: Mapping[str, Any]) -> str:
+    """``text`` with the job-spec keys it names (``resources.walltime``) replaced by the parameters' names."""
+    return _KEY_WORD.sub(lambda m: parameter_for(m.group(0), values), text)
+
+
+def in_parameter_words(error: ConfigError, values: Mapping[str, Any]) -> ConfigError:
+    """``error`` (of the job spec the parameters made) said with the parameters' names: its key, the job-spec
+    keys in its text, and for a limit of the site, what to change."""
+    if isinstance(error, ConfigErrors):
+        return ConfigErrors([in_parameter_words(e, values) for e in error.errors])
+
+    def words(text: str | None) -> str | None:
+        return None if text is None else text_in_parameter_words(text, values)
+
+    key = error.key
+    hint = _FIT_HINTS.get(key or "", error.hint) if isinstance(error, FitError) else error.hint
+    name = parameter_for(key, values) if key else None
+    if name is not None and error.path and error.path.startswith(f"parameter {name}="):
+        name = None  # the place already names the parameter
+    return type(error)(words(error.message) or "", path=error.path, line=error.line, key=name, hint=words(hint))
+
+
+class IgnoredParameterWarning(UserWarning):
+    """Parameters of another submitit executor (``slurm_*``) that AutoExecutor drops with cluster="hpctrain"."""
+
+
+# SlurmExecutor's parameters -> the hpctrain parameter (AutoExecutor's spelling) or where the setting lives.
+_SLURM_PARAMETERS: dict[str, str] = {
+    "partition": "hpctrain_queue", "account": "hpctrain_account", "job_name": "name", "mem": "mem_gb",
+    "ntasks_per_node": "tasks_per_node", "signal_delay_s": "hpctrain_signal_lead_s", "nodes": "nodes",
+    "cpus_per_task": "cpus_per_task", "gpus_per_node": "gpus_per_node", "num_gpus": "gpus_per_node",
+    "timeout_min": "timeout_min", "mem_gb": "mem_gb", "tasks_per_node": "tasks_per_node", "name": "name",
+    "stderr_to_stdout": "stderr_to_stdout", "qos": "hpctrain_queue (a queue of the site profile names its qos)",
+    "setup": "the site profile's environment (modules, setup, venv)", "srun_args": "the site profile's launcher_args",
+    "use_srun": "the site profile's launcher",
+    "array_parallelism": "nothing: arrays run as wide as the scheduler lets them",
+    "max_num_timeout": "hpctrain_max_num_timeout",
+}
+_SLURM_ELSEWHERE = "a directive in the site profile (its directives, or a queue's)"
+
+
+def slurm_equivalent(name: str, value: object) -> str:
+    """What to write instead of ``slurm_<name>=value`` with cluster="hpctrain"."""
+    if name == "time":
+        return f"hpctrain_walltime={value!r}" if isinstance(value, str) else f"timeout_min={value!r}"
+    ours = _SLURM_PARAMETERS.get(name, _SLURM_ELSEWHERE)
+    return f"{ours}={value!r}" if re.fullmatch(r"[a-z_]+", ours) else ours
+
+
+def ignored_slurm_parameters(given: Mapping[str, Any]) -> str | None:
+    """The warning for the ``slurm_*`` names among ``given`` (None if there are none)."""
+    slurm = {k[len("slurm_"):]: v for k, v in given.items() if k.startswith("slurm_")}
+    if not slurm:
+        return None
+    said = "; ".join(f"slurm_{k}={v!r}: use {slurm_equivalent(k, v)}" for k, v in sorted(slurm.items()))
+    return (f'AutoExecutor ignores SlurmExecutor\'s parameters with cluster="hpctrain" ({said}). '
+            "hpctrain's parameters: hpctrain.submitit_plugin.params.PARAMETERS (docs/submitit.md)")
 
 
 def load_site_value(site: object) -> SiteProfile:

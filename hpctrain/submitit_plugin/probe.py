@@ -2,20 +2,25 @@
 
 The pickle of a submission names the modules it needs (a callable from an installed package is pickled by
 reference; one from ``__main__`` by value, which needs cloudpickle). One command on the login node asks the
-job's interpreter whether it finds each of them, the runner and cloudpickle, and which Python version it is;
-what is missing becomes one error naming the interpreter, the machine, the module and how to install it.
+job's interpreter whether it finds each of them, the runner and cloudpickle, and which Python version it is,
+where the job looks for them: in an empty directory (as the run directory is when the ranks start), with the
+directories the runner puts first on ``sys.path``. What is missing becomes one error naming the interpreter,
+the machine, the module, where this process found it, and how to make the job find it.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import pickletools
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hpctrain.errors import ConfigError
-from hpctrain.submission.shell import is_home_relative, quote_path
+from hpctrain.submission.shell import quote_path
 from hpctrain.submission.transport import Transport
 from hpctrain.submitit_plugin.runner import DELAYED_CLASS, MODULE
 
@@ -27,10 +32,12 @@ _INSTALL = {
     "cloudpickle": "pip install cloudpickle",
     "submitit": "pip install 'submitit>=1.5,<1.6' (the callable uses submitit, e.g. helpers.Checkpointable)",
 }
-# find_spec without importing anything but the parents of the dotted names asked for.
+# find_spec without importing anything but the parents of the dotted names asked for; argv[1] is the JSON list
+# of directories the runner puts first on sys.path.
 _PROBE = """import importlib.util, json, sys
+sys.path[0:0] = json.loads(sys.argv[1])
 missing = []
-for name in sys.argv[1:]:
+for name in sys.argv[2:]:
     try:
         found = importlib.util.find_spec(name) is not None
     except (ImportError, ValueError):
@@ -87,14 +94,21 @@ class PythonProbe:
 
     found: set[str] = field(default_factory=set)
 
-    def check(self, transport: Transport, python: str, modules: Iterable[str], *, what: str) -> None:
-        """Raise a ConfigError naming what ``python`` on the transport's machine cannot import."""
+    def check(self, transport: Transport, python: str, modules: Iterable[str], *, what: str,
+              sys_path: Sequence[str] = ()) -> None:
+        """Raise a ConfigError naming what ``python`` on the transport's machine cannot import.
+
+        ``sys_path``: the directories the runner puts first on ``sys.path`` (``--sys-path``). The check runs in
+        a new empty directory, as the ranks start in their run directory: a module found only in the directory
+        this process runs in is not found there either.
+        """
         wanted = sorted({*ALWAYS, *modules} - self.found)
         if not wanted:
             return
-        argv = [python, "-c", _PROBE, *wanted]
-        if is_home_relative(python):  # $HOME/venv/bin/python: the login node's home, as the batch script has it
-            argv = ["sh", "-c", f'exec {quote_path(python)} "$@"', "sh", *argv[1:]]
+        # quote_path: $HOME/venv/bin/python is the login node's home, as the batch script has it.
+        script = (f'd=$(mktemp -d) && cd "$d" || exit 1; {quote_path(python)} "$@"; s=$?; cd / && rmdir "$d"; '
+                  'exit "$s"')
+        argv = ["sh", "-c", script, "sh", "-c", _PROBE, json.dumps(list(sys_path)), *wanted]
         done = transport.run(argv, timeout=PROBE_TIMEOUT_S, check=False)
         lines = done.stdout.strip().splitlines()
         try:
@@ -111,9 +125,42 @@ class PythonProbe:
                 f"{ours[0]}.{ours[1]}: cloudpickle's pickles of functions load only in the same version",
                 key="python", hint=f"point the executor parameter python at a Python {ours[0]}.{ours[1]} there")
         if missing:
-            names = [m.split(".")[0] for m in missing]
-            fixes = sorted({_INSTALL.get(n, f"install {n} there, or pickle your module by value with "
-                                            f"cloudpickle.register_pickle_by_value({n})") for n in names})
-            raise ConfigError(f"{python} on {transport.host} cannot import {', '.join(missing)}, which {what} needs",
+            names = sorted({m.split(".")[0] for m in missing})
+            found_here = [note for n in names if n not in _INSTALL and (note := found_here_note(n, sys_path))]
+            fixes = [_INSTALL.get(n, f"install {n} in that Python (pip install, or pip install -e for your own "
+                                     f"code), or pickle it by value: cloudpickle.register_pickle_by_value({n}) "
+                                     "before submitting") for n in names]
+            if sys_path and any(n not in _INSTALL for n in names):
+                fixes.append(f"or move it into {', '.join(sys_path)}")
+            raise ConfigError(f"{python} on {transport.host} cannot import {', '.join(missing)}, which {what} needs "
+                              f"(the job starts in its run directory; {_path_words(sys_path)})"
+                              + "".join(f"; {note}" for note in found_here),
                               key="python", hint="; ".join(fixes))
         self.found.update(wanted)
+
+
+def _path_words(sys_path: Sequence[str]) -> str:
+    """The job's sys.path in words."""
+    rest = "the run directory and that Python's installed packages"
+    return f"its sys.path: {', '.join(sys_path)}, then {rest}" if sys_path else f"its sys.path: {rest}"
+
+
+def found_here_note(name: str, sys_path: Sequence[str]) -> str | None:
+    """Where this process finds module ``name`` (and whether through its current directory), for the error."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:  # a package: its directory
+        location = Path(next(iter(spec.submodule_search_locations))).resolve()
+    elif spec.origin and os.path.isabs(spec.origin):
+        location = Path(spec.origin).resolve()
+    else:
+        return None
+    here = Path.cwd().resolve()
+    if location.parent == here and str(here) not in sys_path:
+        return (f"this Python finds {name} at {location} through the directory you submit from ({here}), "
+                "which the job does not run in")
+    return f"this Python finds {name} at {location}"

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 from hpctrain.errors import RuntimeFailure
 from hpctrain.exit_codes import EXIT_ERROR, EXIT_REQUEUE, REQUEUE_MARKER
@@ -126,6 +126,16 @@ def say(text: str) -> None:
 
 class _Requeue(BaseException):
     """Unwinds the callable after a checkpoint (a BaseException: ``except Exception`` in it does not stop it)."""
+
+
+def stop_for_requeue(run_dir: Path, rank: int) -> NoReturn:
+    """Leave the callable to be requeued, from inside it (``JobEnvironment()._requeue``): every rank exits 75,
+    rank 0 first writing the requeue marker that tells the batch script (and the other ranks) it was one."""
+    if rank == 0:
+        attempt = f"{job_id_of(os.environ)}/{restarts_of(os.environ)}"
+        write_atomic(run_dir / REQUEUE_MARKER, json.dumps({"attempt": attempt}).encode())
+    say(f"task {rank} asked for a requeue; exit {EXIT_REQUEUE} asks the batch script for one")
+    raise _Requeue
 
 
 class CheckpointSignal:
@@ -241,8 +251,14 @@ def _load_failure(exc: BaseException) -> str:
     return text
 
 
-def run(run_dir: Path, *, max_requeues: int, signal_name: str, merge_logs: bool) -> int:
-    """Run the staged callable as this rank; the exit status (0, 1 for an error, 75 after a checkpoint)."""
+def run(run_dir: Path, *, max_requeues: int, signal_name: str, merge_logs: bool,
+        sys_path: Sequence[str] = ()) -> int:
+    """Run the staged callable as this rank; the exit status (0, 1 for an error, 75 after a checkpoint).
+
+    ``sys_path``: directories put first on ``sys.path`` before the callable is loaded (the submitting script's
+    directory, as a submitit job started in it would have).
+    """
+    sys.path[0:0] = list(sys_path)
     try:
         rank = detect_launch_env(os.environ).rank
     except RuntimeFailure as exc:
@@ -294,9 +310,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--max-requeues", type=int, default=0, help="requeues after a checkpoint at most")
     parser.add_argument("--signal", default="USR2", help="the checkpoint signal's name, without SIG")
     parser.add_argument("--stderr-to-stdout", action="store_true", help="one log per task")
+    parser.add_argument("--sys-path", action="append", default=[], metavar="DIR",
+                        help="a directory to put first on sys.path before the callable is loaded (repeatable)")
     args = parser.parse_args(argv)
     return run(Path.cwd(), max_requeues=args.max_requeues, signal_name=args.signal,
-               merge_logs=args.stderr_to_stdout)
+               merge_logs=args.stderr_to_stdout, sys_path=args.sys_path)
 
 
 if __name__ == "__main__":

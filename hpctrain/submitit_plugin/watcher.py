@@ -30,6 +30,20 @@ from hpctrain.submitit_plugin.runner import result_name
 DEFAULT_POOL = TransportPool()
 
 
+TIMEOUT_WORDS = "stopped at its walltime (timeout_min)"
+
+
+def reason_in_submitit_words(state: str, reason: str) -> str:
+    """hpctrain's reason for a run, as a submitit user reads it: a run that reached its walltime says so, not
+    the exit status of the signal that ended it (``exit code -15``, or Slurm's ``0``)."""
+    if state.upper() != "TIMEOUT":
+        return reason
+    parts = [part for part in reason.split("; ") if part and not part.startswith("exit code ")]
+    if not any("walltime" in part for part in parts):
+        parts.insert(0, TIMEOUT_WORDS)
+    return "; ".join(parts)
+
+
 @dataclass
 class Watched:
     """A run the watcher polls: where its registry is, how to reach its machine, where its results go."""
@@ -129,7 +143,8 @@ class HpctrainInfoWatcher(core.InfoWatcher):
                         self._locate(reg, watched)
                 runs = [reg.get_run(w.run_id) for w in group]
                 for view in poll_runs(reg, runs, group[0].pool or DEFAULT_POOL, progress=False):
-                    self._info_dict[view.run_id] = {"State": view.state.upper(), "Reason": view.reason,
+                    reason = reason_in_submitit_words(view.state, view.reason)
+                    self._info_dict[view.run_id] = {"State": view.state.upper(), "Reason": reason,
                                                     "JobID": view.job_id or "", "RunDir": view.run_dir,
                                                     "PollError": view.poll_error}
                     if is_terminal(view.state):

@@ -166,6 +166,11 @@ class Scheduler(ABC):
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         """The command that cancels one job."""
 
+    def signal_argv(self, job_id: str, run_dir: str, signal_name: str) -> list[str] | None:
+        """The command that sends ``SIG<signal_name>`` to a running job's batch shell, which forwards it to the
+        ranks as it forwards the warning before the walltime; None where the scheduler has no such command."""
+        return None
+
     @abstractmethod
     def log_names(self, job_id: str) -> list[str]:
         """File names, in the run directory, of the job's scheduler output: the most likely first."""

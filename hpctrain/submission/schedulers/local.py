@@ -95,6 +95,9 @@ class Local(Scheduler):
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return controller_argv("cancel", "--", check_job_id(job_id), run_dir)
 
+    def signal_argv(self, job_id: str, run_dir: str, signal_name: str) -> list[str] | None:
+        return controller_argv("signal", "--", check_job_id(job_id), run_dir, signal_name)
+
     def log_names(self, job_id: str) -> list[str]:
         return [LOG_FILE]
 

@@ -7,7 +7,8 @@ Slurm), and writes ``job-state.json`` atomically when the script ends. When the 
 a checkpoint) it is run again with a fresh walltime and ``HPCTRAIN_RESTART_COUNT``, up to ``max_requeues``
 times — what ``scontrol requeue`` does on Slurm. ``status JOB DIR ...`` prints one JSON line per job and
 ``cancel JOB DIR`` signals a supervisor, from any later process (submitit's LocalExecutor keeps a controller
-process too; ours adds the walltime signal and the requeue). The ``local`` back-end (local.py) runs these.
+process too; ours adds the walltime signal and the requeue); ``signal JOB DIR SIG`` has it send the job's warning
+signal now. The ``local`` back-end (local.py) runs these.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ def start(script: str | Path, run_dir: str | Path, *, walltime_s: int, signal_na
     proc = subprocess.Popen(argv, cwd=run_dir, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                             start_new_session=True)
     out.close()
-    _write_json_atomic(run_dir / PID_FILE, {"pid": proc.pid, "start_time": _process_start_time(proc.pid)})
+    _write_json_atomic(run_dir / PID_FILE, {"pid": proc.pid, "start_time": _process_start_time(proc.pid),
+                                            "signal": signal_name})
     return str(proc.pid)
 
 
@@ -156,6 +158,19 @@ def cancel(run_dir: str | Path, job_id: str | None = None) -> bool:
     return True
 
 
+def send_signal(run_dir: str | Path, job_id: str, signal_name: str) -> bool:
+    """Have the supervisor send its job's warning signal to the script now, as it does before the walltime;
+    False if the job is not running. ValueError for another signal than the job's (it would end the
+    supervisor) or one that cancels (TERM, INT)."""
+    info = _supervisor(Path(run_dir))
+    if info is None or str(info["pid"]) != job_id or not _alive(info):
+        return False
+    if signal_name in ("TERM", "INT") or info.get("signal", signal_name) != signal_name:
+        raise ValueError(f"job {job_id} takes its warning signal {info.get('signal')} on request, not {signal_name}")
+    os.kill(int(info["pid"]), getattr(signal, f"SIG{signal_name}"))
+    return True
+
+
 def read_directives(script: Path) -> argparse.Namespace:
     """The ``#LOCAL`` options of a script (walltime_s, signal, lead, max_requeues), like sbatch reads #SBATCH.
 
@@ -191,6 +206,17 @@ def supervise(command: Sequence[str], run_dir: Path, walltime_s: int, signal_nam
 
     signal.signal(signal.SIGTERM, on_cancel)
     signal.signal(signal.SIGINT, on_cancel)
+    warn_signal = getattr(signal, f"SIG{signal_name}")
+    if warn_signal not in (signal.SIGTERM, signal.SIGINT):  # those two cancel
+        def forward(_signum: int, _frame: object) -> None:
+            if children and children[-1].poll() is None:
+                print(f"hpctrain: local controller: SIG{signal_name} sent to the job on request", flush=True)
+                try:
+                    os.kill(children[-1].pid, warn_signal)
+                except ProcessLookupError:
+                    pass
+
+        signal.signal(warn_signal, forward)
     job = str(os.getpid())  # the job id: start() returned this process's pid
     restarts = 0
     while True:
@@ -269,6 +295,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_cancel = sub.add_parser("cancel", help="stop job JOB of RUN_DIR")
     p_cancel.add_argument("job")
     p_cancel.add_argument("run_dir")
+    p_signal = sub.add_parser("signal", help="send job JOB of RUN_DIR its warning signal SIG now")
+    p_signal.add_argument("job")
+    p_signal.add_argument("run_dir")
+    p_signal.add_argument("signal")
     p = sub.add_parser("supervise")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--walltime", type=int, required=True)
@@ -303,6 +333,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.action == "cancel":
         if cancel(args.run_dir, args.job):
             return 0
+        print(f"local controller: job {args.job} is not running", file=sys.stderr)
+        return 1
+    if args.action == "signal":
+        if not hasattr(signal, f"SIG{args.signal}"):
+            parser.error(f"no signal SIG{args.signal}")
+        try:
+            if send_signal(args.run_dir, args.job, args.signal):
+                return 0
+        except ValueError as exc:
+            print(f"local controller: {exc}", file=sys.stderr)
+            return 1
         print(f"local controller: job {args.job} is not running", file=sys.stderr)
         return 1
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
