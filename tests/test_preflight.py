@@ -74,6 +74,9 @@ ISSUE_CASES = [
                                   "[7, 7, 7] for fov [15, 15, 15]"),
     ("data.eval.inference.deltas=[8,8,8]", "data.eval.inference.deltas: inference deltas [8, 8, 8] must lie "
                                            "within 0..(fov - 1) // 2 = [7, 7, 7]"),
+    # The thresholds are chosen by segmenting a crop: the inference Canvas refuses one smaller than the FOV.
+    ("data.eval.tune.crop=[9,40,40]", "data.eval.tune.crop: a volume of [9, 40, 40] to segment is smaller than "
+                                      "the FOV [15, 15, 15]"),
 ]
 
 

@@ -444,8 +444,8 @@ class FFNSchema(ModelSchema):
         if problem:
             raise ConfigError(f"inference {problem}", key=where,
                               hint="make data.eval.inference.deltas smaller or its fov larger")
-        if data.eval is not None and data.eval.synthetic is not None:
-            check_inference_shape(data.eval.synthetic.shape, fov, key="data.eval.synthetic.shape")
+        for key, shape in _inference_boxes(data):
+            check_inference_shape(shape, fov, key=key)
         warnings = []
         if args.single_fov_steps >= job.train.steps > 0:
             warnings.append(f"model_args.single_fov_steps ({args.single_fov_steps}) >= train.steps "
@@ -480,9 +480,28 @@ class FFNSchema(ModelSchema):
             shape = source_shape(key, source.image, source.labels)
             if key == "data.train":
                 check_training_shape(shape, args, data, key="data.train.image", size_of="the file's volume")
-            elif key == "data.eval":
-                check_inference_shape(shape, fov, key="data.eval.image")
+            else:  # the eval volume, or one the thresholds or the join model are fitted on
+                check_inference_shape(shape, fov, key=f"{key}.image")
         return notes
+
+
+def _inference_boxes(data: FFNData) -> list[tuple[str, Sequence[int]]]:
+    """The volumes and crops known before the job runs that the trained model floods, by key."""
+    boxes: list[tuple[str, Sequence[int]]] = []
+    ev = data.eval
+    if ev is None:
+        return boxes
+    if ev.synthetic is not None:
+        boxes.append(("data.eval.synthetic.shape", ev.synthetic.shape))
+    tune = ev.tune
+    for prefix, part in (("data.eval.tune", tune), ("data.eval.tune.fit_joins", tune.fit_joins if tune else None)):
+        if part is None:
+            continue
+        if part.volume is not None and part.volume.synthetic is not None:
+            boxes.append((f"{prefix}.volume.synthetic.shape", part.volume.synthetic.shape))
+        if part.crop is not None:
+            boxes.append((f"{prefix}.crop", part.crop))
+    return boxes
 
 
 def inference_geometry(args: FFNModelArgs, data: FFNData) -> tuple[Zyx, Zyx, str]:
@@ -510,10 +529,10 @@ def check_training_shape(shape: Sequence[int], args: FFNModelArgs, data: FFNData
 
 
 def check_inference_shape(shape: Sequence[int], fov: Sequence[int], *, key: str) -> None:
-    """Refuse an eval volume smaller than the FOV the model floods it with (the inference Canvas's rule)."""
+    """Refuse a volume (or crop) smaller than the FOV the model floods it with (the inference Canvas's rule)."""
     if any(int(s) < int(f) for s, f in zip(shape, fov, strict=True)):
-        raise ConfigError(f"an eval volume of {list(shape)} is smaller than the FOV {list(fov)}", key=key,
-                          hint="use a larger eval volume or a smaller data.eval.inference.fov")
+        raise ConfigError(f"a volume of {list(shape)} to segment is smaller than the FOV {list(fov)}", key=key,
+                          hint="use a larger volume (or crop) or a smaller data.eval.inference.fov")
 
 
 def training_margin(args: FFNModelArgs, data: FFNData) -> Zyx:
