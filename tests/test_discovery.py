@@ -255,14 +255,23 @@ def test_recorded_pbs_pro(form: str) -> None:
     assert (q["prod"].min_nodes.value, q["prod"].max_nodes.value, q["prod"].max_walltime_s.value) == (10, 496, 86400)
     assert q["prod"].description.startswith("routing queue to small,medium,large")
     assert q["preemptable"].max_walltime_s.value == 72 * 3600
-    assert "small" not in q and "maintenance" not in q  # reached only through prod / disabled
-    assert any("small (reached only through a routing queue)" in n and "maintenance (disabled)" in n for n in f.notes)
+    assert "maintenance" not in q and any("maintenance (disabled)" in n for n in f.notes)
+    # prod's execution queues are kept, reached only through prod; the text form lists only small of them.
+    assert q["small"].direct_submit.value is False and q["small"].max_nodes.value == 24
+    assert q["prod"].routes_to.value == (["small", "medium", "large"] if form == "json" else ["small"])
+    assert q["prod"].direct_submit is None and q["debug"].min_walltime_s.value == 300
+    assert q["debug"].max_running_per_user.value == 1 and "max_run = [u:PBS_GENERIC=1]" in \
+        q["debug"].max_running_per_user.source
     assert f.node.shape() == (64, 1, 4, "nvidia", 503.2) and f.node.ncpus_only
     assert f.node.threads_per_core.guessed and not f.node.cores.guessed
     assert f.launcher.value == "mpiexec" and f.mpi_library.value == "CRAY MPICH"
     draft = draft_profile(f, name="polaris-discovered")
     assert draft.profile.scheduler == "pbs" and draft.profile.queues["debug-scaling"].max_nodes == 10
     assert "node.threads_per_core" in draft.profile.guessed
+    prod, small = draft.profile.queues["prod"], draft.profile.queues["small"]
+    assert prod.routes_to == q["prod"].routes_to.value and not small.direct_submit
+    assert small.min_walltime == "00:05:00" and "sites discover" in (small.source or "")
+    assert draft.profile.queues["debug"].max_running_per_user == 1
 
 
 def test_recorded_torque_layout_and_missing_limits() -> None:

@@ -41,12 +41,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
         site = load_site(args.site)
         placement = place(job, site)
         result.update(site=site.name, queue=placement.queue_name, backend=placement.backend,
-                      ranks=job.resources.ranks)
+                      ranks=job.resources.ranks, execution_queue=placement.execution_queue,
+                      requeue=placement.requeue, notes=list(placement.notes))
     # Without --site the job is checked for the default site, local: it would read its files here.
     result["warnings"] = check_job(job, site, local_paths=args.check_paths or not args.site)
     if args.json:
         print_json(result)
         return 0
+    for note in result.get("notes", []):
+        print(f"hpctrain: note: {note}", file=sys.stderr)
     for warning in result["warnings"]:
         print(f"hpctrain: warning: {warning}", file=sys.stderr)
     where = f" on {result['site']} (queue {result.get('queue')}, {result.get('backend')})" if args.site else ""

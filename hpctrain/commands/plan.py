@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from hpctrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hpctrain.config.job import JobSpec
+    from hpctrain.config.site import SiteProfile
+    from hpctrain.planning.model import Prediction
 
 DEFAULT_MAX_NODES = 4096
 
@@ -62,6 +68,18 @@ def default_nodes(limit: int | None) -> list[int]:
     return nodes
 
 
+def queue_checked(prediction: Prediction, job: JobSpec, site: SiteProfile) -> Prediction:
+    """The prediction with a warning where the job's queue would refuse the job at that node count."""
+    from dataclasses import replace
+
+    from hpctrain.config.queue_policy import refusal_text
+
+    refusal = refusal_text(site, job.resources.queue or site.default_queue, prediction.nodes, job.resources.walltime)
+    if refusal is None:
+        return prediction
+    return replace(prediction, warnings=[*prediction.warnings, f"the queue refuses this size: {refusal}"])
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_json, print_table
     from hpctrain.config.job import load_job
@@ -97,6 +115,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     w = inputs.workload
     predictions = [annotate(w, predict(w, n, target_samples=args.samples, target_steps=args.steps),
                             inputs.lr_scaling, inputs.warmup_kind) for n in nodes]
+    predictions = [queue_checked(p, job, site) for p in predictions]
     target = ({"samples": args.samples} if args.samples is not None else
               {"steps": args.steps} if args.steps is not None else None)
     if args.plot:

@@ -125,6 +125,17 @@ def choose_queue(site: SiteProfile, queue_name: str, queue: Queue, nodes: int, w
                    key=refusal.key, hint=refusal.hint)
 
 
+def refusal_text(site: SiteProfile, queue_name: str | None, nodes: int, walltime: str) -> str | None:
+    """Why the queue would refuse a job of ``nodes`` nodes for ``walltime`` (for ``plan``'s node counts), or None."""
+    if queue_name is None or queue_name not in site.queues:
+        return None
+    try:
+        choose_queue(site, queue_name, site.queues[queue_name], nodes, walltime)
+    except FitError as exc:
+        return f"{exc.message}" + (f"; {exc.hint}" if exc.hint else "")
+    return None
+
+
 def requeue_rule(site: SiteProfile, queue_names: list[str]) -> tuple[bool, str | None]:
     """Whether a job in these queues (the submit queue, then its execution queue) may requeue itself or submit
     its successor, and if not, why: the queue forbids chaining, or takes one queued job per user."""

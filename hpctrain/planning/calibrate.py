@@ -26,7 +26,8 @@ def smallest_queue(site: SiteProfile) -> str | None:
     """The queue with the fewest nodes (then the shortest walltime): where a one-node run starts soonest."""
     if not site.queues:
         return None
-    eligible = {name: q for name, q in site.queues.items() if q.min_nodes <= 1} or site.queues
+    direct = {name: q for name, q in site.queues.items() if q.direct_submit}
+    eligible = {name: q for name, q in direct.items() if q.min_nodes <= 1} or direct
     return min(eligible, key=lambda n: (eligible[n].max_nodes, parse_walltime(eligible[n].max_walltime), n))
 
 
@@ -34,8 +35,11 @@ def calibration_overrides(site: SiteProfile, steps: int) -> list[str]:
     """The ``--set`` assignments that turn a job into its calibration run on ``site``."""
     queue = smallest_queue(site)
     walltime = CALIBRATION_WALLTIME_S
-    if queue is not None:
-        walltime = min(walltime, parse_walltime(site.queues[queue].max_walltime))
+    if queue is not None:  # within the queue's limit for one node, and not under its minimum
+        limits = site.queues[queue]
+        walltime = min(walltime, parse_walltime(limits.walltime_limit(1)[0]))
+        if limits.min_walltime is not None:
+            walltime = max(walltime, parse_walltime(limits.min_walltime))
     # The LR schedule does not change a step's time; a warm-up longer than the calibration would be refused.
     sets = [f"train.steps={steps}", "resources.nodes=1", f"checkpoint.every_steps={steps}",
             f"train.log_every={max(1, min(10, steps))}", f"resources.walltime={format_hms(walltime)}",

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
+from hpctrain.errors import ConfigError, FitError, HpctrainError, SchedulerError
 from hpctrain.submission.registry import Registry, Run, new_run_id
 from hpctrain.submission.run_record import (
     META_FILE,
@@ -37,6 +37,7 @@ from hpctrain.submission.transport import CommandFailed, Completed, Transport, T
 from hpctrain.submission.views import RunView, is_terminal, latest_job_id
 
 if TYPE_CHECKING:
+    from hpctrain.config.fit import Placement
     from hpctrain.config.job import JobSpec
     from hpctrain.config.site import SiteProfile
 
@@ -192,9 +193,11 @@ def submit_runs(
         raise ValueError(f"files: {len(files)} lists for {len(assignments)} tasks")
     jobs = [job if a is None else _variant(job, a) for a in assignments]
     for j in jobs:
-        place(j, site_profile)
-        # What would fail at start fails now; data paths are checked where the ranks will read them.
-        warn(check_job(j, site_profile, local_paths=remote is None))
+        placement = place(j, site_profile)
+        # What would fail at start fails now; data paths are checked where the ranks will read them. The notes say
+        # which execution queue the job lands in and whether it may requeue.
+        warn([*placement.notes, *check_job(j, site_profile, local_paths=remote is None)])
+    _check_queued_limit(site_profile, placement, len(jobs))
 
     registry = registry or Registry()
     pool = pool or TransportPool()
@@ -322,6 +325,16 @@ def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile
         raise HpctrainError(f"submission of {jobs[0].name} failed: {message}") from exc
 
 
+def _check_queued_limit(site: SiteProfile, placement: Placement, count: int) -> None:
+    """An array of more tasks than one user may have queued in the queue is refused before anything is written."""
+    for name in dict.fromkeys(n for n in (placement.queue_name, placement.execution_queue) if n):
+        limit = site.queues[name].max_queued_per_user
+        if limit is not None and count > limit:
+            raise FitError(f"an array of {count} tasks, but queue {name!r} of site {site.name!r} takes at most {limit} "
+                           f"queued jobs per user ({site.rule_source(name, 'max_queued_per_user')})",
+                           key="resources.queue", hint=f"submit at most {limit} tasks at once, or pick another queue")
+
+
 def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],
                       jobs: list[JobSpec], kind: str, submit_dir: str, is_array: bool, python: str | None,
                       command: list[str] | None, dependency: tuple[str, str] | None, ssh_config: str | None,
@@ -344,7 +357,7 @@ def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfil
         write_atomic(rec / "job.yaml", dump_job(j))
         write_atomic(rec / SITE_FILE, site_text)
         meta = RunMeta(scheduler=scheduler.name, ssh_config=ssh_config, total_steps=j.train.steps,
-                       max_requeues=j.checkpoint.max_requeues)
+                       max_requeues=j.checkpoint.max_requeues, no_requeue=rendered.placement.no_requeue_reason)
         write_atomic(rec / META_FILE, meta.to_json())
         staged.append((rec / "job.yaml", f"{run.run_dir}/job.yaml"))
     for run, extra in zip(runs, files or [()] * len(runs), strict=True):

@@ -64,6 +64,13 @@ def fill(name: str, **values: object) -> str:
     return text.replace(_EMPTY + "\n", "").replace(_EMPTY, "")
 
 
+def no_requeue_lines(reason: str) -> list[str]:
+    """Where the queue allows no requeue chain: the job ends with status 75 at its checkpoint and says how to go on."""
+    text = (f"hpctrain: stopped at its checkpoint; no requeue: {comment(reason, limit=600)}; "
+            "resume with: hpctrain resume RUN")
+    return [f'if [ "${{status}}" -eq {EXIT_REQUEUE} ]; then', f"    echo {quote(text)} >&2", "fi"]
+
+
 def python_for(site: SiteProfile, python: str | None) -> str:
     """The interpreter on the compute nodes: the site's, its venv's, the caller's, else ``python3``."""
     env = site.environment
@@ -196,6 +203,7 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
                              limit=400)]
     if job.description:
         header.append(f"# {comment(job.description)}")
+    header += [f"# {comment(note, limit=600)}" for note in placement.notes]  # the execution queue, no requeue
     timer, timer_stop = "", ""
     if scheduler.needs_signal_timer:
         delay = max(walltime_seconds(job.resources.walltime) - ckpt.signal_lead_s, 1)
@@ -209,7 +217,8 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
             staging_lines(staging, job, site, launcher_name(site), scheduler.job_id_variable,
                           exit_record_line(scheduler.job_id_variable)) if staging else [])),
     ).rstrip("\n")
-    requeue = scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)
+    requeue = (scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)
+               if placement.requeue else no_requeue_lines(placement.no_requeue_reason or "the queue allows no requeue"))
     launch_line = " ".join(word(w) for w in launch_argv)
     if job.resources.workdir:
         # A subshell that becomes the launcher: the ranks start there, this shell (logs, exit record) stays put.

@@ -48,12 +48,14 @@ def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
 
 @dataclass(frozen=True)
 class RunMeta:
-    """How to reach a run again from a later process (kept in ``submit.json``)."""
+    """How to reach a run again from a later process (kept in ``submit.json``). ``no_requeue``: why the queue lets
+    the job not requeue itself (it stops at its checkpoint), None where it may."""
 
     scheduler: str
     ssh_config: str | None = None
     total_steps: int | None = None
     max_requeues: int | None = None
+    no_requeue: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

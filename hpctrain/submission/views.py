@@ -123,7 +123,7 @@ def view_of(registry: Registry, run: Run, progress: Progress | None = None, poll
     if run.state == SUBMIT_FAILED:
         reason = reason or "submission failed"
     if run.state in _ENDED_BADLY:
-        reason = why_it_ended(chain, run)
+        reason = why_it_ended(chain, run, meta.no_requeue if meta else None)
     restart = restarts_of(chain)
     limit = meta.max_requeues if meta else None
     if restart:
@@ -160,9 +160,10 @@ _ENDED_BADLY = frozenset(s.value for s in (JobState.FAILED, JobState.TIMEOUT, Jo
                                            JobState.PREEMPTED, JobState.MISSING))
 
 
-def why_it_ended(chain: list[Submission], run: Run) -> str:
+def why_it_ended(chain: list[Submission], run: Run, no_requeue: str | None = None) -> str:
     """The reason (the ranks' failure note or the scheduler's words) plus the exit code / signal of the run's
-    newest job, e.g. ``rank 0: train.decay.steps: ...; exit code 2``."""
+    newest job, e.g. ``rank 0: train.decay.steps: ...; exit code 2``; a job that stopped at its checkpoint says how
+    to go on (``no_requeue``: why its queue did not let it requeue itself)."""
     parts = [run.state_reason] if run.state_reason else []
     newest = next((s for s in reversed(chain) if s.ok), None)
     code = newest.exit_code if newest is not None else None
@@ -171,7 +172,8 @@ def why_it_ended(chain: list[Submission], run: Run) -> str:
         if code > 128 and code - 128 < 65:
             text += f" (killed by signal {code - 128})"
         elif code == EXIT_REQUEUE:
-            text += " (stopped at a checkpoint; continue with `hpctrain resume`)"
+            text = f"stopped at its checkpoint; resume with `hpctrain resume {run.run_id}`" + (
+                f" (no requeue: {no_requeue})" if no_requeue else f" ({text})")
         parts.append(text)
     return "; ".join(parts)
 

@@ -1,7 +1,9 @@
 """``--check``: an existing site profile against what the machine reports now.
 
 A difference is something the profile states that the scheduler now contradicts: a queue gone or renamed,
-a node or walltime limit changed, a different node shape or default queue. Values the machine did not report
+a node or walltime limit changed, a queue policy the scheduler enforces that the profile lacks or states
+otherwise (minimum walltime, routing destinations, per-user limits, a Slurm QOS's MaxWall and per-user limits
+for a queue that submits with it), a different node shape or default queue. Values the machine did not report
 are not compared; partitions the profile does not mention are notes, not differences.
 """
 
@@ -10,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hpctrain.config.common import walltime_seconds
-from hpctrain.config.site import NodeShape, SiteProfile
+from hpctrain.config.site import NodeShape, Queue, SiteProfile
 from hpctrain.config.walltime import format_hms
 from hpctrain.errors import SchedulerError
 from hpctrain.submission.discovery.detect import SCHEDULER_TITLES
-from hpctrain.submission.discovery.facts import NO_LIMIT_S, NO_LIMIT_TEXT, Findings, NodeFacts, QueueFacts
+from hpctrain.submission.discovery.facts import NO_LIMIT_S, NO_LIMIT_TEXT, Findings, NodeFacts, QosFacts, QueueFacts
+from hpctrain.submission.discovery.slurm import with_qos
 
 MEMORY_TOLERANCE = 0.10  # schedulers report usable memory (Slurm RealMemory), a bit below what sites publish
 
@@ -88,8 +91,38 @@ class _Checker:
             if abs(mine.memory_gb - memory.value) > MEMORY_TOLERANCE * max(mine.memory_gb, memory.value):
                 self.differ(f"{prefix}.memory_gb", mine.memory_gb, memory.value, memory.source)
 
+    def policies(self, key: str, mine: Queue, theirs: QueueFacts) -> None:
+        """The queue rules the scheduler states, against the profile's (a rule the profile lacks differs too)."""
+        for rule, fact in theirs.policies().items():
+            if fact.guessed:
+                continue
+            if rule == "min_walltime":
+                ours: object = mine.min_walltime and walltime_seconds(mine.min_walltime)
+                if ours != fact.value:
+                    self.differ(f"queues.{key}.min_walltime", mine.min_walltime or "none", format_hms(fact.value),
+                                fact.source)
+                continue
+            ours = getattr(mine, rule)
+            if ours != fact.value:
+                shown = (", ".join(ours) or "none") if isinstance(ours, list) else ("none" if ours is None else ours)
+                theirs_shown = ", ".join(fact.value) if isinstance(fact.value, list) else fact.value
+                self.differ(f"queues.{key}.{rule}", shown, theirs_shown, fact.source)
+
+    def qos(self, key: str, mine: Queue, theirs: QosFacts) -> None:
+        """A queue that is a Slurm QOS (queue_option: qos): its walltime and per-user limits."""
+        wall = theirs.max_walltime_s
+        if wall is not None and walltime_seconds(mine.max_walltime) != wall.value:
+            self.differ(f"queues.{key}.max_walltime", _profile_walltime(mine.max_walltime), _walltime(wall.value),
+                        wall.source)
+        for rule in ("max_nodes_per_user", "max_running_per_user", "max_queued_per_user"):
+            fact = getattr(theirs, rule)
+            if fact is not None and getattr(mine, rule) != fact.value:
+                self.differ(f"queues.{key}.{rule}", getattr(mine, rule) or "none", fact.value, fact.source)
+
     def queue(self, key: str, theirs: QueueFacts) -> None:
         mine = self.profile.queues[key]
+        if mine.qos and mine.qos in self.findings.scheduler.qos:
+            theirs = with_qos(theirs, self.findings.scheduler.qos[mine.qos])
         if not theirs.max_nodes.guessed and mine.max_nodes != theirs.max_nodes.value:
             self.differ(f"queues.{key}.max_nodes", mine.max_nodes, theirs.max_nodes.value, theirs.max_nodes.source)
         if theirs.min_nodes is not None and mine.min_nodes != theirs.min_nodes.value:
@@ -98,6 +131,7 @@ class _Checker:
         if not wall.guessed and min(walltime_seconds(mine.max_walltime), NO_LIMIT_S) != min(wall.value, NO_LIMIT_S):
             self.differ(f"queues.{key}.max_walltime", _profile_walltime(mine.max_walltime), _walltime(wall.value),
                         wall.source)
+        self.policies(key, mine, theirs)
         if theirs.node is not None:
             shape = self.profile.node
             if mine.node is not None:
@@ -108,8 +142,13 @@ class _Checker:
     def queues(self) -> None:
         profile, machine = self.profile, self.findings.scheduler.queues
         if profile.queue_option == "qos":
-            self.result.notes.append("the profile's queues are QOS values (queue_option: qos); discovery reads "
-                                     "partitions, so queues were not compared")
+            qos = self.findings.scheduler.qos
+            for key, mine in profile.queues.items():
+                if (mine.submit_as or key) in qos:
+                    self.qos(key, mine, qos[mine.submit_as or key])
+            if not qos:
+                self.result.notes.append("the profile's queues are QOS values (queue_option: qos) and sacctmgr "
+                                         "did not list QOS limits, so queues were not compared")
             return
         name_of = {key: q.submit_as or key for key, q in profile.queues.items()}
         unmentioned = [m for m in machine if m not in name_of.values()]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
@@ -64,6 +64,32 @@ class QueueFacts:
     min_nodes: Fact[int] | None = None
     node: NodeFacts | None = None
     description: str = ""
+    # Policies, where the scheduler states them (None: it does not say): the schema's queue rules.
+    min_walltime_s: Fact[int] | None = None
+    routes_to: Fact[list[str]] | None = None
+    direct_submit: Fact[bool] | None = None
+    max_queued_per_user: Fact[int] | None = None
+    max_running_per_user: Fact[int] | None = None
+    max_nodes_per_user: Fact[int] | None = None
+
+    def policies(self) -> dict[str, Fact[Any]]:
+        """The policy rules the scheduler stated, by the schema's key (walltimes in seconds)."""
+        found = {"min_walltime": self.min_walltime_s, "routes_to": self.routes_to,
+                 "direct_submit": self.direct_submit, "max_queued_per_user": self.max_queued_per_user,
+                 "max_running_per_user": self.max_running_per_user, "max_nodes_per_user": self.max_nodes_per_user}
+        return {k: v for k, v in found.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class QosFacts:
+    """A Slurm QOS's limits (``sacctmgr show qos``): None where the QOS sets none."""
+
+    name: str
+    max_walltime_s: Fact[int] | None = None
+    max_nodes: Fact[int] | None = None
+    max_nodes_per_user: Fact[int] | None = None
+    max_running_per_user: Fact[int] | None = None
+    max_queued_per_user: Fact[int] | None = None
 
 
 @dataclass
@@ -73,6 +99,7 @@ class SchedulerFacts:
     name: str
     answered: bool
     queues: dict[str, QueueFacts] = field(default_factory=dict)
+    qos: dict[str, QosFacts] = field(default_factory=dict)  # Slurm's QOS limits, where sacctmgr answers
     default_queue: Fact[str] | None = None
     node: NodeFacts | None = None
     accounts: Fact[list[str]] | None = None

@@ -1,15 +1,21 @@
 """PBS Pro's answers to discovery: queues and their ``resources_max``/``resources_min`` (``qstat -Q -f``, JSON
-with ``-F json`` where supported), the server's default queue (``qstat -B -f``) and node resources
-(``pbsnodes -a``: PBS Pro's ``resources_available.*``, or Torque's ``np``/``status`` as its wrappers print).
+with ``-F json`` where supported), routing queues' ``route_destinations`` and the execution queues reached only
+through them (``from_route_only``), per-user limits (``max_queued``, ``max_run``, ``max_run_res.nodect`` as
+``[u:PBS_GENERIC=N]``), the server's default queue (``qstat -B -f``) and node resources (``pbsnodes -a``: PBS
+Pro's ``resources_available.*``, or Torque's ``np``/``status`` as its wrappers print).
+
+No PBS server runs in the tests: this parser is tested against recorded and hand-written ``qstat`` output.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from hpctrain.config.walltime import parse_walltime
 from hpctrain.submission.discovery.facts import (
+    Fact,
     NodeFacts,
     QueueFacts,
     SchedulerFacts,
@@ -149,6 +155,43 @@ def _nodect(limits: Any) -> int | None:
     return _int(limits.get("nodect")) or _int(limits.get("nodes"))
 
 
+_PER_USER = re.compile(r"\[u:PBS_GENERIC=(\d+)\]")
+
+
+def _per_user(value: Any, src: str, attribute: str) -> Fact[int] | None:
+    """A generic per-user limit (``[u:PBS_GENERIC=N]``; an old-style bare number is per user too)."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    found = _PER_USER.search(text)
+    number = int(found.group(1)) if found else _int(text)
+    return learned(number, f"{src}: {attribute} = {text}") if number else None
+
+
+def _policies(name: str, attrs: dict[str, Any]) -> dict[str, Any]:
+    """The queue's policy facts (QueueFacts keywords) from its qstat -Q -f attributes."""
+    src = f"qstat -Q -f {name}"
+    found: dict[str, Any] = {}
+    minimum = attrs.get("resources_min")
+    if isinstance(minimum, dict) and minimum.get("walltime"):
+        try:
+            found["min_walltime_s"] = learned(parse_walltime(str(minimum["walltime"])),
+                                              f"{src}: resources_min.walltime")
+        except ValueError:
+            pass
+    if _true(attrs.get("from_route_only", "False")):
+        found["direct_submit"] = learned(False, f"{src}: from_route_only = True")
+    queued = _per_user(attrs.get("max_queued"), src, "max_queued") or _per_user(
+        attrs.get("max_user_queuable"), src, "max_user_queuable")
+    running = _per_user(attrs.get("max_run"), src, "max_run") or _per_user(
+        attrs.get("max_user_run"), src, "max_user_run")
+    run_res = attrs.get("max_run_res")
+    nodes = _per_user(run_res.get("nodect"), src, "max_run_res.nodect") if isinstance(run_res, dict) else None
+    found.update({k: v for k, v in (("max_queued_per_user", queued), ("max_running_per_user", running),
+                                    ("max_nodes_per_user", nodes)) if v is not None})
+    return found
+
+
 def read_pbs(probe: Probe) -> SchedulerFacts:
     """Queues, the default queue and the commonest node shape from the probe's PBS sections."""
     facts = SchedulerFacts(name="pbs", answered=False)
@@ -176,9 +219,6 @@ def read_pbs(probe: Probe) -> SchedulerFacts:
         if not _true(attrs.get("enabled", "True")) or not _true(attrs.get("started", "True")):
             skipped.append(f"{name} (disabled)")
             continue
-        if _true(attrs.get("from_route_only", "False")):
-            skipped.append(f"{name} (reached only through a routing queue)")
-            continue
         src = f"qstat -Q -f {name}"
         max_nodes = _nodect(attrs.get("resources_max"))
         if max_nodes is not None:
@@ -197,12 +237,20 @@ def read_pbs(probe: Probe) -> SchedulerFacts:
             walltime = guess(DEFAULT_WALLTIME_S, f"{src}: PBS reports no resources_max.walltime")
         min_nodes = _nodect(attrs.get("resources_min"))
         route = str(attrs.get("route_destinations", ""))
+        routing = kind.lower().startswith("route") and bool(route)
+        policies = _policies(name, attrs)
+        if routing:
+            # Destinations on other servers (queue@server) are not queues of this profile.
+            policies["routes_to"] = learned([d.strip() for d in route.split(",") if d.strip() and "@" not in d],
+                                            f"{src}: route_destinations = {route}")
         facts.queues[name] = QueueFacts(
             name=name, max_nodes=nodes_fact, max_walltime_s=walltime,
             min_nodes=(learned(max(min_nodes, 1), f"{src}: resources_min.nodect={min_nodes}")
                        if min_nodes is not None else None),
-            description=f"routing queue to {route}" if kind.lower().startswith("route") and route else "",
+            description=f"routing queue to {route}" if routing else "",
+            **policies,
         )
+    _routes_within(facts, skipped)
     if skipped:
         facts.notes.append("queues left out: " + ", ".join(skipped))
 
@@ -219,3 +267,30 @@ def read_pbs(probe: Probe) -> SchedulerFacts:
             if failure:
                 facts.notes.append(f"{what} failed: {failure}")
     return facts
+
+
+def _routes_within(facts: SchedulerFacts, skipped: list[str]) -> None:
+    """Routing queues route to the execution queues discovered (a disabled destination is dropped, a queue that
+    routes further is not a destination a profile can hold); a routing queue's node and walltime range is that of
+    its destinations where PBS gives it none."""
+    from dataclasses import replace
+
+    for name, queue in list(facts.queues.items()):
+        if queue.routes_to is None:
+            continue
+        kept = [d for d in queue.routes_to.value if d in facts.queues and facts.queues[d].routes_to is None]
+        if len(kept) < len(queue.routes_to.value):
+            dropped = ", ".join(d for d in queue.routes_to.value if d not in kept)
+            skipped.append(f"{name}'s destinations {dropped} (not execution queues found here)")
+        if not kept:
+            facts.queues[name] = replace(queue, routes_to=None)
+            continue
+        targets = [facts.queues[d] for d in kept]
+        update: dict[str, Any] = {"routes_to": Fact(kept, queue.routes_to.source)}
+        if queue.max_nodes.guessed or "no resources_max.nodect" in queue.max_nodes.source:
+            top = max(targets, key=lambda t: t.max_nodes.value)
+            update["max_nodes"] = Fact(top.max_nodes.value, f"its destinations: {top.name}'s limit")
+        if queue.max_walltime_s.guessed or "resources_max.walltime" not in queue.max_walltime_s.source:
+            top = max(targets, key=lambda t: t.max_walltime_s.value)
+            update["max_walltime_s"] = Fact(top.max_walltime_s.value, f"its destinations: {top.name}'s limit")
+        facts.queues[name] = replace(queue, **update)

@@ -17,6 +17,7 @@ MARK = "@@hpctrain-discover"
 PROBE_TIMEOUT_S = 180.0
 COMMAND_TIMEOUT_S = 40
 SLURM_SINFO_FORMAT = "%R|%a|%l|%D|%c|%z|%m|%G|%P"
+SLURM_QOS_FORMAT = "Name,MaxWall,MaxTRES,MaxTRESPU,MaxJobsPU,MaxSubmitPU"  # the columns slurm.read_qos reads
 # Scheduler, launcher and MPI programs whose presence (and path) the probe reports.
 PROGRAMS = ("sinfo", "scontrol", "sacctmgr", "srun", "sbatch", "squeue", "qstat", "qsub", "pbsnodes", "partlist",
             "cqsub", "nodelist", "aprun", "mpiexec", "mpirun")
@@ -56,6 +57,7 @@ if have sinfo || have scontrol; then
   run slurm_sinfo sinfo -h -o '{SLURM_SINFO_FORMAT}'
   run slurm_config scontrol show config
   have sacctmgr && run slurm_assoc sacctmgr -nP show assoc "user=$u" format=Account,Partition,QOS
+  have sacctmgr && run slurm_qos sacctmgr -nP show qos format={SLURM_QOS_FORMAT}
   have srun && run slurm_mpi srun --mpi=list
 elif have qstat || have pbsnodes || have partlist; then
   have qstat && run qstat_queues qstat -Q

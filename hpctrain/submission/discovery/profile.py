@@ -11,7 +11,7 @@ import errno
 import os
 import re
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -139,7 +139,13 @@ def _node(w: _Writer, path: tuple[str, ...], node: NodeFacts, base: NodeFacts | 
         w.fact((*path, key), fact)
 
 
-def _queues(w: _Writer, findings: Findings, notes: list[str]) -> dict[str, QueueFacts]:
+def _policies(w: _Writer, path: tuple[str, ...], queue: QueueFacts) -> None:
+    """The queue's policy rules the scheduler states."""
+    for key, fact in queue.policies().items():
+        w.fact((*path, key), fact, _walltime_text(fact.value) if key == "min_walltime" else None)
+
+
+def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dict[str, QueueFacts]:
     """The queues mapping and default_queue; queues whose names cannot reach a script are left out."""
     facts, title = findings.scheduler, SCHEDULER_TITLES[findings.scheduler.name]
     queues = {}
@@ -148,6 +154,11 @@ def _queues(w: _Writer, findings: Findings, notes: list[str]) -> dict[str, Queue
             queues[qname] = queue
         else:
             notes.append(f"queue {qname!r} left out: its name cannot be written into a batch script")
+    for qname, queue in list(queues.items()):
+        if queue.routes_to is not None:
+            kept = [d for d in queue.routes_to.value if d in queues]
+            queues[qname] = replace(queue, routes_to=Fact(kept, queue.routes_to.source) if kept else None)
+    source = f"{title}'s settings read by `hpctrain sites discover` on {findings.host}, {stamp}"
     if not queues or facts.name == "local":
         return {}
     w.section(("queues",), f"{len(queues)} from {title}")
@@ -160,13 +171,23 @@ def _queues(w: _Writer, findings: Findings, notes: list[str]) -> dict[str, Queue
         if queue.min_nodes is not None and queue.min_nodes.value > 1:
             w.fact((*path, "min_nodes"), queue.min_nodes)
         w.fact((*path, "max_walltime"), queue.max_walltime_s, _walltime_text(queue.max_walltime_s.value))
+        _policies(w, path, queue)
+        w.value((*path, "source"), source)  # what a refusal by these limits cites; each line names its command
         if queue.node is not None:
             _node(w, (*path, "node"), queue.node, base=findings.node)
+    direct = [n for n, q in queues.items() if q.direct_submit is None or q.direct_submit.value]
     default = facts.default_queue
-    if default is not None and default.value in queues:
+    if default is not None and default.value in direct:
         w.fact(("default_queue",), default)
     else:
-        w.value(("default_queue",), next(iter(queues)), "the first queue listed", guessed=True)
+        w.value(("default_queue",), (direct or list(queues))[0], "the first queue listed that takes jobs directly",
+                guessed=True)
+    for name, qos in facts.qos.items():
+        limits = [f.source.partition(": ")[2] for f in (qos.max_walltime_s, qos.max_nodes, qos.max_nodes_per_user,
+                                                         qos.max_running_per_user, qos.max_queued_per_user) if f]
+        if limits:
+            notes.append(f"Slurm QOS {name!r} sets {', '.join(limits)}: a queue that submits with it names it "
+                         f"(qos: {name}) and states these limits")
     return queues
 
 
@@ -234,7 +255,8 @@ def draft_profile(findings: Findings, name: str | None = None, *, now: datetime.
     w.value(("remote_root",), REMOTE_ROOT, "a default: run directories must be on a file system the compute "
             "nodes see, with room for checkpoints", guessed=facts.name != "local")
     _node(w, ("node",), findings.node)
-    queues = _queues(w, findings, notes)
+    stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%d %H:%M UTC")
+    queues = _queues(w, findings, notes, stamp)
     if facts.name != "local":
         _accounts(w, findings, notes)
     _software(w, findings)

@@ -1,18 +1,22 @@
-"""Slurm's answers to discovery: partitions and their limits (``scontrol show partition -o``), node shapes
-(``scontrol show node -o``, or ``sinfo`` when scontrol is refused), accounts (``sacctmgr show assoc``), the
-MPI plug-ins of ``srun --mpi=list`` and ``scontrol show config`` (MpiDefault, TmpFS, ClusterName).
+"""Slurm's answers to discovery: partitions and their limits (``scontrol show partition -o``: MaxNodes, MinNodes,
+MaxTime, the partition's QoS), QOS limits (``sacctmgr show qos``: MaxWall, MaxTRES, MaxTRESPU, MaxJobsPU,
+MaxSubmitPU; where accounting runs), node shapes (``scontrol show node -o``, or ``sinfo`` when scontrol is
+refused), accounts (``sacctmgr show assoc``), the MPI plug-ins of ``srun --mpi=list`` and ``scontrol show config``
+(MpiDefault, TmpFS, ClusterName).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 from hpctrain.config.walltime import parse_walltime
 from hpctrain.submission.discovery.facts import (
     NO_LIMIT_S,
     Fact,
     NodeFacts,
+    QosFacts,
     QueueFacts,
     SchedulerFacts,
     gpu_kind_of,
@@ -141,6 +145,52 @@ def _queue(rec: dict[str, str], node: NodeFacts | None) -> QueueFacts:
     )
 
 
+_TRES_NODES = re.compile(r"(?:^|,)node=(\d+)")
+
+
+def read_qos(text: str) -> dict[str, QosFacts]:
+    """QOS limits from ``sacctmgr -nP show qos format=SLURM_QOS_FORMAT`` lines (an empty field: no limit)."""
+    found = {}
+    for line in text.splitlines():
+        fields = line.split("|")
+        if len(fields) < 6 or not fields[0].strip():
+            continue
+        name, wall, tres, tres_pu, jobs_pu, submit_pu = (f.strip() for f in fields[:6])
+        src = f"sacctmgr show qos {name}"
+        seconds = None
+        if wall:
+            try:
+                seconds = slurm_seconds(wall)
+            except ValueError:
+                seconds = None
+        nodes = _TRES_NODES.search(tres)
+        nodes_pu = _TRES_NODES.search(tres_pu)
+        found[name] = QosFacts(
+            name=name,
+            max_walltime_s=learned(seconds, f"{src}: MaxWall={wall}") if seconds is not None else None,
+            max_nodes=learned(int(nodes.group(1)), f"{src}: MaxTRES={tres}") if nodes else None,
+            max_nodes_per_user=learned(int(nodes_pu.group(1)), f"{src}: MaxTRESPU={tres_pu}") if nodes_pu else None,
+            max_running_per_user=learned(int(jobs_pu), f"{src}: MaxJobsPU={jobs_pu}") if _int(jobs_pu) else None,
+            max_queued_per_user=(learned(int(submit_pu), f"{src}: MaxSubmitPU={submit_pu}") if _int(submit_pu)
+                                 else None),
+        )
+    return found
+
+
+def with_qos(queue: QueueFacts, qos: QosFacts) -> QueueFacts:
+    """A partition's limits as a job under ``qos`` meets them: the tighter walltime and node limit, the QOS's
+    per-user limits."""
+    update: dict[str, object] = {}
+    if qos.max_walltime_s is not None and qos.max_walltime_s.value < queue.max_walltime_s.value:
+        update["max_walltime_s"] = qos.max_walltime_s
+    if qos.max_nodes is not None and qos.max_nodes.value < queue.max_nodes.value:
+        update["max_nodes"] = qos.max_nodes
+    for key in ("max_nodes_per_user", "max_running_per_user", "max_queued_per_user"):
+        if getattr(qos, key) is not None:
+            update[key] = getattr(qos, key)
+    return replace(queue, **update)  # type: ignore[arg-type]
+
+
 def _sinfo_rows(text: str) -> Iterable[list[str]]:
     for line in text.splitlines():
         fields = line.split("|")
@@ -177,10 +227,14 @@ def read_slurm(probe: Probe) -> SchedulerFacts:
         if note:
             facts.notes.append(note)
 
+    facts.qos = read_qos(probe.answered("slurm_qos") or "")
     default = None
     for rec in records(partitions or "", "PartitionName"):
         name = rec["PartitionName"]
         facts.queues[name] = _queue(rec, most_common(shapes_of.get(name, [])))
+        part_qos = facts.qos.get(rec.get("QoS", ""))
+        if part_qos is not None:  # the partition's own QOS binds every job in it
+            facts.queues[name] = with_qos(facts.queues[name], part_qos)
         if rec.get("Default") == "YES":
             default = name
     if not facts.queues:

@@ -68,7 +68,8 @@ class Slurm(Scheduler):
         opts += [f"--output={options.log_path('slurm-%j.out')}",
                  f"--error={options.log_path('slurm-%j.out')}",
                  f"--signal=B:{job.checkpoint.signal}@{job.checkpoint.signal_lead_s}",
-                 "--requeue",
+                 # A queue that forbids chaining gets no --requeue: the job stops at its checkpoint.
+                 *(["--requeue"] if placement.requeue else []),
                  "--open-mode=append"]
         for key, value in merged_directives(site, placement, job).items():
             if value is None or value is False:
