@@ -318,4 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as the imported module rather than as __main__: the job environment's _requeue, called in the callable,
+    # raises the imported module's _Requeue, which main must be the one to catch.
+    from hpctrain.submitit_plugin import runner
+
+    sys.exit(runner.main())
