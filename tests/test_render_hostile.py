@@ -1,13 +1,13 @@
 """Hostile text in every string field of a site profile and a job spec, on every scheduler (issue 11).
 
 The fields are found by walking the pydantic models (``string_fields``), so a field added later is covered
-without touching this file; ``environment.setup`` is left out: it is the site admin's own shell, run as written
-(docs/rendering.md). For each example a site profile and a job spec are written as YAML with the text in one
-field. Either loading or rendering refuses it with ONE line naming the file and the key, or the script passes
-``bash -n``, holds no directive line beyond its own, and, run with recording stand-ins for the launchers,
-schedulers, ``module`` and the compute nodes' Python on PATH (they only write their argv to a file), never
-creates the canary file and hands every value through unchanged. No real launcher or scheduler runs here:
-the stand-ins are the point (what the script would execute is what they record).
+without touching this file; ``environment.setup`` and ``environment.collectives.setup`` are left out: they are
+the site admin's own shell, run as written (docs/rendering.md). For each example a site profile and a job spec
+are written as YAML with the text in one field. Either loading or rendering refuses it with ONE line naming the
+file and the key, or the script passes ``bash -n``, holds no directive line beyond its own, and, run with
+recording stand-ins for the launchers, schedulers, ``module`` and the compute nodes' Python on PATH (they only
+write their argv to a file), never creates the canary file and hands every value through unchanged. No real
+launcher or scheduler runs here: the stand-ins are the point (what the script would execute is what they record).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ from hpctrain.submission.render import render_script
 
 Path_ = tuple[str | int, ...]
 KEY, VALUE = "<key>", "<value>"  # a mapping's key, or the value under its (first) key
-TRUSTED = {("environment", "setup", 0)}  # the one field that is shell by design
+# The fields that are shell by design: the site admin's own lines, run as written.
+TRUSTED = {("environment", "setup", 0), ("environment", "collectives", "setup", 0)}
 
 CANARY = "CANARY"  # replaced by a real path per example
 TEMPLATES = [
@@ -125,6 +126,8 @@ def test_the_field_walk_finds_every_text_field() -> None:
                   ("model_args", VALUE), ("data", KEY)]:
         assert field in JOB_FIELDS, field
     assert ("environment", "setup", 0) not in SITE_FIELDS
+    assert ("environment", "collectives", "setup", 0) not in SITE_FIELDS
+    assert ("environment", "collectives", "env", KEY) in SITE_FIELDS
     assert len(SITE_FIELDS) + len(JOB_FIELDS) >= 60
 
 

@@ -291,6 +291,21 @@ class Queue(Strict):
         return rules
 
 
+class Collectives(Strict):
+    """The collective library's environment as the centre documents it (NCCL and its network plug-in, RCCL,
+    oneCCL): the script sets it in a block of its own, after the site's modules and setup, so that a user sees it
+    and a job's ``env`` overrides any of its variables (docs/rendering.md, 'Collective-library environment')."""
+
+    library: str = Field("", description="What the block configures, named in the script's comment (e.g. 'NCCL "
+                         "+ aws-ofi-nccl plug-in')")
+    source: str | None = Field(None, description="The page that lists these settings and the date it was read")
+    modules: list[Word] = Field(default_factory=list, description="Modules loaded first (a plug-in's module)")
+    env: EnvVars = Field(default_factory=dict, description="Variables exported next (values quoted); a job's env "
+                         "sets its own value instead")
+    setup: list[str] = Field(default_factory=list, description="Shell lines run last, as written (trusted: a "
+                             "library path that holds the plug-in's version)")
+
+
 class Environment(Strict):
     """How a job's shell is prepared before the launcher runs."""
 
@@ -301,6 +316,8 @@ class Environment(Strict):
     env: EnvVars = Field(default_factory=dict, description="Environment variables exported (values quoted)")
     venv: str | None = Field(None, description="Python virtual environment to activate on the compute nodes")
     python: str | None = Field(None, description="Python interpreter on the compute nodes (default: venv's)")
+    collectives: Collectives = Field(default_factory=Collectives, description="The collective library's "
+                                     "environment, rendered as its own block")
 
 
 class Network(Strict):

@@ -114,6 +114,7 @@ def environment_lines(job: JobSpec, site: SiteProfile, placement: Placement, pla
     if env.setup:
         lines.append("# site setup: the site admin's own shell lines, run as written")
         lines += list(env.setup)
+    lines += collectives_lines(job, site)
     exported = {**env.env, **job.env}
     threads = str(plan.threads_per_rank)
     defaults = {"OMP_NUM_THREADS": threads}
@@ -134,6 +135,21 @@ def environment_lines(job: JobSpec, site: SiteProfile, placement: Placement, pla
         lines.append(f"source {quote_path(env.venv.rstrip('/') + '/bin/activate')}")
     if placement.backend == "mpi":
         lines += mpi_check_lines(python, site.mpi.expected_library)
+    return lines
+
+
+def collectives_lines(job: JobSpec, site: SiteProfile) -> list[str]:
+    """The site's collective-library block: its modules, its variables (the job's value where the job's env sets
+    one, so that the setup lines see it) and its setup lines, under a comment naming the library and its page."""
+    coll = site.environment.collectives
+    if not (coll.modules or coll.env or coll.setup):
+        return []
+    what = f"collective library: {coll.library}" if coll.library else "collective library"
+    where = f"site profile {site.name}" + (f", from {coll.source}" if coll.source else "")
+    lines = ["# " + comment(f"{what} ({where}); a job's env overrides any of these", limit=400)]
+    lines += [f"module load {quote(m)}" for m in coll.modules]
+    lines += [_export(k, job.env.get(k, v)) for k, v in coll.env.items()]
+    lines += list(coll.setup)
     return lines
 
 
