@@ -10,7 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from hpctrain.checkpoint.session import STOP_AT_STEP_ENV, CheckpointSession
+from hpctrain.checkpoint.session import HOLD_AT_STEP_ENV, STOP_AT_STEP_ENV, CheckpointSession
 from hpctrain.config.job import JobSpec
 from hpctrain.runtime.comm import Handle, SingleProcessCommunicator
 
@@ -73,6 +73,42 @@ def test_the_test_hooks_step_is_voted_on_whatever_the_cadence(tmp_path: Path) ->
     session, comm = _session(tmp_path, steps=30, every=4, environ={STOP_AT_STEP_ENV: "6"})
     assert _run(session, comm, 30) == 6
     assert comm.votes == [4, 6]
+
+
+class SignalWhileHeld(VoteCounter):
+    """The signal arrives during the third vote at the held step (as the walltime signal would, some time later)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: CheckpointSession | None = None
+
+    def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
+        if label == "stop flag" and self.votes.count(self.step) == 2 and self.session is not None:
+            self.session.flag.set()
+            tensor[0] = 1.0
+        return super().allreduce_async_(tensor, op, label)
+
+
+def test_the_hold_hook_votes_at_its_step_until_the_signal_comes(tmp_path: Path) -> None:
+    job = JobSpec.model_validate({"name": "votes", "model": "digits",
+                                  "train": {"steps": 30, "batch_per_rank": 1, "lr": 0.1},
+                                  "checkpoint": {"stop_check_every": 4}})
+    comm = SignalWhileHeld()
+    none: Any = None
+    session = CheckpointSession(job, tmp_path, comm, task=none, model=torch.nn.Linear(1, 1), optimizer=none,
+                                schedule=none, combiner=none, environ={HOLD_AT_STEP_ENV: "6"})
+    comm.session = session
+    assert _run(session, comm, 30) == 6
+    assert comm.votes == [4, 6, 6, 6]
+    # Resumed after the held step (a requeue), the hook does not hold again: votes keep their cadence.
+    session, comm = _session(tmp_path, steps=30, every=4, environ={HOLD_AT_STEP_ENV: "6"})
+    try:
+        for step in range(7, 31):
+            comm.step = step
+            assert not session.stop_requested(step)
+    finally:
+        session.close()
+    assert comm.votes == [8, 12, 16, 20, 24, 28, 30]
 
 
 def test_stop_check_every_must_be_positive() -> None:

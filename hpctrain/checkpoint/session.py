@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,8 +29,11 @@ from hpctrain.runtime.node_local import node_local_root
 
 log = logging.getLogger("hpctrain.checkpoint")
 
-# Test hook: raise the stop flag after this step, exactly as a walltime signal would (docs/checkpoints.md).
+# Test hooks (docs/checkpoints.md): raise the stop flag after this step, exactly as a walltime signal would; or
+# hold every rank after this step until a stop is agreed, so that a real signal finds training under way.
 STOP_AT_STEP_ENV = "HPCTRAIN_STOP_AT_STEP"
+HOLD_AT_STEP_ENV = "HPCTRAIN_HOLD_AT_STEP"
+HOLD_VOTE_S = 0.2  # while held: seconds between the ranks' votes
 
 
 class CheckpointSession:
@@ -53,8 +57,8 @@ class CheckpointSession:
                                      exchange=exchange, node=node_group(job, comm, exchange, environ))
         self.flag = StopFlag().install(tuple(sorted({job.checkpoint.signal, "TERM"})))
         self.background = background
-        stop_at = environ.get(STOP_AT_STEP_ENV, "")
-        self._stop_at: int | None = int(stop_at) if stop_at.strip() else None
+        self._stop_at = _step_from(environ, STOP_AT_STEP_ENV)
+        self._hold_at = _step_from(environ, HOLD_AT_STEP_ENV)
         self._vote_every = job.checkpoint.stop_check_every
         self._last_saved: int | None = None
         self._pending: PendingSave | None = None
@@ -78,15 +82,31 @@ class CheckpointSession:
     def stop_requested(self, step: int | None = None) -> bool:
         """True on every rank once any rank received the stop signal (decided together at a step boundary).
 
-        The ranks vote after every ``checkpoint.stop_check_every``-th step (and the last, and the test hook's
-        step): a signal is acted on at the next vote, and between votes this returns False without a collective.
+        The ranks vote after every ``checkpoint.stop_check_every``-th step (and the last, and the test hooks'
+        steps): a signal is acted on at the next vote, and between votes this returns False without a collective.
         The same all-reduce also tells whether every rank has finished writing a background save; if so it
         is committed here. When a stop is agreed, a save still in flight is committed before returning.
+        At the hold hook's step the ranks vote again and again (every rank gets the same answer) until one of
+        them has received the stop signal.
         """
         if step is not None and step == self._stop_at:
             self.flag.set()
-        elif step is not None and step % self._vote_every and step < self.job.train.steps:
+        elif (step is not None and step % self._vote_every and step < self.job.train.steps
+              and step != self._hold_at):
             return False
+        held = step is not None and step == self._hold_at
+        if held and self.comm.rank == 0:
+            log.info("holding after step %d until a stop signal (%s)", step, HOLD_AT_STEP_ENV)
+        while not self._vote():
+            if not held:
+                return False
+            time.sleep(HOLD_VOTE_S)
+        self._stopping = True
+        self.finish()
+        return True
+
+    def _vote(self) -> bool:
+        """One stop vote (collective): True on every rank when any rank's flag is up."""
         pending = self._pending
         writing = pending is not None and not pending.done()
         votes = torch.tensor([1.0 if self.flag.requested() else 0.0, 1.0 if writing else 0.0], dtype=torch.float64)
@@ -97,8 +117,6 @@ class CheckpointSession:
             return False
         if not self.flag.requested():
             self.flag.set()
-        self._stopping = True
-        self.finish()
         return True
 
     def finish(self) -> None:
@@ -187,6 +205,11 @@ class CheckpointSession:
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
         self.combiner.elastic_restart(step)
+
+
+def _step_from(environ: Mapping[str, str], name: str) -> int | None:
+    value = environ.get(name, "")
+    return int(value) if value.strip() else None
 
 
 def node_group(job: JobSpec, comm: Any, exchange: Exchange | None, environ: Mapping[str, str]) -> NodeGroup | None:
