@@ -285,6 +285,16 @@ def test_cli_jobs_validate_refuses_with_exit_2() -> None:
     assert result.returncode == 2 and "allows at most 4096" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_jobs_validate_without_site_checks_the_fit_on_the_default_local_site() -> None:
+    """submit without --site runs on local: validate without --site refuses what that submit would refuse."""
+    too_many = cli("jobs", "validate", "jobs/ffn-local.yaml", "--set", "resources.ranks_per_node=64")
+    assert too_many.returncode == 2 and "Traceback" not in too_many.stderr
+    assert "--set resources.ranks_per_node=64: resources.ranks_per_node:" in too_many.stderr
+    assert "a node of site 'local'" in too_many.stderr
+    fine = cli("jobs", "validate", "jobs/resnet-local.yaml")
+    assert fine.returncode == 0 and "ok on local" in fine.stdout and "--site NAME" in fine.stdout
+
+
 def test_schema_export_matches_docs(tmp_path: Path) -> None:
     """docs/ holds the schema generated from the models; a model change without re-export fails here."""
     from hpctrain.config.schema_export import export

@@ -36,13 +36,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     job = load_job_from_args(args)
     result = {"job": job.name, "valid": True, "site": None}
-    site = None
-    if args.site:
-        site = load_site(args.site)
-        placement = place(job, site)
-        result.update(site=site.name, queue=placement.queue_name, backend=placement.backend,
-                      ranks=job.resources.ranks, execution_queue=placement.execution_queue,
-                      requeue=placement.requeue, notes=list(placement.notes))
+    site = load_site(args.site or "local")  # without --site, what submit would do: the default site, local
+    placement = place(job, site)
+    result.update(site=site.name, queue=placement.queue_name, backend=placement.backend,
+                  ranks=job.resources.ranks, execution_queue=placement.execution_queue,
+                  requeue=placement.requeue, notes=list(placement.notes))
     # Without --site the job is checked for the default site, local: it would read its files here.
     result["warnings"] = check_job(job, site, local_paths=args.check_paths or not args.site)
     if args.json:
@@ -52,7 +50,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"hpctrain: note: {note}", file=sys.stderr)
     for warning in result["warnings"]:
         print(f"hpctrain: warning: {warning}", file=sys.stderr)
-    where = f" on {result['site']} (queue {result.get('queue')}, {result.get('backend')})" if args.site else ""
+    queue = f"queue {result['queue']}, " if result.get("queue") else ""
+    default = "" if args.site else "; the default site: --site NAME checks another"
+    where = f" on {result['site']} ({queue}{result.get('backend')}{default})"
     print(f"{args.job}: ok{where}", file=sys.stdout)
     return 0
 
