@@ -14,6 +14,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.submission.render import render_script
 
 ROOT = Path(__file__).resolve().parents[1]
+SITES = ROOT / "hpctrain" / "site_configs"
 
 
 def _job(env: dict[str, str] | None = None) -> JobSpec:
@@ -80,3 +81,25 @@ def test_a_bad_variable_name_in_the_block_is_refused_with_its_key(tmp_path: Path
             collectives:
               env: {"NCCL NET": x}
             """))
+
+
+@pytest.mark.parametrize(("site", "must"), [
+    ("polaris", ["export NCCL_NET='AWS Libfabric'", "export FI_MR_CACHE_MONITOR=userfaultfd",
+                 "/soft/libraries/aws-ofi-nccl/"]),
+    ("frontier", ["module load rccl-net-plugin", "export FI_CXI_RDZV_PROTO=alt_read",
+                  "export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3"]),
+    ("aurora", ["export CCL_PROCESS_LAUNCHER=pmix", "export CCL_ATL_TRANSPORT=mpi", "export CCL_KVS_MODE=mpi",
+                "export FI_MR_CACHE_MONITOR=userfaultfd"]),
+    ("perlmutter", ["export NCCL_NET_GDR_LEVEL=PHB"]),
+])
+def test_shipped_gpu_sites_render_their_collective_library_block(site: str, must: list[str]) -> None:
+    profile = load_site_file(SITES / f"{site}.yaml")
+    assert profile.environment.collectives.library, f"{site}: the block names its library"
+    job = JobSpec.model_validate({
+        "name": "g", "model": "resnet", "train": {"steps": 1, "batch_per_rank": 1, "lr": 0.1},
+        "resources": {"nodes": 1, "ranks_per_node": 1, "threads_per_rank": 1, "gpus_per_rank": 1,
+                      "walltime": "00:30:00", "account": "a1"}})
+    text = render_script(job, profile, run_dir="/r", spec_path="/r/j.yaml").text
+    block = text[text.index("# collective library"):text.index("# environment (site, then job")]
+    for line in must:
+        assert line in block, f"{site}: {line!r} missing from\n{block}"

@@ -216,8 +216,8 @@ def test_hostile_job_name_is_rejected(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("change,limit", [
-    ({"nodes": 9000}, "allows at most 4096"),
-    ({"walltime": "30:00:00"}, "over the limit"),
+    ({"nodes": 9000}, "allows at most 4100"),
+    ({"walltime": "30:00:00"}, "at most 03:00:00 from 1 to 255 nodes"),
     ({"threads_per_rank": 512}, "has 64 cores x 4 threads = 256"),
     ({"gpus_per_rank": 1}, "has no GPUs"),
 ])
@@ -282,7 +282,7 @@ def test_cli_sites_list_show_validate_json(tmp_path: Path) -> None:
 
 def test_cli_jobs_validate_refuses_with_exit_2() -> None:
     result = cli("jobs", "validate", "jobs/ffn-theta.yaml", "--site", "theta", "--nodes", "5000")
-    assert result.returncode == 2 and "allows at most 4096" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2 and "allows at most 4100" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_jobs_validate_without_site_checks_the_fit_on_the_default_local_site() -> None:

@@ -121,7 +121,8 @@ def frontier_srun_placement(argv: list[str], specialized: int = 8) -> dict[int, 
 def test_frontier_eight_ranks_get_seven_cores_and_the_gcd_of_their_l3_region() -> None:
     """The issue's command: 16 nodes x 8 ranks x 7 threads x 1 GCD renders OLCF's `-c7`, not -c14."""
     spec = job("ffn-perlmutter", "resources.ranks_per_node=8", "resources.gpus_per_rank=1",
-               "resources.threads_per_rank=7", "resources.account=X", "resources.nodes=16", queue="batch")
+               "resources.threads_per_rank=7", "resources.account=X", "resources.nodes=16",
+               "resources.walltime=02:00:00", queue="batch")
     rendered = render_script(spec, site("frontier"), run_dir=RUN, spec_path=f"{RUN}/job.yaml")
     argv = rendered.launch_argv
     assert option(argv, "--cpus-per-task") == "7" and option(argv, "--threads-per-core") is None

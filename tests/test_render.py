@@ -243,7 +243,8 @@ def test_cobalt_directives_follow_the_grammar() -> None:
         assert option in _COBALT_LINE and _COBALT_LINE[option].match(value), line
         options.append(option)
     assert options[:2] == ["-n", "-t"] and "--attrs" in options
-    assert "#COBALT -t 360" in text  # 06:00:00 in minutes
+    assert "#COBALT -t 180" in text  # 03:00:00 in minutes: Theta's limit below 256 nodes
+    assert "#COBALT --attrs mcdram=cache:numa=quad:filesystems=home,theta-fs0" in text
     assert "aprun -n 128 -N 1 -d 128 -j 2 -cc depth" in text
 
 

@@ -30,7 +30,7 @@ def site(name: str) -> SiteProfile:
 
 
 def job(**resources: object) -> JobSpec:
-    base = {"nodes": 1, "ranks_per_node": 2, "threads_per_rank": 1, "walltime": "00:05:00"}
+    base = {"nodes": 1, "ranks_per_node": 2, "threads_per_rank": 1, "walltime": "00:30:00"}
     return JobSpec.model_validate({"name": "options-test", "model": "resnet",
                                    "train": {"steps": 1, "batch_per_rank": 1, "lr": 0.1},
                                    "resources": {**base, **resources}, "checkpoint": {"signal_lead_s": 30}})

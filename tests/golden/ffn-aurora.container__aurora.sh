@@ -12,6 +12,7 @@
 #
 # hpctrain job ffn-aurora for site aurora (pbs, launcher mpiexec-pals, backend xccl); written by `hpctrain render`
 # FIB-25-sized FFN on 2 Aurora nodes (24 GPU Max 1550 tiles)
+# no requeue: queue 'debug' of site 'aurora' takes one queued job per user, so the job cannot queue its successor (ALCF 'Running Jobs on Aurora', Queues (docs.alcf.anl.gov/aurora/running-jobs-aurora/, stored copy of late 2025, read 2026-11-28)); the job checkpoints at the walltime warning and stops there, resume it with `hpctrain resume RUN`
 # PBS Pro sends no warning before the walltime: a timer in this shell raises SIGUSR2 120 s
 # before it, and the launch section forwards the signal to the ranks so they checkpoint.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
@@ -25,10 +26,14 @@ cd /RUN_DIR
 echo "hpctrain: job ${PBS_JOBID:-none} starts on $(hostname) at $(date)"
 # modules
 module load frameworks
+# collective library: oneCCL (torch's xccl back-end) (site profile aurora, from ALCF Aurora 'oneCCL' (docs.alcf.anl.gov/aurora/data-science/frameworks/oneCCL/, read 2026-11-28)); a job's env overrides any of these
+export CCL_PROCESS_LAUNCHER=pmix
+export CCL_ATL_TRANSPORT=mpi
+export CCL_KVS_MODE=mpi
+export FI_MR_CACHE_MONITOR=userfaultfd
 # environment (site, then job, then hpctrain's defaults where neither set one)
 export ZE_FLAT_DEVICE_HIERARCHY=FLAT
 export ZE_ENABLE_PCI_ID_DEVICE_ORDER=1
-export CCL_PROCESS_LAUNCHER=pmix
 export OMP_NUM_THREADS=8
 export OMP_PLACES=cores
 export OMP_PROC_BIND=close
@@ -152,17 +157,7 @@ fi
 kill "${timer_pid}" 2>/dev/null || true
 echo "hpctrain: launcher exited with status ${status} at $(date)"
 printf '{"event": "exit", "job": "%s", "status": %s}\n' "${PBS_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
-restarts="${HPCTRAIN_RESTART_COUNT:-0}"
-if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
-    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
-    if new_job=$(qsub -W depend=afterany:"${PBS_JOBID}" -v HPCTRAIN_RESTART_COUNT="$((restarts + 1))" /RUN_DIR/job.sh); then
-        new_job=$(printf '%s\n' "${new_job}" | tail -n 1)
-        printf '{"event": "resubmit", "job": "%s", "new_job": "%s"}\n' "${PBS_JOBID:-none}" "${new_job}" >> job-exit.jsonl 2>/dev/null || true
-        echo "hpctrain: resubmitted as job ${new_job}"
-        exit 0
-    fi
-    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
-elif [ "${status}" -eq 75 ]; then
-    echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2
+if [ "${status}" -eq 75 ]; then
+    echo 'hpctrain: stopped at its checkpoint; no requeue: queue '"'"'debug'"'"' of site '"'"'aurora'"'"' takes one queued job per user, so the job cannot queue its successor (ALCF '"'"'Running Jobs on Aurora'"'"', Queues (docs.alcf.anl.gov/aurora/running-jobs-aurora/, stored copy of late 2025, read 2026-11-28)); resume with: hpctrain resume RUN' >&2
 fi
 exit "${status}"

@@ -11,12 +11,13 @@
 #SBATCH --output=/RUN_DIR/slurm-%j.out
 #SBATCH --error=/RUN_DIR/slurm-%j.out
 #SBATCH --signal=B:USR2@120
-#SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH -S 8
+#SBATCH --network=disable_rdzv_get
 #
 # hpctrain job ffn-frontier for site frontier (slurm, launcher srun, backend nccl); written by `hpctrain render`
 # FIB-25-sized FFN on 16 Frontier nodes (128 MI250X GCDs)
+# no requeue: queue 'debug' of site 'frontier' forbids job chaining (OLCF Frontier User Guide, 'Scheduling Policy' (docs.olcf.ornl.gov/systems/frontier_user_guide.html, read 2026-11-28)); the job checkpoints at the walltime warning and stops there, resume it with `hpctrain resume RUN`
 # Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
 # launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
@@ -29,12 +30,31 @@ set -eo pipefail
 cd /RUN_DIR
 echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
 # modules
-module load PrgEnv-gnu
-module load rocm/6.0.0
+module load PrgEnv-gnu/8.7.0
+module load cpe/26.03
+module load rocm/7.1.1
 module load craype-accel-amd-gfx90a
+# site setup: the site admin's own shell lines, run as written
+export LD_LIBRARY_PATH="${CRAY_LD_LIBRARY_PATH}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
+rm -rf -- "${MIOPEN_USER_DB_PATH}" && mkdir -p -- "${MIOPEN_USER_DB_PATH}"
+# collective library: RCCL + libfabric network plug-in (rccl-net-plugin) (site profile frontier, from OLCF 'PyTorch on Frontier', RCCL Network Plugin (docs.olcf.ornl.gov/software/analytics/pytorch_frontier.html, read 2026-11-28)); a job's env overrides any of these
+module load rccl-net-plugin
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+export NCCL_CROSS_NIC=1
+export NCCL_NET_GDR_LEVEL=PHB
+export HSA_FORCE_FINE_GRAIN_PCIE=1
+export FI_MR_CACHE_MONITOR=kdreg2
+export FI_CXI_DISABLE_HOST_REGISTER=1
+export FI_CXI_DEFAULT_CQ_SIZE=131072
+export FI_CXI_RDZV_PROTO=alt_read
+export FI_CXI_RDZV_EAGER_SIZE=0
+export FI_CXI_RDZV_THRESHOLD=0
+export FI_CXI_RDZV_GET_MIN=0
+export FI_CXI_DEFAULT_TX_SIZE=2048
+export FI_CXI_RX_MATCH_MODE=hybrid
 # environment (site, then job, then hpctrain's defaults where neither set one)
-export MIOPEN_USER_DB_PATH=/tmp/miopen-cache
-export NCCL_SOCKET_IFNAME=hsn0
 export OMP_NUM_THREADS=7
 export OMP_PLACES=cores
 export OMP_PROC_BIND=close
@@ -72,12 +92,7 @@ if [ "${status}" -ne 0 ] && [ "${status}" -ne 75 ] && [ -f stopped-for-requeue.j
 fi
 echo "hpctrain: launcher exited with status ${status} at $(date)"
 printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
-restarts="${SLURM_RESTART_COUNT:-0}"
-if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
-    echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
-    scontrol requeue "${SLURM_JOB_ID}" && exit 0
-    echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
-elif [ "${status}" -eq 75 ]; then
-    echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2
+if [ "${status}" -eq 75 ]; then
+    echo 'hpctrain: stopped at its checkpoint; no requeue: queue '"'"'debug'"'"' of site '"'"'frontier'"'"' forbids job chaining (OLCF Frontier User Guide, '"'"'Scheduling Policy'"'"' (docs.olcf.ornl.gov/systems/frontier_user_guide.html, read 2026-11-28)); resume with: hpctrain resume RUN' >&2
 fi
 exit "${status}"

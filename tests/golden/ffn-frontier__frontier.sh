@@ -13,6 +13,7 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH -S 8
+#SBATCH --network=disable_rdzv_get
 #
 # hpctrain job ffn-frontier for site frontier (slurm, launcher srun, backend nccl); written by `hpctrain render`
 # FIB-25-sized FFN on 16 Frontier nodes (128 MI250X GCDs)
@@ -28,12 +29,31 @@ set -eo pipefail
 cd /RUN_DIR
 echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
 # modules
-module load PrgEnv-gnu
-module load rocm/6.0.0
+module load PrgEnv-gnu/8.7.0
+module load cpe/26.03
+module load rocm/7.1.1
 module load craype-accel-amd-gfx90a
+# site setup: the site admin's own shell lines, run as written
+export LD_LIBRARY_PATH="${CRAY_LD_LIBRARY_PATH}${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+export MIOPEN_USER_DB_PATH="/tmp/${USER}-miopen-cache-${SLURM_JOB_ID}"
+export MIOPEN_CUSTOM_CACHE_DIR="${MIOPEN_USER_DB_PATH}"
+rm -rf -- "${MIOPEN_USER_DB_PATH}" && mkdir -p -- "${MIOPEN_USER_DB_PATH}"
+# collective library: RCCL + libfabric network plug-in (rccl-net-plugin) (site profile frontier, from OLCF 'PyTorch on Frontier', RCCL Network Plugin (docs.olcf.ornl.gov/software/analytics/pytorch_frontier.html, read 2026-11-28)); a job's env overrides any of these
+module load rccl-net-plugin
+export NCCL_SOCKET_IFNAME=hsn0,hsn1,hsn2,hsn3
+export NCCL_CROSS_NIC=1
+export NCCL_NET_GDR_LEVEL=PHB
+export HSA_FORCE_FINE_GRAIN_PCIE=1
+export FI_MR_CACHE_MONITOR=kdreg2
+export FI_CXI_DISABLE_HOST_REGISTER=1
+export FI_CXI_DEFAULT_CQ_SIZE=131072
+export FI_CXI_RDZV_PROTO=alt_read
+export FI_CXI_RDZV_EAGER_SIZE=0
+export FI_CXI_RDZV_THRESHOLD=0
+export FI_CXI_RDZV_GET_MIN=0
+export FI_CXI_DEFAULT_TX_SIZE=2048
+export FI_CXI_RX_MATCH_MODE=hybrid
 # environment (site, then job, then hpctrain's defaults where neither set one)
-export MIOPEN_USER_DB_PATH=/tmp/miopen-cache
-export NCCL_SOCKET_IFNAME=hsn0
 export OMP_NUM_THREADS=7
 export OMP_PLACES=cores
 export OMP_PROC_BIND=close

@@ -1,1 +1,1 @@
-REFUSED: jobs/ffn-local.yaml:49: resources.nodes: 1 nodes requested but queue 'default' of site 'theta' needs at least 128
+REFUSED: jobs/ffn-local.yaml:48: resources.account: site 'theta' needs an account (allocation/project) to charge; set resources.account or the site's account

@@ -29,8 +29,9 @@ cd /RUN_DIR
 echo "hpctrain: job ${SLURM_JOB_ID:-none} starts on $(hostname) at $(date)"
 # modules
 module load pytorch/2.3.1
-# environment (site, then job, then hpctrain's defaults where neither set one)
+# collective library: NCCL (site profile perlmutter); a job's env overrides any of these
 export NCCL_NET_GDR_LEVEL=PHB
+# environment (site, then job, then hpctrain's defaults where neither set one)
 export OMP_NUM_THREADS=16
 export OMP_PLACES=cores
 export OMP_PROC_BIND=close

@@ -27,10 +27,16 @@ echo "hpctrain: job ${PBS_JOBID:-none} starts on $(hostname) at $(date)"
 module load conda
 # site setup: the site admin's own shell lines, run as written
 conda activate base
-# environment (site, then job, then hpctrain's defaults where neither set one)
+# collective library: NCCL + AWS OFI NCCL plug-in (libfabric) (site profile polaris, from ALCF Polaris 'NCCL' (docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/, read 2026-11-28)); a job's env overrides any of these
 export NCCL_NET_GDR_LEVEL=PHB
 export NCCL_CROSS_NIC=1
 export NCCL_COLLNET_ENABLE=1
+export NCCL_NET='AWS Libfabric'
+export FI_CXI_DISABLE_HOST_REGISTER=1
+export FI_MR_CACHE_MONITOR=userfaultfd
+export FI_CXI_DEFAULT_CQ_SIZE=131072
+export LD_LIBRARY_PATH="/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"
+# environment (site, then job, then hpctrain's defaults where neither set one)
 export OMP_NUM_THREADS=8
 export OMP_PLACES=cores
 export OMP_PROC_BIND=close

@@ -1,11 +1,11 @@
 #!/bin/bash
 #COBALT -n 128
-#COBALT -t 360
+#COBALT -t 180
 #COBALT -q default
 #COBALT -A connectomics
 #COBALT -O /RUN_DIR/cobalt
 #COBALT --jobname ffn-theta
-#COBALT --attrs mcdram=cache:numa=quad:ssds=required:ssd_size=128
+#COBALT --attrs mcdram=cache:numa=quad:ssds=required:ssd_size=128:filesystems=home,theta-fs0
 #
 # hpctrain job ffn-theta for site theta (cobalt, launcher aprun, backend mpi); written by `hpctrain render`
 # FIB-25-sized FFN (depth 12, FOV 33^3, deltas 8^3) on 128 Theta nodes
@@ -140,7 +140,7 @@ forward_signal() {
 }
 trap forward_signal USR2
 rm -f -- stopped-for-requeue.json  # rank 0 writes it when every rank has stopped at a checkpoint to be requeued
-( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((21300 > SECONDS ? 21300 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
+( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $((10500 > SECONDS ? 10500 - SECONDS : 1)) & wait $!; kill -s USR2 $$ ) &
 timer_pid=$!
 aprun -n 128 -N 1 -d 128 -j 2 -cc depth -e OMP_NUM_THREADS=128 "${HPCTRAIN_NODE_LOCAL}"/env/venv/bin/python -m hpctrain run /RUN_DIR/job.yaml --run-dir /RUN_DIR &
 launcher_pid=$!

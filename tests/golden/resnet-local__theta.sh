@@ -1,1 +1,1 @@
-REFUSED: jobs/resnet-local.yaml:19: resources.nodes: 1 nodes requested but queue 'default' of site 'theta' needs at least 128
+REFUSED: jobs/resnet-local.yaml:22: resources.walltime: walltime 00:10:00 is under the minimum of queue 'default' of site 'theta' (00:30:00) (ALCF 'Job and Queue Scheduling for Theta' (docs.alcf.anl.gov/theta/queueing-and-running-jobs/job-and-queue-scheduling/, as published before the 2023-12-31 retirement; read 2026-11-28)); ask for at least 00:30:00
