@@ -102,3 +102,15 @@ def test_requeue_from_the_job_environment_requeues_the_job(places: Places, tasks
     assert _chain(job) == ["submit", "requeue"]
     log = job.task(0).stderr() or ""  # both attempts: a requeue, not an error result overwritten later
     assert "asked for a requeue" in log and "the callable raised" not in log
+
+
+def test_each_back_end_says_how_it_signals_a_running_job() -> None:
+    """What ``_interrupt`` runs on the login node: the batch shell gets the signal, as the walltime warning
+    comes (Slurm's B:, PBS's session leader, the local supervisor's script); Cobalt has no such command."""
+    from hpctrain.submission.schedulers.base import get_scheduler
+
+    assert get_scheduler("slurm").signal_argv("12_3", "/r", "USR2") == ["scancel", "--batch", "--signal=USR2",
+                                                                          "12_3"]
+    assert get_scheduler("pbs").signal_argv("7.pbs01", "/r", "USR1") == ["qsig", "-s", "USR1", "7.pbs01"]
+    assert get_scheduler("cobalt").signal_argv("99", "/r", "USR2") is None
+    assert get_scheduler("local").signal_argv("4242", "/r", "USR2")[-5:] == ["signal", "--", "4242", "/r", "USR2"]
