@@ -63,16 +63,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         ignore_late_signals(os.environ.get("HPCTRAIN_STOP_SIGNAL", "USR2"))
         _write_counters(run_dir)
     except HpctrainError as exc:
-        print(f"hpctrain: error: rank {_rank()}: {exc}", file=sys.stderr, flush=True)
-        _note_failure(run_dir, f"rank {_rank()}: {exc}")
+        line = _failure_line(exc)
+        received = hasattr(exc, "origin")  # another rank's error, which this rank stops with (RankFailure)
+        print(f"hpctrain: error: rank {_rank()}: stopped with {line}" if received else f"hpctrain: error: {line}",
+              file=sys.stderr, flush=True)
+        _note_failure(run_dir, line, peer=False)
         _abort_others(exc.exit_code)
         return exc.exit_code
     except Exception as exc:  # a bug or a library failure on one rank must not leave the others waiting
         import traceback
 
         traceback.print_exc()
-        print(f"hpctrain: error: rank {_rank()} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        _note_failure(run_dir, f"rank {_rank()} failed: {type(exc).__name__}: {exc}")
+        line = _failure_line(exc)
+        peer = _is_peer_failure(exc)
+        tail = " (a consequence of another rank's failure: see that rank's error)" if peer else ""
+        print(f"hpctrain: error: {line}{tail}", file=sys.stderr, flush=True)
+        _note_failure(run_dir, line, peer=peer)
         _abort_others(1)
         return 1
     if outcome.stopped_by_signal:
@@ -121,12 +127,34 @@ def _write_counters(run_dir: Path) -> None:
         counters.write_record(run_dir, env.rank, env.size, **work_counts.sections())
 
 
-def _note_failure(run_dir: Path | None, message: str) -> None:
-    """The run's failure note (first rank to fail wins): what ``hpctrain status`` shows as the reason."""
-    if run_dir is not None:
-        from hpctrain.submission.failure import record_failure
+def _failure_line(exc: BaseException) -> str:
+    """"rank N: message" (an hpctrain error), "rank N failed: Type: message" (anything else); another rank's error
+    received through the runtime's agreement (RankFailure) keeps that rank's line."""
+    comm = sys.modules.get("hpctrain.runtime.comm")  # loaded (with torch) once the runtime has started
+    if comm is not None:
+        return str(comm.failure_text(_rank(), exc))
+    from hpctrain.errors import HpctrainError
 
-        record_failure(run_dir, message)
+    if isinstance(exc, HpctrainError):
+        return f"rank {_rank()}: {exc}"
+    return f"rank {_rank()} failed: {type(exc).__name__}: {exc}"
+
+
+def _is_peer_failure(exc: BaseException) -> bool:
+    if "hpctrain.runtime.comm" not in sys.modules:
+        return False
+    from hpctrain.runtime.comm import is_peer_failure
+
+    return is_peer_failure(exc)
+
+
+def _note_failure(run_dir: Path | None, message: str, *, peer: bool) -> None:
+    """Offer the run's failure note (submission/failure.py): what ``hpctrain status`` shows as the reason. A rank's
+    own error outranks an error caused by another rank's failure, whichever is written first."""
+    if run_dir is not None:
+        from hpctrain.submission.failure import OWN, PEER, record_failure
+
+        record_failure(run_dir, message, PEER if peer else OWN)
 
 
 def _abort_others(code: int) -> None:

@@ -142,10 +142,14 @@ class FFNTask(TrainingTask):
         data_dir = ctx.run_dir / "data"
         # Centres far enough from the border for the policy's whole training box (max_pred_moves loads more).
         margin = training_margin(args, data)
+        error: Exception | None = None
         if ctx.rank == 0:
-            first = prepare_training_data(data, self.fov, self.deltas, data_dir, margin=margin)
-            write_table(first["coordinates"], data_dir)  # read by every rank at its own offsets (ffn/shards.py)
-        ctx.barrier()
+            try:
+                first = prepare_training_data(data, self.fov, self.deltas, data_dir, margin=margin)
+                write_table(first["coordinates"], data_dir)  # read by every rank at its own offsets (ffn/shards.py)
+            except Exception as exc:  # reported to every rank below, which then all raise it
+                error = exc
+        ctx.agree(error)  # the others wait here for rank 0: its error (a dataset not found, ...) is theirs too
         prepared = prepare_training_data(data, self.fov, self.deltas, data_dir, margin=margin)
         self.image_mean = args.image_mean if args.image_mean is not None else float(prepared["image_mean"])
         self.image_stddev = args.image_stddev if args.image_stddev is not None else float(prepared["image_stddev"])

@@ -19,6 +19,12 @@ import torch
 from hpctrain.models.shuffle import epoch_permutation
 
 
+def _raise_error(error: BaseException | None) -> None:
+    """``TaskContext.agree`` of a single process: its own error, if any."""
+    if error is not None:
+        raise error
+
+
 @dataclass(frozen=True)
 class TaskContext:
     """What a plug-in needs to build its task: the spec's model/data sections and where it runs."""
@@ -36,6 +42,10 @@ class TaskContext:
     # The forward's arithmetic (train.precision, resolved for this device: runtime/precision.py). The runtime runs
     # forward_loss under bfloat16 autocast when it is "bfloat16"; a task only keeps its model autocast-able.
     precision: str = "float32"
+    # Collective: every rank passes its error (None when its step went well); when any rank failed, every rank
+    # raises that rank's error (runtime/comm.py, Communicator.agree). A step only some ranks take (rank 0
+    # prepares the data) ends in it instead of a barrier, so a failure there reaches every rank as itself.
+    agree: Callable[[BaseException | None], None] = field(default=_raise_error)
 
 
 class TrainingTask(ABC):

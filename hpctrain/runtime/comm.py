@@ -22,7 +22,8 @@ from typing import Any
 
 import torch
 
-from hpctrain.errors import ConfigError, RuntimeFailure
+from hpctrain.errors import ConfigError, HpctrainError, RuntimeFailure
+from hpctrain.exit_codes import EXIT_ERROR
 from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
 from hpctrain.runtime.devices import DEVICE_TYPE, make_current, on_device, pick_device, require_device_backend
 from hpctrain.runtime.mpi_env import import_mpi
@@ -83,6 +84,18 @@ class Communicator(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def abandon(self) -> None:
+        """Leave after an error on this rank, instead of ``close``: no collective (the other ranks may be anywhere,
+        or gone), only this rank's own threads and resources are let go."""
+        return None
+
+    def agree(self, error: BaseException | None, label: str = "") -> None:
+        """Collective: every rank says whether its step (``error``: None when it went well) failed. When one did,
+        every rank raises: the lowest failing rank its own exception, the others ``RankFailure`` with its line
+        and exit code, so the job ends with that rank's error on every rank, the group intact, instead of the
+        others waiting in a collective the failed rank never joins."""
+        _agree(self, error, label)
 
     def allgather_varlen(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
         """All-gather of 1-D tensors whose lengths differ per rank (sparse AdaComp messages), on their device."""
@@ -162,6 +175,85 @@ class SingleProcessCommunicator(Communicator):
 
     def close(self) -> None:
         return None
+
+
+# ------------------------------------------------------------------------------------ failures on a rank
+
+AGREE_MAX_BYTES = 4096  # of a failed rank's line sent to the others (the failure note keeps 400 characters)
+
+
+class RankFailure(HpctrainError):
+    """Another rank's error, received through ``Communicator.agree``: this rank stops with the same line.
+
+    ``line`` is that rank's failure line as ``failure_text`` writes it ("rank 0: ..."); the exit code is that
+    rank's own, so every rank of the job exits the same way.
+    """
+
+    def __init__(self, origin: int, line: str, exit_code: int) -> None:
+        self.origin, self.line = origin, line
+        super().__init__(line)
+        self.exit_code = exit_code
+
+
+def failure_text(rank: int | str, exc: BaseException) -> str:
+    """The line that names a failed rank and its error: what the rank prints and what the failure note holds."""
+    if isinstance(exc, RankFailure):
+        return exc.line
+    if isinstance(exc, HpctrainError):
+        return f"rank {rank}: {exc}"
+    return f"rank {rank} failed: {type(exc).__name__}: {exc}"
+
+
+def failure_exit_code(exc: BaseException) -> int:
+    return exc.exit_code if isinstance(exc, HpctrainError) else EXIT_ERROR
+
+
+# What torch.distributed's back-ends (gloo's TCP transport, the TCPStore) raise on a rank whose peer went away.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "Connection refused",
+              "failed to recv, got 0 bytes", "Socket Timeout", "Timed out waiting", "ECONNRESET", "EPIPE",
+              "gloo/transport")
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a consequence of another rank's failure (a collective broken by a dead or departed peer,
+    an MPI error) rather than this rank's own: such an error is the run's reason only when nothing better is
+    known (submission/failure.py, ``PEER``)."""
+    if isinstance(exc, HpctrainError):
+        return False
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and isinstance(exc, mpi.Exception):
+        return True
+    dist = sys.modules.get("torch.distributed")
+    network = tuple(getattr(dist, n) for n in ("DistNetworkError", "DistStoreError") if hasattr(dist, n))
+    if network and isinstance(exc, network):
+        return True
+    text = str(exc)
+    return isinstance(exc, (RuntimeError, OSError)) and any(p in text for p in _PEER_GONE)
+
+
+def _agree(comm: Communicator, error: BaseException | None, label: str) -> None:
+    if comm.size == 1:
+        if error is not None:
+            raise error
+        return
+    line = b"" if error is None else failure_text(comm.rank, error).encode()[:AGREE_MAX_BYTES]
+    code = 0 if error is None else failure_exit_code(error)
+    outcome = torch.tensor([int(error is not None), len(line), code], dtype=torch.int64)
+    outcomes = comm.allgather(outcome, f"{label} outcome".strip())
+    failed = [r for r, o in enumerate(outcomes) if int(o[0])]
+    if not failed:
+        return
+    origin = failed[0]  # the lowest failing rank: every rank picks the same one
+    length = int(outcomes[origin][1])
+    text = torch.zeros(max(1, length), dtype=torch.uint8)
+    if comm.rank == origin:
+        text[:length] = torch.frombuffer(bytearray(line), dtype=torch.uint8)
+    comm.broadcast_(text, origin, f"{label} error".strip())
+    if comm.rank == origin:
+        assert error is not None
+        raise error
+    received = bytes(text[:length].tolist()).decode("utf-8", "replace")
+    raise RankFailure(origin, received, int(outcomes[origin][2])) from error
 
 
 # ----------------------------------------------------------------------------------------------- MPI
@@ -372,6 +464,13 @@ class MPICommunicator(_WatchedCommunicator):
 
     def barrier(self, label: str = "") -> None:
         self._run("barrier", label, self._comm.Barrier)
+
+    def abandon(self) -> None:
+        """Stop the watchdog; nothing collective (``MPI_Abort``, which ``hpctrain run`` calls next, ends the job)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._watchdog.close()
 
     def close(self) -> None:
         if self._closed:
@@ -601,6 +700,20 @@ class TorchDistCommunicator(_WatchedCommunicator):
 
     def barrier(self, label: str = "") -> None:
         self._run("barrier", label, self._dist.barrier)
+
+    def abandon(self) -> None:
+        """Leave the group without its closing barrier: stop the watchdog and the group's native threads (see
+        ``close``) so the rank exits with its own status; the other ranks' collectives fail or time out."""
+        if self._closed:
+            return
+        self._closed = True
+        self._watchdog.close()
+        try:
+            self._dist.destroy_process_group()
+        except Exception as exc:  # already broken by a departed peer: nothing more to let go
+            _log(f"rank {self.rank}: leaving the process group: {exc}")
+        self._watch_store = None
+        self._store = None
 
     def close(self) -> None:
         """Leave the group and stop its native threads now, on this thread; collective."""

@@ -207,6 +207,9 @@ class CountingCommunicator(Communicator):
     def close(self) -> None:
         self._inner.close()
 
+    def abandon(self) -> None:
+        self._inner.abandon()
+
 
 def counted(comm: Communicator) -> Communicator:
     """``comm`` wrapped in a CountingCommunicator when counting is on, else ``comm`` itself."""

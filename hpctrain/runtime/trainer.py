@@ -91,10 +91,15 @@ def train(job: JobSpec, run_dir: Path, *, backend: str = "auto", check_sync_ever
             f"the launcher ({env.launcher}) started {env.size} ranks but backend {chosen!r} sees {comm.size}",
             hint="with mpi, mpi4py must use the MPI of the launcher (srun --mpi=pmi2 with MPICH; see docs/runtime.md)")
     try:
-        return _train_with(job, run_dir, comm, env.local_rank, check_sync_every,
-                           intel_extension=wanted_from_env(environ))
-    finally:
-        comm.close()
+        outcome = _train_with(job, run_dir, comm, env.local_rank, check_sync_every,
+                              intel_extension=wanted_from_env(environ))
+    except BaseException:
+        # No closing collective after an error: the others may be inside another one, or gone, and the error
+        # that reaches the user must be this one, not the closing barrier's "connection closed by peer".
+        comm.abandon()
+        raise
+    comm.close()
+    return outcome
 
 
 def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int,
@@ -109,8 +114,16 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
         log.info("precision %s: the forward runs in %s on %s", job.train.precision, precision, device)
     ctx = TaskContext(model_args=dict(job.model_args), data=dict(job.data), batch_per_rank=job.train.batch_per_rank,
                       seed=job.train.seed, rank=rank, world_size=size, run_dir=run_dir, device=device,
-                      barrier=lambda: comm.barrier("data preparation"), local_rank=local_rank, precision=precision)
-    task: TrainingTask = build_task(job.model, ctx)
+                      barrier=lambda: comm.barrier("data preparation"), local_rank=local_rank, precision=precision,
+                      agree=lambda error: comm.agree(error, "data preparation"))
+    # Every rank reports how its data preparation went before any training collective: one rank's error (a
+    # missing dataset, a file that is not HDF5) ends every rank with that error instead of a broken collective.
+    error: Exception | None = None
+    try:
+        task: TrainingTask = build_task(job.model, ctx)
+    except Exception as exc:
+        error = exc
+    comm.agree(error, "data preparation")
     model = task.model.to(device)
     broadcast_model(model, comm)
     schedule = LRSchedule.from_spec(job.schedule_config(), size, steps_per_epoch(job, size))

@@ -64,6 +64,16 @@ def fill(name: str, **values: object) -> str:
     return text.replace(_EMPTY + "\n", "").replace(_EMPTY, "")
 
 
+def launcher_note_line(launcher: str, python: str, run_dir: str) -> str:
+    """After a failed srun: the first rank srun reports killed by a signal becomes the failure note
+    (launchers/exit_note.py); the other launchers need no line (the local launcher notes it itself)."""
+    if launcher != "srun":
+        return ""
+    note = " ".join([word(python), "-m", "hpctrain.submission.launchers.exit_note", "--run-dir",
+                     quote_path(run_dir), "--slurm-job", '"${SLURM_JOB_ID}"'])
+    return (f'if [ "${{status}}" -ne 0 ] && [ "${{status}}" -ne {EXIT_REQUEUE} ]; then {note} || true; fi')
+
+
 def no_requeue_lines(reason: str) -> list[str]:
     """Where the queue allows no requeue chain: the job ends with status 75 at its checkpoint and says how to go on."""
     text = (f"hpctrain: stopped at its checkpoint; no requeue: {comment(reason, limit=600)}; "
@@ -243,6 +253,7 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
                   requeue_marker=REQUEUE_MARKER, exit_requeue=EXIT_REQUEUE,
                   exit_record=exit_record_line(scheduler.job_id_variable),
                   launch_line=launch_line,
+                  launcher_note=launcher_note_line(launcher_name(site), interpreter, run_dir),
                   requeue="\n".join(requeue)).rstrip("\n")
     text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header),
                 signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s, prologue=prologue, launch=launch)

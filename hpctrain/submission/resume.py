@@ -17,7 +17,7 @@ from hpctrain.checkpoint.manifest import MANIFEST, newest_step
 from hpctrain.errors import CheckpointError, ConfigError, SchedulerError, TransportError
 from hpctrain.exit_codes import EXIT_TRANSPORT
 from hpctrain.submission.api import stage_and_submit
-from hpctrain.submission.failure import FAILURE_FILE
+from hpctrain.submission.failure import NOTE_FILES
 from hpctrain.submission.registry import Registry, Run
 from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir, run_site
 from hpctrain.submission.tracking import poll_runs
@@ -118,5 +118,5 @@ def resume_run(registry: Registry, run_ref: str, *, nodes: int | None = None, wa
     # the previous job's failure note goes, so that this job's status is not read from it.
     (job_id,) = stage_and_submit(registry, transport, site, [run], [job], kind="resume", submit_dir=run.run_dir,
                                  python=sys.executable if run.remote is None else None, ssh_config=cfg,
-                                 remove=[FAILURE_FILE])
+                                 remove=list(NOTE_FILES))
     return Resumed(registry.get_run(run.run_id), job_id, step, job.train.steps)

@@ -70,6 +70,7 @@ if [ "${status}" -ne 0 ] && [ "${status}" -ne 75 ] && [ -f stopped-for-requeue.j
     echo "hpctrain: the ranks stopped at a checkpoint; the launcher's status ${status} is that of ranks it ended while they exited: treated as 75" >&2
     status=75
 fi
+if [ "${status}" -ne 0 ] && [ "${status}" -ne 75 ]; then "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.exit_note --run-dir /RUN_DIR --slurm-job "${SLURM_JOB_ID}" || true; fi
 echo "hpctrain: launcher exited with status ${status} at $(date)"
 printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
 restarts="${SLURM_RESTART_COUNT:-0}"
