@@ -19,7 +19,8 @@
 # hpctrain job ffn-frontier for site frontier (slurm, launcher srun, backend nccl); written by `hpctrain render`
 # FIB-25-sized FFN on 16 Frontier nodes (128 MI250X GCDs)
 # Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
-# launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
+# launch section below forwards it to the ranks so they checkpoint; the script's end requeues the job
+# (--requeue) where the queue allows it.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
 # A warning signal may come while the environment is still being set up: remember it (it is passed to the
 # ranks once they run) instead of letting it kill this shell.

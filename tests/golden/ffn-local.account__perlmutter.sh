@@ -16,7 +16,8 @@
 # hpctrain job ffn-local for site perlmutter (slurm, launcher srun, backend gloo); written by `hpctrain render`
 # Small FFN on synthetic EM, 2 ranks on the local machine (the demo)
 # Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
-# launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
+# launch section below forwards it to the ranks so they checkpoint; the script's end requeues the job
+# (--requeue) where the queue allows it.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
 # A warning signal may come while the environment is still being set up: remember it (it is passed to the
 # ranks once they run) instead of letting it kill this shell.

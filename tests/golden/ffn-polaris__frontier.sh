@@ -19,7 +19,8 @@
 # FIB-25-sized FFN on 2 Polaris nodes (8 A100)
 # no requeue: queue 'debug' of site 'frontier' forbids job chaining (OLCF Frontier User Guide, 'Scheduling Policy' (docs.olcf.ornl.gov/systems/frontier_user_guide.html, read 2026-11-28)); the job checkpoints at the walltime warning and stops there, resume it with `hpctrain resume RUN`
 # Slurm sends SIGUSR2 to this batch shell 120 s before the walltime (--signal=B:...); the
-# launch section below forwards it to the ranks so they checkpoint, and --requeue lets the job come back.
+# launch section below forwards it to the ranks so they checkpoint; the script's end requeues the job
+# (--requeue) where the queue allows it.
 # ---- hpctrain: prepare the job's shell ------------------------------------------------------------------
 # A warning signal may come while the environment is still being set up: remember it (it is passed to the
 # ranks once they run) instead of letting it kill this shell.
