@@ -172,7 +172,7 @@ def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dic
             w.fact((*path, "min_nodes"), queue.min_nodes)
         w.fact((*path, "max_walltime"), queue.max_walltime_s, _walltime_text(queue.max_walltime_s.value))
         _policies(w, path, queue)
-        w.value((*path, "source"), source)  # what a refusal by these limits cites; each line names its command
+        w.value((*path, "source"), source, "what a job refused by these limits is told they come from")
         if queue.node is not None:
             _node(w, (*path, "node"), queue.node, base=findings.node)
     direct = [n for n, q in queues.items() if q.direct_submit is None or q.direct_submit.value]
