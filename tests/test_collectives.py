@@ -69,18 +69,17 @@ def test_the_block_stands_alone_after_the_site_modules_and_a_job_env_wins(tmp_pa
     assert "export NCCL_NET='AWS Libfabric'" not in lines
 
 
-def test_a_site_without_collectives_renders_no_block(tmp_path: Path) -> None:
-    site = load_site_file(_site(tmp_path, ""))
-    text = render_script(_job(), site, run_dir="/r", spec_path="/r/j.yaml").text
-    assert "# collective library" not in text
-
-
-def test_a_bad_variable_name_in_the_block_is_refused_with_its_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="collectives"):
+def test_a_bad_variable_name_in_the_block_is_refused_with_its_key_and_no_block_without_one(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"lab.yaml:12: environment\.collectives\.env: 'NCCL NET' is not a valid "
+                       "environment variable name"):
         load_site_file(_site(tmp_path, """\
             collectives:
               env: {"NCCL NET": x}
             """))
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    text = render_script(_job(), load_site_file(_site(plain, "")), run_dir="/r", spec_path="/r/j.yaml").text
+    assert "# collective library" not in text
 
 
 @pytest.mark.parametrize(("site", "must"), [
