@@ -269,3 +269,28 @@ def test_eight_processes_submit_and_poll_at_once(env: Path) -> None:
         runs = reg.list_runs()
         assert {r.run_id for r in runs} == submitted
         assert all(len(reg.chain(r.run_id)) == 1 and reg.chain(r.run_id)[0].ok for r in runs)
+
+
+def _ended(state: str, reason: str, code: int | None):  # noqa: ANN202 - (chain, run) for why_it_ended
+    from hpctrain.submission.registry import Run, Submission
+
+    run = Run("r-1", "r", "local", None, "h", None, "/tmp/r", "now", state, reason, None, None, [])
+    chain = [Submission("r-1", 1, "7", "submit", "now", True, None, state, reason, code, 0, None)]
+    return chain, run
+
+
+@pytest.mark.parametrize("state,reason,code,want", [
+    # ended at its time limit: the scheduler's signal is not the user's exit code
+    ("timeout", "walltime of 12 s reached", -15, "walltime of 12 s reached"),
+    ("timeout", "", 0, "its walltime ran out"),
+    ("timeout", "DUE TO TIME LIMIT; exit code 0", 0, "DUE TO TIME LIMIT; its walltime ran out"),
+    ("failed", "", -9, "killed by signal 9"),
+    ("failed", "", 137, "exit code 137 (killed by signal 9)"),
+    ("failed", "the script exited with code 140", 140, "the script exited with code 140; killed by signal 12"),
+    ("failed", "rank 1: DataError: no dataset 'image'", 1, "rank 1: DataError: no dataset 'image'; exit code 1"),
+])
+def test_why_a_run_ended_says_the_walltime_and_signals_in_words(state: str, reason: str, code: int,
+                                                                  want: str) -> None:
+    from hpctrain.submission.views import why_it_ended
+
+    assert why_it_ended(*_ended(state, reason, code)) == want

@@ -164,17 +164,25 @@ def why_it_ended(chain: list[Submission], run: Run, no_requeue: str | None = Non
     """The reason (the ranks' failure note or the scheduler's words) plus the exit code / signal of the run's
     newest job, e.g. ``rank 0: train.decay.steps: ...; exit code 2``; a job that stopped at its checkpoint says how
     to go on (``no_requeue``: why its queue did not let it requeue itself)."""
-    parts = [run.state_reason] if run.state_reason else []
+    parts = run.state_reason.split("; ") if run.state_reason else []
     newest = next((s for s in reversed(chain) if s.ok), None)
     code = newest.exit_code if newest is not None else None
-    if code is not None and not any("exit code " in p for p in parts):
-        text = f"exit code {code}"
-        if code > 128 and code - 128 < 65:
-            text += f" (killed by signal {code - 128})"
-        elif code == EXIT_REQUEUE:
-            text = f"stopped at its checkpoint; resume with `hpctrain resume {run.run_id}`" + (
-                f" (no requeue: {no_requeue})" if no_requeue else f" ({text})")
-        parts.append(text)
+    if run.state == JobState.TIMEOUT.value:
+        # The code of a job ended at its time limit is the scheduler's signal (-15, 0:15), not the user's.
+        parts = [p for p in parts if "exit code" not in p]
+        parts += [] if any("walltime" in p for p in parts) else ["its walltime ran out"]
+        code = None
+    if code == EXIT_REQUEUE and not any(f"code {code}" in p for p in parts):
+        parts.append(f"stopped at its checkpoint; resume with `hpctrain resume {run.run_id}`" + (
+            f" (no requeue: {no_requeue})" if no_requeue else f" (exit code {code})"))
+    elif code is not None:
+        # A shell's 128 + S, or a negative code from a process ended by signal S
+        signal = code - 128 if 128 < code < 193 else -code if code < 0 else None
+        said = any(f"code {code}" in p for p in parts)
+        if code >= 0 and not said:
+            parts.append(f"exit code {code}" + (f" (killed by signal {signal})" if signal else ""))
+        elif signal and not any("signal" in p for p in parts):
+            parts.append(f"killed by signal {signal}")
     return "; ".join(parts)
 
 
