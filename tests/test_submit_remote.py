@@ -26,6 +26,7 @@ from hpctrain.config.job import load_job
 from hpctrain.config.site import load_site_file
 from hpctrain.errors import TransportError
 from hpctrain.submission.api import cancel_run, read_log, submit_runs
+from hpctrain.submission.module_probe import MARKER
 from hpctrain.submission.registry import SUBMIT_FAILED, Registry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
@@ -190,7 +191,7 @@ def test_an_interpreter_without_hpctrain_is_refused_before_anything_is_queued(en
         return TransportPool(factory)
 
     def probes(ssh: CountingSSH) -> int:
-        return sum(1 for argv in ssh.calls if argv[:2] == ["bash", "-c"] and "hpctrain-interpreter-probe" in argv[2])
+        return sum(1 for argv in ssh.calls if argv[:2] == ["bash", "-c"] and MARKER in argv[2])
 
     root = env / "remote-runs"
     with Registry() as reg:

@@ -253,7 +253,7 @@ def test_the_probe_names_what_the_jobs_python_lacks(tmp_path: Path) -> None:
         probe.check(transport, sys.executable, {"no_such_module_xyz"}, what="the callable f")
     assert "cloudpickle.register_pickle_by_value(no_such_module_xyz)" in str(info.value)
     old = tmp_path / "python2"
-    old.write_text('#!/bin/sh\necho \'{"version": [2, 7], "missing": []}\'\n')
+    old.write_text('#!/bin/sh\necho \'{"hpctrain-module-probe": "answer", "version": [2, 7], "missing": []}\'\n')
     old.chmod(0o755)
     with pytest.raises(ConfigError, match=r"is Python 2\.7, this one is 3\.\d+"):
         PythonProbe().check(transport, str(old), set(), what="f")

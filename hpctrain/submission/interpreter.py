@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.config.staging import effective
 from hpctrain.errors import ConfigError
+from hpctrain.submission.module_probe import MARKER, parse_answer, probe_argv
 from hpctrain.submission.shell import quote, quote_path
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ if TYPE_CHECKING:
 PROBE_TIMEOUT_S = 120.0
 CACHE_TTL_S = 24 * 3600  # an environment changes rarely; a day bounds how long a removed venv goes unnoticed
 CACHE_FILE = "interpreters.json"
-MARKER = "hpctrain-interpreter-probe"
 # What `hpctrain run` imports on every rank of a built-in model (setup.cfg: the base install and [train]).
 BASE_MODULES = ("hpctrain", "pydantic", "yaml", "numpy", "torch")
 # The pip requirement that provides each module, for the fix; hpctrain[train] brings the training stack with it.
@@ -39,17 +39,6 @@ _PIP_NAMES = {"hpctrain": "'hpctrain[train]'", "yaml": "PyYAML"}
 _WITH_HPCTRAIN = {"pydantic", "yaml", "numpy", "torch", "h5py"}
 _HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf")
 
-_PROBE = f"""import importlib.util, json, sys
-missing = []
-for name in sys.argv[1:]:
-    try:
-        found = importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        missing.append(name)
-print(json.dumps({{"{MARKER}": "answer", "python": sys.executable, "missing": missing}}))
-"""
 
 
 def runtime_modules(job: JobSpec, backend: str) -> list[str]:
@@ -72,7 +61,7 @@ def probe_script(environment: list[str], python: str, modules: list[str]) -> str
     """The batch script's environment lines under its ``set -eo pipefail``, then the interpreter asked for
     ``modules``, in a subshell; the script always ends with one JSON line carrying MARKER (the answer, or the exit
     status of the line that failed) and exits 0."""
-    ask = " ".join(["exec", quote_path(python), "-c", quote(_PROBE), *(quote(m) for m in modules), "2>&1"])
+    ask = " ".join(["exec", quote_path(python), *(quote(a) for a in probe_argv(modules)), "2>&1"])
     return "\n".join(["(", "set -eo pipefail", *environment, ask, ")",
                       f"status=$?; [ \"$status\" -eq 0 ] || printf '{{\"{MARKER}\": \"failed\", \"status\": %s}}\\n' "
                       '"$status"'])
@@ -142,7 +131,7 @@ def check_interpreter(transport: Transport, job: JobSpec, site: SiteProfile, *, 
     plan = launch_plan(job, site, placement, python)
     script = probe_script(environment_lines(job, site, placement, plan, python), python, modules)
     done = transport.run(["bash", "-c", script], timeout=PROBE_TIMEOUT_S, check=False)
-    answer = _answer(done.stdout)
+    answer = parse_answer(done.stdout)
     where = f"{python} on {transport.host}"
     if answer is None or answer.get(MARKER) == "failed":
         output = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip() and MARKER not in ln]
@@ -158,17 +147,6 @@ def check_interpreter(transport: Transport, job: JobSpec, site: SiteProfile, *, 
                           key="environment.venv", hint=_fix(site, python, missing))
     _remember(key, now, transport.host, python)
     return True
-
-
-def _answer(stdout: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.splitlines()):
-        if MARKER in line:
-            try:
-                answer = json.loads(line)
-            except ValueError:
-                return None
-            return answer if isinstance(answer, dict) else None
-    return None
 
 
 def _fix(site: SiteProfile, python: str, missing: list[str]) -> str:

@@ -11,7 +11,6 @@ the machine, the module, where this process found it, and how to make the job fi
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import pickletools
 import sys
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
+from hpctrain.submission.module_probe import parse_answer, probe_argv
 from hpctrain.submission.shell import quote_path
 from hpctrain.submission.transport import Transport
 from hpctrain.submitit_plugin.runner import DELAYED_CLASS, MODULE
@@ -32,20 +32,6 @@ _INSTALL = {
     "cloudpickle": "pip install cloudpickle",
     "submitit": "pip install 'submitit>=1.5,<1.6' (the callable uses submitit, e.g. helpers.Checkpointable)",
 }
-# find_spec without importing anything but the parents of the dotted names asked for; argv[1] is the JSON list
-# of directories the runner puts first on sys.path.
-_PROBE = """import importlib.util, json, sys
-sys.path[0:0] = json.loads(sys.argv[1])
-missing = []
-for name in sys.argv[2:]:
-    try:
-        found = importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        missing.append(name)
-print(json.dumps({"version": list(sys.version_info[:2]), "missing": missing}))
-"""
 _STRING_OPS = {"SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8", "UNICODE", "SHORT_BINSTRING", "BINSTRING",
                "STRING"}
 
@@ -108,13 +94,12 @@ class PythonProbe:
         # quote_path: $HOME/venv/bin/python is the login node's home, as the batch script has it.
         script = (f'd=$(mktemp -d) && cd "$d" || exit 1; {quote_path(python)} "$@"; s=$?; cd / && rmdir "$d"; '
                   'exit "$s"')
-        argv = ["sh", "-c", script, "sh", "-c", _PROBE, json.dumps(list(sys_path)), *wanted]
+        argv = ["sh", "-c", script, "sh", *probe_argv(wanted, sys_path)]
         done = transport.run(argv, timeout=PROBE_TIMEOUT_S, check=False)
-        lines = done.stdout.strip().splitlines()
         try:
-            answer = json.loads(lines[-1])
+            answer = parse_answer(done.stdout) or {}
             version, missing = tuple(answer["version"]), list(answer["missing"])
-        except (IndexError, ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):
             detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigError(f"{python} on {transport.host} cannot run the check of {what}: {detail}", key="python",
                               hint="set the executor parameter python to the interpreter jobs should use") from None
