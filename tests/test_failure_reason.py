@@ -303,3 +303,19 @@ def test_agree_gives_every_rank_the_failing_ranks_error(backend: str, venv_bin: 
         assert f"rank {r}: RankFailure from rank 1, exit 2: {line}" in out.stdout, out.stdout
     assert "rank 1: own DataError: /data/vol.h5: no dataset 'image'" in out.stdout, out.stdout
     assert all(f"rank {r}: sum after 3" in out.stdout for r in range(3)), out.stdout
+
+
+def test_a_task_context_without_a_collective_still_waits_at_its_barrier(tmp_path: Path) -> None:
+    """A context built without ``agree`` (a plug-in's own harness): the ranks that did not take rank 0's step
+    still wait at the barrier for it, as before agree existed, instead of reading half-written data."""
+    import torch
+
+    from hpctrain.models.task import TaskContext
+
+    waited: list[int] = []
+    ctx = TaskContext({}, {}, 1, 0, 1, 2, tmp_path, torch.device("cpu"), barrier=lambda: waited.append(1))
+    ctx.agree(None)
+    assert waited == [1]
+    with pytest.raises(ValueError, match="bad data"):
+        ctx.agree(ValueError("bad data"))
+    assert waited == [1]

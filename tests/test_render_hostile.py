@@ -142,7 +142,8 @@ def base_documents(scheduler: str) -> tuple[dict[str, Any], dict[str, Any]]:
         "name": "hostile", **copy.deepcopy(SCHEDULERS[scheduler]),
         "node": {"cores": 4, "memory_gb": 4, "cpu": "x86"},
         "queues": {"q": {"max_nodes": 1, "max_walltime": "01:00:00", "node": {"cpu": "x86"},
-                         "directives": {"comment": "q"}}},
+                         "directives": {"comment": "q"}, "source": "a page, read today",
+                         "walltime_by_nodes": [{"min_nodes": 1, "max_nodes": 1, "max_walltime": "01:00:00"}]}},
         "default_queue": "q", "directives": {"comment": "site"}, "guessed": ["node.cores"],
         "launcher_args": [], "environment": {"modules": ["gcc/12"], "env": {"SITE_VAR": "1"}},
         "network": network, "mpi": {"modules": ["mpich"], "expected_library": "MPICH"},
@@ -162,13 +163,17 @@ def base_documents(scheduler: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def put(doc: dict[str, Any], field: Path_, payload: str) -> None:
     """Write ``payload`` at ``field`` of ``doc``: a mapping's key is renamed (the queue the default points
-    at stays the default), a mapping's value replaces the one under its first key, a list gets one element."""
+    at stays the default), a mapping's value replaces the one under its first key, a list gets one element (a
+    list of mappings gets its first mapping, created where the base document has none)."""
     node: Any = doc
     parents: list[tuple[Any, Any]] = []
     for i, part in enumerate(field[:-1]):
         key = next(iter(node)) if part == VALUE else part
-        if key not in node if isinstance(node, dict) else False:
-            node[key] = [] if isinstance(field[i + 1], int) else {}
+        empty = [] if isinstance(field[i + 1], int) else {}
+        if isinstance(node, list):  # an element inside a list (a queue's walltime bins): the list grows to it
+            node.extend(type(empty)() for _ in range(key + 1 - len(node)))
+        elif key not in node:
+            node[key] = empty
         parents.append((node, key))
         node = node[key]
     last = field[-1]

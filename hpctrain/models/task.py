@@ -10,6 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,12 @@ import torch
 from hpctrain.models.shuffle import epoch_permutation
 
 
-def _raise_error(error: BaseException | None) -> None:
-    """``TaskContext.agree`` of a single process: its own error, if any."""
+def _raise_or_wait(barrier: Callable[[], None], error: BaseException | None) -> None:
+    """``TaskContext.agree`` where no collective was given: this rank's own error, else the context's barrier (so
+    the ranks that did not take the step still wait for the one that did)."""
     if error is not None:
         raise error
+    barrier()
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,11 @@ class TaskContext:
     # Collective: every rank passes its error (None when its step went well); when any rank failed, every rank
     # raises that rank's error (runtime/comm.py, Communicator.agree). A step only some ranks take (rank 0
     # prepares the data) ends in it instead of a barrier, so a failure there reaches every rank as itself.
-    agree: Callable[[BaseException | None], None] = field(default=_raise_error)
+    agree: Callable[[BaseException | None], None] | None = None
+
+    def __post_init__(self) -> None:
+        if self.agree is None:
+            object.__setattr__(self, "agree", partial(_raise_or_wait, self.barrier))
 
 
 class TrainingTask(ABC):

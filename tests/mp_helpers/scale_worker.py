@@ -111,7 +111,8 @@ def ffn_input(backend: str, run_dir: str) -> None:
     comm = make_communicator(backend, timeout_s=120)
     ctx = TaskContext(model_args=FFN_ARGS, data=FFN_DATA, batch_per_rank=2, seed=FFN_SEED, rank=comm.rank,
                       world_size=comm.size, run_dir=Path(run_dir), device=torch.device("cpu"),
-                      barrier=lambda: comm.barrier("data preparation"), local_rank=env.local_rank)
+                      barrier=lambda: comm.barrier("data preparation"), local_rank=env.local_rank,
+                      agree=lambda error: comm.agree(error, "data preparation"))  # as the trainer builds it
     task = FFNTask(ctx)
     task.next_batch()  # the first batch reads this rank's epoch-0 share
     volume = {"mapped": isinstance(task.image, np.memmap) and isinstance(task.labels, np.memmap),
