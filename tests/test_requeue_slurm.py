@@ -179,12 +179,13 @@ def test_a_stop_reported_as_a_signal_by_srun_is_still_requeued(env: Path, slurm:
     moment apart, so srun kills the later ones and reports 143 (seen in CI: the walltime test's job FAILED with
     143, never requeued). Rank 0 writes the requeue marker before any rank exits; the script then requeues.
     Here the ranks are a two-line command on the real Slurm: rank 0 writes the marker and exits 75 at once,
-    rank 1 exits 75 five seconds later (srun kills it first); after the requeue both exit 0."""
+    rank 1 is still busy (one process, so srun's SIGTERM ends it and nothing of it exits by itself); after the
+    requeue both exit 0."""
     spec = env / "late.yaml"
     spec.write_text(SPEC.format(name="late-rank", steps=10, extra=""))
     command = ["bash", "-c", 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then exit 0; fi; '
                'if [ "${SLURM_PROCID}" = 0 ]; then echo "{}" > stopped-for-requeue.json; exit 75; fi; '
-               "sleep 5; exit 75"]
+               "exec sleep 120"]
     with Registry() as reg:
         done = submit_runs(spec, "ci-slurm", registry=reg, command=command)
     run, job_id = done.runs[0], done.job_ids[0]
