@@ -91,7 +91,7 @@ def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None =
     watcher.join()
     (run_dir / "mpiexec.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or "training finished" not in proc.stderr + proc.stdout:
-        said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if " is pid " not in line)
+        said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "hpctrain: node " not in line)
         raise SystemExit(f"N={n}: hpctrain run failed (exit {proc.returncode}); all output in "
                          f"{run_dir / 'mpiexec.log'}:\n{said[-4000:]}")
     records = counters.read_records(run_dir)

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from hpctrain.runtime.rank_list import node_file, read_ranks
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import Registry
 
@@ -106,8 +107,9 @@ def test_kill_one_rank_under_mpiexec_then_rerun_finishes(tmp_path: Path, venv_bi
     # process of the node, in rank order, that ended by a signal (pmiserv_cb.c loops over the proxy's exit statuses
     # and stops at the first !WIFEXITED): the killed rank 1, unless the proxy's clean-up SIGKILLed rank 0 before
     # rank 0 could exit on its own — then rank 0's pid (seen once in a full suite run). Either way the pid maps to a
-    # rank through the line each rank prints at start.
-    ranks = {int(p): int(r) for r, p in re.findall(r"hpctrain: rank (\d+) is pid (\d+) on ", out)}
+    # rank through the list the ranks write at start (runtime/rank_list.py), named by the node's one start-up line.
+    ranks = {int(r["pid"]): int(r["rank"]) for r in read_ranks(node_file(run_dir, 0))}
+    assert "hpctrain: node 0 (" in out and str(node_file(run_dir, 0)) in out, out[-3000:]
     assert ranks.get(pid) == 1, out[-3000:]
     named = re.search(r"PID (\d+) RUNNING AT .*\n=   EXIT CODE: 9\n", out)
     assert named and int(named.group(1)) in ranks and "Killed (signal 9)" in out, out[-3000:]

@@ -47,14 +47,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     # hpctrain's local launcher prefixes every line with the rank already.
     prefix = "" if os.environ.get("HPCTRAIN_LAUNCHER") == "local" else f"[rank {_rank()}] "
     logging.basicConfig(level=logging.INFO, format=f"{prefix}%(levelname)s %(name)s: %(message)s")
-    import socket
-
-    # MPI launchers report a dead process by pid: this line maps it to a rank.
-    print(f"hpctrain: rank {_rank()} is pid {os.getpid()} on {socket.gethostname()}", file=sys.stderr, flush=True)
     run_dir = Path(args.run_dir) if args.run_dir else None
     try:
         job = _with_staged_data(load_job(args.spec, sets=args.sets))
         run_dir = run_dir or Path("runs") / job.name
+        _record_rank(run_dir)
         _preflight(job)
         from hpctrain.runtime.trainer import train
 
@@ -89,6 +86,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"hpctrain: training finished at step {outcome.end_step}; parameter checksum "
               f"{outcome.parameters_checksum:.10e}", file=sys.stderr)
     return 0
+
+
+def _record_rank(run_dir: Path) -> None:
+    """MPI launchers report a dead process by pid: this rank's pid goes to its node's list in the run directory
+    (runtime/rank_list.py), or to the log where that cannot be written."""
+    import socket
+
+    from hpctrain.runtime.rank_list import record_rank
+
+    try:
+        record_rank(run_dir, os.environ)
+    except OSError as exc:
+        print(f"hpctrain: rank {_rank()} is pid {os.getpid()} on {socket.gethostname()} ({run_dir}/ranks: {exc})",
+              file=sys.stderr, flush=True)
 
 
 def _with_staged_data(job: JobSpec) -> JobSpec:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from hpctrain.runtime.metrics import MetricsLog
 from hpctrain.runtime.optim import build_optimizer
 from hpctrain.runtime.precision import forward_context, resolve_precision
 from hpctrain.runtime.profile import start_profile
+from hpctrain.runtime.rank_list import node_summary
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
 from hpctrain.runtime.schedule import LRSchedule
 
@@ -124,6 +126,10 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     except Exception as exc:
         error = exc
     comm.agree(error, "data preparation")
+    if local_rank == 0:  # every rank of the node recorded its pid before the agreement: one line per node
+        summary = node_summary(run_dir, os.environ)
+        if summary is not None:
+            print(summary, file=sys.stderr, flush=True)
     model = task.model.to(device)
     broadcast_model(model, comm)
     schedule = LRSchedule.from_spec(job.schedule_config(), size, steps_per_epoch(job, size))
