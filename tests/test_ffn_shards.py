@@ -145,6 +145,9 @@ def _check_ffn_input(run_dir: Path, world: int, readers: set[int]) -> None:
         read = work["inputs"].get("volume", {}).get("bytes", 0)
         assert read == (volume["bytes"] if record["rank"] in readers else 0), record
     assert {r["rank"] for r in records if r["volume"]["local_rank"] == 0} == readers
+    # rank 0 prepares the data (partitions from the labels, statistics of the image) and writes its node's copy:
+    # the shared path's volume bytes it reads are one volume's, the copy comes from what the preparation read
+    assert records[0]["work"]["inputs"]["volume"]["bytes"] == records[0]["volume"]["bytes"], records[0]
 
 
 @pytest.mark.mpi

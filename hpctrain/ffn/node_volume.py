@@ -46,8 +46,8 @@ def copy_key(run_dir: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec) -> 
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
-def _copy(volume: Volume, final: Path) -> int:
-    """``volume`` into ``final`` (.npy) slab by slab; returns the bytes read from it."""
+def _copy(volume: Volume | np.ndarray, final: Path) -> int:
+    """``volume`` into ``final`` (.npy) slab by slab; returns its bytes (read from the shared path when a Volume)."""
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     out = np.lib.format.open_memmap(tmp, mode="w+", dtype=volume.dtype, shape=volume.shape)
     plane = max(1, int(np.prod(volume.shape[1:])) * volume.dtype.itemsize)
@@ -60,12 +60,17 @@ def _copy(volume: Volume, final: Path) -> int:
     return int(np.prod(volume.shape)) * volume.dtype.itemsize
 
 
-def _direct(image_spec: VolumeSpec, labels_spec: VolumeSpec, in_memory_bytes: int) -> tuple[Any, Any]:
+def _direct(image_spec: VolumeSpec, labels_spec: VolumeSpec, in_memory_bytes: int,
+            held: Mapping[str, np.ndarray]) -> tuple[Any, Any]:
     """Each rank opens the volumes itself: small ones read whole, large ones left lazy (read box by box)."""
     image, labels = load_image_and_labels(image_spec, labels_spec)
     nbytes = int(np.prod(labels.shape)) * (image.dtype.itemsize + labels.dtype.itemsize)
     if nbytes > in_memory_bytes:
         return image, labels
+    if "image" in held and "labels" in held:  # already read whole by this process (rank 0's preparation)
+        image.close()
+        labels.close()
+        return held["image"], held["labels"]
     # A small volume is read once: every example would otherwise decompress its HDF5 chunks again.
     arrays = image.read(), labels.read()
     image.close()
@@ -76,8 +81,10 @@ def _direct(image_spec: VolumeSpec, labels_spec: VolumeSpec, in_memory_bytes: in
     return arrays
 
 
-def _write_copy(directory: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec) -> dict[str, Any]:
-    """Local rank 0: the copy and its plan (``mapped``), or a plan that says why not (``direct``)."""
+def _write_copy(directory: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec,
+                held: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Local rank 0: the copy and its plan (``mapped``), or a plan that says why not (``direct``). A volume in
+    ``held`` (read whole by this process already) is copied from memory, not read again."""
     shutil.rmtree(directory, ignore_errors=True)  # a copy a crashed run left under the same name
     directory.mkdir(parents=True)
     image, labels = load_image_and_labels(image_spec, labels_spec)
@@ -87,11 +94,16 @@ def _write_copy(directory: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec
         if nbytes > FREE_FRACTION * free:
             plan = {"mode": "direct", "why": f"{nbytes} bytes of volume, {free} bytes free in {directory.parent}"}
         else:
-            read = _copy(image, directory / "image.npy") + _copy(labels, directory / "labels.npy")
+            read = 0
+            for name, volume in (("image", image), ("labels", labels)):
+                if name in held:
+                    _copy(held[name], directory / f"{name}.npy")
+                else:
+                    read += _copy(volume, directory / f"{name}.npy")
             counts = work_counts.active()
-            if counts is not None:
+            if counts is not None and read:
                 counts.add_input("volume", read)
-            plan = {"mode": "mapped", "bytes": read}
+            plan = {"mode": "mapped", "bytes": nbytes}
     finally:
         image.close()
         labels.close()
@@ -103,23 +115,27 @@ def _write_copy(directory: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec
 
 def node_volumes(image_spec: VolumeSpec, labels_spec: VolumeSpec, *, local_rank: int, run_dir: Path,
                  barrier: Callable[[], None], in_memory_bytes: int,
-                 environ: Mapping[str, str] | None = None) -> tuple[Any, Any]:
+                 environ: Mapping[str, str] | None = None,
+                 held: Mapping[str, np.ndarray] | None = None) -> tuple[Any, Any]:
     """(image, labels) for this rank, read from the shared path once per node; collective (two barriers).
 
     Arrays are mapped read-only from the node's copy; the values are those of the source volumes. Where no
     node-local storage is usable, or the volumes already lie on it, every rank opens them (``_direct``).
+    ``held``: volumes this process already read whole from the shared path (``image``, ``labels``), used instead
+    of reading them again.
     """
+    held = held or {}
     root = node_local_root(environ)
     sources = (_path_of(image_spec), _path_of(labels_spec))
     if root is None or all(p.is_relative_to(root.resolve()) for p in sources):
         barrier()  # every rank takes the same two collectives whichever way its node goes
         barrier()
-        return _direct(image_spec, labels_spec, in_memory_bytes)
+        return _direct(image_spec, labels_spec, in_memory_bytes, held)
     directory = root / f"hpctrain-volume-{copy_key(run_dir, image_spec, labels_spec)}"
     error: Exception | None = None
     if local_rank == 0:
         try:
-            _write_copy(directory, image_spec, labels_spec)
+            _write_copy(directory, image_spec, labels_spec, held)
         except Exception as exc:  # the barrier first, so the others do not wait for a collective that never comes
             error = exc
     barrier()
@@ -139,5 +155,5 @@ def node_volumes(image_spec: VolumeSpec, labels_spec: VolumeSpec, *, local_rank:
         if plan["mode"] != "mapped":
             log.warning("training volume not copied to node-local storage (%s): every rank reads it", plan["why"])
     if plan["mode"] != "mapped":
-        return _direct(image_spec, labels_spec, in_memory_bytes)
+        return _direct(image_spec, labels_spec, in_memory_bytes, held)
     return arrays

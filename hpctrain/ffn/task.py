@@ -39,6 +39,7 @@ from hpctrain.ffn.training import (
 )
 from hpctrain.ffn.volume import load_image_and_labels
 from hpctrain.models.task import TaskContext, TrainingTask
+from hpctrain.runtime import work_counts
 
 # Training volumes up to this size are held in memory (image + labels) instead of read box by box.
 IN_MEMORY_BYTES = 512 * 2**20
@@ -85,11 +86,19 @@ def prepare_training_data(data: Mapping[str, Any] | FFNData, fov: Sequence[int],
     half the fixed policy's training box). Returns the prepared description (volume specs, coordinate file,
     image statistics), also written to ``out_dir/prepared.json``; a second call reuses it.
     """
+    return prepare_and_hold(data, fov, deltas, out_dir, margin=margin)[0]
+
+
+def prepare_and_hold(data: Mapping[str, Any] | FFNData, fov: Sequence[int], deltas: Sequence[int],
+                     out_dir: Path, *, margin: Sequence[int] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``prepare_training_data``, and the volumes it read whole (``image``, and ``labels`` where it computed the
+    partitions; none when ``prepared.json`` already existed): the node copy is written from these, so the shared
+    path is read once."""
     if not isinstance(data, FFNData):
         data = validate_sections({"data": (FFNData, data)})["data"]
     manifest = out_dir / "prepared.json"
     if manifest.exists():
-        return json.loads(manifest.read_text())
+        return json.loads(manifest.read_text()), {}
     out_dir.mkdir(parents=True, exist_ok=True)
     synth = data.train.synthetic
     if synth is not None:
@@ -99,6 +108,8 @@ def prepare_training_data(data: Mapping[str, Any] | FFNData, fov: Sequence[int],
     else:  # the schema guarantees image and labels when there is no synthetic volume
         image_spec, labels_spec = _volume(data.train.image), _volume(data.train.labels)
     image_vol, labels_vol = load_image_and_labels(image_spec, labels_spec)
+    held: dict[str, Any] = {}
+    counts = work_counts.active()
     try:
         if data.coordinates:
             coords_path = Path(data.coordinates)
@@ -107,7 +118,9 @@ def prepare_training_data(data: Mapping[str, Any] | FFNData, fov: Sequence[int],
                                 hint="remove data.coordinates to have them prepared from the labels")
         else:
             options = data.partitions
-            labels_array = labels_vol.read()
+            labels_array = held["labels"] = labels_vol.read()
+            if counts is not None:
+                counts.add_input("volume", labels_array.nbytes)
             partitions = compute_partitions(
                 labels_array, thresholds=options.thresholds or DEFAULT_THRESHOLDS,
                 lom_radius=lom_radius_for(fov, deltas), min_size=options.min_size)
@@ -118,7 +131,10 @@ def prepare_training_data(data: Mapping[str, Any] | FFNData, fov: Sequence[int],
                 raise DataError("no training coordinates: the volume is smaller than the FOV plus margins",
                                 hint=f"volume {labels_vol.shape}, fov {fov}, deltas {deltas}")
             coords_path = write_coordinates(out_dir / "coordinates.npz", coords)
-        sample = image_vol.read().astype(np.float64)
+        image_array = held["image"] = image_vol.read()
+        if counts is not None:
+            counts.add_input("volume", image_array.nbytes)
+        sample = image_array.astype(np.float64)
         prepared = {"image": image_spec, "labels": labels_spec, "coordinates": str(coords_path),
                     "image_mean": float(sample.mean()), "image_stddev": float(sample.std() or 1.0)}
     finally:
@@ -127,7 +143,7 @@ def prepare_training_data(data: Mapping[str, Any] | FFNData, fov: Sequence[int],
     tmp = manifest.with_suffix(".tmp")
     tmp.write_text(json.dumps(prepared, indent=2))
     os.replace(tmp, manifest)
-    return prepared
+    return prepared, held
 
 
 class FFNTask(TrainingTask):
@@ -143,9 +159,10 @@ class FFNTask(TrainingTask):
         # Centres far enough from the border for the policy's whole training box (max_pred_moves loads more).
         margin = training_margin(args, data)
         error: Exception | None = None
+        held: dict[str, Any] = {}  # the volumes rank 0 read while preparing: its node's copy is written from them
         if ctx.rank == 0:
             try:
-                first = prepare_training_data(data, self.fov, self.deltas, data_dir, margin=margin)
+                first, held = prepare_and_hold(data, self.fov, self.deltas, data_dir, margin=margin)
                 write_table(first["coordinates"], data_dir)  # read by every rank at its own offsets (ffn/shards.py)
             except Exception as exc:  # reported to every rank below, which then all raise it
                 error = exc
@@ -169,7 +186,9 @@ class FFNTask(TrainingTask):
         # One process per node reads the volumes from the shared path; the node's ranks map its copy.
         self.image, self.labels = node_volumes(prepared["image"], prepared["labels"], local_rank=ctx.local_rank,
                                                run_dir=ctx.run_dir, barrier=ctx.barrier,
-                                               in_memory_bytes=IN_MEMORY_BYTES)
+                                               in_memory_bytes=IN_MEMORY_BYTES,
+                                               held=held if ctx.local_rank == 0 else None)
+        del held
         self.coords = CoordinateTable(table_path(prepared["coordinates"], data_dir))
         if self.coords.count < ctx.world_size:
             raise DataError(f"{self.coords.count} training coordinates cannot be shared by {ctx.world_size} ranks")
