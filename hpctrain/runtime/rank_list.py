@@ -2,7 +2,7 @@
 
 Every rank appends ``rank R pid P host H parent Q`` to its node's file before any collective (an MPI launcher names
 a dead process by pid, also one that died in MPI_Init); after the first collective the node's local rank 0 reads
-the lines of this launch (each of its node's ranks' newest) and prints one summary line. docs/runtime.md,
+the lines of this launch (each of its node's ranks' newest) and prints one summary line. docs/scaling.md,
 "Start-up lines".
 """
 
