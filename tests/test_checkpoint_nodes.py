@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -113,3 +114,38 @@ def test_two_nodes_write_one_file_each_resume_fall_back_and_fail_together(tmp_pa
     assert ckpt is not None and ckpt.step == 2
     shared, mine = single.load(ckpt, warn=False)
     assert mine is None and shared["w"].tolist() == out[0]["w"]
+
+
+def _step_dir_ops(trace_dir: Path, sdir: Path) -> dict[str, int]:
+    """mkdir and fsync calls on ``sdir`` itself, summed over every traced process (strace -y names the fd)."""
+    target = str(sdir)
+    ops = {"mkdir": 0, "fsync": 0}
+    for trace in trace_dir.iterdir():
+        for line in trace.read_text().splitlines():
+            call = line.split("(", 1)[0].strip()
+            if call in ("mkdir", "mkdirat") and f'"{target}"' in line:
+                ops["mkdir"] += 1
+            elif call in ("fsync", "fdatasync") and f"<{target}>" in line:
+                ops["fsync"] += 1
+    return ops
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace to count the ranks' system calls")
+@pytest.mark.parametrize("per_node", [1, 2, 4])
+def test_per_save_step_directory_work_is_per_node_not_per_rank(tmp_path: Path, per_node: int) -> None:
+    """2 stand-in nodes of 1, 2, 4 ranks, every process traced: one mkdir of the step directory (rank 0), and an
+    fsync of it only by the ranks that wrote into it; per save at most nodes + 2, whatever the ranks per node."""
+    nodes = [tmp_path / "node0", tmp_path / "node1"]
+    for d in nodes:
+        d.mkdir()
+    root, traces = tmp_path / "ckpt", tmp_path / "traces"
+    traces.mkdir()
+    tracer = ["strace", "-f", "-ff", "-qq", "-y", "-e", "trace=mkdir,mkdirat,fsync,fdatasync", "-o",
+              str(traces / "t")]
+    results = run_on_nodes([*tracer, sys.executable, WORKER, "checkpoint-saves", str(root)], 2, per_node, nodes,
+                           timeout=380)
+    assert [r.returncode for r in results] == [0] * len(results), "\n".join(r.stdout for r in results)
+    for step in (1, 2):
+        ops = _step_dir_ops(traces, root / f"step-{step:08d}")
+        assert ops == {"mkdir": 1, "fsync": len(nodes)}, (step, ops)
+        assert ops["mkdir"] + ops["fsync"] <= len(nodes) + 2

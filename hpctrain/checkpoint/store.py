@@ -307,6 +307,7 @@ class CheckpointStore:
         self._x: Exchange = exchange if exchange is not None else AllgatherExchange(gather or _single_gather, rank)
         self._buffers: dict[str, dict[str, torch.Tensor]] = {"shared": {}, "rank": {}}
         self._last: PendingSave | None = None
+        self._root_made = False
 
     # ------------------------------------------------------------------------------------------ save
 
@@ -321,7 +322,8 @@ class CheckpointStore:
 
     def save_async(self, step: int, state: dict[str, Any], *, per_rank: dict[str, Any] | None = None
                    ) -> PendingSave:
-        """Start checkpoint ``step`` and return while it is written; NOT collective.
+        """Start checkpoint ``step`` and return while it is written; collective (one broadcast: rank 0 made the
+        step directory).
 
         The state is copied to CPU memory now (so the caller may change its tensors at once); a background
         thread writes, hashes, fsyncs and renames this rank's files. Nothing is committed until every rank
@@ -339,11 +341,13 @@ class CheckpointStore:
     def _start(self, step: int, state: dict[str, Any], per_rank: dict[str, Any] | None, *,
                background: bool) -> PendingSave:
         sdir = self.directory / step_dirname(step)
+        dir_error = self._make_step_dir(step, sdir)
 
         def write() -> dict[str, Any]:
-            report: dict[str, Any] = {"rank": self.rank, "files": [], "error": None}
+            report: dict[str, Any] = {"rank": self.rank, "files": [], "error": dir_error}
+            if dir_error is not None:
+                return report
             try:
-                sdir.mkdir(parents=True, exist_ok=True)
                 if self.rank == 0:
                     report["files"].append(self._write_pt(sdir / SHARED, state, step).to_json())
                 if self.node is None:
@@ -356,7 +360,9 @@ class CheckpointStore:
                         node_rec = self._pack_node(step, sdir)
                         if node_rec is not None:
                             report["files"].append(node_rec.to_json())
-                if self.rank != 0:  # rank 0 syncs the directory once, after it added the marker
+                # Only a rank that renamed a file into the directory makes that rename durable; rank 0 syncs
+                # the directory once, after it added the marker.
+                if self.rank != 0 and report["files"]:
                     _fsync_dir(sdir)
             except OSError as e:
                 report["error"] = self._failure(step, e)
@@ -404,6 +410,22 @@ class CheckpointStore:
         if status:
             raise CheckpointError(status[0], hint=status[1])
         return sdir
+
+    def _make_step_dir(self, step: int, sdir: Path) -> list[str] | None:
+        """Rank 0 creates the step directory, the others hear that it exists (or why not); collective.
+
+        One mkdir per save on the shared directory, whatever the number of ranks; returns the [message, hint]
+        of rank 0's failure on every rank, None when the directory is there."""
+        error: list[str] | None = None
+        if self.rank == 0:
+            try:
+                if not self._root_made:  # so that the step directory's own mkdir is one call, not a retry
+                    self.directory.mkdir(parents=True, exist_ok=True)
+                    self._root_made = True
+                sdir.mkdir(exist_ok=True)
+            except OSError as e:
+                error = self._failure(step, e)
+        return self._x.bcast(error) if self.world_size > 1 else error
 
     def _write_pt(self, final: Path, obj: dict[str, Any], step: int) -> FileRecord:
         for stale in final.parent.glob(f".{final.name}.tmp-*"):  # left by a writer killed earlier

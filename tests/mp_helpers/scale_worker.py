@@ -175,6 +175,27 @@ def checkpoint(root: str) -> None:
     comm.close()
 
 
+def checkpoint_saves(root: str) -> None:
+    """Two saves (one in the background, one not) on stand-in nodes, nothing else: what a tracer counts."""
+    from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
+    from hpctrain.launch_env import detect_launch_env
+    from hpctrain.runtime.node_local import node_local_root
+
+    torch.set_num_threads(1)
+    env = detect_launch_env(os.environ)
+    comm = make_communicator("gloo", timeout_s=120)
+    r = comm.rank
+    scratch = node_local_root() / "hpctrain-checkpoint-test"  # type: ignore[operator]
+    store = CheckpointStore(root, keep=3, rank=r, world_size=comm.size, exchange=CommExchange(comm),
+                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=120))
+    shared = {"w": torch.arange(6.0)} if r == 0 else {}
+    store.commit(store.save_async(1, shared, per_rank={"rank": r, "x": torch.full((4,), 10.0 + r)}))
+    store.save(2, shared, per_rank={"rank": r, "x": torch.full((4,), 20.0 + r)})
+    store.close()
+    comm.barrier("test")
+    comm.close()
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "counts":
         counts(sys.argv[2], sys.argv[3])
@@ -182,5 +203,7 @@ if __name__ == "__main__":
         ffn_input(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "checkpoint":
         checkpoint(sys.argv[2])
+    elif sys.argv[1] == "checkpoint-saves":
+        checkpoint_saves(sys.argv[2])
     else:
         rendezvous(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5])
