@@ -7,7 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO_ROOT=$(pwd)
 
-APT_PACKAGES=(slurmctld slurmd slurm-client munge slurm-wlm-torque openssh-server openssh-client)
+# strace: tests count the ranks' system calls (mkdir/fsync per checkpoint) where they happen
+APT_PACKAGES=(slurmctld slurmd slurm-client munge slurm-wlm-torque openssh-server openssh-client strace)
 PIP_EXTRAS="train,local,test,zarr,submitit"
 TORCH_PIN="torch==2.13.0"
 
