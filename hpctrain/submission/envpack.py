@@ -28,6 +28,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.submission.module_probe import import_location
+
 # Bumped when the archive's layout changes: an old cache entry is then never reused.
 LAYOUT = 1
 KEEP = 2  # archives of one environment kept in the cache (a job that started before a repack still reads its own)
@@ -94,25 +96,10 @@ def _editable_packages(site_packages: str) -> tuple[dict[str, str], set[str]]:
         top = os.path.join(info, "top_level.txt")
         names = Path(top).read_text(encoding="utf-8").split() if os.path.isfile(top) else []
         for name in names:
-            source = _import_location(name)
+            source = import_location(name)
             if source is not None:
                 packages[name] = source
     return packages, hooks
-
-
-def _import_location(name: str) -> str | None:
-    """Where ``import name`` finds the package (a directory) or module (a file), without importing it."""
-    import importlib.util
-
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if spec.submodule_search_locations:
-        return list(spec.submodule_search_locations)[0]
-    return spec.origin
 
 
 def layout() -> Layout:

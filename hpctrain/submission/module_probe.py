@@ -3,6 +3,7 @@ in a job's directory) before anything is queued. ``find_spec`` imports nothing b
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -41,3 +42,17 @@ def parse_answer(stdout: str) -> dict[str, Any] | None:
                 return None
             return answer if isinstance(answer, dict) else None
     return None
+
+
+def import_location(name: str) -> str | None:
+    """Where ``import name`` finds the package (its directory) or module (its origin) in this process, without
+    importing it; None where it is not found."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return next(iter(spec.submodule_search_locations))
+    return spec.origin

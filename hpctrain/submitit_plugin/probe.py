@@ -10,7 +10,6 @@ the machine, the module, where this process found it, and how to make the job fi
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import pickletools
 import sys
@@ -19,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
-from hpctrain.submission.module_probe import parse_answer, probe_argv
+from hpctrain.submission.module_probe import import_location, parse_answer, probe_argv
 from hpctrain.submission.shell import quote_path
 from hpctrain.submission.transport import Transport
 from hpctrain.submitit_plugin.runner import DELAYED_CLASS, MODULE
@@ -132,18 +131,10 @@ def _path_words(sys_path: Sequence[str]) -> str:
 
 def found_here_note(name: str, sys_path: Sequence[str]) -> str | None:
     """Where this process finds module ``name`` (and whether through its current directory), for the error."""
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
+    found = import_location(name)  # a package's directory or a module's file ("built-in" for some)
+    if found is None or not os.path.isabs(found):
         return None
-    if spec is None:
-        return None
-    if spec.submodule_search_locations:  # a package: its directory
-        location = Path(next(iter(spec.submodule_search_locations))).resolve()
-    elif spec.origin and os.path.isabs(spec.origin):
-        location = Path(spec.origin).resolve()
-    else:
-        return None
+    location = Path(found).resolve()
     here = Path.cwd().resolve()
     if location.parent == here and str(here) not in sys_path:
         return (f"this Python finds {name} at {location} through the directory you submit from ({here}), "
