@@ -73,7 +73,7 @@ def test_json_shape(tmp_path: Path) -> None:
     for key in ("step_s", "efficiency", "steady_efficiency", "samples_per_s", "startup_s", "time_to_target_s"):
         assert isinstance(pred[key], float), key
     assert set(pred["terms_s"]) == {"compute", "oversubscription", "reduction", "straggler", "overhead", "input",
-                                    "startup"}
+                                    "checkpoint", "startup"}
     assert pred["dominant_loss"] in (*pred["losses"], "none")
     assert pred["reduction"]["algorithm"] == "ring"  # the local site's gloo
     assert pred["reduction"]["hidden_fraction"] == 0.0  # one bucket: reduced after backward

@@ -36,6 +36,8 @@ BASE = {
     "multinode_overhead_s": 0.0, "launch_overhead_s": 0.0, "control_allreduces": 0.0, "half_gamma_factor": 4.0,
     "record_s": 0.0,
     "input_bytes": 0.0, "stream_bytes": 0.0, "env_files": 0.0, "env_bytes": 0.0,
+    "allreduce_algorithm": "auto", "taper_nodes": 0, "taper": 1.0, "hiccup_prob": 0.0, "hiccup_s": 0.0,
+    "slow_node_fraction": 0.0, "slow_node_slowdown": 0.0, "checkpoint_every_steps": 100, "checkpoint_bytes": 0.0,
 }
 
 
@@ -189,12 +191,43 @@ def test_reduction_pipeline_hides_buckets_ready_early() -> None:
     assert reduction_time(serial, 1, 2, 1.0)[0] == pytest.approx(2 * cost)
 
 
-def test_network_bandwidth_is_shared_by_the_ranks_of_a_node() -> None:
+def test_several_ranks_per_node_reduce_within_the_node_first() -> None:
     p = params(latency_us=2.0, nic_gbps=4.0, nics_per_node=2, intra_bandwidth_gbps=100.0)
     w = one_bucket(p.set_value("reduction_overlap", False, "set", "t"))
-    # 2 nodes x 2 ranks, mpi: per-rank bandwidth 8/2 = 4 GB/s; Rabenseifner over 4 ranks
-    expected = 4 * 2e-6 + 2 * 0.75 * 1e6 / 4e9 + 0.75 * 1e6 * 1e-10
-    assert reduction_time(w, 2, 2, 1.0)[0] == pytest.approx(expected)
+    # 2 nodes x 2 ranks, mpi: reduce-scatter and allgather within the node (ring of 2 over 100 GB/s), then each
+    # rank's half (500 kB) all-reduced across the 2 nodes by Rabenseifner, the two ranks sharing the node's 8 GB/s
+    within = (1e-6 + 5e5 / 100e9) + 0.5 * 1e6 * 1e-10 + (1e-6 + 5e5 / 100e9)
+    across = 2 * 2e-6 + 2 * 0.5 * 5e5 * (2 / 8e9) + 0.5 * 5e5 * 1e-10
+    assert reduction_time(w, 2, 2, 1.0)[0] == pytest.approx(within + across)
+    # the node's network carries the gradient about once, however many ranks it holds: 8 ranks per node cost
+    # about what 1 does across the nodes, not 8 times as much
+    one_per_node = reduction_time(w, 16, 1, 1.0)[0]
+    eight_per_node = reduction_time(w, 16, 8, 1.0)[0]
+    assert eight_per_node < 1.5 * one_per_node
+
+
+def test_algorithm_can_be_forced_and_taper_cuts_bandwidth_beyond_a_group() -> None:
+    p = params(backend="nccl", reduction_overlap=False, latency_us=1000.0)
+    w = one_bucket(p, 1e3)
+    assert reduction_time(w, 64, 1, 1.0)[2] == "tree"  # latency-bound: the backend's own choice
+    forced = Workload(p.set_value("allreduce_algorithm", "ring", "set", "t"), w.buckets)
+    assert reduction_time(forced, 64, 1, 1.0)[2] == "ring"
+    assert reduction_time(forced, 64, 1, 1.0)[0] == pytest.approx(c.ring_allreduce(64, 1e3, c.Link(1e-3, 1e-9, 1e-10)))
+    big = one_bucket(params(reduction_overlap=False, taper_nodes=16, taper=0.25), 1e8)
+    inside, outside = reduction_time(big, 16, 1, 1.0)[0], reduction_time(big, 32, 1, 1.0)[0]
+    assert outside > 3.5 * inside  # a quarter of the bandwidth once the job leaves its group
+
+
+def test_heavy_tail_slow_nodes_and_checkpoints() -> None:
+    w = one_bucket(params(hiccup_prob=0.01, hiccup_s=0.5))
+    # one stall of 0.5 s in a step of P ranks with probability 1 - 0.99^P
+    assert step_cost(w, 1, 1).terms["straggler"] == pytest.approx(0.5 * 0.01)
+    assert step_cost(w, 100, 1).terms["straggler"] == pytest.approx(0.5 * (1 - 0.99**100))
+    slow = one_bucket(params(slow_node_fraction=0.001, slow_node_slowdown=0.3))
+    assert step_cost(slow, 1000, 1).terms["straggler"] == pytest.approx(0.3 * (1 - 0.999**1000))
+    ckpt = one_bucket(params(checkpoint_bytes=3e9, checkpoint_every_steps=100, filesystem_gbps=10.0))
+    # 3 GB through the node's 1 GB/s network (slower than the file system) every 100 steps
+    assert step_cost(ckpt, 4, 1).terms["checkpoint"] == pytest.approx(3.0 / 100)
 
 
 def test_half_precision_adacomp_adasum_and_dasgd_by_hand() -> None:

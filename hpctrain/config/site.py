@@ -336,6 +336,10 @@ class Network(Strict):
         "threads (it waits for the core), per thread beyond one per hardware thread, microseconds")
     filesystem_gbps: float | None = Field(None, gt=0, description="Aggregate read bandwidth of the shared file system")
     metadata_ops_per_s: float | None = Field(None, gt=0, description="File opens per second of the shared file system")
+    taper_nodes: int | None = Field(None, ge=0, description="Nodes that reach each other at full injection "
+                                    "bandwidth (a leaf switch, a dragonfly group); 0: no taper")
+    taper: float | None = Field(None, gt=0, le=1, description="Share of a node's injection bandwidth left for "
+                                "traffic beyond taper_nodes (fat-tree taper, dragonfly global links)")
 
 
 class MPISetup(Strict):

@@ -5,7 +5,9 @@ formulas are the textbook ones (Thakur, Rabenseifner & Gropp 2005, "Optimization
 communication operations in MPICH"); the choice by size follows each library: MPICH takes recursive doubling
 up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 bytes) and reduce-scatter + allgather (Rabenseifner) above;
 torch's gloo backend always asks gloo for its ring; NCCL predicts ring and tree times and takes the faster
-(oneCCL, torch's xccl on Intel GPUs, is modelled the same way).
+(oneCCL, torch's xccl on Intel GPUs, is modelled the same way). With several ranks per node every backend
+reduces hierarchically: within the node first, then across nodes (``hierarchical_allreduce``); ``--set
+allreduce_algorithm=...`` forces the algorithm of the inter-node phase, as NCCL_ALGO or MPICH_ALLREDUCE does.
 """
 
 from __future__ import annotations
@@ -71,10 +73,20 @@ def tree_allreduce(p: int, n: float, link: Link) -> float:
     return 2 * math.ceil(math.log2(p)) * link.alpha + 2 * n * link.beta + n * link.gamma
 
 
-def allreduce(backend: str, p: int, n: float, link: Link) -> tuple[float, str]:
-    """(seconds, algorithm) of an all-reduce of ``n`` bytes over ``p`` ranks as ``backend`` runs it."""
+ALGORITHMS = ("auto", "ring", "tree", "recursive_doubling", "rabenseifner")
+_FORCED = {"ring": (ring_allreduce, "ring"), "tree": (tree_allreduce, "tree"),
+           "recursive_doubling": (recursive_doubling_allreduce, "recursive doubling"),
+           "rabenseifner": (rabenseifner_allreduce, "reduce-scatter + allgather")}
+
+
+def allreduce(backend: str, p: int, n: float, link: Link, algorithm: str = "auto") -> tuple[float, str]:
+    """(seconds, algorithm) of an all-reduce of ``n`` bytes over ``p`` ranks as ``backend`` runs it, or with
+    the ``algorithm`` forced (NCCL_ALGO, MPICH_ALLREDUCE / I_MPI_ADJUST_ALLREDUCE, gloo's choice in torch)."""
     if p <= 1:
         return 0.0, "none"
+    if algorithm != "auto":
+        cost, name = _FORCED[algorithm]
+        return cost(p, n, link), name
     if backend == "mpi":
         if n <= MPICH_SHORT_MSG_BYTES:
             return recursive_doubling_allreduce(p, n, link), "recursive doubling"
@@ -85,6 +97,32 @@ def allreduce(backend: str, p: int, n: float, link: Link) -> tuple[float, str]:
         ring, tree = ring_allreduce(p, n, link), tree_allreduce(p, n, link)
         return (tree, "tree") if tree < ring else (ring, "ring")
     raise ValueError(f"unknown backend {backend!r}")
+
+
+def ring_reduce_scatter(p: int, n: float, link: Link) -> float:
+    """Each of ``p`` ranks ends with the sum of its 1/p of the vector: p-1 steps of n/p bytes."""
+    if p <= 1:
+        return 0.0
+    return (p - 1) * (link.alpha + n / p * link.beta) + (p - 1) / p * n * link.gamma
+
+
+def hierarchical_allreduce(backend: str, nodes: int, per_node: int, n: float, intra: Link, inter: Link,
+                           algorithm: str = "auto") -> tuple[float, str]:
+    """An all-reduce of ``n`` bytes over ``nodes`` x ``per_node`` ranks in three phases, as NCCL (rings through
+    each node's GPUs, one inter-node channel per NIC), Cray MPICH's SMP-aware allreduce and Horovod's
+    hierarchical mode run it: a reduce-scatter within each node (each rank then holds the node's sum of its
+    1/per_node share), an all-reduce of each share across the nodes (the node's ranks in parallel, sharing its
+    network bandwidth: ``inter`` is one node's link, so its beta is scaled by per_node), an allgather within
+    the node. A node's network interface therefore carries the gradient once, not once per rank."""
+    if nodes <= 1:
+        return allreduce(backend, per_node, n, intra, algorithm)
+    if per_node <= 1:
+        return allreduce(backend, nodes, n, inter, algorithm)
+    share = n / per_node
+    shared = Link(inter.alpha, inter.beta * per_node, inter.gamma)
+    across, name = allreduce(backend, nodes, share, shared, algorithm)
+    within = ring_reduce_scatter(per_node, n, intra) + allgather(per_node, share, intra)
+    return within + across, f"{name} across nodes (within a node: reduce-scatter + allgather)"
 
 
 def allgather(p: int, m: float, link: Link) -> float:

@@ -65,6 +65,8 @@ def study_parameters(theta: SiteProfile, compute_cv: float = COMPUTE_CV) -> Para
         _p("startup_s", 120.0, "assumed", "one node: imports, graph build, HDF5 open"),
         _p("stream_bytes", 100e6, "assumed", "the FIB-25 coordinate stream as TFRecords, about 100 MB"),
         _p("half_gamma_factor", 16.0, "assumed", "not used (float32 on the wire)"),
+        _p("checkpoint_bytes", 0.0, "study", "the scaling figure reports training throughput, checkpoints apart"),
+        _p("checkpoint_every_steps", 1.0, "study", "not used (no checkpoint cost)"),
         _p("multinode_overhead_s", 0.0, "fitted", "to be fitted"),
         _p("record_s", 0.0, "fitted", "to be fitted"),
     ]

@@ -37,6 +37,11 @@ ASSUMED: dict[str, tuple[Value, str]] = {
     "input_s": (0.0, "no input timing measured"),
     "startup_s": (0.0, "no start-up measured"),
     "background_load": (0.0, "the job has its nodes to itself"),
+    "allreduce_algorithm": ("auto", "each backend's own choice by message size (collectives.py)"),
+    "hiccup_prob": (0.0, "no heavy tail of per-step stalls measured"),
+    "hiccup_s": (0.0, "no heavy tail of per-step stalls measured"),
+    "slow_node_fraction": (0.0, "no slow nodes known on the site"),
+    "slow_node_slowdown": (0.0, "no slow nodes known on the site"),
 }
 # Network figures a site profile may leave out, with the typical value used instead.
 SITE_DEFAULTS: dict[str, tuple[float, str]] = {
@@ -48,7 +53,13 @@ SITE_DEFAULTS: dict[str, tuple[float, str]] = {
     "shared_core_latency_us": (1000.0, "about one Linux scheduler time slice (EEVDF: 0.75 ms x (1 + log2 CPUs))"),
     "filesystem_gbps": (100.0, "a parallel file system of a mid-sized machine"),
     "metadata_ops_per_s": (50000.0, "a Lustre metadata server's file opens per second"),
+    "taper_nodes": (0.0, "full injection bandwidth between any two nodes (no taper)"),
+    "taper": (1.0, "full injection bandwidth between any two nodes (no taper)"),
 }
+# Buckets a layout may have: the reduction is costed bucket by bucket.
+MAX_BUCKETS = 100_000
+# Bytes a checkpoint writes per gradient byte when no size is given: weights plus Adam's two moments.
+CHECKPOINT_PER_GRAD_BYTE = 3.0
 # A rank sums half precision in software on CPUs: measured on the test machine, an fp16 all-reduce of 0.85 MB
 # took 5.5 ms against 0.33 ms in float32 over MPI (docs/runtime.md).
 HALF_GAMMA = {"nccl": (1.0, "GPUs sum fp16/bf16 natively"), "xccl": (1.0, "GPUs sum fp16/bf16 natively"),
@@ -69,6 +80,7 @@ class PlanInputs:
     lr_scaling: str
     warmup_kind: str
     max_nodes: int | None
+    notes: tuple[str, ...] = ()
 
 
 def _site_file(site: SiteProfile) -> str:
@@ -95,6 +107,7 @@ def _job_params(job: JobSpec, where: str, site: SiteProfile) -> list[Param]:
         Param("dasgd_period", float(comb.period), "job", f"{where}: train.combiner.period"),
         Param("dasgd_delay", float(comb.delay), "job", f"{where}: train.combiner.delay"),
         Param("walltime_s", float(parse_walltime(res.walltime)), "job", f"{where}: resources.walltime"),
+        Param("checkpoint_every_steps", float(job.checkpoint.every_steps), "job", f"{where}: checkpoint.every_steps"),
         Param("control_allreduces", 1.0 / job.checkpoint.stop_check_every, "job",
               f"{where}: checkpoint.stop_check_every (the stop vote: one all-reduce of 16 bytes every "
               f"{job.checkpoint.stop_check_every} step(s), checkpoint/session.py stop_requested)"),
@@ -215,8 +228,12 @@ def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: M
     if missing:
         raise ConfigError(
             f"no measurement of {', '.join(missing)}: the planner needs this job's step time on one node",
-            hint="give --from RUN (a run of this job), or --calibrate, or --set "
-                 + " ".join(f"{n}=..." for n in missing))
+            hint="give --from RUN (a run of this job), or --calibrate, or "
+                 + " ".join(f"--set {n}=VALUE" for n in missing))
+    if "checkpoint_bytes" not in result:
+        grad = result.num("grad_bytes")
+        result = result.updated(Param("checkpoint_bytes", min(CHECKPOINT_PER_GRAD_BYTE * grad, 1e15), "assumed",
+                                      "3 x the gradient bytes: the weights and Adam's two moments"))
     return result
 
 
@@ -227,7 +244,12 @@ def workload_for(params: Parameters, measured: Measurements | None, sets: list[s
     changed = {s.partition("=")[0].strip() for s in sets}
     if measured is not None and measured.buckets and not (changed & relayout):
         return Workload(params, measured.buckets)
-    layout = even_buckets(params.num("grad_bytes"), params.num("bucket_mb") * 2**20, params.num("overlap_window_s"))
+    grad, bucket = params.num("grad_bytes"), params.num("bucket_mb") * 2**20
+    if grad / bucket > MAX_BUCKETS:
+        raise ConfigError(f"{grad:.4g} gradient bytes in buckets of {params.num('bucket_mb'):g} MB make "
+                          f"{grad / bucket:.3g} buckets; the planner costs at most {MAX_BUCKETS}", key="bucket_mb",
+                          hint=f"a bucket_mb of at least {grad / MAX_BUCKETS / 2**20:.3g}")
+    layout = even_buckets(grad, bucket, params.num("overlap_window_s"))
     return Workload(params, layout)
 
 
@@ -248,7 +270,21 @@ def plan_inputs(job: JobSpec, job_path: str, site: SiteProfile, measured: Measur
     params = build_parameters(job, job_path, site, measured, sets)
     unit = measured.sample_unit if measured is not None else "samples"
     return PlanInputs(workload_for(params, measured, sets), job.name, site.name, unit, job.train.lr_scaling,
-                      job.train.warmup.kind, max_nodes(site))
+                      job.train.warmup.kind, max_nodes(site), tuple(site_notes(site, params)))
+
+
+def site_notes(site: SiteProfile, params: Parameters) -> list[str]:
+    """A warning for each network figure the plan assumes because the site profile does not give it."""
+    assumed = [name for name in SITE_DEFAULTS if params[name].source == "assumed"]
+    if site.network is None:
+        return [f"site {site.name!r} has no network: section; the plan assumes "
+                + ", ".join(f"{n}={params[n].text()}" for n in assumed)
+                + " (add them to the profile, or --set them)"]
+    wanted = [n for n in assumed if n not in ("taper_nodes", "taper", "shared_core_latency_us")]
+    if wanted:
+        return [f"site {site.name!r} gives no network.{', network.'.join(wanted)}; the plan assumes "
+                + ", ".join(f"{n}={params[n].text()}" for n in wanted)]
+    return []
 
 
 def check_nodes(nodes: list[int], inputs: PlanInputs) -> None:

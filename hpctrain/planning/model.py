@@ -18,7 +18,7 @@ from hpctrain.planning.parameters import Parameters
 from hpctrain.planning.stragglers import straggler_delay
 
 # Loss terms in the order they are stacked in tables and plots; "compute" is the useful part.
-TERMS = ("compute", "oversubscription", "reduction", "straggler", "overhead", "input", "startup")
+TERMS = ("compute", "oversubscription", "reduction", "straggler", "overhead", "input", "checkpoint", "startup")
 LOSS_TERMS = TERMS[1:]
 
 
@@ -140,23 +140,50 @@ class Prediction:
 # The terms
 
 
-def _link(p: Parameters, nodes: int, ranks_per_node: int, half: bool) -> Link:
-    """Costs between two ranks: shared memory within a node, the network across nodes (its injection
-    bandwidth shared by the node's ranks, except under NCCL whose rings cross each node once per NIC).
-    Where ranks share cores (more runnable threads than hardware threads), every message also waits for its
-    receiver to get a core again: ``shared_core_latency_us`` per thread beyond one per hardware thread."""
-    intra_bw = p.num("intra_bandwidth_gbps") * 1e9
-    if nodes <= 1:
-        alpha, bandwidth = p.num("intra_latency_us") * 1e-6, intra_bw
-    else:
-        node_bw = p.num("nics_per_node") * p.num("nic_gbps") * 1e9
-        per_rank = node_bw if p.value("backend") in ("nccl", "xccl") else node_bw / ranks_per_node
-        alpha, bandwidth = p.num("latency_us") * 1e-6, min(intra_bw, per_rank)
-    alpha += (_core_share(p, ranks_per_node) - 1.0) * p.num("shared_core_latency_us") * 1e-6
+def _gamma(p: Parameters, half: bool) -> float:
     gamma = 1.0 / (p.num("reduce_gbps") * 1e9)
-    if half:
-        gamma *= p.num("half_gamma_factor")
-    return Link(alpha, 1.0 / bandwidth, gamma)
+    return gamma * p.num("half_gamma_factor") if half else gamma
+
+
+def _shared_core_alpha(p: Parameters, ranks_per_node: int) -> float:
+    """Where ranks share cores (more runnable threads than hardware threads), every message also waits for its
+    receiver to get a core again: ``shared_core_latency_us`` per thread beyond one per hardware thread."""
+    return (_core_share(p, ranks_per_node) - 1.0) * p.num("shared_core_latency_us") * 1e-6
+
+
+def node_bandwidth(p: Parameters, nodes: int) -> float:
+    """A node's network bandwidth (bytes/s) in a job of ``nodes`` nodes: its NICs' injection bandwidth, cut to
+    ``taper`` once the job spans more than ``taper_nodes`` nodes (a fat tree's tapered upper level, a
+    dragonfly's global links between groups), so that traffic leaves the group through fewer links."""
+    bandwidth = p.num("nics_per_node") * p.num("nic_gbps") * 1e9
+    group = p.num("taper_nodes")
+    if group > 0 and nodes > group:
+        bandwidth *= p.num("taper")
+    return bandwidth
+
+
+def intra_link(p: Parameters, ranks_per_node: int, half: bool) -> Link:
+    """Costs between two ranks of one node (shared memory, NVLink, Infinity Fabric)."""
+    alpha = p.num("intra_latency_us") * 1e-6 + _shared_core_alpha(p, ranks_per_node)
+    return Link(alpha, 1.0 / (p.num("intra_bandwidth_gbps") * 1e9), _gamma(p, half))
+
+
+def inter_link(p: Parameters, nodes: int, ranks_per_node: int, half: bool) -> Link:
+    """Costs between two nodes with the whole node's network bandwidth (hierarchical reduction divides it
+    among the node's ranks itself)."""
+    alpha = p.num("latency_us") * 1e-6 + _shared_core_alpha(p, ranks_per_node)
+    return Link(alpha, 1.0 / node_bandwidth(p, nodes), _gamma(p, half))
+
+
+def _flat_link(p: Parameters, nodes: int, ranks_per_node: int, half: bool) -> Link:
+    """One rank's share of the links when every rank exchanges with every other (Adasum's pairwise exchanges,
+    AdaComp's allgather): within a node shared memory; across nodes the node's bandwidth split among its ranks
+    (every rank's messages leave the node)."""
+    if nodes <= 1:
+        return intra_link(p, ranks_per_node, half)
+    link = inter_link(p, nodes, ranks_per_node, half)
+    bandwidth = min(p.num("intra_bandwidth_gbps") * 1e9, 1.0 / link.beta / ranks_per_node)
+    return Link(link.alpha, 1.0 / bandwidth, link.gamma)
 
 
 def _core_share(p: Parameters, ranks_per_node: float) -> float:
@@ -177,20 +204,29 @@ def _busy_slowdown(p: Parameters, ranks_per_node: float) -> float:
     return 1.0 + (1.0 / p.num("all_core_speed") - 1.0) * max(0.0, busy - 1.0) / (threads - 1.0)
 
 
-def _bucket_cost(p: Parameters, ranks: int, nbytes: float, link: Link) -> tuple[float, str]:
-    combiner, backend = p.value("combiner"), str(p.value("backend"))
+def _allreduce(p: Parameters, nodes: int, ranks_per_node: int, nbytes: float, half: bool) -> tuple[float, str]:
+    return collectives.hierarchical_allreduce(
+        str(p.value("backend")), nodes, ranks_per_node, nbytes, intra_link(p, ranks_per_node, half),
+        inter_link(p, nodes, ranks_per_node, half), str(p.value("allreduce_algorithm")))
+
+
+def _bucket_cost(p: Parameters, nodes: int, ranks_per_node: int, nbytes: float) -> tuple[float, str]:
+    combiner = p.value("combiner")
+    ranks = nodes * ranks_per_node
     launch = p.num("launch_overhead_s")
     if combiner == "adasum":
+        link = _flat_link(p, nodes, ranks_per_node, False)
         return collectives.adasum_exchange(ranks, nbytes, link) + launch, "adasum pairwise exchange"
     if combiner == "adacomp":
+        link = _flat_link(p, nodes, ranks_per_node, False)
         sent = nbytes * p.num("adacomp_ratio")
         decode = ranks * sent * link.gamma  # every rank scatters every rank's selected elements back
         return collectives.allgather(ranks, sent, link) + decode + launch, "allgather (variable length)"
     if p.value("compression") in ("fp16", "bf16"):
-        seconds, algorithm = collectives.allreduce(backend, ranks, nbytes / 2, link)
-        convert = 2 * nbytes * link.gamma / p.num("half_gamma_factor")  # to half precision and back
+        seconds, algorithm = _allreduce(p, nodes, ranks_per_node, nbytes / 2, True)
+        convert = 2 * nbytes * _gamma(p, False)  # to half precision and back
         return seconds + convert + launch, algorithm
-    seconds, algorithm = collectives.allreduce(backend, ranks, nbytes, link)
+    seconds, algorithm = _allreduce(p, nodes, ranks_per_node, nbytes, False)
     return seconds + launch, algorithm
 
 
@@ -206,9 +242,8 @@ def reduction_time(w: Workload, nodes: int, ranks_per_node: int, compute_s: floa
     ranks = nodes * ranks_per_node
     if ranks <= 1 or not w.buckets:
         return 0.0, 0.0, "none"
-    link = _link(p, nodes, ranks_per_node, p.value("compression") in ("fp16", "bf16"))
     if p.value("combiner") == "dasgd":
-        seconds, algorithm = collectives.allreduce(str(p.value("backend")), ranks, w.grad_bytes, link)
+        seconds, algorithm = _allreduce(p, nodes, ranks_per_node, w.grad_bytes, False)
         hidden = p.num("dasgd_delay") * compute_s
         period = max(1.0, p.num("dasgd_period"))
         return max(0.0, seconds - hidden) / period, seconds / period, algorithm
@@ -218,7 +253,7 @@ def reduction_time(w: Workload, nodes: int, ranks_per_node: int, compute_s: floa
     algorithm = ""
     last = len(w.buckets) - 1
     for i, bucket in enumerate(w.buckets):
-        cost, algorithm = _bucket_cost(p, ranks, bucket.nbytes, link)
+        cost, algorithm = _bucket_cost(p, nodes, ranks_per_node, bucket.nbytes)
         ready = -bucket.lead_s if overlap and i < last else 0.0
         start = max(ready, finish) if i else ready
         finish = start + cost
@@ -234,8 +269,7 @@ def control_time(p: Parameters, nodes: int, ranks_per_node: int) -> float:
     ranks = nodes * ranks_per_node
     if ranks <= 1:
         return 0.0
-    link = _link(p, nodes, ranks_per_node, False)
-    seconds, _ = collectives.allreduce(str(p.value("backend")), ranks, CONTROL_BYTES, link)
+    seconds, _ = _allreduce(p, nodes, ranks_per_node, CONTROL_BYTES, False)
     return p.num("control_allreduces") * (seconds + p.num("launch_overhead_s"))
 
 
@@ -257,6 +291,27 @@ def startup_time(p: Parameters, nodes: int, ranks_per_node: int) -> float:
     if p.value("input_sharding") == "whole":
         seconds += extra_ranks * p.num("stream_bytes") / fs
     return seconds
+
+
+def _tail_delay(p: Parameters, nodes: int, ranks: int, compute_s: float) -> float:
+    """What the Gaussian spread leaves out: a heavy tail of rare per-rank stalls (OS noise, a page fault
+    storm, a collector), each ``hiccup_s`` long with probability ``hiccup_prob`` per rank per step, so a step
+    of P ranks waits for one with probability 1 - (1 - q)^P; and slow nodes (a throttled GPU, a bad DIMM):
+    a fraction ``slow_node_fraction`` of the machine's nodes computes ``slow_node_slowdown`` slower, and a
+    job of N nodes holds at least one with probability 1 - (1 - f)^N."""
+    q, f = p.num("hiccup_prob"), p.num("slow_node_fraction")
+    stall = p.num("hiccup_s") * -math.expm1(ranks * math.log1p(-q)) if 0 < q < 1 else p.num("hiccup_s") * q
+    slow = compute_s * p.num("slow_node_slowdown") * (-math.expm1(nodes * math.log1p(-f)) if f < 1 else 1.0)
+    return stall + slow
+
+
+def checkpoint_time(p: Parameters, nodes: int, ranks_per_node: int) -> float:
+    """The checkpoint's share of a step: ``checkpoint_bytes`` written every ``checkpoint_every_steps`` steps
+    by one rank through its node's network to the shared file system (hpctrain's ranks wait for the write)."""
+    if p.num("checkpoint_bytes") <= 0:
+        return 0.0
+    rate = min(p.num("filesystem_gbps") * 1e9, p.num("nics_per_node") * p.num("nic_gbps") * 1e9)
+    return p.num("checkpoint_bytes") / rate / p.num("checkpoint_every_steps")
 
 
 def step_cost(w: Workload, nodes: int, ranks_per_node: int | None = None) -> StepCost:
@@ -284,9 +339,10 @@ def step_cost(w: Workload, nodes: int, ranks_per_node: int | None = None) -> Ste
         "compute": p.num("compute_s"),
         "oversubscription": compute - p.num("compute_s"),
         "reduction": exposed,
-        "straggler": straggler_delay(math.sqrt(spread), ranks),
+        "straggler": straggler_delay(math.sqrt(spread), ranks) + _tail_delay(p, nodes, ranks, compute),
         "overhead": p.num("multinode_overhead_s") if nodes > 1 else 0.0,
         "input": input_exposed,
+        "checkpoint": checkpoint_time(p, nodes, r),
     }
     startup = startup_time(p, nodes, r)
     walltime = p.num("walltime_s")

@@ -5,6 +5,7 @@ a fit, or ``--set``. One table names them all, so a typo in ``--set`` is an erro
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 
@@ -16,70 +17,110 @@ Value = float | bool | str
 
 @dataclass(frozen=True)
 class Spec:
-    """What a parameter means: its unit, its type (float, int, bool, or a tuple of choices) and a description."""
+    """What a parameter means: its unit, its type (float, int, bool, or a tuple of choices), a description, and
+    the range a value must lie in (``at_least`` .. ``at_most``, both inclusive; ``positive``: 0 is not a value,
+    being a divisor). Every number has an upper bound: a planner input beyond any machine or model there is
+    is a typo, and the model's work and arithmetic stay finite inside the bounds."""
 
     unit: str
     kind: type | tuple[str, ...]
     description: str
-    at_most: float | None = None  # an upper bound (a fraction: 1)
-    positive: bool = False  # 0 is not a value (a divisor)
+    at_most: float | None = None
+    positive: bool = False
+    at_least: float = 0.0
 
+
+# Upper bounds shared by several parameters.
+SECONDS = 1e6  # about 11 days: longer than any step or job start-up
+BYTES = 1e13  # 10 TB: larger than any model's gradient or a rank's per-step read
+GBPS = 1e5  # 100 TB/s: above any link or memory
+RANKS_PER_NODE = 4096
+MICROSECONDS = 1e7
 
 SPECS: dict[str, Spec] = {
     # -- measured on one node (a run's profile), or given
-    "compute_s": Spec("s", float, "mean per-step compute of one rank: forward, backward, optimizer"),
-    "compute_std_s": Spec("s", float, "spread (standard deviation) of the per-step compute time"),
-    "overlap_window_s": Spec("s", float, "time from the first gradient bucket being ready to the end of backward"),
-    "input_s": Spec("s", float, "per-step time to produce the next batch (read, crop, augment)"),
-    "input_std_s": Spec("s", float, "spread of the per-step input time"),
-    "startup_s": Spec("s", float, "start-up on one node: process start to the first step"),
-    "grad_bytes": Spec("B", float, "gradient bytes each rank reduces per step"),
-    "adacomp_ratio": Spec("", float, "AdaComp: bytes on the wire / dense gradient bytes"),
-    "calibration_ranks_per_node": Spec("", int, "ranks per node in the run the measurements come from"),
+    "compute_s": Spec("s", float, "mean per-step compute of one rank: forward, backward, optimizer",
+                      at_most=SECONDS, positive=True, at_least=1e-9),
+    "compute_std_s": Spec("s", float, "spread (standard deviation) of the per-step compute time", at_most=SECONDS),
+    "overlap_window_s": Spec("s", float, "time from the first gradient bucket being ready to the end of backward",
+                             at_most=SECONDS),
+    "input_s": Spec("s", float, "per-step time to produce the next batch (read, crop, augment)", at_most=SECONDS),
+    "input_std_s": Spec("s", float, "spread of the per-step input time", at_most=SECONDS),
+    "startup_s": Spec("s", float, "start-up on one node: process start to the first step", at_most=SECONDS),
+    "grad_bytes": Spec("B", float, "gradient bytes each rank reduces per step", at_most=BYTES),
+    "adacomp_ratio": Spec("", float, "AdaComp: bytes on the wire / dense gradient bytes", at_most=1.0),
+    "calibration_ranks_per_node": Spec("", int, "ranks per node in the run the measurements come from",
+                                       at_most=RANKS_PER_NODE, positive=True, at_least=1),
     # -- the job
-    "ranks_per_node": Spec("", int, "ranks per node"),
-    "threads_per_rank": Spec("", int, "threads per rank"),
-    "batch_per_rank": Spec("samples", int, "samples per rank per step"),
-    "bucket_mb": Spec("MB", float, "fused gradient bucket size"),
+    "ranks_per_node": Spec("", int, "ranks per node", at_most=RANKS_PER_NODE, positive=True, at_least=1),
+    "threads_per_rank": Spec("", int, "threads per rank", at_most=RANKS_PER_NODE, positive=True, at_least=1),
+    "batch_per_rank": Spec("samples", int, "samples per rank per step", at_most=1e9, positive=True, at_least=1),
+    "bucket_mb": Spec("MB", float, "fused gradient bucket size", at_most=BYTES / 2**20, positive=True, at_least=1e-6),
     "combiner": Spec("", ("mean", "adasum", "adacomp", "dasgd"), "how gradients are combined"),
     "compression": Spec("", ("none", "fp16", "bf16"), "wire precision of the mean"),
-    "dasgd_period": Spec("steps", int, "DaSGD: steps between model averages"),
-    "dasgd_delay": Spec("steps", int, "DaSGD: steps an average stays in flight"),
-    "walltime_s": Spec("s", float, "walltime of one job (start-up is amortised over it)"),
+    "dasgd_period": Spec("steps", int, "DaSGD: steps between model averages", at_most=1e6, positive=True, at_least=1),
+    "dasgd_delay": Spec("steps", int, "DaSGD: steps an average stays in flight", at_most=1e6),
+    "walltime_s": Spec("s", float, "walltime of one job (start-up is amortised over it)",
+                       at_most=1e8, positive=True, at_least=1),
     "backend": Spec("", ("mpi", "gloo", "nccl", "xccl"), "communication backend"),
+    "allreduce_algorithm": Spec("", ("auto", "ring", "tree", "recursive_doubling", "rabenseifner"),
+                                "all-reduce algorithm across nodes: the backend's own choice by size, or forced"),
+    "checkpoint_every_steps": Spec("steps", int, "steps between checkpoints", at_most=1e9, positive=True,
+                                   at_least=1),
+    "checkpoint_bytes": Spec("B", float, "bytes one checkpoint writes (model and optimizer state)",
+                             at_most=BYTES * 100),
     # -- the site
-    "site_nodes": Spec("", int, "compute nodes in the machine"),
-    "node_threads": Spec("", int, "hardware threads per node usable by the job (cores x threads per core)"),
-    "background_load": Spec("", float, "runnable threads of other work on a node (load average minus the job)"),
+    "site_nodes": Spec("", int, "compute nodes in the machine", at_most=1e7, positive=True, at_least=1),
+    "node_threads": Spec("", int, "hardware threads per node usable by the job (cores x threads per core)",
+                         at_most=1e5, positive=True, at_least=1),
+    "background_load": Spec("", float, "runnable threads of other work on a node (load average minus the job)",
+                            at_most=1e5),
     "all_core_speed": Spec("", float, "a thread's compute speed with every hardware thread of the node busy, "
-                           "relative to one alone", at_most=1.0, positive=True),
+                           "relative to one alone", at_most=1.0, positive=True, at_least=1e-3),
     "rank_speed_spread": Spec("", float, "spread of the ranks' compute speed between cores or nodes, held over a "
                               "run (standard deviation / mean)", at_most=1.0),
     "shared_core_latency_us": Spec("us", float, "extra latency of a message to a rank that shares its core, per "
-                                   "runnable thread beyond one per hardware thread"),
-    "latency_us": Spec("us", float, "inter-node message latency (alpha)"),
-    "nics_per_node": Spec("", int, "network interfaces per node"),
-    "nic_gbps": Spec("GB/s", float, "injection bandwidth of one network interface"),
-    "intra_latency_us": Spec("us", float, "latency between ranks on one node"),
-    "intra_bandwidth_gbps": Spec("GB/s", float, "bandwidth between ranks on one node"),
-    "reduce_gbps": Spec("GB/s", float, "rate at which one rank sums two float32 vectors (gamma = 1/rate)"),
-    "filesystem_gbps": Spec("GB/s", float, "aggregate read bandwidth of the shared file system"),
-    "metadata_ops_per_s": Spec("1/s", float, "file opens/stats per second the shared file system serves"),
+                                   "runnable thread beyond one per hardware thread", at_most=MICROSECONDS),
+    "latency_us": Spec("us", float, "inter-node message latency (alpha)", at_most=MICROSECONDS),
+    "nics_per_node": Spec("", int, "network interfaces per node", at_most=64, positive=True, at_least=1),
+    "nic_gbps": Spec("GB/s", float, "injection bandwidth of one network interface",
+                     at_most=GBPS, positive=True, at_least=1e-6),
+    "taper_nodes": Spec("", int, "nodes that reach each other at full injection bandwidth (a leaf switch, a "
+                        "dragonfly group); 0: no taper", at_most=1e7),
+    "taper": Spec("", float, "share of a node's injection bandwidth left once a job spans more than taper_nodes",
+                  at_most=1.0, positive=True, at_least=1e-4),
+    "hiccup_prob": Spec("", float, "probability per rank per step of a stall (OS noise, a collector)", at_most=1.0),
+    "hiccup_s": Spec("s", float, "length of one such stall", at_most=SECONDS),
+    "slow_node_fraction": Spec("", float, "fraction of the machine's nodes that compute slower", at_most=1.0),
+    "slow_node_slowdown": Spec("", float, "how much slower a slow node computes (0.2: 20 % slower)", at_most=100.0),
+    "intra_latency_us": Spec("us", float, "latency between ranks on one node", at_most=MICROSECONDS),
+    "intra_bandwidth_gbps": Spec("GB/s", float, "bandwidth between ranks on one node",
+                                 at_most=GBPS, positive=True, at_least=1e-6),
+    "reduce_gbps": Spec("GB/s", float, "rate at which one rank sums two float32 vectors (gamma = 1/rate)",
+                        at_most=GBPS, positive=True, at_least=1e-6),
+    "filesystem_gbps": Spec("GB/s", float, "aggregate read bandwidth of the shared file system",
+                            at_most=GBPS * 100, positive=True, at_least=1e-6),
+    "metadata_ops_per_s": Spec("1/s", float, "file opens/stats per second the shared file system serves",
+                               at_most=1e10, positive=True, at_least=1e-3),
     # -- design: how the job's runtime behaves
     "reduction_overlap": Spec("", bool, "gradient buckets are reduced during backward"),
     "input_overlap": Spec("", bool, "the next batch is read while the current one trains"),
     "input_sharding": Spec("", ("shard", "whole"), "each rank reads its 1/N of the input stream, or all of it"),
     "startup_staged": Spec("", bool, "the software environment is staged to the nodes, not read by every rank"),
     # -- costs not measured on one node
-    "multinode_overhead_s": Spec("s", float, "fixed per-step cost once a job spans nodes, beyond the collectives"),
-    "launch_overhead_s": Spec("s", float, "software cost of starting one collective"),
-    "control_allreduces": Spec("", float, "small all-reduces per step besides the gradients' (the stop vote)"),
-    "half_gamma_factor": Spec("", float, "how much slower a rank sums fp16/bf16 than float32"),
-    "record_s": Spec("s", float, "cost of one record of the input stream (read + parse)"),
-    "input_bytes": Spec("B", float, "bytes each rank reads from the shared file system per step"),
-    "stream_bytes": Spec("B", float, "size of the input stream (read at start-up; by every rank if 'whole')"),
-    "env_files": Spec("", float, "files a rank opens to start (the Python environment)"),
-    "env_bytes": Spec("B", float, "bytes of the Python environment (what staging copies)"),
+    "multinode_overhead_s": Spec("s", float, "fixed per-step cost once a job spans nodes, beyond the collectives",
+                                 at_most=SECONDS),
+    "launch_overhead_s": Spec("s", float, "software cost of starting one collective", at_most=1e3),
+    "control_allreduces": Spec("", float, "small all-reduces per step besides the gradients' (the stop vote)",
+                               at_most=1e3),
+    "half_gamma_factor": Spec("", float, "how much slower a rank sums fp16/bf16 than float32",
+                              at_most=1e3, positive=True, at_least=1e-3),
+    "record_s": Spec("s", float, "cost of one record of the input stream (read + parse)", at_most=1e3),
+    "input_bytes": Spec("B", float, "bytes each rank reads from the shared file system per step", at_most=BYTES),
+    "stream_bytes": Spec("B", float, "size of the input stream (read at start-up; by every rank if 'whole')",
+                         at_most=BYTES * 100),
+    "env_files": Spec("", float, "files a rank opens to start (the Python environment)", at_most=1e9),
+    "env_bytes": Spec("B", float, "bytes of the Python environment (what staging copies)", at_most=BYTES),
 }
 
 
@@ -169,19 +210,25 @@ def check_value(name: str, value: Value) -> Value:
         raise ConfigError(f"{value!r} is not yes/no", key=name)
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ConfigError(f"{value!r} is not a number", key=name, hint=f"unit: {spec.unit or 'none'}") from None
-    if number != number or number < 0 or number == float("inf"):
-        raise ConfigError(f"{value!r} must be a finite number >= 0", key=name)
-    if spec.positive and number == 0:
-        raise ConfigError(f"{value!r} must be above 0", key=name)
+    if not math.isfinite(number) or number < 0:
+        raise ConfigError(f"{value!r} must be a finite number >= 0", key=name, hint=_range_text(spec))
+    if spec.positive and number < max(spec.at_least, 5e-324):
+        raise ConfigError(f"{value!r} must be at least {spec.at_least:g}", key=name, hint=_range_text(spec))
     if spec.at_most is not None and number > spec.at_most:
-        raise ConfigError(f"{value!r} must be at most {spec.at_most:g}", key=name)
+        raise ConfigError(f"{value!r} must be at most {spec.at_most:g}", key=name, hint=_range_text(spec))
     if kind is int:
         if number != int(number):
             raise ConfigError(f"{value!r} must be a whole number", key=name)
         return float(int(number))
     return number
+
+
+def _range_text(spec: Spec) -> str:
+    low = f"{spec.at_least:g}" if spec.positive else "0"
+    high = f"{spec.at_most:g}" if spec.at_most is not None else "any"
+    return f"{spec.description}: from {low} to {high} {spec.unit}".rstrip()
 
 
 def parse_assignment(text: str) -> tuple[str, str]:

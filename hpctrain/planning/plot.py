@@ -12,7 +12,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.planning.model import LOSS_TERMS, Prediction
 
 COLOURS = {"oversubscription": "#8c564b", "reduction": "#1f77b4", "straggler": "#ff7f0e", "overhead": "#9467bd",
-           "input": "#d62728", "startup": "#7f7f7f"}
+           "input": "#d62728", "checkpoint": "#bcbd22", "startup": "#7f7f7f"}
 
 
 def plot(predictions: list[Prediction], path: str, title: str) -> Path:
