@@ -309,6 +309,14 @@ def test_lr_rule_follows_the_ffn_study() -> None:
     assert lr_rule(64, "sqrt", "none").endswith("fits")
     assert lr_rule(64, "linear", "linear").endswith("set train.lr_scaling: sqrt")
     assert lr_rule(1, "linear", "none") == "one rank: no LR scaling"
+    assert "from one study: FFN on Theta" in lr_rule(8, "linear", "linear")
+
+
+def test_lr_rule_only_where_the_study_holds() -> None:
+    for other in (lr_rule(8, "linear", "linear", "resnet"), lr_rule(8, "linear", "linear", "ffn", "adasum"),
+                  lr_rule(4096, "sqrt", "none", "ffn")):
+        assert other.startswith("no rule for this job") and "set train" not in other
+    assert lr_rule(64, "sqrt", "none", "hpctrain.ffn.model:FFN").endswith("fits")
 
 
 def test_batch_advice_amortises_a_fixed_per_step_cost() -> None:

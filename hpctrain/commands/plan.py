@@ -59,6 +59,15 @@ def parse_nodes(text: str) -> list[int]:
     return nodes
 
 
+MAX_TARGET = 1e18
+
+
+def check_target(value: float | None, option: str) -> None:
+    """A target of samples or steps is a finite count above 0."""
+    if value is not None and not (0 < value <= MAX_TARGET):
+        raise ConfigError(f"{option} {value!r}: expected a number above 0 and at most {MAX_TARGET:g}", key=option)
+
+
 def default_nodes(limit: int | None) -> list[int]:
     top = min(limit or DEFAULT_MAX_NODES, DEFAULT_MAX_NODES)
     nodes, n = [], 1
@@ -89,6 +98,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from hpctrain.planning.inputs import check_nodes, plan_inputs
     from hpctrain.planning.model import predict
 
+    check_target(args.samples, "--samples")
+    check_target(args.steps, "--steps")
     job_sets = [s for s in args.sets if "." in s.partition("=")[0]]
     planner_sets = [s for s in args.sets if s not in job_sets]
     nodes = parse_nodes(args.nodes) if args.nodes is not None else None
@@ -112,9 +123,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     inputs = plan_inputs(job, args.job, site, measured, planner_sets)
     nodes = nodes or default_nodes(inputs.max_nodes)
     check_nodes(nodes, inputs)
+    for note in inputs.notes:
+        print(f"hpctrain: warning: {note}", file=sys.stderr)
     w = inputs.workload
     predictions = [annotate(w, predict(w, n, target_samples=args.samples, target_steps=args.steps),
-                            inputs.lr_scaling, inputs.warmup_kind) for n in nodes]
+                            inputs.lr_scaling, inputs.warmup_kind, inputs.model) for n in nodes]
     predictions = [queue_checked(p, job, site) for p in predictions]
     target = ({"samples": args.samples} if args.samples is not None else
               {"steps": args.steps} if args.steps is not None else None)

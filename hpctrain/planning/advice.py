@@ -1,8 +1,10 @@
 """Advice printed with each prediction: the learning-rate scaling rule, the batch per rank, and warnings where
 input, start-up, stragglers or the reduction take a large share of the step.
 
-The LR rule follows the FFN-on-Theta study (Dong et al., DLS@SC 2019, arXiv 1905.06236): linear scaling with
-warm-up was best up to 16 nodes (one rank per node), square-root scaling beyond.
+The LR rule comes from one study, FFN on Theta (Dong et al., DLS@SC 2019, arXiv 1905.06236): linear scaling with
+warm-up was best up to 16 nodes (one rank per node), square-root scaling beyond. It is given, labelled as that
+study's, only where its conditions hold: a flood-filling network trained with the mean of the gradients, at most
+the study's 2048 ranks; elsewhere the plan says there is no rule for the job.
 """
 
 from __future__ import annotations
@@ -13,6 +15,9 @@ from dataclasses import replace
 from hpctrain.planning.model import Prediction, Workload, step_cost
 
 SQRT_BEYOND_RANKS = 16  # the study's crossover, in data-parallel ranks (one per KNL node there)
+STUDY_MAX_RANKS = 2048  # the largest run of the study
+STUDY = "from one study: FFN on Theta, Dong et al. 2019"
+STUDY_MODELS = ("ffn",)  # model names (job spec `model`) of the study's network
 WARN_SHARE = 0.10  # a loss term above this share of the step gets a warning
 GOOD_EFFICIENCY = 0.90
 BATCH_FACTORS = (2, 4, 8, 16)
@@ -28,18 +33,23 @@ _WHAT_TO_DO = {
     "oversubscription": "ranks x threads (with the other work on the node) exceed its hardware threads: fewer "
                         "ranks per node or threads, or nodes to the job alone",
     "overhead": "a fixed cost per step once the job spans nodes: a larger batch per rank amortises it",
+    "checkpoint": "checkpoints cost a large share of the step: write them less often (checkpoint.every_steps)",
 }
 
 
-def lr_rule(ranks: int, lr_scaling: str, warmup_kind: str) -> str:
+def lr_rule(ranks: int, lr_scaling: str, warmup_kind: str, model: str = "ffn", combiner: str = "mean") -> str:
     """The LR scaling advice at ``ranks`` data-parallel ranks, against what the job sets."""
     if ranks <= 1:
         return "one rank: no LR scaling"
+    names = set(model.lower().replace(":", ".").split("."))
+    if not names & set(STUDY_MODELS) or combiner != "mean" or ranks > STUDY_MAX_RANKS:
+        return (f"no rule for this job: the planner's rule ({STUDY}) holds for a flood-filling network with the "
+                f"mean of the gradients up to {STUDY_MAX_RANKS} ranks; tune the LR at the target scale")
     if ranks <= SQRT_BEYOND_RANKS:
-        wanted, why = "linear", f"linear with warm-up up to {SQRT_BEYOND_RANKS} ranks (FFN-on-Theta study)"
+        wanted, why = "linear", f"linear with warm-up up to {SQRT_BEYOND_RANKS} ranks ({STUDY})"
         ok = lr_scaling == "linear" and warmup_kind != "none"
     else:
-        wanted, why = "sqrt", f"sqrt beyond {SQRT_BEYOND_RANKS} ranks (FFN-on-Theta study)"
+        wanted, why = "sqrt", f"sqrt beyond {SQRT_BEYOND_RANKS} ranks ({STUDY})"
         ok = lr_scaling == "sqrt"
     if ok:
         return f"{why}: the job's lr_scaling {lr_scaling} fits"
@@ -86,9 +96,10 @@ def warnings_for(prediction: Prediction, walltime_s: float) -> list[str]:
     return out
 
 
-def annotate(w: Workload, prediction: Prediction, lr_scaling: str, warmup_kind: str) -> Prediction:
+def annotate(w: Workload, prediction: Prediction, lr_scaling: str, warmup_kind: str, model: str = "ffn") -> Prediction:
     """The prediction with its advice and warnings filled in."""
-    advice = {"lr_scaling": lr_rule(prediction.ranks, lr_scaling, warmup_kind),
+    combiner = str(w.params.value("combiner"))
+    advice = {"lr_scaling": lr_rule(prediction.ranks, lr_scaling, warmup_kind, model, combiner),
               "batch_per_rank": batch_advice(w, prediction)}
     return replace(prediction, advice=advice, warnings=warnings_for(prediction, w.params.num("walltime_s")))
 

@@ -56,6 +56,8 @@ SITE_DEFAULTS: dict[str, tuple[float, str]] = {
     "taper_nodes": (0.0, "full injection bandwidth between any two nodes (no taper)"),
     "taper": (1.0, "full injection bandwidth between any two nodes (no taper)"),
 }
+# Node counts beyond any machine (the largest have ~10^4-10^5 nodes).
+MAX_NODES = 10_000_000
 # Buckets a layout may have: the reduction is costed bucket by bucket.
 MAX_BUCKETS = 100_000
 # Bytes a checkpoint writes per gradient byte when no size is given: weights plus Adam's two moments.
@@ -81,6 +83,7 @@ class PlanInputs:
     warmup_kind: str
     max_nodes: int | None
     notes: tuple[str, ...] = ()
+    model: str = "ffn"
 
 
 def _site_file(site: SiteProfile) -> str:
@@ -202,6 +205,15 @@ def _background(m: Measurements, node_threads: float) -> Param | None:
     return None
 
 
+def _checked(p: Param) -> Param:
+    """``p`` if its value lies in the parameter's range; else one error naming where the value came from."""
+    try:
+        check_value(p.name, p.value)
+    except ConfigError as exc:
+        raise ConfigError(f"{p.detail}: {exc.message}", key=p.name, hint=exc.hint) from None
+    return p
+
+
 def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
                      sets: list[str] | tuple[str, ...] = ()) -> Parameters:
     """Every planner parameter for ``job`` on ``site``: measured, job, site, assumed, then ``--set``."""
@@ -223,6 +235,8 @@ def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: M
     if measured is not None:
         for p in _measured_params(measured, float(params["node_threads"].value)):
             put(p)
+    for name, p in params.items():
+        params[name] = _checked(p)
     result = apply_sets(Parameters(params), list(sets))
     missing = [name for name in MEASURED_ONLY if name not in result]
     if missing:
@@ -270,7 +284,7 @@ def plan_inputs(job: JobSpec, job_path: str, site: SiteProfile, measured: Measur
     params = build_parameters(job, job_path, site, measured, sets)
     unit = measured.sample_unit if measured is not None else "samples"
     return PlanInputs(workload_for(params, measured, sets), job.name, site.name, unit, job.train.lr_scaling,
-                      job.train.warmup.kind, max_nodes(site), tuple(site_notes(site, params)))
+                      job.train.warmup.kind, max_nodes(site), tuple(site_notes(site, params)), job.model)
 
 
 def site_notes(site: SiteProfile, params: Parameters) -> list[str]:
@@ -292,6 +306,9 @@ def check_nodes(nodes: list[int], inputs: PlanInputs) -> None:
     bad = [n for n in nodes if n < 1]
     if bad:
         raise ConfigError(f"--nodes {bad[0]}: a node count must be at least 1", key="--nodes")
+    if max(nodes) > MAX_NODES:
+        raise ConfigError(f"--nodes {max(nodes)}: more nodes than any machine has", key="--nodes",
+                          hint=f"plan for at most {MAX_NODES:,} nodes")
     limit = inputs.max_nodes
     if limit is not None and max(nodes) > limit:
         raise ConfigError(f"--nodes {max(nodes)}: site {inputs.site_name!r} has {limit} nodes",

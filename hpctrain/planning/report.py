@@ -34,6 +34,7 @@ def as_json(inputs: PlanInputs, predictions: list[Prediction], target: dict[str,
         "site": inputs.site_name,
         "sample_unit": inputs.sample_unit,
         "target": target,
+        "notes": list(inputs.notes),
         "parameters": {name: {"value": p.value, "unit": SPECS[name].unit, "source": p.source, "detail": p.detail}
                        for name, p in sorted(params.items())},
         "buckets": [{"bytes": b.nbytes, "lead_s": b.lead_s} for b in inputs.workload.buckets],
