@@ -1,7 +1,12 @@
-"""Validation 2 of ``hpctrain plan``: predicted against measured efficiency of 2 ranks (and 4, oversubscribed on
-this 2-core machine) of the FFN demo job, the prediction calibrated from a 1-rank run of the same round.
+"""Validations of ``hpctrain plan``.
 
-Run: ``python benchmarks/plan.py [--rounds 3] [--steps 60] [--probe]``. Every round runs 1, 2 and 4 ranks (local
+``python benchmarks/plan.py`` prints, in a few seconds and without training anything, the planner's prediction
+against every published scaling point (hpctrain/planning/published.py), the sensitivity of each study's largest
+point to its guessed inputs, and the FFN-on-Theta fit: the tables docs/planning.md shows.
+
+``python benchmarks/plan.py --train [--rounds 3] [--steps 60] [--probe]`` also runs the local training probe:
+predicted against measured efficiency of 2 ranks (and 4, oversubscribed on this 2-core machine) of the FFN demo
+job, the prediction calibrated from a 1-rank run of the same round. Every round runs 1, 2 and 4 ranks (local
 launcher, gloo, as the ``local`` site does) in an order shuffled per round, so other load hits them alike; each
 run's profile.json gives rank 0's mean time per step, begin to begin (``loop_s``: the step, the stop vote and
 whatever else the loop does; first 3 steps untimed). Measured efficiency = t(1 rank) / t(N ranks), per-rank batch
@@ -147,12 +152,39 @@ def probe() -> dict[str, float]:
     return figures
 
 
+def published_tables() -> None:
+    """The validation on published results and the Theta fit, as docs/planning.md prints them."""
+    from hpctrain.config.site import load_site
+    from hpctrain.planning import ffn_theta
+    from hpctrain.planning import published as pb
+
+    points = pb.validate()
+    print("| study | system | what ran | nodes | published | predicted | error |")
+    print("|---|---|---|---|---|---|---|")
+    print("\n".join(pb.table_rows(points)))
+    errors = [p.error for p in points]
+    print(f"\n{len(points)} points, {len({s.citation for s in pb.STUDIES})} publications, "
+          f"{len({s.system for s in pb.STUDIES})} systems: mean error {statistics.mean(errors):+.3f}, largest "
+          f"|error| {max(map(abs, errors)):.3f}, {sum(abs(e) <= pb.TOLERANCE for e in errors)} within "
+          f"+-{pb.TOLERANCE}, {sum(e > 0 for e in errors)} over-predicted")
+    print("\n| study | guessed input | x0.5 | as given | x2 |")
+    print("|---|---|---|---|---|")
+    print("\n".join(pb.sensitivity_rows()))
+    fit = ffn_theta.fit_study(load_site("theta"))
+    print(f"\nFFN on Theta: largest deviation {fit.max_error:.3f} over {len(fit.predicted)} points, fitted "
+          + ", ".join(f"{k}={v:.4g}" for k, v in fit.fitted().items()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--train", action="store_true", help="also run the local training probe (minutes)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--probe", action="store_true", help="measure all-reduce latency/bandwidth first")
     args = ap.parse_args()
+    published_tables()
+    if not args.train:
+        return
     figures = probe() if args.probe else {}
     rows = []
     with tempfile.TemporaryDirectory(prefix="hpctrain-plan-bench-") as tmp:

@@ -108,16 +108,29 @@ def ring_reduce_scatter(p: int, n: float, link: Link) -> float:
 
 def hierarchical_allreduce(backend: str, nodes: int, per_node: int, n: float, intra: Link, inter: Link,
                            algorithm: str = "auto") -> tuple[float, str]:
-    """An all-reduce of ``n`` bytes over ``nodes`` x ``per_node`` ranks in three phases, as NCCL (rings through
-    each node's GPUs, one inter-node channel per NIC), Cray MPICH's SMP-aware allreduce and Horovod's
-    hierarchical mode run it: a reduce-scatter within each node (each rank then holds the node's sum of its
-    1/per_node share), an all-reduce of each share across the nodes (the node's ranks in parallel, sharing its
-    network bandwidth: ``inter`` is one node's link, so its beta is scaled by per_node), an allgather within
-    the node. A node's network interface therefore carries the gradient once, not once per rank."""
+    """An all-reduce of ``n`` bytes over ``nodes`` x ``per_node`` ranks that crosses each node's network once.
+
+    MPI (Cray MPICH's SMP-aware allreduce) and gloo (as Goyal et al. 2017 ran it) go in three phases: a
+    reduce-scatter within each node (each rank then holds the node's sum of its 1/per_node share), an
+    all-reduce of each share across the nodes (the node's ranks in parallel, sharing its network bandwidth:
+    ``inter`` is one node's link, so its beta is scaled by per_node), an allgather within the node. NCCL's ring
+    runs through every rank, leaving each node once: 2(p-1) steps of n/p bytes, each step as slow as the
+    slower of the node's internal link and its network; NCCL's tree crosses nodes by a double binary tree of
+    nodes, with a chain inside each node. A node's network therefore carries the gradient once, not once per
+    rank."""
     if nodes <= 1:
         return allreduce(backend, per_node, n, intra, algorithm)
     if per_node <= 1:
         return allreduce(backend, nodes, n, inter, algorithm)
+    if backend in ("nccl", "xccl") and algorithm in ("auto", "ring", "tree"):
+        ranks = nodes * per_node
+        ring_link = Link(inter.alpha, max(intra.beta, inter.beta), inter.gamma)
+        ring = ring_allreduce(ranks, n, ring_link)
+        chain = 2 * (per_node - 1) * intra.alpha + 2 * n * intra.beta  # pipelined up and down the node
+        tree = tree_allreduce(nodes, n, inter) + chain
+        if algorithm == "ring" or (algorithm == "auto" and ring <= tree):
+            return ring, "ring"
+        return tree, "tree"
     share = n / per_node
     shared = Link(inter.alpha, inter.beta * per_node, inter.gamma)
     across, name = allreduce(backend, nodes, share, shared, algorithm)

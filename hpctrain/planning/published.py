@@ -1,0 +1,299 @@
+"""Validation on published scaling results: each study's machine as a site profile (its network and node figures)
+and its workload as planner inputs, every figure with its source or marked ``guessed``, and the efficiencies the
+study published. Nothing here is fitted: the planner predicts each point from these inputs alone.
+
+docs/planning.md ("Validation on published scaling results") prints the table this module produces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from hpctrain.planning.inputs import ASSUMED, SITE_DEFAULTS
+from hpctrain.planning.model import Workload, even_buckets, step_cost
+from hpctrain.planning.parameters import SPECS, Param, Parameters, Value
+
+GUESSED = "guessed"
+TOLERANCE = 0.05
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One input and where it comes from (a citation), or why it is a guess (``guessed: ...``)."""
+
+    value: Value
+    source: str
+
+    @property
+    def guessed(self) -> bool:
+        return self.source.startswith(GUESSED)
+
+
+def g(value: Value, why: str) -> Figure:
+    return Figure(value, f"{GUESSED}: {why}")
+
+
+@dataclass(frozen=True)
+class Study:
+    """A published data-parallel scaling result: the machine, the workload, and efficiency at node counts."""
+
+    key: str
+    citation: str
+    system: str
+    site: dict[str, Figure]
+    workload: dict[str, Figure]
+    published: dict[int, float]
+    reference_nodes: int = 1
+    what: str = ""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def figures(self) -> Iterator[tuple[str, Figure]]:
+        yield from self.site.items()
+        yield from self.workload.items()
+
+
+# What every study shares unless it says otherwise: synchronous data parallelism, compute measured per rank with
+# the node full (so no node-sharing terms), steady-state throughput (no start-up, checkpoints or input in the
+# published figure), no stop vote.
+COMMON: dict[str, Value] = {
+    "threads_per_rank": 1.0, "node_threads": 1000.0, "background_load": 0.0, "all_core_speed": 1.0,
+    "rank_speed_spread": 0.0, "shared_core_latency_us": 0.0, "input_s": 0.0, "input_std_s": 0.0,
+    "startup_s": 0.0, "walltime_s": 1e7, "combiner": "mean", "compression": "none", "dasgd_period": 1.0,
+    "dasgd_delay": 0.0, "adacomp_ratio": 0.02, "control_allreduces": 0.0, "half_gamma_factor": 1.0,
+    "record_s": 0.0, "input_bytes": 0.0, "stream_bytes": 0.0, "checkpoint_bytes": 0.0,
+    "checkpoint_every_steps": 1.0, "multinode_overhead_s": 0.0, "input_overlap": True, "input_sharding": "shard",
+    "reduction_overlap": True, "startup_staged": True, "batch_per_rank": 1.0,
+}
+BACKWARD_SHARE = 2 / 3  # backward is about twice the forward's work: the window a reduction can hide in
+COMPUTE_CV = 0.02  # the per-step spread the FFN-on-Theta validation assumes, for studies that publish none
+
+P100_REDUCE = g(240.0, "P100 HBM2 732 GB/s / 3 (two vectors read, one written)")
+V100_REDUCE = g(300.0, "V100 HBM2 900 GB/s / 3 (two vectors read, one written)")
+KNL_REDUCE = g(2.0, "one KNL core summing float32 vectors, as site_configs/theta.yaml")
+HOROVOD = "Horovod docs, Benchmarks page and README (Sergeev & Del Balso 2018, arXiv 1802.05799)"
+TF_BENCH = "tensorflow.org/performance/benchmarks, P100 (DGX-1) synthetic data, as tabulated by e-bug/distributed-" \
+           "tensorflow-benchmarks"
+KURTH = "Kurth et al. 2018, Exascale Deep Learning for Climate Analytics (SC18, arXiv 1810.01993)"
+
+
+def _horovod(model: str, images_per_s: Figure, params_m: float, at_32: float, at_128: float) -> Study:
+    """Horovod's tf_cnn_benchmarks runs: 4 Pascal GPUs per server, 25 Gbit/s RoCE, batch 64 per GPU, NCCL 2."""
+    batch = 64.0
+    return Study(
+        key=f"horovod-{model.lower()}", citation=HOROVOD, what=f"{model}, batch 64 per GPU, synthetic data",
+        system="servers of 4 Pascal GPUs, RoCE 25 Gbit/s",
+        site={
+            "nic_gbps": Figure(3.125, f"25 Gbit/s RoCE ({HOROVOD})"),
+            "nics_per_node": g(1.0, "one 25 Gbit/s port per server"),
+            "latency_us": g(5.0, "RoCE latency through NCCL 2's socket/verbs transport"),
+            "intra_bandwidth_gbps": g(10.0, "PCIe 3.0 x16 between Pascal GPUs (no NVLink stated)"),
+            "intra_latency_us": g(5.0, "a PCIe peer copy"),
+            "reduce_gbps": P100_REDUCE,
+            "backend": Figure("nccl", f"NCCL 2 ring-allreduce ({HOROVOD})"),
+            "ranks_per_node": Figure(4.0, f"4 GPUs per server ({HOROVOD})"),
+        },
+        workload={
+            "compute_s": Figure(batch / float(images_per_s.value), f"batch 64 / {images_per_s.value} images/s per GPU "
+                                f"({images_per_s.source})"),
+            "grad_bytes": Figure(4 * params_m * 1e6, f"{params_m}M float32 parameters (the model's published size)"),
+            "bucket_mb": Figure(64.0, "Horovod's 64 MB tensor fusion buffer (HOROVOD_FUSION_THRESHOLD default)"),
+            "overlap_window_s": g(BACKWARD_SHARE * batch / float(images_per_s.value), "backward: 2/3 of the step"),
+            "compute_std_s": g(COMPUTE_CV * batch / float(images_per_s.value), "2 % step spread, as for Theta"),
+            "launch_overhead_s": g(1e-3, "Horovod's 5 ms cycle time: a fused tensor waits half a cycle on average"),
+        },
+        published={32: at_32, 128: at_128},
+        notes=("efficiency against 1 GPU x N; 32 servers (128 GPUs) from the earlier README, 128 (512 GPUs) from "
+               "the later one",),
+    )
+
+
+STUDIES: tuple[Study, ...] = (
+    _horovod("InceptionV3", Figure(142.0, TF_BENCH), 23.9, 0.90, 0.90),
+    _horovod("ResNet-101", g(129.0, "between ResNet-50's 219 and ResNet-152's 91.8 images/s (TF benchmarks) by FLOPs"),
+             44.7, 0.90, 0.90),
+    _horovod("VGG-16", Figure(154.0, TF_BENCH), 138.4, 0.79, 0.68),
+    Study(
+        key="goyal-resnet50", what="ResNet-50, 32 images per GPU, 8 GPUs per server",
+        citation="Goyal et al. 2017, Accurate, Large Minibatch SGD (arXiv 1706.02677)",
+        system="Big Basin: 8 P100 (NVLink) per server, 50 Gbit/s Ethernet, Caffe2 + gloo",
+        site={
+            "nic_gbps": Figure(6.25, "50 Gbit/s Ethernet per server (Goyal et al. section 5)"),
+            "nics_per_node": Figure(1.0, "one 50 Gbit/s port (Goyal et al.)"),
+            "latency_us": g(10.0, "TCP over Ethernet through gloo"),
+            "intra_bandwidth_gbps": g(20.0, "NVLink 1 between P100s in a hybrid cube mesh, one link"),
+            "intra_latency_us": g(5.0, "an NVLink peer copy"),
+            "reduce_gbps": P100_REDUCE,
+            "backend": Figure("gloo", "Caffe2 with gloo, intra-server reduce, inter-server all-reduce, broadcast"),
+            "allreduce_algorithm": Figure("rabenseifner", "recursive halving and doubling between servers (Goyal "
+                                          "et al. section 4)"),
+            "ranks_per_node": Figure(8.0, "8 GPUs per server"),
+        },
+        workload={
+            "compute_s": g(32 / 219.0, "32 images / 219 images/s, ResNet-50 on a P100 (TF benchmarks)"),
+            "grad_bytes": Figure(4 * 25.6e6, "25.6M float32 parameters (ResNet-50)"),
+            "bucket_mb": g(4.0, "a layer's gradient at a time: Caffe2 reduces each as backprop produces it"),
+            "overlap_window_s": g(BACKWARD_SHARE * 32 / 219.0, "backward: 2/3 of the step"),
+            "compute_std_s": g(COMPUTE_CV * 32 / 219.0, "2 % step spread, as for Theta"),
+            "launch_overhead_s": g(50e-6, "a gloo collective's software cost"),
+        },
+        published={32: 0.90},
+        notes=("~90 % scaling efficiency from 8 to 256 GPUs (one server is the reference)",),
+    ),
+    Study(
+        key="kurth-daint", what="Tiramisu, 2 images per GPU, 1 GPU per node", citation=KURTH,
+        system="Piz Daint: 1 P100 per node, Cray Aries dragonfly",
+        site={
+            "nic_gbps": g(10.0, "Aries injection bandwidth, as site_configs/theta.yaml"),
+            "latency_us": g(1.5, "Aries MPI latency, as site_configs/theta.yaml"),
+            "intra_bandwidth_gbps": g(10.0, "not used: one rank per node"),
+            "intra_latency_us": g(1.0, "not used: one rank per node"),
+            "reduce_gbps": P100_REDUCE,
+            "backend": Figure("nccl", f"Horovod with NCCL inside and MPI across nodes, hierarchical ({KURTH})"),
+            "ranks_per_node": Figure(1.0, "1 P100 per node"),
+        },
+        workload={
+            "compute_s": g(0.5, "21.0 PF/s over 5300 GPUs = 4 TF/s per GPU; the step's FLOPs are not published"),
+            "grad_bytes": g(4 * 7.0e6, "a Tiramisu of about 7M parameters"),
+            "bucket_mb": g(64.0, "Horovod's fusion buffer"),
+            "overlap_window_s": g(BACKWARD_SHARE * 0.5, "backward: 2/3 of the step"),
+            "compute_std_s": g(COMPUTE_CV * 0.5, "2 % step spread, as for Theta"),
+            "launch_overhead_s": g(1e-3, "Horovod's cycle time"),
+        },
+        published={5300: 0.790},
+    ),
+    Study(
+        key="kurth-summit", what="DeepLabv3+, FP32, 6 GPUs per node", citation=KURTH,
+        system="Summit: 6 V100 per node (NVLink 2), 2 x EDR InfiniBand, non-blocking fat tree",
+        site={
+            "nic_gbps": Figure(12.5, "EDR InfiniBand 100 Gbit/s per port (OLCF Summit user guide)"),
+            "nics_per_node": Figure(2.0, "dual-rail EDR (OLCF Summit user guide)"),
+            "latency_us": g(1.5, "EDR MPI latency"),
+            "intra_bandwidth_gbps": Figure(50.0, "NVLink 2 between GPUs of a socket, 50 GB/s (OLCF user guide)"),
+            "intra_latency_us": g(2.0, "an NVLink peer copy"),
+            "reduce_gbps": V100_REDUCE,
+            "backend": Figure("nccl", f"NCCL within nodes, MPI across, hierarchical ({KURTH})"),
+            "ranks_per_node": Figure(6.0, "6 V100 per node"),
+        },
+        workload={
+            "compute_s": g(1.0, "325.8 PF/s over 27360 GPUs = 11.9 TF/s per GPU; the step's FLOPs are not "
+                            "published"),
+            "grad_bytes": g(4 * 43.6e6, "DeepLabv3+ with a ResNet-50 backbone, about 44M parameters"),
+            "bucket_mb": g(64.0, "Horovod's fusion buffer"),
+            "overlap_window_s": g(BACKWARD_SHARE * 1.0, "backward: 2/3 of the step"),
+            "compute_std_s": g(COMPUTE_CV * 1.0, "2 % step spread, as for Theta"),
+            "launch_overhead_s": g(1e-3, "Horovod's cycle time"),
+        },
+        published={4560: 0.907},
+    ),
+    Study(
+        key="cosmoflow-cori", what="CosmoFlow 3-D CNN, 1 rank per KNL node",
+        citation="Mathuriya et al. 2018, CosmoFlow (SC18, arXiv 1808.04728)",
+        system="Cori: 1 KNL per node, Cray Aries dragonfly, Cray PE ML plugin (MPI)",
+        site={
+            "nic_gbps": Figure(8.0, "Aries: ~8 GB/s MPI bandwidth (NERSC Cori configuration page)"),
+            "latency_us": Figure(1.5, "Aries: 0.25-3.7 us MPI latency (NERSC Cori configuration page), middle"),
+            "intra_bandwidth_gbps": g(10.0, "not used: one rank per node"),
+            "intra_latency_us": g(1.0, "not used: one rank per node"),
+            "reduce_gbps": KNL_REDUCE,
+            "backend": Figure("mpi", "Cray PE ML plugin over Cray MPICH"),
+            "ranks_per_node": Figure(1.0, "one rank per KNL node (Mathuriya et al.)"),
+        },
+        workload={
+            "compute_s": g(1.0, "3.5 PF/s over 8192 nodes = 0.43 TF/s per node; the step's FLOPs are not published"),
+            "grad_bytes": g(4 * 7.0e6, "a 3-D CNN of about 7M parameters"),
+            "bucket_mb": g(64.0, "the plugin's gradient buffer"),
+            "overlap_window_s": g(BACKWARD_SHARE * 1.0, "backward: 2/3 of the step"),
+            "compute_std_s": g(COMPUTE_CV * 1.0, "2 % step spread, as for Theta"),
+            "launch_overhead_s": g(1e-4, "a plugin all-reduce's software cost"),
+        },
+        published={8192: 0.77},
+    ),
+)
+
+
+def study_parameters(study: Study, changes: dict[str, Value] | None = None) -> Parameters:
+    """Every planner parameter for ``study``: its figures, then what all studies share, then the planner's own
+    assumptions for the rest; ``changes`` replaces figures (a sensitivity or a what-if)."""
+    params: dict[str, Param] = {}
+    for name, (value, why) in ASSUMED.items():
+        params[name] = Param(name, value, "assumed", why)
+    for name, (default, why) in SITE_DEFAULTS.items():
+        params[name] = Param(name, default, "assumed", why)
+    params["nics_per_node"] = Param("nics_per_node", 1.0, "assumed", "one network interface")
+    for name, value in COMMON.items():
+        params[name] = Param(name, value, "study", "every study: synchronous data parallel, steady state")
+    for name, fig in study.figures():
+        params[name] = Param(name, fig.value, "assumed" if fig.guessed else "study", fig.source)
+    params["calibration_ranks_per_node"] = Param("calibration_ranks_per_node", params["ranks_per_node"].value,
+                                                 "study", "per-GPU throughput measured with the node full")
+    result = Parameters(params)
+    for name, value in (changes or {}).items():
+        result = result.set_value(name, value, "set", "what-if")
+    return result
+
+
+def workload(study: Study, changes: dict[str, Value] | None = None) -> Workload:
+    p = study_parameters(study, changes)
+    return Workload(p, even_buckets(p.num("grad_bytes"), p.num("bucket_mb") * 2**20, p.num("overlap_window_s")))
+
+
+def efficiency(w: Workload, nodes: int, reference_nodes: int = 1) -> float:
+    """Per-rank throughput at ``nodes`` against the study's reference (one node: all its ranks), steady state."""
+    return step_cost(w, reference_nodes).steady_s / step_cost(w, nodes).steady_s
+
+
+@dataclass(frozen=True)
+class Point:
+    study: Study
+    nodes: int
+    published: float
+    predicted: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted - self.published
+
+
+def validate(changes: dict[str, Value] | None = None) -> list[Point]:
+    """Predicted against published efficiency at every published point of every study."""
+    out = []
+    for study in STUDIES:
+        w = workload(study, changes)
+        for nodes, published in sorted(study.published.items()):
+            out.append(Point(study, nodes, published, efficiency(w, nodes, study.reference_nodes)))
+    return out
+
+
+def sensitivity(study: Study) -> list[tuple[str, float, float, float]]:
+    """(guessed figure, prediction at the largest point with it x0.5, as given, x2) for every numeric guess."""
+    nodes = max(study.published)
+    base = efficiency(workload(study), nodes, study.reference_nodes)
+    rows = []
+    for name, fig in study.figures():
+        if not fig.guessed or SPECS[name].kind is not float:
+            continue
+        low = efficiency(workload(study, {name: float(fig.value) * 0.5}), nodes, study.reference_nodes)
+        high = efficiency(workload(study, {name: float(fig.value) * 2}), nodes, study.reference_nodes)
+        rows.append((name, low, base, high))
+    return rows
+
+
+def table_rows(points: list[Point] | None = None) -> list[str]:
+    """The validation table as Markdown rows: study, system, what ran, nodes, published, predicted, error."""
+    rows = []
+    for pt in points if points is not None else validate():
+        s = pt.study
+        rows.append(f"| {s.key} | {s.system} | {s.what} | {pt.nodes} | {pt.published:.3f} | {pt.predicted:.3f} "
+                    f"| {pt.error:+.3f} |")
+    return rows
+
+
+def sensitivity_rows() -> list[str]:
+    """The sensitivity table as Markdown rows: each guessed figure x0.5 and x2 at each study's largest point."""
+    rows = []
+    for study in STUDIES:
+        for name, low, base, high in sensitivity(study):
+            if max(abs(low - base), abs(high - base)) >= 0.005:
+                rows.append(f"| {study.key} | {name} | {low:.3f} | {base:.3f} | {high:.3f} |")
+    return rows
