@@ -15,6 +15,7 @@ from hpctrain.errors import ConfigError
 if TYPE_CHECKING:
     from hpctrain.config.job import JobSpec
     from hpctrain.config.site import SiteProfile
+    from hpctrain.planning.measurements import Measurements
     from hpctrain.planning.model import Prediction
 
 DEFAULT_MAX_NODES = 4096
@@ -42,6 +43,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     target = parser.add_mutually_exclusive_group()
     target.add_argument("--samples", type=float, default=None, help="predict the time to train this many samples")
     target.add_argument("--steps", type=float, default=None, help="predict the time to train this many steps")
+    parser.add_argument("--compare", nargs="?", const=True, default=None, metavar="RUN",
+                        help="with --from: predict at the run's own nodes and ranks per node and print the prediction "
+                             "next to what the run measured (or what RUN, another run of the job, measured)")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--plot", default=None, metavar="FILE.png",
                         help="draw efficiency against nodes with the loss terms stacked")
@@ -89,6 +93,36 @@ def queue_checked(prediction: Prediction, job: JobSpec, site: SiteProfile) -> Pr
     return replace(prediction, warnings=[*prediction.warnings, f"the queue refuses this size: {refusal}"])
 
 
+def _compare(args: argparse.Namespace, job: JobSpec, site: SiteProfile, measured: Measurements | None,
+             planner_sets: list[str]) -> int:
+    """``--compare``: the prediction at a run's scale next to that run's measurements."""
+    from hpctrain.commands.output import print_json, print_table
+    from hpctrain.planning import compare
+    from hpctrain.planning.inputs import plan_inputs
+    from hpctrain.planning.model import predict
+    from hpctrain.planning.runs import read_run
+
+    if measured is None:
+        raise ConfigError("--compare needs --from RUN: the run whose measurements the plan starts from",
+                          hint="e.g. hpctrain plan JOB --from RUN --compare")
+    run = measured if args.compare is True else read_run(str(args.compare))
+    given = {s.partition("=")[0].strip() for s in planner_sets}
+    scale = [] if "ranks_per_node" in given else [f"ranks_per_node={run.ranks_per_node}"]
+    inputs = plan_inputs(job, args.job, site, measured, [*planner_sets, *scale])
+    nodes = compare.run_nodes(run)
+    prediction = predict(inputs.workload, nodes)
+    rows = compare.compare(prediction, run)
+    if args.json:
+        print_json(compare.as_json(prediction, run, rows))
+        return 0
+    print(f"plan for {job.name} on {site.name} at the run's scale: {nodes} node{'s' * (nodes != 1)}, "
+          f"{prediction.ranks} rank{'s' * (prediction.ranks != 1)} ({run.where})")
+    print_table(["quantity", "predicted", "measured", "measured / predicted"], compare.table(rows))
+    print("\nA ratio far from 1 on a real multi-node run is a site figure to correct: see docs/planning.md, "
+          "\"Sending a site's numbers back\".")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_json, print_table
     from hpctrain.config.job import load_job
@@ -120,6 +154,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                                      steps=args.calibration_steps or CALIBRATION_STEPS, remote=args.remote,
                                      ssh_config=args.ssh_config, run_root=args.run_root)
         print(f"calibration run: {run_id}", file=sys.stderr)
+    if args.compare is not None:
+        return _compare(args, job, site, measured, planner_sets)
     inputs = plan_inputs(job, args.job, site, measured, planner_sets)
     nodes = nodes or default_nodes(inputs.max_nodes)
     check_nodes(nodes, inputs)
