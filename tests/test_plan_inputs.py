@@ -7,6 +7,7 @@ Runs the real command in this process (``hpctrain.cli.main``), so an uncaught ex
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -131,3 +132,16 @@ def test_the_missing_measurement_hint_is_a_working_command(capsys: pytest.Captur
     sets = hint.replace("VALUE", "1").split()
     code, out, err = run_plan(capsys, *sets)
     assert code == 0, err and out
+
+
+def test_start_up_follows_the_jobs_staging_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_plan(capsys, *MEASURED, "--nodes", "64", "--set", "staging.environment=archive")
+    assert code == 0, err
+    staged = json.loads(out)
+    assert staged["parameters"]["startup_staged"]["value"] is True
+    assert staged["parameters"]["startup_staged"]["source"] == "job"
+    code, out, err = run_plan(capsys, *MEASURED, "--nodes", "64")
+    shared = json.loads(out)
+    assert shared["parameters"]["startup_staged"]["value"] is False
+    # every rank opening the environment on the shared file system costs more than one staged copy
+    assert shared["predictions"][0]["startup_s"] > staged["predictions"][0]["startup_s"]

@@ -115,6 +115,7 @@ def _job_params(job: JobSpec, where: str, site: SiteProfile) -> list[Param]:
               f"{where}: checkpoint.stop_check_every (the stop vote: one all-reduce of 16 bytes every "
               f"{job.checkpoint.stop_check_every} step(s), checkpoint/session.py stop_requested)"),
     ]
+    out.append(_staging_param(job, where, site))
     # check_value: a backend the planner has no cost model for is one readable error, not a traceback
     if train.comm_backend != "auto":
         out.append(Param("backend", check_value("backend", train.comm_backend), "job", f"{where}: train.comm_backend"))
@@ -122,6 +123,16 @@ def _job_params(job: JobSpec, where: str, site: SiteProfile) -> list[Param]:
         out.append(Param("backend", check_value("backend", site.comm_backend), "site",
                          f"{_site_file(site)}: comm_backend"))
     return out
+
+
+def _staging_param(job: JobSpec, where: str, site: SiteProfile) -> Param:
+    """Whether the ranks start from a staged environment (an archive unpacked on each node, or a container) or
+    read the shared one: the job's ``staging.environment``, else the site's default."""
+    if job.staging is not None:
+        mode, source, detail = job.staging.environment, "job", f"{where}: staging.environment"
+    else:
+        mode, source, detail = site.staging.environment, "site", f"{_site_file(site)}: staging.environment"
+    return Param("startup_staged", mode != "none", source, f"{detail} ({mode})")
 
 
 def site_parameters(site: SiteProfile) -> list[Param]:
