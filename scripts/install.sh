@@ -7,8 +7,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO_ROOT=$(pwd)
 
-# strace: tests count the ranks' system calls (mkdir/fsync per checkpoint) where they happen
-APT_PACKAGES=(slurmctld slurmd slurm-client munge slurm-wlm-torque openssh-server openssh-client strace)
+# strace: tests count the ranks' system calls (mkdir/fsync per checkpoint) where they happen;
+# slurmdbd + mariadb-server: Slurm accounting, so that tests can create a QOS (scripts/ci/slurm.sh)
+APT_PACKAGES=(slurmctld slurmd slurm-client munge slurm-wlm-torque slurmdbd mariadb-server openssh-server
+              openssh-client strace)
 PIP_EXTRAS="train,local,test,zarr,submitit"
 TORCH_PIN="torch==2.13.0"
 

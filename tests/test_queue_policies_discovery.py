@@ -1,7 +1,9 @@
-"""`sites discover` reads queue policies and `--check` reports drift: Slurm partition limits on the real local Slurm
-(a partition the test creates), Slurm QOS limits and PBS policies from hand-written command output (the local Slurm
-runs without slurmdbd, so sacctmgr lists no QOS; no PBS server runs here); and a job stopped at its checkpoint in a
-queue that forbids chaining, as `status` shows it."""
+"""`sites discover` reads queue policies and `--check` reports drift: Slurm partition limits and a QOS (made by the
+tests with scontrol and sacctmgr; the local Slurm runs slurmdbd) on the real local Slurm, the same QOS layouts and
+PBS policies from hand-written command output (no PBS server runs here); `validate` and `submit` refuse before
+sbatch what the scheduler would refuse, the per-user queued limit counted by the back-end at submit time (Slurm's
+squeue, and PBS's qstat through Debian's Torque wrappers over the same Slurm); and a job stopped at its checkpoint
+in a queue that forbids chaining, as `status` shows it."""
 
 from __future__ import annotations
 
@@ -104,6 +106,10 @@ def test_slurm_qos_limits_bind_the_partition_that_names_them() -> None:
     assert f.scheduler.queues["batch"].max_queued_per_user is None
     draft = draft_profile(f, name="qos-site")
     assert draft.profile.queues["short"].max_queued_per_user == 1
+    # A refusal cites the QOS's own limit, not only the partition.
+    assert draft.profile.rule_source("short", "max_walltime").startswith("sacctmgr show qos debug: MaxWall=02:00:00; ")
+    assert "MaxSubmitPU=1" in draft.profile.rule_source("short", "max_queued_per_user")
+    assert draft.profile.rule_source("short", "min_nodes") == draft.profile.queues["short"].source
     assert any("Slurm QOS 'big' sets MaxWall=12:00:00, MaxTRES=node=4000" in n for n in draft.notes)
 
 
@@ -208,6 +214,180 @@ def test_partition_limits_are_discovered_checked_and_enforced_before_sbatch(tmp_
         if job_id:
             subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
         _scontrol("delete", f"PartitionName={name}")
+
+
+def _sacctmgr(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["sacctmgr", "-i", *args], capture_output=True, text=True, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+def _delete_qos(name: str) -> None:
+    """Remove the test's QOS once slurmctld has let go of its cancelled jobs (sacctmgr refuses while any is active)."""
+    import time
+
+    done = _sacctmgr("delete", "qos", name)
+    for _ in range(60):
+        if done.returncode == 0 or "active" not in (done.stdout + done.stderr).lower():
+            break
+        time.sleep(0.5)
+        done = _sacctmgr("delete", "qos", name)
+    assert done.returncode == 0 or "Nothing deleted" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+@pytest.mark.slurm
+def test_qos_limits_are_discovered_checked_and_enforced_before_sbatch(
+        tmp_path: Path, slurm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QOS with MaxWall 20 min and MaxSubmitPU 1, made by the test and bound to a partition it creates: discovery
+    reads it, --check reports a profile that says 2 h and no per-user limit, validate refuses a 30-min job naming
+    MaxWall and where it was read, sbatch only holds that job; with that job queued, submit refuses a second one
+    before sbatch, which would refuse it too."""
+    from hpctrain.config.job import load_job
+    from hpctrain.submission.api import submit_runs
+    from hpctrain.submission.queue_limits import check_queued_jobs
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.base import place
+
+    qos, part = f"hpct_qos_{os.getpid()}", f"hpct_qosp_{os.getpid()}"
+    made = _sacctmgr("add", "qos", qos, "MaxWall=00:20:00", "MaxSubmitJobsPerUser=1")
+    assert made.returncode == 0, made.stdout + made.stderr
+    job_ids: list[str] = []
+    try:
+        made = _scontrol("create", f"PartitionName={part}", f"Nodes={slurm.node}", "MaxTime=INFINITE", f"QOS={qos}",
+                         "Hidden=YES", "State=UP")
+        assert made.returncode == 0, made.stderr
+        findings = discover(LocalTransport())
+        assert findings.scheduler.qos[qos].max_queued_per_user.value == 1
+        queue = findings.scheduler.queues[part]
+        assert queue.max_walltime_s.value == 1200
+        assert queue.max_walltime_s.source == f"sacctmgr show qos {qos}: MaxWall=00:20:00"
+        assert queue.max_queued_per_user.value == 1 and "MaxSubmitPU=1" in queue.max_queued_per_user.source
+
+        stale = tmp_path / "stale.yaml"
+        stale.write_text(f"extends: ci-slurm\nname: stale\nqueues:\n  {part}:\n    max_nodes: 1\n"
+                         "    max_walltime: '02:00:00'\n")
+        diffs = {d.key: d for d in compare_profile(load_site_file(stale), findings).differences}
+        wall = diffs[f"queues.{part}.max_walltime"]
+        assert (wall.profile, wall.machine) == ("02:00:00", "00:20:00") and "MaxWall" in wall.source
+        queued = diffs[f"queues.{part}.max_queued_per_user"]
+        assert (queued.profile, queued.machine) == ("none", "1") and "MaxSubmitPU=1" in queued.source
+
+        site = load_site_file(write_profile(draft_profile(findings, name="drafted").text, tmp_path / "drafted.yaml"))
+        (tmp_path / "tiny.yaml").write_text(TINY)
+        long_job = load_job(tmp_path / "tiny.yaml", sets=[f"resources.queue={part}"], walltime="00:30:00")
+        with pytest.raises(FitError) as err:
+            place(long_job, site)
+        text = str(err.value)
+        assert f"walltime 00:30:00 is over the limit of queue '{part}' of site 'drafted' (00:20:00)" in text
+        assert f"sacctmgr show qos {qos}: MaxWall=00:20:00" in text and "read by `hpctrain sites discover`" in text
+        assert "\n" not in text
+
+        # What Slurm does with that job (the QOS has no DenyOnLimit): queues it and never starts it.
+        short_job = load_job(tmp_path / "tiny.yaml", sets=[f"resources.queue={part}"], walltime="00:10:00")
+        check_queued_jobs(LocalTransport(), site, place(short_job, site), 1)  # nothing queued yet: room for one
+        done = subprocess.run(["sbatch", "--parsable", "-p", part, "-t", "30", "--wrap", "true"],
+                              capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0, done.stderr
+        job_ids.append(done.stdout.strip().split(";")[0])
+        assert _wait_reason(job_ids[0], "QOSMaxWallDurationPerJobLimit") == "QOSMaxWallDurationPerJobLimit"
+
+        # That job fills MaxSubmitPU=1: hpctrain's submit refuses a job that fits MaxWall, before sbatch ...
+        monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+        monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+        with Registry() as reg, pytest.raises(FitError) as err:
+            submit_runs(tmp_path / "tiny.yaml", site, queue=part, walltime="00:10:00", command=["true"],
+                        run_root=str(tmp_path / "runs"), registry=reg)
+        text = str(err.value)
+        assert f"queue '{part}' of site 'drafted' takes at most 1 queued jobs per user" in text
+        assert f"sacctmgr show qos {qos}: MaxSubmitPU=1" in text and "read by `hpctrain sites discover`" in text
+        assert "you have 1 job pending or running there (squeue on this machine)" in text
+        assert text.endswith("wait for one to finish or cancel one: hpctrain cancel RUN") and "\n" not in text
+        with Registry() as reg:
+            assert reg.list_runs() == []
+        listed = subprocess.run(["squeue", "-h", "-p", part, "-o", "%i"], capture_output=True, text=True, timeout=30)
+        assert listed.stdout.split() == job_ids
+        # ... and sbatch itself would refuse it.
+        refused = subprocess.run(["sbatch", "--parsable", "-p", part, "-t", "10", "--wrap", "true"],
+                                 capture_output=True, text=True, timeout=30)
+        if refused.returncode == 0:
+            job_ids.append(refused.stdout.strip().split(";")[0])
+        assert refused.returncode != 0 and "QOSMaxSubmitJobPerUserLimit" in refused.stderr, refused.stderr
+    finally:
+        for job_id in job_ids:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+        _scontrol("delete", f"PartitionName={part}")
+        _delete_qos(qos)
+
+
+@pytest.mark.slurm
+def test_pbs_submit_counts_the_users_queued_jobs_with_qstat(
+        tmp_path: Path, slurm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """PBS's max_queued checked at submit through the PBS stand-in (Debian's Torque qstat/qsub over the real
+    Slurm, whose partitions are its queues): no job queued, submit goes through to qsub; one held job queued,
+    submit refuses the next before qsub."""
+    from conftest import write_standin_site
+
+    from hpctrain.submission.api import submit_runs
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.pbs import count_queued
+
+    queue = f"hq{os.getpid() % 100000}"  # qstat -a shows 8 characters of a queue name
+    made = _scontrol("create", f"PartitionName={queue}", f"Nodes={slurm.node}", "MaxTime=INFINITE", "Hidden=YES",
+                     "State=UP")
+    assert made.returncode == 0, made.stderr
+    site = write_standin_site(tmp_path, "pbs-limited", "pbs")
+    site.write_text(site.read_text() + f"default_queue: {queue}\nqueues:\n  {queue}:\n    max_nodes: 1\n"
+                    "    max_walltime: '01:00:00'\n    max_queued_per_user: 1\n    source: the test's own rule\n")
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    (tmp_path / "tiny.yaml").write_text(TINY)
+    job_ids: list[str] = []
+    try:
+        with Registry() as reg:
+            first = submit_runs(tmp_path / "tiny.yaml", str(site), command=["true"], registry=reg)
+        job_ids += [j.split(".")[0] for j in first.job_ids if j]
+        assert len(job_ids) == 1
+        # A held job stays queued whatever the first one does.
+        held = subprocess.run(["sbatch", "--parsable", "--hold", "-p", queue, "-t", "5", "--wrap", "true"],
+                              capture_output=True, text=True, timeout=30)
+        assert held.returncode == 0, held.stderr
+        job_ids.append(held.stdout.strip().split(";")[0])
+        qstat = subprocess.run(["sh", "-c", 'exec qstat -a -u "$(id -un)"'], capture_output=True, text=True,
+                               timeout=30)
+        assert count_queued(qstat.stdout, queue) >= 1, qstat.stdout
+        with Registry() as reg, pytest.raises(FitError) as err:
+            submit_runs(tmp_path / "tiny.yaml", str(site), command=["true"], registry=reg)
+        text = str(err.value)
+        assert (f"queue '{queue}' of site 'pbs-limited' takes at most 1 queued jobs per user (the test's own rule)"
+                in text)
+        assert "pending or running there (qstat -a on this machine)" in text and "hpctrain cancel RUN" in text
+        with Registry() as reg:
+            assert len(reg.list_runs()) == 1
+    finally:
+        for job_id in job_ids:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+        _scontrol("delete", f"PartitionName={queue}")
+
+
+def test_pbs_queued_count_reads_qstat_a() -> None:
+    """PBS Pro's `qstat -a -u` layout (and Torque's: a job name with a space); finished jobs and other queues are not
+    counted; a queue name longer than the column matches on its first 8 characters."""
+    from hpctrain.submission.schedulers.pbs import count_queued
+
+    text = textwrap.dedent("""\
+
+        polaris-pbs-01:
+                                                                    Req'd  Req'd   Elap
+        Job ID          Username Queue    Jobname    SessID NDS TSK Memory Time  S Time
+        --------------- -------- -------- ---------- ------ --- --- ------ ----- - -----
+        101.polaris     alice    debug    train        --     1  64    --  01:00 Q   --
+        102.polaris     alice    debug    my job       4321   1  64    --  01:00 R 00:10
+        103.polaris     alice    debug    done         4322   1  64    --  01:00 F 00:59
+        104.polaris     alice    preempta train        --     2 128    --  01:00 H   --
+        105.polaris     alice    prod     train        --    10 640    --  06:00 Q   --
+        """)
+    assert count_queued(text, "debug") == 2
+    assert count_queued(text, "preemptable") == 1 and count_queued(text, "prod") == 1
+    assert count_queued(text, "small") == 0 and count_queued("", "debug") == 0
 
 
 def _wait_reason(job_id: str, wanted: str, polls: int = 180) -> str:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.errors import ConfigError, FitError, HpctrainError, SchedulerError
+from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
+from hpctrain.submission.queue_limits import check_array_size, check_queued_jobs
 from hpctrain.submission.registry import Registry, Run, new_run_id
 from hpctrain.submission.run_record import (
     META_FILE,
@@ -37,7 +38,6 @@ from hpctrain.submission.transport import CommandFailed, Completed, Transport, T
 from hpctrain.submission.views import RunView, is_terminal, latest_job_id
 
 if TYPE_CHECKING:
-    from hpctrain.config.fit import Placement
     from hpctrain.config.job import JobSpec
     from hpctrain.config.site import SiteProfile
 
@@ -197,7 +197,7 @@ def submit_runs(
         # What would fail at start fails now; data paths are checked where the ranks will read them. The notes say
         # which execution queue the job lands in and whether it may requeue.
         warn([*placement.notes, *check_job(j, site_profile, local_paths=remote is None)])
-    _check_queued_limit(site_profile, placement, len(jobs))
+    check_array_size(site_profile, placement, len(jobs))
 
     registry = registry or Registry()
     pool = pool or TransportPool()
@@ -218,6 +218,7 @@ def submit_runs(
     if dry_run:
         return _dry_run(jobs, site_profile, scheduler, transport, registry, root, base_id, python, command,
                         is_array)
+    check_queued_jobs(transport, site_profile, placement, len(jobs))
 
     runs = _register(registry, jobs, site_profile, remote, root, base_id, overrides, assignments)
     job_ids = stage_and_submit(registry, transport, site_profile, runs, jobs, kind="submit",
@@ -323,16 +324,6 @@ def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile
         if isinstance(exc, HpctrainError) or not isinstance(exc, Exception):
             raise
         raise HpctrainError(f"submission of {jobs[0].name} failed: {message}") from exc
-
-
-def _check_queued_limit(site: SiteProfile, placement: Placement, count: int) -> None:
-    """An array of more tasks than one user may have queued in the queue is refused before anything is written."""
-    for name in dict.fromkeys(n for n in (placement.queue_name, placement.execution_queue) if n):
-        limit = site.queues[name].max_queued_per_user
-        if limit is not None and count > limit:
-            raise FitError(f"an array of {count} tasks, but queue {name!r} of site {site.name!r} takes at most {limit} "
-                           f"queued jobs per user ({site.rule_source(name, 'max_queued_per_user')})",
-                           key="resources.queue", hint=f"submit at most {limit} tasks at once, or pick another queue")
 
 
 def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],

@@ -18,8 +18,10 @@ from hpctrain.errors import CheckpointError, ConfigError, SchedulerError, Transp
 from hpctrain.exit_codes import EXIT_TRANSPORT
 from hpctrain.submission.api import stage_and_submit
 from hpctrain.submission.failure import NOTE_FILES
+from hpctrain.submission.queue_limits import check_queued_jobs
 from hpctrain.submission.registry import Registry, Run
 from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir, run_site
+from hpctrain.submission.schedulers.base import place
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
 
@@ -114,6 +116,8 @@ def resume_run(registry: Registry, run_ref: str, *, nodes: int | None = None, wa
         raise CheckpointError(f"run {run.run_id} already completed all {job.train.steps} steps (checkpoint of step "
                               f"{step} in {where}); nothing to resume",
                               hint="raise train.steps in a new run to train longer")
+    # The continuation is one more job in the queue: refused here when the user's queued jobs fill it.
+    check_queued_jobs(transport, site, place(job, site), 1)
     # The run dir's job.yaml and job.sh are replaced (the runtime and a PBS/Cobalt resubmission read them);
     # the previous job's failure note goes, so that this job's status is not read from it.
     (job_id,) = stage_and_submit(registry, transport, site, [run], [job], kind="resume", submit_dir=run.run_dir,

@@ -1,7 +1,28 @@
 #!/usr/bin/env bash
-# A real single-node Slurm (Debian's 22.05 packages) for tests and demos: munged + slurmctld + slurmd on
-# this machine, state/logs under $HPCTRAIN_SLURM_DIR (default /tmp/hpctrain-slurm), config at
-# /etc/slurm/slurm.conf where every Slurm client finds it.  Usage: slurm.sh start|stop|status|env
+# A real single-node Slurm (Debian's 22.05 packages) for tests and demos: munged + MariaDB + slurmdbd +
+# slurmctld + slurmd on this machine, state/logs under $HPCTRAIN_SLURM_DIR (default /tmp/hpctrain-slurm),
+# config at /etc/slurm/slurm.conf where every Slurm client finds it.  Usage: slurm.sh start|stop|status|env
+#
+# Accounting (so that tests can create a QOS with sacctmgr and Slurm enforces it): a private MariaDB
+# (datadir $DIR/mariadb/data, unix socket only, no TCP port; options in $DIR/mariadb/my.cnf) and slurmdbd on
+# localhost:$HPCTRAIN_SLURMDBD_PORT (6819).  slurmdbd.conf is $DIR/slurmdbd.conf (mode 600, owned by
+# SlurmUser=root): slurmdbd looks for it beside $SLURM_CONF, so it is started with SLURM_CONF=$DIR/slurm.conf
+# and /etc/slurm holds no slurmdbd.conf.  It reaches MariaDB through MYSQL_UNIX_PORT (the client library's
+# socket when StorageHost=localhost) as the database's root, authenticated by the unix socket: no password.
+# The cluster 'hpctrain' is registered once (`sacctmgr -i add cluster`), which also gives root an
+# association under account root: root is the only user that submits here (tests run as root and the
+# loopback sshd logs in as root).  AccountingStorageEnforce=limits makes slurmctld enforce QOS limits
+# (MaxWall, MaxSubmitPU) and refuse jobs of users without an association; `qos` is not set, so a job may
+# run under a partition's QOS without that QOS being in the user's association.
+# Timings: see the log line of `start`; measured on 2 busy cores: first start TIMING_FIRST, a restart of
+# all daemons TIMING_RESTART, a start that finds everything healthy TIMING_HEALTHY.
+# Traps: (1) slurmctld -c restarts job ids at FirstJobId, and with accounting `sacct -D -j ID` then returns
+# the older jobs of that id as earlier runs (hpctrain counts requeues that way): FirstJobId is set past the
+# largest id in the database and in the completion file on every start.  (2) slurmdbd must answer and the
+# cluster be registered before slurmctld starts, or slurmctld runs without associations and refuses jobs.
+# (3) MariaDB's default InnoDB log is 96 MiB; 16 MiB keeps the datadir small.  (4) slurmdbd logs "Database
+# settings not recommended values: innodb_buffer_pool_size": harmless for a test database.
+# `sacct -c` (JobCompType=jobcomp/filetxt) still reads the completion file; plain `sacct` now works too.
 #
 # CPU oversubscription: tests run 4 ranks on a 2-core box.  OverSubscribe=YES only lets *jobs* share CPUs;
 # one job with more tasks than the node's CPUs is refused ("Requested node configuration is not available"),
@@ -17,6 +38,12 @@ MARKER="# written by hpctrain scripts/ci/slurm.sh"
 NODE=localhost
 PARTITION=debug
 START_TIMEOUT=${HPCTRAIN_SLURM_START_TIMEOUT:-60}
+CLUSTER=hpctrain
+DBD_PORT=${HPCTRAIN_SLURMDBD_PORT:-6819}
+DB_DIR=$DIR/mariadb
+DB_SOCKET=$DB_DIR/mysqld.sock
+DB_PID=$DB_DIR/mariadbd.pid
+DBD_PID=$DIR/slurmdbd.pid
 MUNGE_KEY=/etc/munge/munge.key
 MUNGE_PID=/run/munge/munged.pid
 
@@ -46,8 +73,20 @@ munge_ok() {
     munge -n 2>/dev/null | unmunge >/dev/null 2>&1
 }
 
+db_ok() {
+    pid_alive "$DB_PID" && timeout 10 mariadb-admin --no-defaults --socket="$DB_SOCKET" -uroot ping >/dev/null 2>&1
+}
+
+clusters() {  # the clusters slurmdbd knows (sacctmgr reads $CONF for the slurmdbd address); fails if none answers
+    timeout 10 sacctmgr -n -P show cluster format=Cluster 2>&1
+}
+
+dbd_ok() {
+    pid_alive "$DBD_PID" && [[ $(clusters) == *"$CLUSTER"* ]]
+}
+
 healthy() {
-    pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && munge_ok || return 1
+    pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && munge_ok && db_ok && dbd_ok || return 1
     local st
     st=$(node_state)
     [[ $st == idle* || $st == mix* || $st == alloc* || $st == comp* ]]
@@ -70,10 +109,21 @@ real_memory_mb() {
     echo "$mb"
 }
 
+first_job_id() {  # one past the largest job id in the accounting database and in the completion file
+    local db comp
+    db=$(timeout 10 mariadb --no-defaults --socket="$DB_SOCKET" -uroot -N -B \
+        -e "SELECT COALESCE(MAX(id_job), 0) FROM slurm_acct_db.${CLUSTER}_job_table" 2>/dev/null || true)
+    comp=$(grep -o '^JobId=[0-9]*' "$DIR/jobcomp.txt" 2>/dev/null | cut -d= -f2 | sort -n | tail -n1 || true)
+    [[ $db =~ ^[0-9]+$ ]] || db=0
+    [[ $comp =~ ^[0-9]+$ ]] || comp=0
+    if (( db > comp )); then echo $(( db + 1 )); else echo $(( comp + 1 )); fi
+}
+
 write_conf() {
-    local cpus mem
+    local cpus mem first
     cpus=$(declared_cpus)
     mem=$(real_memory_mb)
+    first=$(first_job_id)
     if [[ -e $CONF ]] && ! grep -qF "$MARKER" "$CONF" && [[ ${HPCTRAIN_SLURM_FORCE:-0} != 1 ]]; then
         die "$CONF exists and was not written by this script; move it away or set HPCTRAIN_SLURM_FORCE=1"
     fi
@@ -100,9 +150,13 @@ SchedulerParameters=bf_interval=5,sched_interval=5
 MinJobAge=600
 KillWait=10
 InactiveLimit=0
-AccountingStorageType=accounting_storage/none
+FirstJobId=$first
+AccountingStorageType=accounting_storage/slurmdbd
+AccountingStorageHost=localhost
+AccountingStoragePort=$DBD_PORT
+AccountingStorageEnforce=limits
 JobAcctGatherType=jobacct_gather/none
-# Finished jobs go to a text file so that sacct -c works without slurmdbd (no backticks: this is an unquoted heredoc).
+# Finished jobs also go to a text file, read by sacct -c (no backticks: this is an unquoted heredoc).
 JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/jobcomp.txt
 StateSaveLocation=$DIR/state
@@ -151,9 +205,79 @@ start_munge() {
     die "munged started but 'munge -n | unmunge' fails; see /var/log/munge/munged.log"
 }
 
+write_db_conf() {
+    mkdir -p "$DB_DIR" "$DIR/log"
+    cat >"$DB_DIR/my.cnf" <<EOF
+$MARKER; rewritten on every start
+[mariadbd]
+datadir=$DB_DIR/data
+socket=$DB_SOCKET
+pid-file=$DB_PID
+log-error=$DIR/log/mariadb.log
+skip-networking
+user=root
+innodb_buffer_pool_size=64M
+innodb_log_file_size=16M
+innodb_lock_wait_timeout=900
+EOF
+    cat >"$DIR/slurmdbd.conf" <<EOF
+$MARKER; rewritten on every start
+AuthType=auth/munge
+DbdHost=localhost
+DbdPort=$DBD_PORT
+SlurmUser=root
+PidFile=$DBD_PID
+LogFile=$DIR/log/slurmdbd.log
+DebugLevel=info
+StorageType=accounting_storage/mysql
+StorageHost=localhost
+StorageUser=root
+StorageLoc=slurm_acct_db
+EOF
+    chown root:root "$DIR/slurmdbd.conf"
+    chmod 0600 "$DIR/slurmdbd.conf"
+}
+
+start_mariadb() {
+    db_ok && return 0
+    stop_pidfile "$DB_PID" mariadbd
+    if [[ ! -d $DB_DIR/data/mysql ]]; then
+        rm -rf "$DB_DIR/data"
+        mariadb-install-db --defaults-file="$DB_DIR/my.cnf" --auth-root-authentication-method=socket \
+            --skip-test-db </dev/null >"$DIR/log/mariadb-install.log" 2>&1 9>&- \
+            || { tail -n 20 "$DIR/log/mariadb-install.log" >&2; die "mariadb-install-db failed"; }
+    fi
+    # mariadbd does not detach by itself: setsid + & makes it a daemon outside this script's process group.
+    setsid mariadbd --defaults-file="$DB_DIR/my.cnf" </dev/null >>"$DIR/log/mariadb.stdout" 2>&1 9>&- &
+    for _ in $(seq $(( START_TIMEOUT * 5 ))); do
+        db_ok && return 0
+        sleep 0.2
+    done
+    tail -n 20 "$DIR/log/mariadb.log" >&2 || true
+    die "mariadbd did not answer on $DB_SOCKET within ${START_TIMEOUT} s"
+}
+
+start_slurmdbd() {
+    dbd_ok && return 0
+    stop_pidfile "$DBD_PID" slurmdbd
+    SLURM_CONF=$DIR/slurm.conf MYSQL_UNIX_PORT=$DB_SOCKET setsid slurmdbd \
+        </dev/null >>"$DIR/log/slurmdbd.stdout" 2>&1 9>&- || { show_logs; die "slurmdbd failed to start"; }
+    local out="" answered=0
+    for _ in $(seq $(( START_TIMEOUT * 5 ))); do
+        if out=$(clusters); then answered=1; break; fi
+        sleep 0.2
+    done
+    (( answered )) || { show_logs; die "slurmdbd does not answer sacctmgr within ${START_TIMEOUT} s: $out"; }
+    if [[ $out != *"$CLUSTER"* ]]; then
+        timeout 30 sacctmgr -i add cluster "$CLUSTER" >/dev/null || die "sacctmgr add cluster $CLUSTER failed"
+    fi
+    dbd_ok || { show_logs; die "slurmdbd does not list cluster $CLUSTER after registering it"; }
+}
+
 show_logs() {
     local f
-    for f in "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" "$DIR/log/slurmctld.stdout" "$DIR/log/slurmd.stdout"; do
+    for f in "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" "$DIR/log/slurmctld.stdout" "$DIR/log/slurmd.stdout" \
+             "$DIR/log/slurmdbd.log" "$DIR/log/slurmdbd.stdout" "$DIR/log/mariadb.log"; do
         [[ -s $f ]] || continue
         echo "----- tail $f" >&2
         tail -n 25 "$f" >&2
@@ -180,16 +304,23 @@ do_start() {
         sleep 2
     done
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
-        || die "Slurm/munge not installed: run 'bash scripts/install.sh' first"
+        && command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null \
+        || die "Slurm/munge/slurmdbd/MariaDB not installed: run 'bash scripts/install.sh' first"
     local t0 foreign
     t0=$(date +%s)
     # A half-started set (e.g. slurmd died) is restarted from scratch.
     stop_slurm_daemons
     foreign=$(pids_named slurmctld slurmd)
     [[ -z $foreign ]] || die "Slurm daemons not started by this script are running (pids: $foreign); stop them first"
+    pid_alive "$DBD_PID" || foreign=$(pids_named slurmdbd)
+    [[ -z $foreign ]] || die "a slurmdbd not started by this script is running (pids: $foreign); stop it first"
     mkdir -p "$DIR/state" "$DIR/spool" "$DIR/log"
-    write_conf
     start_munge
+    write_db_conf
+    start_mariadb
+    # Clients (sacctmgr here) need the new $CONF, with the slurmdbd address, before slurmdbd is asked anything.
+    write_conf
+    start_slurmdbd
     # -c: start from a clean job/node state.  Daemons fork and detach; their stdio goes to files so that a
     # caller capturing our output (pytest's subprocess) never waits on a pipe a daemon still holds, and the
     # lock fd 9 is closed for them so the lock is released when this script exits.
@@ -204,7 +335,7 @@ do_start() {
         st=$(node_state)
         if [[ $st == idle* ]]; then
             log "started in $(( $(date +%s) - t0 )) s: node $NODE idle, CPUs=$(declared_cpus)," \
-                "partitions $PARTITION (default) + long, state in $DIR"
+                "partitions $PARTITION (default) + long, accounting by slurmdbd :$DBD_PORT, state in $DIR"
             return 0
         fi
         if [[ $st == down* || $st == drain* ]]; then
@@ -254,8 +385,10 @@ do_stop() {
     exec 9>"$DIR/lock"
     flock -w 120 9 || die "could not lock $DIR/lock"
     stop_slurm_daemons
+    stop_pidfile "$DBD_PID" slurmdbd
+    stop_pidfile "$DB_PID" mariadbd
     stop_pidfile "$MUNGE_PID" munged
-    log "stopped (state kept in $DIR)"
+    log "stopped (state and accounting database kept in $DIR)"
 }
 
 do_status() {
@@ -265,6 +398,10 @@ do_status() {
         if pid_alive "$f"; then echo "$name: running (pid $(cat "$f"))"; else echo "$name: stopped"; rc=1; fi
     done
     if munge_ok; then echo "munged: running"; else echo "munged: stopped"; rc=1; fi
+    if db_ok; then echo "mariadbd: running (pid $(cat "$DB_PID"), socket $DB_SOCKET)"
+    else echo "mariadbd: stopped"; rc=1; fi
+    if dbd_ok; then echo "slurmdbd: running (pid $(cat "$DBD_PID"), port $DBD_PORT, cluster $CLUSTER registered)"
+    else echo "slurmdbd: stopped or not answering"; rc=1; fi
     echo "node $NODE: $(node_state || true)"
     echo "config: $CONF; state: $DIR"
     [[ $rc == 0 ]] && healthy || rc=1

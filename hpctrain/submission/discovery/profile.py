@@ -34,6 +34,7 @@ from hpctrain.submission.discovery.facts import (
     QueueFacts,
     describe_shape,
 )
+from hpctrain.submission.discovery.slurm import QOS_SOURCE
 
 REMOTE_ROOT = "$HOME/hpctrain-runs"
 _WORD = TypeAdapter(Word)
@@ -145,6 +146,18 @@ def _policies(w: _Writer, path: tuple[str, ...], queue: QueueFacts) -> None:
         w.fact((*path, key), fact, _walltime_text(fact.value) if key == "min_walltime" else None)
 
 
+def _qos_sources(w: _Writer, path: tuple[str, ...], queue: QueueFacts, source: str) -> None:
+    """The rules a partition's QOS sets are cited with that QOS's limit (a refusal names MaxWall, not only the
+    partition)."""
+    rules = {"max_nodes": queue.max_nodes, "max_walltime": queue.max_walltime_s, **queue.policies()}
+    from_qos = {key: fact for key, fact in rules.items() if fact.source.startswith(QOS_SOURCE + " ")}
+    if not from_qos:
+        return
+    w.section((*path, "sources"), "the rules the partition's QOS sets")
+    for key, fact in from_qos.items():
+        w.value((*path, "sources", key), f"{fact.source}; {source}")
+
+
 def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dict[str, QueueFacts]:
     """The queues mapping and default_queue; queues whose names cannot reach a script are left out."""
     facts, title = findings.scheduler, SCHEDULER_TITLES[findings.scheduler.name]
@@ -173,6 +186,7 @@ def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dic
         w.fact((*path, "max_walltime"), queue.max_walltime_s, _walltime_text(queue.max_walltime_s.value))
         _policies(w, path, queue)
         w.value((*path, "source"), source, "what a job refused by these limits is told they come from")
+        _qos_sources(w, path, queue, source)
         if queue.node is not None:
             _node(w, (*path, "node"), queue.node, base=findings.node)
     direct = [n for n, q in queues.items() if q.direct_submit is None or q.direct_submit.value]

@@ -146,6 +146,7 @@ def _queue(rec: dict[str, str], node: NodeFacts | None) -> QueueFacts:
 
 
 _TRES_NODES = re.compile(r"(?:^|,)node=(\d+)")
+QOS_SOURCE = "sacctmgr show qos"  # how a limit read from a QOS names its source: "sacctmgr show qos NAME: Key=V"
 
 
 def read_qos(text: str) -> dict[str, QosFacts]:
@@ -156,7 +157,7 @@ def read_qos(text: str) -> dict[str, QosFacts]:
         if len(fields) < 6 or not fields[0].strip():
             continue
         name, wall, tres, tres_pu, jobs_pu, submit_pu = (f.strip() for f in fields[:6])
-        src = f"sacctmgr show qos {name}"
+        src = f"{QOS_SOURCE} {name}"
         seconds = None
         if wall:
             try:

@@ -95,6 +95,21 @@ class StatusProbe:
     ended_runs: bool = False
 
 
+@dataclass(frozen=True)
+class QueuedJobsProbe:
+    """The command that lists the submitting user's jobs waiting or running in one queue, and how many of those
+    its output lists (what a per-user submit limit such as Slurm's MaxSubmitPU or PBS's max_queued counts)."""
+
+    name: str  # shown in messages: "squeue", "qstat -a"
+    argv: list[str]
+    count: Callable[[str], int]
+
+
+def count_lines(text: str) -> int:
+    """Non-empty lines: one job each (``squeue -h -o %i``)."""
+    return sum(1 for line in text.splitlines() if line.strip())
+
+
 class Scheduler(ABC):
     """One batch scheduler: the facts hpctrain needs about it and the commands that drive it.
 
@@ -161,6 +176,11 @@ class Scheduler(ABC):
         Each chain holds probes of one role, best first: polling runs a chain's probes until one answers;
         the answers of the chains are combined (the live view while a job is active, else its accounting).
         """
+
+    def queued_jobs_probe(self, site: SiteProfile, queue_key: str) -> QueuedJobsProbe | None:
+        """How to count the user's jobs in queue ``queue_key`` of ``site`` now; None where the scheduler cannot
+        say (the check is then left to the scheduler)."""
+        return None
 
     @abstractmethod
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:

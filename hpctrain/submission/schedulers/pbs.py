@@ -14,6 +14,7 @@ from hpctrain.config.site import SiteProfile
 from hpctrain.errors import SchedulerError
 from hpctrain.submission.schedulers import status_parsers as sp
 from hpctrain.submission.schedulers.base import (
+    QueuedJobsProbe,
     RenderOptions,
     Scheduler,
     StatusProbe,
@@ -30,6 +31,26 @@ from hpctrain.submission.shell import directive_word
 
 # PBS Pro allows job names up to 236 characters (qsub(1B), -N).
 MAX_NAME = 236
+# `qstat -a` prints a queue name in a column of 8 characters.
+QSTAT_QUEUE_WIDTH = 8
+# Job states of `qstat -a` that a per-user queued limit (max_queued) does not count: finished (F, X; C in Torque).
+_ENDED_STATES = frozenset({"F", "X", "C"})
+
+
+def count_queued(text: str, queue: str) -> int:
+    """Jobs in ``queue`` that have not ended, from ``qstat -a -u USER`` (columns: Job ID, Username, Queue, Jobname,
+    SessID, NDS, TSK, Memory, Time, S, Time): the queue is the third word, the state the second from the end
+    (a job name may hold spaces in Torque's output). A queue name longer than the column matches on its
+    first 8 characters."""
+    shown = queue[:QSTAT_QUEUE_WIDTH]
+    count = 0
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) < 11 or not words[0][:1].isdigit():
+            continue
+        if words[2] == shown and words[-2] not in _ENDED_STATES:
+            count += 1
+    return count
 
 
 class PBSPro(Scheduler):
@@ -112,6 +133,13 @@ class PBSPro(Scheduler):
     def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
         argv = sp.pbs_qstat_argv([check_job_id(j) for j in jobs])
         return [[StatusProbe("qstat", "live", argv, sp.parse_pbs_qstat_json)]]
+
+    def queued_jobs_probe(self, site: SiteProfile, queue_key: str) -> QueuedJobsProbe | None:
+        # qselect would list exactly these jobs, but Torque-style qstat is what every PBS flavour answers; the
+        # user is the one the command runs as (here or on the login node), so it is asked on that side.
+        name = site.queues[queue_key].submit_as or queue_key
+        return QueuedJobsProbe("qstat -a", ["sh", "-c", 'exec qstat -a -u "$(id -un)"'],
+                               lambda text: count_queued(text, name))
 
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["qdel", check_job_id(job_id)]

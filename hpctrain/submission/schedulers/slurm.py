@@ -14,12 +14,14 @@ from hpctrain.config.site import SiteProfile
 from hpctrain.errors import SchedulerError
 from hpctrain.submission.schedulers import status_parsers as sp
 from hpctrain.submission.schedulers.base import (
+    QueuedJobsProbe,
     RenderOptions,
     Scheduler,
     StatusProbe,
     check_directive_lines,
     check_job_id,
     check_request,
+    count_lines,
     directive_value,
     merged_directives,
     queue_submit_name,
@@ -120,6 +122,18 @@ class Slurm(Scheduler):
             [StatusProbe("squeue", "live", sp.squeue_argv(ids), sp.parse_squeue),
              StatusProbe("scontrol", "live", scontrol, sp.parse_scontrol_job)],
         ]
+
+    def queued_jobs_probe(self, site: SiteProfile, queue_key: str) -> QueuedJobsProbe | None:
+        # MaxSubmitPU counts every job of the user under the QOS that is not finished, an array's tasks one by
+        # one (-r); --me is the user squeue runs as, here or on the login node.
+        queue = site.queues[queue_key]
+        name = queue.submit_as or queue_key
+        argv = ["squeue", "--me", "-h", "-r", "-t", "PD,CF,R,S", "-o", "%i"]
+        if site.queue_option == "qos":
+            argv += ["-q", name]
+        else:
+            argv += ["-p", name, *(["-q", queue.qos] if queue.qos else [])]
+        return QueuedJobsProbe("squeue", argv, count_lines)
 
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["scancel", check_job_id(job_id)]
