@@ -125,11 +125,14 @@ def _start_failure(what: str, proc: subprocess.CompletedProcess[str] | None, err
 
 
 def _slurm_up() -> bool:
+    """The node is up and slurmdbd answers (a Slurm started without accounting is restarted with it)."""
     try:
         out = _run(["sinfo", "-h", "-N", "-n", SLURM_NODE, "-o", "%t"], timeout=15)
+        clusters = _run(["sacctmgr", "-n", "-P", "show", "cluster", "format=Cluster"], timeout=15)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return out.returncode == 0 and out.stdout.strip().startswith(_UP_STATES)
+    return (out.returncode == 0 and out.stdout.strip().startswith(_UP_STATES) and clusters.returncode == 0
+            and "hpctrain" in clusters.stdout.split())
 
 
 @pytest.fixture(scope="session")

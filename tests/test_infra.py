@@ -1,5 +1,6 @@
-"""Proof that the test infrastructure is real: the single-node Slurm (sbatch/srun/sacct -c/requeue), the
-Torque wrappers (qsub on Slurm), the loopback sshd with ControlMaster, and the MPICH wheel's mpiexec.
+"""Proof that the test infrastructure is real: the single-node Slurm (sbatch/srun/sacct -c/requeue) with its
+accounting (slurmdbd over MariaDB: sacctmgr, sacct, enforced QOS limits), the Torque wrappers (qsub on Slurm),
+the loopback sshd with ControlMaster, and the MPICH wheel's mpiexec.
 """
 
 from __future__ import annotations
@@ -84,6 +85,26 @@ def test_sacct_c_reports_finished_jobs(slurm: SlurmCluster, two_task_job: tuple[
     slurm.wait_for_state(failing, ["FAILED"], timeout=60)
     out = run(["sacct", "-c", "-j", str(failing), "-n", "-P", "-o", "JobID,State,ExitCode"])
     assert f"{failing}|FAILED|3:0" in out.stdout.splitlines(), out.stdout
+
+
+@pytest.mark.slurm
+def test_slurmdbd_answers_and_slurmctld_enforces_its_limits(slurm: SlurmCluster,
+                                                           two_task_job: tuple[int, Path]) -> None:
+    """slurmdbd knows the cluster and root's association, slurmctld enforces QOS limits from it, and sacct (not
+    only sacct -c) reports a finished job, as one record: job ids are not reused across restarts."""
+    clusters = run(["sacctmgr", "-n", "-P", "show", "cluster", "format=Cluster"])
+    assert clusters.returncode == 0, clusters.stderr
+    assert "hpctrain" in clusters.stdout.split()
+    assoc = run(["sacctmgr", "-n", "-P", "show", "assoc", "user=root", "format=Cluster,Account,User"])
+    assert "hpctrain|root|root" in assoc.stdout.splitlines(), assoc.stdout
+    config = run(["scontrol", "show", "config"]).stdout
+    values = {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in config.splitlines())}
+    assert values["AccountingStorageType"] == "accounting_storage/slurmdbd"
+    assert "limits" in values["AccountingStorageEnforce"].split(","), values["AccountingStorageEnforce"]
+    job_id, _ = two_task_job
+    out = run(["sacct", "-D", "-X", "-j", str(job_id), "-n", "-P", "-o", "JobID,State,ExitCode"])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == [f"{job_id}|COMPLETED|0:0"], out.stdout
 
 
 @pytest.mark.slurm

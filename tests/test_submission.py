@@ -106,6 +106,25 @@ def test_restarts_from_the_completion_file_never_count_a_winding_down_run(
     assert combine(["7"], acc, live, ended_runs=True)["7"].restart_count == restarts
 
 
+@pytest.mark.parametrize("squeue_state,records,restarts", [
+    # the phases of one requeue as this Slurm's slurmdbd showed them, polled every 0.5 s
+    ("PENDING", [], 0),
+    ("COMPLETING", ["REQUEUED"], 0),  # the first run winding down after `scontrol requeue`
+    ("PENDING", ["REQUEUED"], 1),  # pending again (BeginTime) before slurmdbd records the next run
+    ("PENDING", ["REQUEUED", "PENDING"], 1),
+    ("RUNNING", ["REQUEUED", "RUNNING"], 1),
+    ("RUNNING", ["REQUEUED", "REQUEUED", "RUNNING"], 2),
+])
+def test_restarts_from_slurmdbd_are_kept_while_the_job_is_active(
+        squeue_state: str, records: list[str], restarts: int) -> None:
+    from hpctrain.submission.schedulers.status_parsers import parse_sacct, parse_squeue
+
+    live = parse_squeue(f"7|{squeue_state}|None|0:01|localhost|ffn\n")
+    acc = parse_sacct("".join(f"7|ffn|{state}|0:0|None|00:00:05|t0|t1|localhost\n" for state in records))
+    got = combine(["7"], acc, live)["7"]
+    assert (got.state, got.restart_count) == (live["7"].state, restarts)
+
+
 def test_expand_pending_array_range() -> None:
     got = expand_array_ranges({"15_[0-2,5%2]": JobStatus("15_[0-2,5%2]", JobState.PENDING, "held"),
                                "16": JobStatus("16", JobState.RUNNING)})

@@ -1,7 +1,9 @@
 """Submission and state tracking against the real single-node Slurm (fixture ``slurm``), from the login node.
 
-The test Slurm has accounting storage off (plain ``sacct`` fails) and a job-completion file (``sacct -c``
-works); a site without squeue/sacct is made by running the real commands with a PATH that lacks them.
+The test Slurm keeps accounting in slurmdbd (plain ``sacct`` works) and a job-completion file (``sacct -c``); a
+site without accounting storage is the same Slurm seen through a copy of its config that says so (plain ``sacct``
+fails there as it does on such a site), and a site without squeue/sacct is made by running the real commands with
+a PATH that lacks them.
 """
 
 from __future__ import annotations
@@ -73,7 +75,19 @@ def _submit(env: Path, command: list[str], pool: TransportPool | None = None, **
         return submit_runs(env / "tiny.yaml", "ci-slurm", command=command, registry=reg, pool=pool, **kw)
 
 
-def test_states_with_accounting_off_sacct_c_and_a_forgotten_job(env: Path, slurm: Any) -> None:
+def no_accounting_conf(directory: Path) -> Path:
+    """A copy of the clients' slurm.conf with accounting storage off: what the commands of a site without slurmdbd
+    read (the controller is the same)."""
+    conf = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf"))
+    lines = [("AccountingStorageType=accounting_storage/none" if ln.startswith("AccountingStorageType=") else ln)
+             for ln in conf.read_text().splitlines() if not ln.startswith("AccountingStorageEnforce=")]
+    copy = directory / "slurm-no-accounting.conf"
+    copy.write_text("\n".join(lines) + "\n")
+    return copy
+
+
+def test_states_with_accounting_off_sacct_c_and_a_forgotten_job(env: Path, slurm: Any,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     ok = _submit(env, ["true"]).runs[0]
     bad = _submit(env, ["sh", "-c", "exit 3"]).runs[0]
     slow = _submit(env, ["sleep", "60"]).runs[0]
@@ -86,6 +100,10 @@ def test_states_with_accounting_off_sacct_c_and_a_forgotten_job(env: Path, slurm
     slurm.wait_for_state(ids[slow.run_id], ["RUNNING"])
 
     t = CountingTransport()
+    answer = poll_scheduler(t, SLURM, dict.fromkeys([*ids.values(), "99999999"], str(env)))
+    assert answer.sources == ("sacct", "squeue")  # slurmdbd answers
+    monkeypatch.setenv("SLURM_CONF", str(no_accounting_conf(env)))
+    t.calls.clear()
     answer = poll_scheduler(t, SLURM, dict.fromkeys([*ids.values(), "99999999"], str(env)))
     assert answer.sources == ("sacct -c", "squeue")  # plain sacct failed: accounting storage is off
     assert len(t.calls) == 1

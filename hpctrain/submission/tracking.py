@@ -66,14 +66,21 @@ def combine(job_ids: Iterable[str], accounting: Mapping[str, JobStatus] | None,
     ``ended_runs``: every accounting record of a job is a run that ended (``sacct -c``) — so a job that is
     active again has been requeued at least once per record (``squeue`` does not show restarts); a job whose
     run is winding down (``run_ended``, Slurm's COMPLETING) is not active again, and its record may be there.
+    Otherwise (``sacct -D``, slurmdbd) the records are every run, the current one last once slurmdbd has it:
+    the restarts it counted are kept while the live view is shown, plus the requeued run itself when that is
+    still the last record (the job pending again before slurmdbd records its next run).
     """
     out: dict[str, JobStatus] = {}
     acc, liv = accounting or {}, live or {}
     for job_id in job_ids:
         a, lv = acc.get(job_id), liv.get(job_id)
-        if lv is not None and lv.state.is_active and a is not None and ended_runs:
-            # A run that is winding down may already be one of the records: it is not a new run.
-            runs_before = a.restart_count + (0 if lv.run_ended else 1)
+        if lv is not None and lv.state.is_active and a is not None:
+            if ended_runs:
+                # A run that is winding down may already be one of the records: it is not a new run.
+                runs_before = a.restart_count + (0 if lv.run_ended else 1)
+            else:
+                requeued_last = a.state is JobState.REQUEUED and not lv.run_ended
+                runs_before = a.restart_count + (1 if requeued_last else 0)
             out[job_id] = replace(lv, restart_count=max(lv.restart_count, runs_before))
         elif lv is not None and (lv.state.is_active or a is None):
             out[job_id] = lv
