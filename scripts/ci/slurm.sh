@@ -14,14 +14,17 @@
 # loopback sshd logs in as root).  AccountingStorageEnforce=limits makes slurmctld enforce QOS limits
 # (MaxWall, MaxSubmitPU) and refuse jobs of users without an association; `qos` is not set, so a job may
 # run under a partition's QOS without that QOS being in the user's association.
-# Timings: see the log line of `start`; measured on 2 busy cores: first start TIMING_FIRST, a restart of
-# all daemons TIMING_RESTART, a start that finds everything healthy TIMING_HEALTHY.
+# Timings (the log line of `start` prints them per phase), 2 cores busy with other tests: TIMINGS
 # Traps: (1) slurmctld -c restarts job ids at FirstJobId, and with accounting `sacct -D -j ID` then returns
 # the older jobs of that id as earlier runs (hpctrain counts requeues that way): FirstJobId is set past the
-# largest id in the database and in the completion file on every start.  (2) slurmdbd must answer and the
-# cluster be registered before slurmctld starts, or slurmctld runs without associations and refuses jobs.
-# (3) MariaDB's default InnoDB log is 96 MiB; 16 MiB keeps the datadir small.  (4) slurmdbd logs "Database
-# settings not recommended values: innodb_buffer_pool_size": harmless for a test database.
+# largest id in the database and in the completion file on every start.  (2) sacctmgr finds slurmdbd through
+# $CONF, so the new slurm.conf is written before slurmdbd is asked anything, and the cluster is registered
+# before slurmctld starts and loads its associations.  (3) With `limits`, a job over a QOS's MaxWall is only
+# held (PENDING, QOSMaxWallDurationPerJobLimit; sbatch refuses it only under the QOS flag DenyOnLimit), a job
+# over MaxSubmitPU is refused by sbatch (QOSMaxSubmitJobPerUserLimit).  (4) MariaDB's default InnoDB log is
+# 96 MiB; 16 MiB keeps the datadir at ~110 MB.  (5) slurmdbd logs "Database settings not recommended values:
+# innodb_buffer_pool_size": harmless for a test database.  (6) A start that finds slurmctld alive but
+# slurmdbd gone restarts only MariaDB/slurmdbd: slurmctld keeps its jobs and reconnects.
 # `sacct -c` (JobCompType=jobcomp/filetxt) still reads the completion file; plain `sacct` now works too.
 #
 # CPU oversubscription: tests run 4 ranks on a 2-core box.  OverSubscribe=YES only lets *jobs* share CPUs;
@@ -49,6 +52,10 @@ MUNGE_PID=/run/munge/munged.pid
 
 log() { echo "[slurm.sh] $*" >&2; }
 die() { log "error: $*"; exit 1; }
+
+elapsed() {  # elapsed START [END]: seconds between two $EPOCHREALTIME values (END: now), to 0.1 s
+    awk -v a="$1" -v b="${2:-$EPOCHREALTIME}" 'BEGIN { printf "%.1f", b - a }'
+}
 
 pid_alive() {  # pid_alive PIDFILE
     [[ -s $1 ]] && kill -0 "$(cat "$1")" 2>/dev/null
@@ -85,11 +92,15 @@ dbd_ok() {
     pid_alive "$DBD_PID" && [[ $(clusters) == *"$CLUSTER"* ]]
 }
 
-healthy() {
-    pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && munge_ok && db_ok && dbd_ok || return 1
+slurm_up() {
+    pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && munge_ok || return 1
     local st
     st=$(node_state)
     [[ $st == idle* || $st == mix* || $st == alloc* || $st == comp* ]]
+}
+
+healthy() {
+    slurm_up && db_ok && dbd_ok
 }
 
 declared_cpus() {
@@ -303,11 +314,22 @@ do_start() {
         pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && (( i < 3 )) || break
         sleep 2
     done
+    if slurm_up && grep -q '^AccountingStorageType=accounting_storage/slurmdbd' "$DIR/slurm.conf" 2>/dev/null; then
+        # Only MariaDB or slurmdbd is down: bring them back under the running slurmctld, whose jobs live on.
+        local t1=$EPOCHREALTIME
+        write_db_conf
+        start_mariadb
+        start_slurmdbd
+        if healthy; then
+            log "accounting restarted in $(elapsed "$t1") s under the running slurmctld (state in $DIR)"
+            return 0
+        fi
+    fi
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
         && command -v slurmdbd >/dev/null && command -v mariadbd >/dev/null \
         || die "Slurm/munge/slurmdbd/MariaDB not installed: run 'bash scripts/install.sh' first"
-    local t0 foreign
-    t0=$(date +%s)
+    local t0 foreign t_db t_dbd
+    t0=$EPOCHREALTIME
     # A half-started set (e.g. slurmd died) is restarted from scratch.
     stop_slurm_daemons
     foreign=$(pids_named slurmctld slurmd)
@@ -318,9 +340,11 @@ do_start() {
     start_munge
     write_db_conf
     start_mariadb
+    t_db=$EPOCHREALTIME
     # Clients (sacctmgr here) need the new $CONF, with the slurmdbd address, before slurmdbd is asked anything.
     write_conf
     start_slurmdbd
+    t_dbd=$EPOCHREALTIME
     # -c: start from a clean job/node state.  Daemons fork and detach; their stdio goes to files so that a
     # caller capturing our output (pytest's subprocess) never waits on a pipe a daemon still holds, and the
     # lock fd 9 is closed for them so the lock is released when this script exits.
@@ -334,7 +358,9 @@ do_start() {
     for _ in $(seq $(( START_TIMEOUT * 2 ))); do
         st=$(node_state)
         if [[ $st == idle* ]]; then
-            log "started in $(( $(date +%s) - t0 )) s: node $NODE idle, CPUs=$(declared_cpus)," \
+            log "started in $(elapsed "$t0") s (munged + MariaDB $(elapsed "$t0" "$t_db") s, slurmdbd" \
+                "$(elapsed "$t_db" "$t_dbd") s, slurmctld + slurmd $(elapsed "$t_dbd") s): node $NODE idle," \
+                "CPUs=$(declared_cpus)," \
                 "partitions $PARTITION (default) + long, accounting by slurmdbd :$DBD_PORT, state in $DIR"
             return 0
         fi
