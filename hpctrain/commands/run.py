@@ -127,15 +127,16 @@ def _preflight(job: JobSpec) -> None:
 
 
 def _write_counters(run_dir: Path) -> None:
-    """This rank's file-open counts (runtime/counters.py) and work counts (runtime/work_counts.py: input, messages,
-    checkpoint files), when HPCTRAIN_COUNTERS turned counting on."""
-    from hpctrain.runtime import counters, work_counts
+    """This rank's file-open counts (runtime/counters.py), work counts (runtime/work_counts.py: input, messages,
+    checkpoint files) and rendezvous store calls (runtime/store_counts.py), when HPCTRAIN_COUNTERS turned counting
+    on."""
+    from hpctrain.runtime import counters, store_counts, work_counts
 
     if counters.enabled():
         from hpctrain.launch_env import detect_launch_env
 
         env = detect_launch_env(os.environ)
-        counters.write_record(run_dir, env.rank, env.size, **work_counts.sections())
+        counters.write_record(run_dir, env.rank, env.size, **work_counts.sections(), **store_counts.sections())
 
 
 def _failure_line(exc: BaseException) -> str:

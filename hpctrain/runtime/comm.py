@@ -25,7 +25,10 @@ import torch
 from hpctrain.errors import ConfigError, HpctrainError, RuntimeFailure
 from hpctrain.exit_codes import EXIT_ERROR
 from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
+from hpctrain.runtime import store_counts
 from hpctrain.runtime.devices import DEVICE_TYPE, make_current, on_device, pick_device, require_device_backend
+from hpctrain.runtime.exchange_store import ExchangeStore, mpi_exchange, store_exchange
+from hpctrain.runtime.liveness import MPIQueries, StoreQueries, grace_s
 from hpctrain.runtime.mpi_env import import_mpi
 from hpctrain.runtime.watchdog import Pending, Watchdog
 
@@ -258,12 +261,11 @@ def _agree(comm: Communicator, error: BaseException | None, label: str) -> None:
 
 # ----------------------------------------------------------------------------------------------- MPI
 
-_QUERY_TAG, _REPLY_TAG = 7301, 7302
-
-
-def _grace_s(timeout_s: float, tick_s: float) -> float:
-    """How long a timed-out rank waits for the others to say which collective they reached."""
-    return min(10.0, max(2.0, 5 * tick_s, 0.25 * timeout_s))
+def _late_message(behind: list[int], silent: list[int], pending: Pending, timeout_s: float) -> str:
+    msg = _missing_message(behind, pending, timeout_s)
+    if silent:
+        msg += "; " + ", ".join(f"rank {r}" for r in silent) + " did not answer (frozen or dead)"
+    return msg
 
 
 class _WatchedCommunicator(Communicator):
@@ -346,53 +348,16 @@ class MPICommunicator(_WatchedCommunicator):
         self._ops = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN}
         self._index = 0
         self._inflight: deque[_MPIRequest] = deque()
-        self._replies: list[tuple[Any, Any]] = []
-        self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._answer_queries)
+        self._queries = MPIQueries(MPI, self._side, lambda: self._index)
+        self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._queries.answer)
         self._closed = False
 
-    # -- timeouts: who is behind is asked only once something is late
-    def _answer_queries(self) -> None:
-        import numpy as np
-
-        MPI = self._MPI
-        status = MPI.Status()
-        while self._side.Iprobe(source=MPI.ANY_SOURCE, tag=_QUERY_TAG, status=status):
-            src = status.Get_source()
-            self._side.Recv(np.zeros(1, dtype=np.int64), source=src, tag=_QUERY_TAG)
-            reply = np.array([self._index], dtype=np.int64)
-            self._replies.append((self._side.Isend(reply, dest=src, tag=_REPLY_TAG), reply))
-
-    def _ask_who_is_behind(self, pending: Pending) -> tuple[list[int], list[int]]:
-        import time
-
-        import numpy as np
-
-        MPI = self._MPI
-        query = np.array([pending.index], dtype=np.int64)
-        sends = [self._side.Isend(query, dest=r, tag=_QUERY_TAG) for r in range(self.size) if r != self.rank]
-        reached = {self.rank: self._index}
-        status, buf = MPI.Status(), np.zeros(1, dtype=np.int64)
-        deadline = time.monotonic() + _grace_s(self.timeout_s, self._watchdog.tick_s)
-        while len(reached) < self.size and time.monotonic() < deadline:
-            self._answer_queries()  # another rank that timed out too may be asking us
-            while self._side.Iprobe(source=MPI.ANY_SOURCE, tag=_REPLY_TAG, status=status):
-                src = status.Get_source()
-                self._side.Recv(buf, source=src, tag=_REPLY_TAG)
-                reached[src] = int(buf[0])
-            time.sleep(0.01)
-        del sends  # never completed on purpose when a peer is gone; the job aborts next
-        behind = [r for r in range(self.size) if r in reached and reached[r] < pending.index]
-        silent = [r for r in range(self.size) if r not in reached]
-        return behind, silent
-
+    # -- timeouts: who is behind is asked only once something is late (runtime/liveness.py)
     def _on_timeout(self, pending: Pending) -> None:
-        behind, silent = self._ask_who_is_behind(pending)
-        msg = _missing_message(behind, pending, self.timeout_s)
-        if silent:
-            msg += "; " + ", ".join(f"rank {r}" for r in silent) + " did not answer (frozen or dead)"
-        _log(f"rank {self.rank}: {msg}; aborting the job (MPI_Abort)")
+        behind, silent = self._queries.ask(pending, grace_s(self.timeout_s, self._watchdog.tick_s))
+        _log(f"rank {self.rank}: {_late_message(behind, silent, pending, self.timeout_s)}; aborting the job "
+             "(MPI_Abort)")
         self._comm.Abort(1)
-
 
     def progress(self) -> None:
         """Let MPICH advance the in-flight ``Iallreduce``s (cheap; a no-op when none is in flight)."""
@@ -480,8 +445,7 @@ class MPICommunicator(_WatchedCommunicator):
         self._inflight.clear()
         self._closed = True
         self._watchdog.close()  # its thread may call MPI: stop it before freeing anything
-        for req, _ in self._replies:
-            req.Wait()
+        self._queries.close()
         self._comm.Barrier()
         self._side.Free()
         self._comm.Free()
@@ -501,8 +465,8 @@ def _restore(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------- torch.distributed
 
-_STORE_PREFIX = "hpctrain/"
-SIDE_STORE_TIMEOUT_S = 10.0  # the watchdog's store calls end within this; Watchdog.close waits longer
+SIDE_STORE_TIMEOUT_S = 10.0  # a late rank's store calls end within this; Watchdog.close waits longer
+CLOSE_WAIT_S = 60.0  # at close, how long the store's host waits for every rank to be done with it
 RENDEZVOUS_MIN_S = 60.0  # start-up skew between ranks (imports, MPI_Init) is not a collective's lateness
 PROCESS_GROUP_MARGIN_S = 60.0  # past the watchdog's deadline: its tick + grace (<= 11 s) + the abort itself
 
@@ -533,10 +497,14 @@ class Timeouts:
 
 class TorchDistCommunicator(_WatchedCommunicator):
     """torch.distributed with gloo (CPU), nccl or xccl (GPU); asynchronous all-reduces are the back-end's own work
-    handles. The rendezvous TCPStore is the side channel for timeouts, and costs nothing per collective:
-    a rank whose collective #K is late writes ``query``; every rank's watchdog thread (it polls the store
-    once a tick) answers ``now/<rank> = last collective reached``; the asking rank names those behind K,
-    publishes ``abort`` (every watchdog polls it, the stuck one included) and exits.
+    handles.
+
+    Rendezvous (docs/scaling.md, "torch.distributed at scale"): ranks an MPI launcher started bootstrap over MPI:
+    gloo's address exchange is one MPI allgather (runtime/exchange_store.py) and no TCPStore exists; nccl and xccl
+    still find rank 0's TCPStore through an MPI broadcast of its address. Without MPI (torchrun, the local
+    launcher, a scheduler's node list) the ranks meet at the TCPStore, and gloo's exchange costs each rank a fixed
+    handful of requests to it. Liveness (runtime/liveness.py): who is behind is asked only after a timeout, over
+    MPI where the ranks have it, else over the store, whose listeners cost nothing per tick.
     """
 
     def __init__(
@@ -554,14 +522,30 @@ class TorchDistCommunicator(_WatchedCommunicator):
         self.rank, self.size, self.local_rank = env.rank, env.size, env.local_rank
         self.backend, self.timeout_s = backend, float(timeout_s)
         self.timeouts = Timeouts.from_setting(timeout_s)
-        host, port = rendezvous_address(env, environ, self.timeouts.rendezvous_s)
-        self._host, self._port = host, port
+        self._index = 0
+        counts = store_counts.active()
+        MPI = _mpi_bootstrap(env, self.timeouts.rendezvous_s)
+        self._side: Any = MPI.COMM_WORLD.Dup() if MPI is not None else None
         # Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT: join it as a client.
         agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-        self._store = dist.TCPStore(
-            host, port, self.size, self.rank == 0 and not agent_store,
-            timedelta(seconds=self.timeouts.store_s), wait_for_workers=False,
-        )
+        self._serving = False
+        self._store: Any = None
+        if MPI is None or backend != "gloo":
+            self._host, self._port = rendezvous_address(env, environ, self.timeouts.rendezvous_s)
+            self._serving = self.rank == 0 and not agent_store
+            self._store = store_counts.counted_client(dist.TCPStore(
+                self._host, self._port, self.size, self._serving,
+                timedelta(seconds=self.timeouts.store_s), wait_for_workers=False,
+            ))
+        pg_store: Any = self._store
+        self._exchange_store: ExchangeStore | None = None
+        if backend == "gloo":
+            exchange = (mpi_exchange(self._side, self.rank) if MPI is not None else
+                        store_exchange(self._store, self.rank, self.size, timedelta(seconds=self.timeouts.store_s)))
+            self._exchange_store = pg_store = ExchangeStore(self.rank, exchange, fallback=self._store)
+        if counts is not None:
+            counts.server = "none" if self._store is None else "launcher agent" if agent_store else "rank 0"
+            counts.rendezvous = "" if self._exchange_store is None else "mpi" if MPI is not None else "store"
         # Device back-ends reduce tensors where they live: the rank's own GPU is made current first.
         self.device_type = DEVICE_TYPE.get(backend, "cpu")
         if self.device_type != "cpu":
@@ -576,59 +560,44 @@ class TorchDistCommunicator(_WatchedCommunicator):
 
         # Our watchdog must fire before the back-end's own timeout so the message names the missing rank.
         dist.init_process_group(
-            backend, store=dist.PrefixStore("pg/", self._store), rank=self.rank, world_size=self.size,
+            backend, store=dist.PrefixStore("pg/", pg_store), rank=self.rank, world_size=self.size,
             timeout=timedelta(seconds=self.timeouts.process_group_s),
         )
+        if counts is not None and self._exchange_store is not None:
+            counts.local_calls = self._exchange_store.local_calls
         self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                      "min": dist.ReduceOp.MIN}
-        self._index = 0
-        self._watch_store: Any = None
-        self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._poll_store)
+        self._queries: MPIQueries | StoreQueries
+        if MPI is not None:
+            self._queries = MPIQueries(MPI, self._side, lambda: self._index)
+            self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._queries.answer)
+        else:
+            self._queries = StoreQueries(self._connect, self.rank, self.size, lambda: self._index)
+            self._watchdog = Watchdog(self.timeout_s, self._on_timeout)
         self._closed = False
 
-    def _side_store(self) -> Any:
-        # The watchdog thread gets its own client connection: never shares a socket with the main thread.
-        if self._watch_store is None:
-            self._watch_store = self._dist.TCPStore(
-                self._host, self._port, self.size, False, timedelta(seconds=SIDE_STORE_TIMEOUT_S),
-                wait_for_workers=False,
-            )
-        return self._watch_store
-
-    def _poll_store(self) -> None:
-        try:
-            store = self._side_store()
-            if not store.check([f"{_STORE_PREFIX}query"]):
-                return  # the common case: one small request per tick, nothing per collective
-            store.set(f"{_STORE_PREFIX}now/{self.rank}", str(self._index))
-            if store.check([f"{_STORE_PREFIX}abort"]):
-                msg = store.get(f"{_STORE_PREFIX}abort").decode()
-                _log(f"rank {self.rank}: aborting because another rank reported: {msg}")
-                os._exit(1)
-        except Exception:  # store on rank 0 gone: rank 0 died, the timeout path will say so
-            return
+    def _connect(self) -> Any:
+        """A client connection of its own to the store (the liveness listener's, a late rank's question)."""
+        return store_counts.counted_client(self._dist.TCPStore(
+            self._host, self._port, self.size, False, timedelta(seconds=SIDE_STORE_TIMEOUT_S),
+            wait_for_workers=False,
+        ))
 
     def _on_timeout(self, pending: Pending) -> None:
-        import time
-
+        grace = grace_s(self.timeout_s, self._watchdog.tick_s)
+        if isinstance(self._queries, MPIQueries):
+            behind, silent = self._queries.ask(pending, grace)
+            _log(f"rank {self.rank}: {_late_message(behind, silent, pending, self.timeout_s)}; aborting the job "
+                 "(MPI_Abort)")
+            self._side.Abort(1)
+            return
         try:
-            store = self._side_store()
-            store.set(f"{_STORE_PREFIX}query", str(pending.index))
-            store.set(f"{_STORE_PREFIX}now/{self.rank}", str(self._index))
-            keys = [f"{_STORE_PREFIX}now/{r}" for r in range(self.size)]
-            deadline = time.monotonic() + _grace_s(self.timeout_s, self._watchdog.tick_s)
-            while time.monotonic() < deadline and not store.check(keys):
-                time.sleep(0.02)
-            reached = {r: int(store.get(k)) for r, k in enumerate(keys) if store.check([k])}
-            msg = _missing_message([r for r in sorted(reached) if reached[r] < pending.index], pending,
-                                   self.timeout_s)
-            silent = [r for r in range(self.size) if r not in reached]
-            if silent:
-                msg += "; " + ", ".join(f"rank {r}" for r in silent) + " did not answer (frozen or dead)"
-            store.set(f"{_STORE_PREFIX}abort", msg)
+            behind, silent, store = self._queries.ask(pending, grace)
+            msg = _late_message(behind, silent, pending, self.timeout_s)
+            self._queries.abort(store, msg)
         except Exception as exc:
             msg = (f"{pending.describe()} did not complete within {self.timeout_s:g} s and the rendezvous "
-                   f"store on rank 0 ({self._host}:{self._port}) is unreachable ({exc}): rank 0 died")
+                   f"store ({self._host}:{self._port}) is unreachable ({exc}): its host (rank 0) died")
         _log(f"rank {self.rank}: {msg}; aborting the job")
         os._exit(1)
 
@@ -712,8 +681,9 @@ class TorchDistCommunicator(_WatchedCommunicator):
             self._dist.destroy_process_group()
         except Exception as exc:  # already broken by a departed peer: nothing more to let go
             _log(f"rank {self.rank}: leaving the process group: {exc}")
-        self._watch_store = None
-        self._store = None
+        if isinstance(self._queries, StoreQueries):  # nothing collective: only this rank's listener stops
+            self._queries.close(self._store, serving=False, timeout_s=SIDE_STORE_TIMEOUT_S)
+        self._store = self._exchange_store = None
 
     def close(self) -> None:
         """Leave the group and stop its native threads now, on this thread; collective."""
@@ -729,19 +699,25 @@ class TorchDistCommunicator(_WatchedCommunicator):
         # running when it tears the process down, and the rank then died in std::terminate (SIGABRT) after
         # its final checkpoint instead of exiting with its status.
         self._dist.destroy_process_group()
-        self._watch_store = None
-        # Rank 0 hosts the TCPStore server: it releases it last, once every rank has said it is done with it.
-        try:
-            import time
+        counts = store_counts.active()
+        if counts is not None:
+            counts.closing = True
+        # Rank 0 may host the TCPStore server: it releases it last, once every rank is done with it.
+        if isinstance(self._queries, MPIQueries):
+            self._queries.close()
+            self._side.Barrier()
+            self._side.Free()
+        else:
+            self._queries.close(self._store, serving=self._serving, timeout_s=CLOSE_WAIT_S)
+        self._store = self._exchange_store = None  # the last references: rank 0's server thread stops here
 
-            self._store.add(f"{_STORE_PREFIX}closed", 1)
-            if self.rank == 0:
-                deadline = time.monotonic() + 30
-                while self._store.add(f"{_STORE_PREFIX}closed", 0) < self.size and time.monotonic() < deadline:
-                    time.sleep(0.01)
-        except Exception:  # a peer already gone: nothing left to protect
-            pass
-        self._store = None
+
+def _mpi_bootstrap(env: LaunchEnv, timeout_s: float) -> Any:
+    """The MPI module when the ranks can bootstrap over MPI (an MPI launcher started all of them and no
+    MASTER_ADDR/MASTER_PORT names a store to meet at), else None."""
+    if env.size < 2 or (env.master_addr and env.master_port):
+        return None
+    return import_mpi(timeout_s=timeout_s) if _mpi_world_size_if_launched(env, timeout_s) == env.size else None
 
 
 # ------------------------------------------------------------------------------------------ rendezvous
