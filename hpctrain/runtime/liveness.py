@@ -92,9 +92,9 @@ class StoreQueries:
     """
 
     def __init__(self, connect: Callable[[], Any], rank: int, size: int, reached: Callable[[], int],
-                 listen_s: float = LISTEN_S) -> None:
+                 listen_s: float = LISTEN_S, abort_wait_s: float = 60.0) -> None:
         self._connect, self.rank, self.size, self._reached = connect, rank, size, reached
-        self._listen_s = listen_s
+        self._listen_s, self._abort_wait_s = listen_s, abort_wait_s
         self._closing = threading.Event()
         self._listen_store = connect()
         self._thread = threading.Thread(target=self._listen, name="hpctrain-liveness", daemon=True)
@@ -119,7 +119,7 @@ class StoreQueries:
                 if value == CLOSED:
                     return
                 store.set(self._key(f"now/{self.rank}"), str(self._reached()))
-                store.wait([self._key("abort")], timedelta(seconds=60))
+                store.wait([self._key("abort")], timedelta(seconds=self._abort_wait_s))
                 msg = store.get(self._key("abort")).decode()
             except Exception:
                 return

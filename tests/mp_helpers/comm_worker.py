@@ -5,6 +5,9 @@
                                                   that closing stops the back-end's native threads
 ``python comm_worker.py hang BACKEND TIMEOUT R``  rank R sleeps before collective #3; the job must abort
 ``python comm_worker.py train SPEC RUN_DIR``      runs train() (gloo), then prints which gloo threads are left
+``python comm_worker.py store K PAUSE DIR``       counts on: one all-reduce (start-up), then K all-reduces
+                                                  PAUSE s apart (training), close; writes DIR/rank-R.json:
+                                                  the rank's store counts and its last all-reduce
 ``python comm_worker.py transport DIR``           writes DIR/rank-R.json: how MPI was started (the variables
                                                   hpctrain set, whether UCX was brought up: thread, transports)
 """
@@ -122,6 +125,27 @@ def hang(backend: str, timeout_s: float, stuck: int) -> None:
     print(f"rank {comm.rank}: collective #3 completed (unexpected)", flush=True)
 
 
+def store_counts(steps: int, pause_s: float, out_dir: str) -> None:
+    """The rank's calls to the rendezvous store in each phase (runtime/store_counts.py), over real gloo ranks."""
+    from hpctrain.runtime import counters, store_counts, work_counts
+
+    counters.enable()
+    comm = make_communicator("gloo", timeout_s=10)
+    t = torch.ones(4)
+    comm.allreduce_(t, label="bucket 0")
+    work_counts.step_done()  # the first step ends start-up, as in the trainer
+    for _ in range(steps):
+        time.sleep(pause_s)  # the watchdog ticks meanwhile: nothing of it may reach the store
+        t = torch.full((4,), float(comm.rank))
+        comm.allreduce_(t, label="bucket 1")
+        work_counts.step_done()
+    report = {"rank": comm.rank, "size": comm.size, "sum": t.tolist(), "tick_s": comm._watchdog.tick_s}
+    comm.close()
+    report.update(store_counts.sections()["store"])
+    with open(os.path.join(out_dir, f"rank-{report['rank']}.json"), "w") as f:
+        json.dump(report, f)
+
+
 def transport(out_dir: str) -> None:
     comm = make_communicator("mpi", timeout_s=60)
     t = torch.ones(3)
@@ -143,6 +167,8 @@ def main(argv: list[str]) -> None:
         print(json.dumps(dataclasses.asdict(detect_launch_env(os.environ))), flush=True)
     elif argv[0] == "collectives":
         collectives(argv[1])
+    elif argv[0] == "store":
+        store_counts(int(argv[1]), float(argv[2]), argv[3])
     elif argv[0] == "transport":
         transport(argv[1])
     elif argv[0] == "train":
