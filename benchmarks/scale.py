@@ -10,6 +10,9 @@ read, the per-node checkpoint file) are those of a node holding N ranks. docs/sc
 Run: .venv/bin/python benchmarks/scale.py [--ranks 2 4 8 16 32 64] [--staged] [--plot FILE.png] [--json FILE]
 ``--staged`` runs each N a second time from a copy of the environment unpacked once into node-local storage
 (what ``staging.environment: archive`` does on a cluster) and counts the shared-path opens left at start-up.
+``--backend gloo`` runs the ranks over torch.distributed gloo instead of MPI, with the rendezvous store's rows
+(runtime/store_counts.py): the ranks bootstrap over MPI (no store); ``--store`` makes them meet at a TCPStore
+on rank 0 instead (MASTER_ADDR/MASTER_PORT, as torchrun or a launcher without MPI would).
 """
 
 from __future__ import annotations
@@ -63,6 +66,14 @@ def _environment(python_env: dict[str, str] | None) -> dict[str, str]:
     return env
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def _watch_memory(stop: threading.Event, low: list[float]) -> None:
     """The lowest MemAvailable seen while the ranks run (64 torch processes on this machine's memory)."""
     while not stop.wait(0.5):
@@ -71,7 +82,8 @@ def _watch_memory(stop: threading.Event, low: list[float]) -> None:
                 low[0] = min(low[0], int(line.split()[1]) / 1024)
 
 
-def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None = None) -> Run:
+def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None = None, backend: str = "mpi",
+             store: bool = False) -> Run:
     run_dir = out / f"n{n:03d}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
@@ -79,13 +91,15 @@ def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None =
     shutil.copy(SPEC, spec)  # in the run directory: the shared files a rank reads by design are all in there
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
     argv = [mpiexec, "-n", str(n), python, "-m", "hpctrain", "run", str(spec), "--run-dir", str(run_dir),
-            "--backend", "mpi", *[a for s in SETS + (f"resources.ranks_per_node={n}",) for a in ("--set", s)]]
+            "--backend", backend, *[a for s in SETS + (f"resources.ranks_per_node={n}",) for a in ("--set", s)]]
     low, stop = [math.inf], threading.Event()
     watcher = threading.Thread(target=_watch_memory, args=(stop, low), daemon=True)
     watcher.start()
     start = time.time()
-    proc = subprocess.run(argv, cwd=run_dir, env=_environment(python_env), capture_output=True, text=True,
-                          timeout=3600)
+    env = _environment(python_env)
+    if store:
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    proc = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.time() - start
     stop.set()
     watcher.join()
@@ -203,6 +217,36 @@ ROWS = [
     Row("per save: files in the step directory", lambda run: float(run.files_per_save), "flat"),
     Row("time to the first step, s (all ranks)", lambda run: run.first_step_s, ""),
 ]
+
+
+def _store(record: dict[str, Any], phase: str) -> float:
+    """Calls this rank sent to the rendezvous store's server in ``phase`` (measured, runtime/store_counts.py)."""
+    return record.get("store", {}).get("totals", {}).get(phase, 0)
+
+
+def _served_by_rank0(phase: str) -> Callable[[Run], float]:
+    """What rank 0's TCPStore served in ``phase``: every rank's calls to it (0 where no rank hosts a store)."""
+    return lambda run: sum(_store(r, phase) for r in run.records if r.get("store", {}).get("server") == "rank 0")
+
+
+def _per_train_second(run: Run) -> float:
+    seconds = min(r["store"]["close_started"] - r["work"]["first_step_end"] for r in run.records)
+    return _served_by_rank0("train")(run) / seconds
+
+
+STORE_ROWS = [
+    Row("store: calls served by rank 0 at start-up", _served_by_rank0("startup"), "<= 10 N"),
+    Row("store: calls served by rank 0 at start-up, per rank", lambda run: _served_by_rank0("startup")(run) / run.ranks,
+        "flat"),
+    Row("store: calls served by rank 0 per training second", _per_train_second, "<= N/64"),
+    Row("store: calls served by rank 0 per step", lambda run: _served_by_rank0("train")(run) / (STEPS - 1), "0"),
+    Row("store: calls served by rank 0 at close", _served_by_rank0("close"), "<= 2 N"),
+    Row("store: connections accepted by rank 0",
+        lambda run: sum(r["store"]["connections"] for r in run.records if r["store"]["server"] == "rank 0"),
+        "<= 2 N"),
+    Row("store: gloo rendezvous reads answered in the rank, per rank (max)",
+        lambda run: max(r["store"]["local_calls"] for r in run.records), "<= 3 N"),
+]
 STAGED_ROWS = [
     Row("staged start-up: shared-path opens of code, max rank",
         lambda run: max(_startup(r, "shared_code_opens") for r in run.records), "0"),
@@ -245,6 +289,9 @@ def verdict(row: Row, values: dict[int, float]) -> tuple[str, str, str]:
         return text, "0", "ok" if max(values.values()) == 0 else "MISSED"
     if row.target == "<= 2":
         return text, "<= 2 (2 (N-1)/N)", "ok" if max(values.values()) <= 2 else "MISSED"
+    if row.target.endswith(" N") or row.target == "<= N/64":  # a bound proportional to N, at every N
+        factor = 1 / 64 if row.target == "<= N/64" else float(row.target.split()[1])
+        return text, row.target, "ok" if all(v <= factor * n for n, v in values.items()) else "MISSED"
     return text, "timing", ""
 
 
@@ -320,20 +367,23 @@ def main() -> int:
     parser.add_argument("--staged", action="store_true", help="also run each N from a node-local environment copy")
     parser.add_argument("--plot", default=None, help="write the counts against N to this .png")
     parser.add_argument("--json", default=None, help="write the rows to this file")
+    parser.add_argument("--backend", choices=["mpi", "gloo"], default="mpi", help="the ranks' communication backend")
+    parser.add_argument("--store", action="store_true",
+                        help="gloo: meet at a TCPStore on rank 0 (MASTER_ADDR) instead of bootstrapping over MPI")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="hpctrain-scale-"))
     runs = []
     for n in args.ranks:
-        run = run_once(n, out / "shared-env", sys.executable)
+        run = run_once(n, out / "shared-env", sys.executable, backend=args.backend, store=args.store)
         print(f"N={n}: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s, "
               f"lowest MemAvailable {run.min_available_mb:.0f} MB", file=sys.stderr, flush=True)
         runs.append(run)
-    text, data = table(ROWS, runs)
+    text, data = table(ROWS + (STORE_ROWS if args.backend != "mpi" else []), runs)
     if args.staged:
         python, env = staged_python(out)
         staged = []
         for n in args.ranks:
-            run = run_once(n, out / "staged-env", python, env)
+            run = run_once(n, out / "staged-env", python, env, backend=args.backend, store=args.store)
             print(f"N={n} staged: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s", file=sys.stderr,
                   flush=True)
             staged.append(run)

@@ -3,7 +3,8 @@ AMD GPUs; xccl on Intel GPUs, see runtime/devices.py).
 
 Every collective is numbered and watched: if it does not complete within ``timeout_s`` the job aborts with
 a message naming the rank(s) that never arrived. The ranks are asked only after the timeout, over a side
-channel their watchdog threads answer, so the fast path carries no per-collective bookkeeping message.
+channel their watchdog (or liveness listener) threads answer, so the fast path carries no per-collective
+bookkeeping message and no per-tick request (runtime/liveness.py).
 """
 
 from __future__ import annotations
@@ -530,6 +531,8 @@ class TorchDistCommunicator(_WatchedCommunicator):
         agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         self._serving = False
         self._store: Any = None
+        self._host: str | None = None
+        self._port: int | None = None
         if MPI is None or backend != "gloo":
             self._host, self._port = rendezvous_address(env, environ, self.timeouts.rendezvous_s)
             self._serving = self.rank == 0 and not agent_store
@@ -701,7 +704,7 @@ class TorchDistCommunicator(_WatchedCommunicator):
         self._dist.destroy_process_group()
         counts = store_counts.active()
         if counts is not None:
-            counts.closing = True
+            counts.begin_close()
         # Rank 0 may host the TCPStore server: it releases it last, once every rank is done with it.
         if isinstance(self._queries, MPIQueries):
             self._queries.close()

@@ -9,6 +9,7 @@ Record format: docs/scaling.md, "Counters".
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -30,6 +31,10 @@ class StoreCounts:
     calls: dict[str, dict[str, int]] = field(default_factory=dict)
     local_calls: int = 0
     closing: bool = False
+    close_started: float | None = None  # time.time() when close began: the end of the training phase
+
+    def begin_close(self) -> None:
+        self.closing, self.close_started = True, time.time()
 
     def phase(self) -> str:
         if self.closing:
