@@ -467,7 +467,7 @@ def _restore(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------- torch.distributed
 
 SIDE_STORE_TIMEOUT_S = 10.0  # a late rank's store calls end within this; Watchdog.close waits longer
-CLOSE_WAIT_S = 60.0  # at close, how long the store's host waits for every rank to be done with it
+STORE_CLOSE_WAIT_S = 60.0  # at close, how long the store's host waits for every rank to be done with it
 RENDEZVOUS_MIN_S = 60.0  # start-up skew between ranks (imports, MPI_Init) is not a collective's lateness
 PROCESS_GROUP_MARGIN_S = 60.0  # past the watchdog's deadline: its tick + grace (<= 11 s) + the abort itself
 
@@ -711,7 +711,7 @@ class TorchDistCommunicator(_WatchedCommunicator):
             self._side.Barrier()
             self._side.Free()
         else:
-            self._queries.close(self._store, serving=self._serving, timeout_s=CLOSE_WAIT_S)
+            self._queries.close(self._store, serving=self._serving, timeout_s=STORE_CLOSE_WAIT_S)
         self._store = self._exchange_store = None  # the last references: rank 0's server thread stops here
 
 
