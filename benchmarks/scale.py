@@ -21,6 +21,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -36,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hpctrain.runtime import counters  # noqa: E402
+from hpctrain.runtime import counters, syscall_trace, wire_counts  # noqa: E402
 
 SPEC = REPO / "jobs" / "ffn-local.yaml"
 STEPS, LOG_EVERY, CKPT_EVERY = 7, 3, 3  # saves at steps 3 and 6 and the final one at 7
@@ -57,6 +58,8 @@ class Run:
     wall_s: float
     min_available_mb: float
     files_per_save: int
+    traces: list[dict[str, Any]]  # per rank: syscall_trace.count windows (opens, stats, readdirs, bytes read)
+    wire: dict[str, list[dict[str, Any]]]  # window -> per rank: MPI calls and socket traffic (wire_counts)
 
 
 def _environment(python_env: dict[str, str] | None) -> dict[str, str]:
@@ -83,15 +86,21 @@ def _watch_memory(stop: threading.Event, low: list[float]) -> None:
 
 
 def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None = None, backend: str = "mpi",
-             store: bool = False) -> Run:
+             store: bool = False, wire_library: Path | None = None) -> Run:
     run_dir = out / f"n{n:03d}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     spec = run_dir / "spec.yaml"
     shutil.copy(SPEC, spec)  # in the run directory: the shared files a rank reads by design are all in there
+    trace_dir = out / f"n{n:03d}-strace"  # beside the run directory: the traces are not the ranks' reads
+    shutil.rmtree(trace_dir, ignore_errors=True)
+    trace_dir.mkdir(parents=True)
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    argv = [mpiexec, "-n", str(n), python, "-m", "hpctrain", "run", str(spec), "--run-dir", str(run_dir),
-            "--backend", backend, *[a for s in SETS + (f"resources.ranks_per_node={n}",) for a in ("--set", s)]]
+    argv = [mpiexec, "-n", str(n), *syscall_trace.per_rank_command(trace_dir), python, "-m", "hpctrain", "run",
+            str(spec), "--run-dir", str(run_dir), "--backend", backend,
+            *[a for s in SETS + (f"resources.ranks_per_node={n}",) for a in ("--set", s)]]
+    if wire_library is not None:
+        python_env = {**(python_env or {}), **wire_counts.environment(wire_library)}
     low, stop = [math.inf], threading.Event()
     watcher = threading.Thread(target=_watch_memory, args=(stop, low), daemon=True)
     watcher.start()
@@ -114,7 +123,28 @@ def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None =
     first = max(r["work"]["first_step_end"] for r in records) - start
     step_dir = run_dir / "checkpoints" / f"step-{CKPT_EVERY:08d}"
     files = len([p for p in step_dir.iterdir() if p.name != "complete.json"])
-    return Run(n, records, first, wall, low[0], files)
+    local = counters.node_local_prefixes(python_env or {})
+    traces = [syscall_trace.count(trace_dir / f"rank-{r}.strace", str(run_dir), local) for r in range(n)]
+    return Run(n, records, first, wall, low[0], files, traces, _wire_windows(records))
+
+
+def _wire_windows(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per rank, the interposer's counts in each window: ``startup`` (process start to the end of the first step),
+    ``steps`` (the other steps, saves left out), ``saves`` (all saves), ``close`` (the communicator's close)."""
+    if not all("wire" in r["marks"]["exit"] for r in records):
+        return {}
+    out: dict[str, list[dict[str, Any]]] = {"startup": [], "steps": [], "saves": [], "close": []}
+    for r in records:
+        marks = r["marks"]
+        saves = r.get("spans", {}).get("save", {}).get("wire", {"calls": {}, "connections": []})
+        steps = wire_counts.difference(marks["trained"]["wire"], marks["first_step"]["wire"])
+        negative = {"calls": {k: -v for k, v in saves["calls"].items()},
+                    "connections": [c[:2] + [-v for v in c[2:7]] + c[7:] for c in saves["connections"]]}
+        out["startup"].append(marks["first_step"]["wire"])
+        out["steps"].append(wire_counts.add(steps, negative))
+        out["saves"].append(saves)
+        out["close"].append(wire_counts.difference(marks["exit"]["wire"], marks["trained"]["wire"]))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the counts
@@ -169,6 +199,8 @@ class Row:
     name: str
     value: Callable[[Run], float]
     target: str  # "flat", "1/N", "log2 N", "0", "" (timing: ratio only)
+    model: Callable[[Run], float] | None = None  # runtime/comm_counts.py's figure for the same count
+    how: str = "measured"  # "model": a row with no measurement of its own (named as such)
 
 
 def _rank0(f: Callable[[dict[str, Any]], float]) -> Callable[[Run], float]:
@@ -187,29 +219,121 @@ def _total(f: Callable[[dict[str, Any]], float]) -> Callable[[Run], float]:
     return lambda run: sum(f(r) for r in run.records)
 
 
+# MPI functions that move data or build communicators (the rest ask questions: ranks, sizes, Iprobe, Test, ...).
+COMMUNICATING = re.compile(r"^MPI_(I?(allreduce|bcast|allgather|gather|barrier|reduce|scatter|alltoall)\w*"
+                           r"|I?sendrecv|I?[bsr]?send|I?recv|comm_(dup|idup|free|split|split_type|create)\b)",
+                           re.IGNORECASE)
+
+
+def _communication_calls(counts: dict[str, Any]) -> int:
+    return sum(n for name, n in counts["calls"].items() if COMMUNICATING.match(name.removesuffix("_c")))
+
+
+def _divisor(run: Run, rank: int, window: str) -> int:
+    record = run.records[rank]
+    if window == "steps":
+        return record["work"]["steps"] - 1
+    if window == "saves":
+        return max(1, record.get("spans", {}).get("save", {}).get("count", 1))
+    return 1
+
+
+def _measured(window: str, key: str, ranks: str) -> Callable[[Run], float]:
+    """A count the interposer measured in ``window`` (wire_counts windows), per step or per save where the
+    window holds several; ``key``: a wire_counts.totals key, ``received_messages`` or ``communication_calls``;
+    ``ranks``: ``rank 0`` or ``others`` (the largest of the other ranks)."""
+
+    def value(run: Run) -> float:
+        per_rank = run.wire[window]
+        if key == "received_messages":
+            counts = [float(v) for v in wire_counts.received_messages(per_rank)]
+        elif key == "communication_calls":
+            counts = [float(_communication_calls(c)) for c in per_rank]
+        else:
+            counts = [float(wire_counts.totals(c)[key]) for c in per_rank]
+        counts = [v / _divisor(run, r, window) for r, v in enumerate(counts)]
+        return counts[0] if ranks == "rank 0" else max(counts[1:])
+
+    return value
+
+
+def _whole_run_unseen(run: Run) -> float:
+    """Rank 0's MPI communication calls the Python counter (runtime/comm_counts.py) did not see."""
+    record = run.records[0]
+    python = sum(t["calls"] for phase in record["work"]["traffic"].values() for t in phase.values())
+    return _communication_calls(record["marks"]["exit"]["wire"]) - python
+
+
+def _files(window: tuple[str | None, str], kind: str, where: str | None = None) -> Callable[[Run], float]:
+    """The largest rank's count of ``kind`` (syscall_trace.KINDS) between two marks (strace of every rank);
+    ``where``: one location, or None for all; per step for the window between the first step and the end."""
+
+    def value(run: Run) -> float:
+        out = []
+        for r, windows in enumerate(run.traces):
+            counts = syscall_trace.between(windows, *window)[kind]
+            n = counts[where] if where else sum(counts.values())
+            out.append(n / (run.records[r]["work"]["steps"] - 1 if window[0] == "first_step" else 1))
+        return max(out)
+
+    return value
+
+
+STARTUP, STEPS = (None, "startup"), ("first_step", "trained")
+
 ROWS = [
     Row("start-up: files opened on the shared path, per rank (median)", _median(lambda r: _startup(r, "shared")),
         "flat"),
     Row("start-up: shared-path opens of code (.py .pyc .so ...), max rank",
         lambda run: max(_startup(r, "shared_code_opens") for r in run.records), "flat"),
+    Row("start-up (strace): opens, max rank", _files(STARTUP, "opens"), "flat"),
+    Row("start-up (strace): opens on the shared path, max rank", _files(STARTUP, "opens", "shared"), "flat"),
+    Row("start-up (strace): stat-family calls, max rank", _files(STARTUP, "stats"), "flat"),
+    Row("start-up (strace): stat-family calls on the shared path, max rank", _files(STARTUP, "stats", "shared"),
+        "flat"),
+    Row("start-up (strace): directory reads (getdents64), max rank", _files(STARTUP, "readdirs"), "flat"),
+    Row("start-up (strace): bytes read from files, max rank", _files(STARTUP, "read_bytes"), "flat"),
+    Row("start-up (strace): bytes read from the shared path, max rank", _files(STARTUP, "read_bytes", "shared"),
+        "flat"),
+    Row("per step (strace, saves included): opens on the shared path, max rank", _files(STEPS, "opens", "shared"),
+        "flat"),
+    Row("per step (strace, saves included): stat-family calls on the shared path, max rank",
+        _files(STEPS, "stats", "shared"), "flat"),
+    Row("per step (strace, saves included): bytes read from the shared path, max rank",
+        _files(STEPS, "read_bytes", "shared"), "flat"),
     Row("input: coordinate bytes read per epoch, per rank (median)", _median(lambda r: _input(r, "coordinates", "0")),
         "1/N"),
     Row("input: coordinate read calls per rank (max)", lambda run: max(_input_reads(r) for r in run.records), "flat"),
     Row("input: volume bytes read from the shared path, per node", _total(lambda r: _input(r, "volume")), "flat"),
     Row("input: volume bytes read, max rank", lambda run: max(_input(r, "volume") for r in run.records), "flat"),
-    Row("per step: collective calls, rank 0", _rank0(lambda r: _per_step(r, "calls")), "flat"),
-    Row("per step: collective calls, other ranks (max)", _others_max(lambda r: _per_step(r, "calls")), "flat"),
+    Row("start-up: MPI communication calls, rank 0", _measured("startup", "communication_calls", "rank 0"), "flat"),
+    Row("start-up: messages sent, rank 0", _measured("startup", "sent_messages", "rank 0"), "log2 N",
+        _rank0(lambda r: _traffic_phase(r, "startup", "sent_messages"))),
+    Row("start-up: messages received, rank 0", _measured("startup", "received_messages", "rank 0"), "log2 N",
+        _rank0(lambda r: _traffic_phase(r, "startup", "received_messages"))),
+    Row("per step: MPI communication calls, rank 0", _measured("steps", "communication_calls", "rank 0"), "flat",
+        _rank0(lambda r: _per_step(r, "calls"))),
+    Row("per step: MPI communication calls, other ranks (max)", _measured("steps", "communication_calls", "others"),
+        "flat", _others_max(lambda r: _per_step(r, "calls"))),
     Row("per step: payload bytes, rank 0", _rank0(lambda r: _per_step(r, "payload_bytes")), "flat"),
-    Row("per step: messages sent, rank 0", _rank0(lambda r: _per_step(r, "sent_messages")), "log2 N"),
-    Row("per step: messages sent, other ranks (max)", _others_max(lambda r: _per_step(r, "sent_messages")),
-        "log2 N"),
-    Row("per step: messages received, rank 0", _rank0(lambda r: _per_step(r, "received_messages")), "log2 N"),
-    Row("per step: gradient bytes sent per gradient byte, rank 0", _rank0(_gradient_wire), "<= 2"),
-    Row("per step: bytes sent by stop flag and metrics, rank 0",
-        _rank0(lambda r: _per_step(r, "sent_bytes", CONTROL)), "log2 N"),
-    Row("per save: collective calls, rank 0", _rank0(lambda r: _per_save(r, "calls")), "flat"),
-    Row("per save: messages sent, other ranks (max)", _others_max(lambda r: _per_save(r, "sent_messages")), "log2 N"),
-    Row("per save: messages received, rank 0", _rank0(lambda r: _per_save(r, "received_messages")), "log2 N"),
+    Row("per step: messages sent, rank 0", _measured("steps", "sent_messages", "rank 0"), "log2 N",
+        _rank0(lambda r: _per_step(r, "sent_messages"))),
+    Row("per step: messages sent, other ranks (max)", _measured("steps", "sent_messages", "others"), "log2 N",
+        _others_max(lambda r: _per_step(r, "sent_messages"))),
+    Row("per step: messages received, rank 0", _measured("steps", "received_messages", "rank 0"), "log2 N",
+        _rank0(lambda r: _per_step(r, "received_messages"))),
+    Row("per step: bytes sent (with message headers), rank 0", _measured("steps", "sent_bytes", "rank 0"), "log2 N",
+        _rank0(lambda r: _per_step(r, "sent_bytes"))),
+    Row("per step: gradient bytes sent per gradient byte, rank 0", _rank0(_gradient_wire), "<= 2", how="model"),
+    Row("per save: MPI communication calls, rank 0", _measured("saves", "communication_calls", "rank 0"), "flat",
+        _rank0(lambda r: _per_save(r, "calls"))),
+    Row("per save: messages sent, other ranks (max)", _measured("saves", "sent_messages", "others"), "log2 N",
+        _others_max(lambda r: _per_save(r, "sent_messages"))),
+    Row("per save: messages received, rank 0", _measured("saves", "received_messages", "rank 0"), "log2 N",
+        _rank0(lambda r: _per_save(r, "received_messages"))),
+    Row("close: MPI communication calls, rank 0", _measured("close", "communication_calls", "rank 0"), "flat"),
+    Row("close: messages sent, rank 0", _measured("close", "sent_messages", "rank 0"), "log2 N"),
+    Row("whole run: MPI communication calls the Python counter did not see, rank 0", _whole_run_unseen, "flat"),
     Row("per save: shared files written, rank 0", _rank0(lambda r: _ckpt(r, "files")), "flat"),
     Row("per save: shared files written, other ranks (max)", _others_max(lambda r: _ckpt(r, "files")), "flat"),
     Row("per save: rank state handed over node-locally, bytes per rank (max)",
@@ -252,8 +376,14 @@ STAGED_ROWS = [
         lambda run: max(_startup(r, "shared_code_opens") for r in run.records), "0"),
     Row("staged: shared-path opens outside the run directory, max rank",
         lambda run: max(r["shared_opens_outside_run_dir"] for r in run.records), "0"),
+    Row("staged start-up (strace): opens on the shared path, max rank",
+        _files(STARTUP, "opens", "shared"), "flat"),
     Row("staged: time to the first step, s (all ranks)", lambda run: run.first_step_s, ""),
 ]
+
+
+def _traffic_phase(record: dict[str, Any], phase: str, key: str) -> float:
+    return sum(t.get(key, 0) for t in record["work"]["traffic"].get(phase, {}).values())
 
 
 def _input_reads(record: dict[str, Any]) -> float:
@@ -295,17 +425,49 @@ def verdict(row: Row, values: dict[int, float]) -> tuple[str, str, str]:
     return text, "timing", ""
 
 
+TARGET_RANKS = 2048 * 8  # 2048 nodes of 8 ranks
+
+
+def extrapolate(row: Row, values: dict[int, float], ranks: int = TARGET_RANKS) -> float | None:
+    """The count at ``ranks`` from the fit its target names: flat (the largest N's value), 1/N (scaled), log2 N
+    (a + b log2 N through the counts); None for a timing."""
+    ns = sorted(values)
+    if row.target in ("flat", "0", "<= 2"):
+        return values[ns[-1]]
+    if row.target == "1/N":
+        return values[ns[-1]] * ns[-1] / ranks
+    if row.target == "log2 N":
+        a, b, _ = log2_fit(values)
+        return a + b * math.log2(ranks)
+    return None
+
+
 def table(rows: list[Row], runs: list[Run]) -> tuple[str, list[dict[str, Any]]]:
+    """Each row measured, its target checked against the measured values; where runtime/comm_counts.py models
+    the same count, a second line shows the model's values (no verdict)."""
     ns = [r.ranks for r in runs]
-    head = f"| count | {' | '.join(f'N={n}' for n in ns)} | N={ns[-1]}/N={ns[0]} | target | |"
-    lines = [head, "|---|" + "---:|" * len(ns) + "---:|---|---|"]
+    head = (f"| count | how | {' | '.join(f'N={n}' for n in ns)} | N={ns[-1]}/N={ns[0]} | "
+            f"N={TARGET_RANKS} (fit) | target | |")
+    lines = [head, "|---|---|" + "---:|" * len(ns) + "---:|---:|---|---|"]
     data = []
     for row in rows:
         values = {run.ranks: row.value(run) for run in runs}
         ratio, target, ok = verdict(row, values)
+        far = extrapolate(row, values)
         cells = " | ".join(f"{values[n]:.4g}" for n in ns)
-        lines.append(f"| {row.name} | {cells} | {ratio} | {target} | {ok} |")
-        data.append({"count": row.name, "values": values, "ratio": ratio, "target": row.target, "verdict": ok})
+        lines.append(f"| {row.name} | {row.how} | {cells} | {ratio} | {'' if far is None else f'{far:.4g}'} | "
+                     f"{target} | {ok} |")
+        entry = {"count": row.name, "how": row.how, "values": values, "ratio": ratio, "target": row.target,
+                 "verdict": ok, f"at_{TARGET_RANKS}": far}
+        if row.model is not None:
+            model = {run.ranks: row.model(run) for run in runs}
+            model_ratio, _, _ = verdict(row, model)
+            model_far = extrapolate(row, model)
+            cells = " | ".join(f"{model[n]:.4g}" for n in ns)
+            lines.append(f"| ↳ the same, modelled (runtime/comm_counts.py) | model | {cells} | {model_ratio} | "
+                         f"{'' if model_far is None else f'{model_far:.4g}'} | | |")
+            entry["model"] = model
+        data.append(entry)
     return "\n".join(lines), data
 
 
@@ -372,9 +534,11 @@ def main() -> int:
                         help="gloo: meet at a TCPStore on rank 0 (MASTER_ADDR) instead of bootstrapping over MPI")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="hpctrain-scale-"))
+    library = wire_counts.build(out / "wire")
     runs = []
     for n in args.ranks:
-        run = run_once(n, out / "shared-env", sys.executable, backend=args.backend, store=args.store)
+        run = run_once(n, out / "shared-env", sys.executable, backend=args.backend, store=args.store,
+                       wire_library=library)
         print(f"N={n}: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s, "
               f"lowest MemAvailable {run.min_available_mb:.0f} MB", file=sys.stderr, flush=True)
         runs.append(run)
@@ -383,7 +547,8 @@ def main() -> int:
         python, env = staged_python(out)
         staged = []
         for n in args.ranks:
-            run = run_once(n, out / "staged-env", python, env, backend=args.backend, store=args.store)
+            run = run_once(n, out / "staged-env", python, env, backend=args.backend, store=args.store,
+                           wire_library=library)
             print(f"N={n} staged: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s", file=sys.stderr,
                   flush=True)
             staged.append(run)

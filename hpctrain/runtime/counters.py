@@ -14,6 +14,8 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ RECORD_DIR = "counters"
 EXAMPLES = 20  # shared paths kept in a record, to say what was still read from the shared file system
 
 LOCATIONS = ("node_local", "shared", "system")
+MARK_PATH = "/.hpctrain-mark"
 
 
 def record_path(run_dir: str | os.PathLike[str], rank: int) -> Path:
@@ -50,6 +53,8 @@ class OpenCounter:
     # Every distinct shared path with its count: a record can then tell run-directory files from the rest.
     shared_paths: dict[str, int] = field(default_factory=dict)
     marks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # name -> {"count": times entered, "wire": MPI calls and socket traffic inside, summed}
+    spans: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def where(self, path: str) -> str:
         """``node_local``, ``system`` or ``shared`` for an absolute path (no file-system access)."""
@@ -87,9 +92,16 @@ class OpenCounter:
                 self.shared_code_opens += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """The counts as of now (a copy)."""
-        return {"opens": dict(self.opens), "listdirs": dict(self.listdirs),
-                "shared_code_opens": self.shared_code_opens, "shared_files": len(self.shared_paths)}
+        """The counts as of now (a copy); with the MPI interposer preloaded (runtime/wire_counts.py) also its
+        counts, under ``wire``."""
+        from hpctrain.runtime import wire_counts
+
+        snap: dict[str, Any] = {"opens": dict(self.opens), "listdirs": dict(self.listdirs),
+                                "shared_code_opens": self.shared_code_opens, "shared_files": len(self.shared_paths)}
+        wire = wire_counts.snapshot()
+        if wire is not None:
+            snap["wire"] = wire
+        return snap
 
     def shared_outside(self, directory: str | os.PathLike[str] | None) -> tuple[int, list[str]]:
         """Opens on the shared path outside ``directory`` (the run directory), and a few of those paths."""
@@ -133,9 +145,36 @@ def current() -> OpenCounter | None:
 
 
 def mark(name: str) -> None:
-    """Keep the counts as of now under ``name`` (the trainer marks ``startup`` before its first step)."""
+    """Keep the counts as of now under ``name`` (the trainer marks ``startup`` before its first step).
+
+    A mark also looks up ``MARK_PATH/name``, which does not exist: a system-call tracer of the rank
+    (benchmarks/scale.py runs each rank under strace) sees the mark at its place among the rank's calls."""
     if _counter is not None and name not in _counter.marks:
         _counter.marks[name] = _counter.snapshot()
+        try:
+            os.stat(f"{MARK_PATH}/{name}")
+        except OSError:
+            pass
+
+
+@contextmanager
+def span(name: str) -> Iterator[None]:
+    """Add what the MPI interposer counts inside the block to the span ``name`` (the trainer wraps each checkpoint
+    save in ``span("save")``); nothing when counting is off or the interposer is not loaded."""
+    if _counter is None:
+        yield
+        return
+    from hpctrain.runtime import wire_counts
+
+    before = wire_counts.snapshot()
+    try:
+        yield
+    finally:
+        entry = _counter.spans.setdefault(name, {"count": 0, "wire": {"calls": {}, "connections": []}})
+        entry["count"] += 1
+        after = wire_counts.snapshot()
+        if before is not None and after is not None:
+            wire_counts.add(entry["wire"], wire_counts.difference(after, before))
 
 
 def write_record(run_dir: str | os.PathLike[str], rank: int, size: int, **sections: Any) -> Path | None:
@@ -146,7 +185,7 @@ def write_record(run_dir: str | os.PathLike[str], rank: int, size: int, **sectio
     outside, examples = _counter.shared_outside(run_dir)
     record = {"rank": rank, "size": size, "host": socket.gethostname(), "pid": os.getpid(),
               "node_local_prefixes": list(_counter.node_local), "interpreter": interpreter(),
-              "marks": {**_counter.marks, "exit": _counter.snapshot()},
+              "marks": {**_counter.marks, "exit": _counter.snapshot()}, "spans": _counter.spans,
               "shared_opens_outside_run_dir": outside, "shared_examples": examples, **sections}
     path = record_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)

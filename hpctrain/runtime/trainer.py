@@ -198,18 +198,21 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
             if step == job.train.steps:
                 combiner.finish_training()  # before the final checkpoint, so it holds the model every rank has
             if session.due(step) or step == job.train.steps:
-                session.save(step)
+                with counters.span("save"):
+                    session.save(step)
             voting = time.perf_counter()
             stop = session.stop_requested(step)
             profiler.control(time.perf_counter() - voting)
             if stop:
                 if not session.saved_at(step):
-                    session.save(step)
+                    with counters.span("save"):
+                        session.save(step)
                 stopped = step < job.train.steps
                 if stopped and rank == 0:  # before comm.close()'s barrier: no rank exits before it exists
                     _write_requeue_marker(run_dir, step)
                 break
     finally:
+        counters.mark("trained")  # the communicator's close comes after: its calls are counted apart
         profiler.write()
         metrics.close()
         session.close()

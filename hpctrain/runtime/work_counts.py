@@ -86,6 +86,7 @@ class WorkCounts:
         if self.first_step_end is None:
             self.first_step_end = time.time()
             self.phase = "train"
+            counters.mark("first_step")
 
     def section(self) -> dict[str, Any]:
         """The ``work`` section of the rank's record (JSON-able)."""
