@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -219,16 +218,6 @@ def _total(f: Callable[[dict[str, Any]], float]) -> Callable[[Run], float]:
     return lambda run: sum(f(r) for r in run.records)
 
 
-# MPI functions that move data or build communicators (the rest ask questions: ranks, sizes, Iprobe, Test, ...).
-COMMUNICATING = re.compile(r"^MPI_(I?(allreduce|bcast|allgather|gather|barrier|reduce|scatter|alltoall)\w*"
-                           r"|I?sendrecv|I?[bsr]?send|I?recv|comm_(dup|idup|free|split|split_type|create)\b)",
-                           re.IGNORECASE)
-
-
-def _communication_calls(counts: dict[str, Any]) -> int:
-    return sum(n for name, n in counts["calls"].items() if COMMUNICATING.match(name.removesuffix("_c")))
-
-
 def _divisor(run: Run, rank: int, window: str) -> int:
     record = run.records[rank]
     if window == "steps":
@@ -248,7 +237,7 @@ def _measured(window: str, key: str, ranks: str) -> Callable[[Run], float]:
         if key == "received_messages":
             counts = [float(v) for v in wire_counts.received_messages(per_rank)]
         elif key == "communication_calls":
-            counts = [float(_communication_calls(c)) for c in per_rank]
+            counts = [float(wire_counts.communication_calls(c)) for c in per_rank]
         else:
             counts = [float(wire_counts.totals(c)[key]) for c in per_rank]
         counts = [v / _divisor(run, r, window) for r, v in enumerate(counts)]
@@ -261,7 +250,7 @@ def _whole_run_unseen(run: Run) -> float:
     """Rank 0's MPI communication calls the Python counter (runtime/comm_counts.py) did not see."""
     record = run.records[0]
     python = sum(t["calls"] for phase in record["work"]["traffic"].values() for t in phase.values())
-    return _communication_calls(record["marks"]["exit"]["wire"]) - python
+    return wire_counts.communication_calls(record["marks"]["exit"]["wire"]) - python
 
 
 def _files(window: tuple[str | None, str], kind: str, where: str | None = None) -> Callable[[Run], float]:

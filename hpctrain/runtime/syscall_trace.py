@@ -25,7 +25,7 @@ TRACED = OPENS + STATS + READDIRS + READS
 KINDS = ("opens", "stats", "readdirs", "read_bytes")
 
 _CALL = re.compile(r"^(?:\[pid\s+)?(\d+)\]?\s+(\w+)\((.*)$")
-_RESULT = re.compile(r"\)\s+=\s+(-?\d+)")
+_RESULT = re.compile(r"\)\s+=\s+(-?\d+)[^=]*$")  # the last "= N": a read's data may hold ") = " itself
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 _FD = re.compile(r"^(-?\d+)<([^>]*)>")
 

@@ -33,7 +33,12 @@ ENV_LIBRARY = "HPCTRAIN_WIRE_COUNTS"
 SKIPPED = ("MPI_Pcontrol", "MPI_Abi_")
 CONNECTION_FIELDS = ("local_port", "peer_port", "send_calls", "sent_messages", "sent_bytes", "recv_calls",
                      "received_bytes", "closed")
-_PROTOTYPE = re.compile(r"^(int|double) (MPI_\w+)\(")
+_PROTOTYPE = re.compile(r"^(\w+) (MPI_\w+)\(")
+# MPI functions that move data or make and free communicators; the others ask questions (ranks, sizes, Iprobe,
+# Test, extents) and send nothing themselves. Large-count variants end in _c.
+COMMUNICATING = re.compile(r"^MPI_(I?(allreduce|bcast|allgatherv?|gatherv?|barrier|reduce|reduce_scatter(_block)?"
+                           r"|scatterv?|alltoall[vw]?|scan|exscan)|I?sendrecv(_replace)?|I?[bsr]?send|I?recv"
+                           r"|comm_(dup|idup|free|split|split_type|create))$", re.IGNORECASE)
 
 
 class _Connection(ctypes.Structure):
@@ -77,12 +82,14 @@ def _param_name(param: str) -> str:
 
 
 def prototypes(header: str) -> list[tuple[str, str, str]]:
-    """(return type, name, parameter list) of every ``MPI_`` function declared in ``header``'s text."""
+    """(return type, name, parameter list) of every ``MPI_`` function declared in ``header``'s text with its
+    ``PMPI_`` twin."""
     out = []
     lines = header.splitlines()
+    profiled = set(re.findall(r"^\w+ P(MPI_\w+)\(", header, re.MULTILINE))
     for i, line in enumerate(lines):
         m = _PROTOTYPE.match(line)
-        if not m or m.group(2).startswith(SKIPPED):
+        if not m or m.group(2).startswith(SKIPPED) or m.group(2) not in profiled:
             continue
         text = "\n".join(lines[i:i + 8])
         start = text.index("(")
@@ -110,9 +117,11 @@ def wrappers(protos: list[tuple[str, str, str]]) -> str:
              "    for (int i = 0; i < N_CALLS; i++) out[i] = __atomic_load_n(&call_counts[i], __ATOMIC_RELAXED);\n}\n"]
     for i, (ret, name, params) in enumerate(protos):
         args = ", ".join(_param_name(p) for p in _split_params(params))
-        parts.append(f"{ret} {name}({params or 'void'}) {{\n"
+        # The names in parentheses: mpi.h defines some of them as macros (MPI_Comm_c2f and the other handle
+        # conversions), which a parenthesised name does not expand.
+        parts.append(f"{ret} ({name})({params or 'void'}) {{\n"
                      f"    __atomic_fetch_add(&call_counts[{i}], 1, __ATOMIC_RELAXED);\n"
-                     f"    return P{name}({args});\n}}\n")
+                     f"    return (P{name})({args});\n}}\n")
     return "\n".join(parts)
 
 
@@ -131,8 +140,10 @@ def build(directory: str | os.PathLike[str], mpicc: str | None = None) -> Path:
     tmp = out.with_name(f".{out.name}.{os.getpid()}")
     # mpicc links libmpi (and its directory as the run path): preloaded, the library brings the MPI library with
     # it, and mpi4py, which looks for MPI in the process before it loads one, finds that one.
-    subprocess.run([mpicc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(tmp), str(c_file), "-ldl"], check=True,
-                   capture_output=True, text=True)
+    done = subprocess.run([mpicc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(tmp), str(c_file), "-ldl"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{mpicc} could not build {c_file}:\n{done.stderr[-3000:]}")
     os.replace(tmp, out)
     return out
 
@@ -222,6 +233,11 @@ def totals(counts: Mapping[str, Any]) -> dict[str, int]:
             out[name] += c[i]
     out["mpi_calls"] = sum(counts["calls"].values())
     return out
+
+
+def communication_calls(counts: Mapping[str, Any]) -> int:
+    """Calls of ``COMMUNICATING`` functions in a snapshot or a difference of two."""
+    return sum(n for name, n in counts["calls"].items() if COMMUNICATING.match(name.removesuffix("_c")))
 
 
 def received_messages(per_rank: Iterable[Mapping[str, Any] | None]) -> list[int]:
