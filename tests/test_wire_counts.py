@@ -136,3 +136,27 @@ def test_what_a_rank_opens_and_stats_at_start_up_does_not_grow_with_the_ranks(tm
     for run in runs.values():
         assert set(run.wire) == {"startup", "steps", "saves", "close"}
         assert all(wire_counts.totals(c)["sent_messages"] > 0 for c in run.wire["steps"])
+
+
+def test_a_strace_log_is_split_at_the_marks_and_by_location(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.strace"
+    log.write_text("\n".join([
+        '7 openat(AT_FDCWD</run>, "/lus/venv/x.py", O_RDONLY|O_CLOEXEC) = 3</lus/venv/x.py>',
+        '7 newfstatat(AT_FDCWD</run>, "data/a.npy", {st_mode=S_IFREG|0644, ...}, 0) = 0',
+        '7 read(3</lus/venv/x.py>, "x = \\") = 5\\"", 4096) = 11',
+        '8 openat(AT_FDCWD</run>, "/proc/self/maps", O_RDONLY <unfinished ...>',
+        '8 <... openat resumed>) = 4</proc/self/maps>',
+        '7 getdents64(5</nvme/env/lib>, 0x55d0 /* 12 entries */, 32768) = 400',
+        '7 newfstatat(AT_FDCWD</run>, "/.hpctrain-mark/startup", 0x7ffd, 0) = -1 ENOENT (No such file or directory)',
+        '7 openat(5</lus/run>, "ckpt/x.pt", O_WRONLY|O_CREAT, 0644) = 6</lus/run/ckpt/x.pt>',
+        '7 pread64(6</lus/run/ckpt/x.pt>, "abc", 3, 0) = 3',
+        '7 read(9<socket:[123]>, "abc", 3) = 3',
+    ]) + "\n")
+    windows = syscall_trace.count(log, "/run", node_local=("/nvme/",))
+    assert list(windows) == ["startup", "end"]
+    before, after = windows["startup"], windows["end"]
+    assert before["opens"] == {"node_local": 0, "shared": 1, "system": 1}
+    assert before["stats"]["shared"] == 1 and before["readdirs"]["node_local"] == 1
+    assert before["read_bytes"]["shared"] == 11
+    assert after["opens"]["shared"] == 1 and after["read_bytes"] == {"node_local": 0, "shared": 3, "system": 0}
+    assert syscall_trace.between(windows, None, "end")["opens"]["shared"] == 2
