@@ -1,11 +1,15 @@
 """What each rank does, counted against the number of ranks: ``hpctrain run`` of a tiny FFN on N = 2 .. 64 ranks.
 
 The demo job (jobs/ffn-local.yaml) with ``--set`` sizes that make a run take seconds of compute, started by the
-MPICH wheel's mpiexec on this machine (oversubscribed: 64 ranks on 2 cores) with ``HPCTRAIN_COUNTERS=1``; every
-rank writes its counter record (runtime/counters.py, runtime/work_counts.py) and this script prints each count
-against N with the ratio N=64 / N=2 and the target it is held to. Counts do not depend on how busy the machine is;
-the time to the first step does (a ratio, no target). All ranks share one node here: per-node figures (the volume
-read, the per-node checkpoint file) are those of a node holding N ranks. docs/scaling.md shows a run.
+MPICH wheel's mpiexec on this machine (oversubscribed) with ``HPCTRAIN_COUNTERS=1``, the MPI interposer preloaded
+(runtime/wire_counts.py: every MPI call by name, every message at the socket, ``MPIR_CVAR_NOLOCAL=1``) and every
+rank under strace (runtime/syscall_trace.py: opens, stat-family calls, directory reads, bytes read). Every rank
+writes its counter record (runtime/counters.py, runtime/work_counts.py) and this script prints each count against
+N, measured, with the model of runtime/comm_counts.py on the line below where it models the same count, the ratio
+between the largest and the smallest N, the count extrapolated to 2048 x 8 ranks, and the target the measured
+count is held to. Counts do not depend on how busy the machine is; the time to the first step does (a ratio, no
+target). All ranks share one node here: per-node figures (the volume read, the per-node checkpoint file) are those
+of a node holding N ranks. docs/scaling.md, "What is measured, and how", shows a run.
 
 Run: .venv/bin/python benchmarks/scale.py [--ranks 2 4 8 16 32 64] [--staged] [--plot FILE.png] [--json FILE]
 ``--staged`` runs each N a second time from a copy of the environment unpacked once into node-local storage
@@ -557,8 +561,9 @@ def main() -> int:
         python, env = staged_python(out)
         staged = []
         for n in args.ranks:
-            run = run_once(n, out / "staged-env", python, env, backend=args.backend, store=args.store,
-                           wire_library=library)
+            # Not preloaded here: the interposer and the MPI library it links lie on the shared path, and the
+            # staged rows count what a rank opens there.
+            run = run_once(n, out / "staged-env", python, env, backend=args.backend, store=args.store)
             print(f"N={n} staged: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s", file=sys.stderr,
                   flush=True)
             staged.append(run)
