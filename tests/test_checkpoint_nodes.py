@@ -10,16 +10,29 @@ from __future__ import annotations
 
 import io
 import json
+import logging
+import re
 import shutil
 import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 
-from hpctrain.checkpoint.manifest import Checkpoint, FileRecord, node_filename, rank_runs
+from hpctrain.checkpoint.manifest import (
+    FORMAT_VERSION,
+    Checkpoint,
+    FileRecord,
+    NodeFiles,
+    file_digest,
+    node_filename,
+    rank_runs,
+)
 from hpctrain.checkpoint.node_file import pack, read_index, read_member
-from hpctrain.checkpoint.store import CheckpointStore
+from hpctrain.checkpoint.store import CheckpointStore, NodeGroup
 from tests.mp_helpers.nodes import run_on_nodes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +54,7 @@ def test_node_file_round_trip_reads_one_member_at_a_time(tmp_path: Path) -> None
     with open(node, "wb") as f:
         written = pack(f, members, "sha256")
     checksum, index = read_index(node)
-    assert checksum == "sha256" and sorted(index) == [4, 5, 6] and [m.rank for m in written] == [4, 5, 6]
+    assert checksum == "sha256" and sorted(index) == [4, 5, 6] and list(written.members) == [4, 5, 6]
     for r, path in members:
         assert read_member(node, r) == path.read_bytes()
         assert torch.load(io.BytesIO(read_member(node, r)), weights_only=True)["rank"] == r
@@ -87,10 +100,12 @@ def test_two_nodes_write_one_file_each_resume_fall_back_and_fail_together(tmp_pa
 
     entries = json.loads((root / "manifest.json").read_text())["checkpoints"]
     assert [e["step"] for e in entries] == [1, 2]
-    for e in entries:  # 4 ranks, 3 files: the shared state and one file per node, named after its first rank
-        files = {f["name"]: f for f in e["files"]}
-        assert set(files) == {"shared.pt", "node-00000.pt", "node-00002.pt"}
-        assert files["node-00000.pt"]["ranks"] == [[0, 2]] and files["node-00002.pt"]["ranks"] == [[2, 4]]
+    for e in entries:  # 4 ranks, 3 files: the shared state listed, the node files described (2 files of 2 ranks)
+        assert [f["name"] for f in e["files"]] == ["shared.pt"] and e["format_version"] == 2
+        assert e["nodes"]["count"] == 2 and e["nodes"]["ranks_per_file"] == 2
+        ckpt = Checkpoint.from_json(root, e)
+        assert [(f.name, f.ranks) for f in ckpt.all_files()] == [
+            ("shared.pt", ()), ("node-00000.pt", ((0, 2),)), ("node-00002.pt", ((2, 4),))]
     out = [json.loads((root / f"result-{r}.json").read_text()) for r in range(4)]
     assert all(o["after_save"] == 2 for o in out)
     assert all(o["chosen"] == 1 for o in out)  # rank 3's member of step 2 was damaged: every rank fell back
@@ -149,3 +164,217 @@ def test_per_save_step_directory_work_is_per_node_not_per_rank(tmp_path: Path, p
         ops = _step_dir_ops(traces, root / f"step-{step:08d}")
         assert ops == {"mkdir": 1, "fsync": len(nodes)}, (step, ops)
         assert ops["mkdir"] + ops["fsync"] <= len(nodes) + 2
+
+
+_READ = re.compile(r"^(?:read|pread64|readv|preadv)\(\d+<([^>]*)>.*\)\s+=\s+(\d+)$")
+
+
+def _traced(trace_dir: Path, calls: str) -> list[str]:
+    """An argv prefix that runs the rank under strace, its traces in ``trace_dir/t-RANK.PID``."""
+    return ["sh", "-c", f'exec strace -f -ff -qq -y -s 0 -e trace={calls} -o "{trace_dir}/t-$RANK" "$@"', "sh"]
+
+
+def _bytes_read(trace_dir: Path, rank: int) -> dict[str, int]:
+    """Bytes rank ``rank``'s processes read, by file (the path strace -y names for the descriptor)."""
+    out: dict[str, int] = {}
+    for trace in trace_dir.glob(f"t-{rank}.*"):
+        for line in trace.read_text().splitlines():
+            if m := _READ.match(line):
+                out[m.group(1)] = out.get(m.group(1), 0) + int(m.group(2))
+    return out
+
+
+def test_checkpoint_shared_work_grows_with_nodes_not_ranks(tmp_path: Path) -> None:
+    """2, 4, 8 ranks on stand-in nodes of 2, every rank traced: per save one mkdir of the step directory and one
+    fsync per node; rank 0 receives the same bytes of records at every size (a fixed-size all-reduce, no padded
+    gather); manifest and marker do not grow; at resume the node's reader alone reads the manifest and
+    shared.pt (once each), the other ranks none of it, and every rank reads its own member, not its node's file."""
+    assert shutil.which("strace"), "strace counts the ranks' system calls: run bash scripts/install.sh"
+    table = []
+    for n_nodes in (1, 2, 4):
+        size, base = 2 * n_nodes, tmp_path / f"n{n_nodes}"
+        nodes = [base / f"node{i}" for i in range(n_nodes)]
+        saves, resumes = base / "save-traces", base / "resume-traces"
+        for d in (*nodes, saves, resumes):
+            d.mkdir(parents=True)
+        root = (base / "run" / "ckpt").resolve()
+        results = run_on_nodes([*_traced(saves, "mkdir,mkdirat,fsync,fdatasync"), sys.executable, WORKER,
+                                "checkpoint-saves", str(root)], n_nodes, 2, nodes, timeout=380, HPCTRAIN_COUNTERS="1")
+        assert [r.returncode for r in results] == [0] * size, "\n".join(r.stdout for r in results)
+        for step in (1, 2):
+            ops = _step_dir_ops(saves, root / f"step-{step:08d}")
+            assert ops == {"mkdir": 1, "fsync": n_nodes} and sum(ops.values()) <= n_nodes + 2, (size, step, ops)
+        record = json.loads((base / "run" / "counters" / "rank-00000.json").read_text())
+        received = [record["work"]["checkpoints"][s]["record_bytes"] for s in ("1", "2")]
+        manifest = (root / "manifest.json").read_text()
+        marker = (root / "step-00000002" / "complete.json").read_text()
+        assert "node-" not in manifest and "node-" not in marker and f'"count": {n_nodes}' in marker
+
+        results = run_on_nodes([*_traced(resumes, "read,pread64,readv,preadv"), sys.executable, WORKER,
+                                "checkpoint-resume", str(root)], n_nodes, 2, nodes, timeout=380)
+        assert [r.returncode for r in results] == [0] * size, "\n".join(r.stdout for r in results)
+        shared_files = {str(root / "manifest.json"), str(root / "step-00000002" / "shared.pt"),
+                        str(root / "step-00000002" / "complete.json")}
+        shared_size = (root / "step-00000002" / "shared.pt").stat().st_size
+        per_rank_shared, per_rank_node = [], []
+        for r in range(size):
+            got = json.loads((root / f"resumed-{r}.json").read_text())
+            assert got == {"step": 2, "w": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "rank": r, "x": [20.0 + r] * 4}, got
+            reads = _bytes_read(resumes, r)
+            shared = sum(n for path, n in reads.items() if path in shared_files)
+            node_file = root / "step-00000002" / f"node-{r - r % 2:05d}.pt"
+            per_rank_shared.append(shared)
+            per_rank_node.append(reads.get(str(node_file), 0))
+            assert set(reads) & {str(p) for p in root.glob("step-00000002/node-*.pt")} == {str(node_file)}, reads
+            assert 0 < per_rank_node[-1] < node_file.stat().st_size, (r, per_rank_node[-1])
+        readers = per_rank_shared[::2]
+        assert readers == [len(manifest.encode()) + shared_size] * n_nodes, (size, per_rank_shared)
+        assert per_rank_shared[1::2] == [0] * n_nodes, (size, per_rank_shared)
+        table.append({"ranks": size, "nodes": n_nodes, "mkdir": ops["mkdir"], "fsync": ops["fsync"],
+                      "rank0_record_bytes": received, "manifest_bytes": len(manifest.encode()),
+                      "marker_bytes": len(marker.encode()), "resume_shared_bytes": per_rank_shared,
+                      "resume_node_file_bytes": per_rank_node})
+    print(json.dumps(table))
+    first = table[0]
+    for row in table[1:]:  # what rank 0 receives and what the manifest holds are the same at 2, 4, 8 ranks
+        assert row["rank0_record_bytes"] == first["rank0_record_bytes"], table
+        assert (row["manifest_bytes"], row["marker_bytes"]) == (first["manifest_bytes"], first["marker_bytes"]), table
+
+
+class _Threads:
+    """An all-gather among ``n`` threads of this process: each thread is one rank of an in-process job."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.slots, self.barrier = n, [None] * n, threading.Barrier(n, timeout=60)
+
+    def gather_for(self, rank: int) -> Callable[[object], list[object]]:
+        def gather(obj: object) -> list[object]:
+            self.slots[rank] = obj
+            self.barrier.wait()
+            out = list(self.slots)
+            self.barrier.wait()
+            return out
+        return gather
+
+
+def _on_threads(fn: Callable[[int], object], n: int) -> list[object]:
+    """``fn(rank)`` on ``n`` threads at once; their results, or the first exception raised."""
+    with ThreadPoolExecutor(n) as pool:
+        return [f.result() for f in [pool.submit(fn, r) for r in range(n)]]
+
+
+def _stores(root: Path, scratch: Path, n: int, per_node: int) -> list[CheckpointStore]:
+    threads = _Threads(n)
+    return [CheckpointStore(root, keep=3, rank=r, world_size=n, gather=threads.gather_for(r),
+                            node=NodeGroup(r % per_node, per_node, scratch / f"node{r // per_node}" / "x", 60))
+            for r in range(n)]
+
+
+def _save_two(root: Path, scratch: Path, states: Callable[[int, int], dict | None]) -> None:
+    stores = _stores(root, scratch, 4, 2)
+
+    def save(r: int) -> None:
+        for step in (1, 2):
+            stores[r].save(step, {"w": torch.full((3,), float(step))} if r == 0 else {}, per_rank=states(step, r))
+        stores[r].close()
+    _on_threads(save, 4)
+
+
+def _resume(root: Path, scratch: Path) -> list[tuple[int, list[float], dict | None]]:
+    stores = _stores(root, scratch, 4, 2)
+
+    def resume(r: int) -> tuple[int, list[float], dict | None]:
+        ckpt = stores[r].latest_valid()
+        assert ckpt is not None
+        shared, mine = stores[r].load(ckpt)
+        return ckpt.step, shared["w"].tolist(), mine
+    return _on_threads(resume, 4)  # type: ignore[return-value]
+
+
+def test_a_tampered_index_sum_falls_back_on_every_rank(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Every rank's own member is intact, but the node indices no longer add up to what the commit recorded (a
+    node file of another save): every rank skips the step, together."""
+    root, scratch = tmp_path / "ckpt", tmp_path / "local"
+    _save_two(root, scratch, lambda step, r: {"x": torch.full((2,), 10.0 * step + r)})
+    assert [s for s, _, _ in _resume(root, scratch)] == [2] * 4
+    marker = root / "step-00000002" / "complete.json"
+    total = json.loads(marker.read_text())["nodes"]["index_sum"]
+    for path in (root / "manifest.json", marker):
+        text = path.read_text()
+        assert text.count(total) == 1
+        path.write_text(text.replace(total, f"{int(total[:16], 16) + 1:016x}{total[16:]}"))
+    caplog.set_level(logging.WARNING, "hpctrain.checkpoint")
+    got = _resume(root, scratch)
+    assert [(s, w, mine["x"].tolist()) for s, w, mine in got] == [(1, [1.0] * 3, [10.0 + r] * 2) for r in range(4)]
+    assert any("do not add up" in m for m in caplog.messages), caplog.messages
+
+
+def test_nodes_that_are_not_regular_are_listed_and_resume(tmp_path: Path) -> None:
+    """A rank without state (its node file holds one rank, the other two): the node files cannot be described by
+    count and size, so their records are gathered and listed (format 1, as before); resume reads them."""
+    root, scratch = tmp_path / "ckpt", tmp_path / "local"
+    _save_two(root, scratch, lambda step, r: None if r == 1 else {"x": torch.full((2,), 10.0 * step + r)})
+    entry = json.loads((root / "manifest.json").read_text())["checkpoints"][-1]
+    assert entry["format_version"] == 1 and "nodes" not in entry
+    assert {f["name"]: f.get("ranks") for f in entry["files"]} == {"shared.pt": None, "node-00000.pt": [[0, 1]],
+                                                                   "node-00002.pt": [[2, 4]]}
+    got = _resume(root, scratch)
+    assert [(s, w) for s, w, _ in got] == [(2, [2.0] * 3)] * 4
+    assert [None if m is None else m["x"].tolist() for _, _, m in got] == [[20.0] * 2, None, [22.0] * 2, [23.0] * 2]
+
+
+def test_a_checkpoint_of_the_previous_format_resumes_exactly(tmp_path: Path) -> None:
+    """The entry an earlier hpctrain wrote lists every node file with its size and digest (format 1): this one
+    reads it, every rank its own state; and an entry of a newer format is refused, naming its version."""
+    root, scratch = tmp_path / "ckpt", tmp_path / "local"
+    _save_two(root, scratch, lambda step, r: {"x": torch.full((2,), 10.0 * step + r)})
+    manifest = json.loads((root / "manifest.json").read_text())
+    for e in manifest["checkpoints"]:
+        sdir = root / e["dir"]
+        for first in (0, 2):
+            size, digest = file_digest(sdir / node_filename(first), e["checksum"])
+            e["files"].append({"name": node_filename(first), "bytes": size, "digest": digest, "rank": None,
+                               "ranks": [[first, first + 2]]})
+        del e["nodes"]
+        e["format_version"] = 1
+        (sdir / "complete.json").write_text(json.dumps(e))
+    manifest["format_version"] = 1
+    (root / "manifest.json").write_text(json.dumps(manifest))
+    got = _resume(root, scratch)
+    assert [(s, w, m["x"].tolist()) for s, w, m in got] == [(2, [2.0] * 3, [20.0 + r] * 2) for r in range(4)]
+    newer = {**manifest["checkpoints"][-1], "format_version": FORMAT_VERSION + 1}
+    with pytest.raises(ValueError, match=f"format version {FORMAT_VERSION + 1} is newer"):
+        Checkpoint.from_json(root, newer)
+
+
+def test_resume_copies_leave_node_local_storage_at_the_next_save(tmp_path: Path) -> None:
+    """The node's reader leaves the manifest and shared.pt in node-local storage for its node's ranks; the next
+    save (every rank of the node has handed its state over, so none is still loading) removes them."""
+    root, scratch = tmp_path / "ckpt", tmp_path / "local"
+    _save_two(root, scratch, lambda step, r: {"x": torch.full((2,), 10.0 * step + r)})
+    stores = _stores(root, scratch, 4, 2)
+
+    def resume_then_save(r: int) -> list[str]:
+        ckpt = stores[r].latest_valid()
+        assert ckpt is not None
+        stores[r].load(ckpt)
+        left = sorted(p.name for p in (scratch / f"node{r // 2}" / "x" / "resume").iterdir())
+        stores[r].save(3, {"w": torch.zeros(3)} if r == 0 else {}, per_rank={"x": torch.zeros(2)})
+        return left
+    assert _on_threads(resume_then_save, 4) == [["entries.json", "shared.pt.00000002"]] * 4
+    assert not (scratch / "node0" / "x" / "resume").exists() and not (scratch / "node1" / "x" / "resume").exists()
+
+
+def test_node_files_record_rejects_malformed_descriptions() -> None:
+    good = {"count": 2, "ranks_per_file": 4, "index_sum": "0" * 128}
+    nodes = NodeFiles.from_json(good)
+    assert nodes.record_for(5) == FileRecord("node-00004.pt", -1, "", None, ((4, 8),)) and nodes.record_for(8) is None
+    assert NodeFiles.from_json(nodes.to_json()) == nodes
+    for bad in ({"count": 0}, {"ranks_per_file": 0}, {"index_sum": "0" * 127}, {"index_sum": "-" + "0" * 127},
+                {"index_sum": "G" * 128}):
+        with pytest.raises(ValueError, match="malformed"):
+            NodeFiles.from_json({**good, **bad})
+    entry = {"step": 1, "dir": "step-00000001", "world_size": 6, "checksum": "sha256", "created": "now",
+             "files": [], "nodes": good}
+    with pytest.raises(ValueError, match="do not hold its 6 ranks"):
+        Checkpoint.from_json(Path("/x"), entry)

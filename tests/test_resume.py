@@ -243,7 +243,7 @@ def test_corrupt_or_truncated_newest_checkpoint_falls_back_with_one_warning(
     shared.write_bytes(bytes(data))
     ranks = tmp_path / "second" / "checkpoints" / "step-00000004" / "node-00000.pt"  # both ranks' states
     ranks.write_bytes(ranks.read_bytes()[:-100])
-    for name, why in (("first", "is corrupt"), ("second", "is truncated")):
+    for name, why in (("first", "is corrupt"), ("second", "truncated")):
         out = finished(launch(spec, tmp_path / name))
         warnings = [line for line in out.splitlines() if "skipped" in line]
         assert len(warnings) == 1 and "WARNING" in warnings[0], out[-3000:]

@@ -2,7 +2,10 @@
 
 A checkpoint directory has one ``step-NNNNNNNN/`` per checkpoint (``shared.pt``, the rank states — one
 ``rank-RRRRR.pt`` per rank, or one ``node-RRRRR.pt`` per node named after its first rank — and a
-``complete.json`` marker written last) and ``manifest.json`` listing the complete ones. The store
+``complete.json`` marker written last) and ``manifest.json`` listing the complete ones. Where every node's file
+holds the same number of consecutive ranks (the usual placement), an entry does not list the node files: it
+says how many there are, how many ranks each holds and a sum over their indices (``NodeFiles``), so its size
+does not grow with the number of nodes. The store
 (``checkpoint/store.py``) writes them; this module reads them, on a compute node, in ``ffn segment`` and
 on the laptop (``hpctrain resume`` reads the manifest over ssh). Layout: docs/checkpoints.md.
 """
@@ -20,7 +23,8 @@ from typing import Any
 from hpctrain.errors import CheckpointError
 
 FORMAT = "hpctrain-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: an entry may describe its node files by ``nodes`` instead of listing them
+LISTED_VERSION = 1  # an entry that lists every file is written as version 1: older readers still read it
 MANIFEST = "manifest.json"
 MARKER = "complete.json"  # per-step copy of the manifest entry; the manifest is rebuilt from these
 SHARED = "shared.pt"
@@ -28,6 +32,7 @@ DEFAULT_CHECKSUM = "sha256"
 STEP_DIR = re.compile(r"step-(\d{8,})")
 _FILE_NAME = re.compile(r"shared\.pt|rank-\d{5,}\.pt|node-\d{5,}\.pt")
 NODE_FILE = re.compile(r"node-\d{5,}\.pt")
+SELF_CHECKED = -1  # FileRecord.bytes of a node file whose record is derived from NodeFiles
 
 
 def step_dirname(step: int) -> str:
@@ -64,6 +69,11 @@ class FileRecord:
     rank: int | None = None  # None for shared.pt and node files
     ranks: tuple[tuple[int, int], ...] = ()  # a node file's ranks, as runs [start, stop)
 
+    @property
+    def self_checked(self) -> bool:
+        """A node file known from ``NodeFiles``: no size or digest here, its own index checks its members."""
+        return self.bytes == SELF_CHECKED
+
     def holds(self, rank: int) -> bool:
         """Whether this file carries ``rank``'s state (its rank file, or a node file with it among its ranks)."""
         return self.rank == rank or any(a <= rank < b for a, b in self.ranks)
@@ -89,6 +99,52 @@ class FileRecord:
         return cls(name, size, str(d["digest"]), None if rank is None else int(rank), runs)
 
 
+INDEX_SUM_WORDS = 8  # the 256-bit index digest as 8 words of 32 bits, each summed over the nodes
+_SUM_HEX = 16  # hex digits per summed word in the manifest: fixed width, so the entry's size is fixed too
+
+
+def index_words(hexdigest: str) -> list[int]:
+    """A SHA-256 hex digest as INDEX_SUM_WORDS 32-bit words: the terms of ``NodeFiles.index_sum``."""
+    raw = bytes.fromhex(hexdigest)
+    if len(raw) != 4 * INDEX_SUM_WORDS:
+        raise ValueError(f"index digest of {len(raw)} bytes, expected {4 * INDEX_SUM_WORDS}")
+    return [int.from_bytes(raw[4 * i:4 * i + 4], "big") for i in range(INDEX_SUM_WORDS)]
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """The node files of a checkpoint whose every node file holds ``ranks_per_file`` consecutive ranks, every
+    rank's state in one of them: file i is ``node_filename(i * ranks_per_file)``. ``index_sum``: per word, the
+    sum over the files of their index digests' 32-bit words (order-free, exact for up to 2^31 files); written as
+    one hex string of fixed width."""
+
+    count: int
+    ranks_per_file: int
+    index_sum: tuple[int, ...]
+
+    def record_for(self, rank: int) -> FileRecord | None:
+        """The record of the file that holds ``rank`` (its size and digest are in the file's own index)."""
+        first = rank - rank % self.ranks_per_file
+        if not 0 <= rank < self.count * self.ranks_per_file:
+            return None
+        return FileRecord(node_filename(first), SELF_CHECKED, "", None, ((first, first + self.ranks_per_file),))
+
+    def records(self) -> list[FileRecord]:
+        return [r for i in range(self.count) if (r := self.record_for(i * self.ranks_per_file)) is not None]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "ranks_per_file": self.ranks_per_file,
+                "index_sum": "".join(f"{w:0{_SUM_HEX}x}" for w in self.index_sum)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NodeFiles:
+        count, per_file, text = int(d["count"]), int(d["ranks_per_file"]), str(d["index_sum"])
+        if count < 1 or per_file < 1 or not re.fullmatch(f"[0-9a-f]{{{INDEX_SUM_WORDS * _SUM_HEX}}}", text):
+            raise ValueError(f"'nodes' record {d!r} is malformed")
+        words = tuple(int(text[i:i + _SUM_HEX], 16) for i in range(0, len(text), _SUM_HEX))
+        return cls(count, per_file, words)
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A complete checkpoint: its step directory, the world size that wrote it and its files."""
@@ -99,24 +155,34 @@ class Checkpoint:
     files: tuple[FileRecord, ...]
     checksum: str
     created: str
+    nodes: NodeFiles | None = None  # node files described, not listed in ``files``
 
     def file(self, name: str) -> FileRecord | None:
         return next((f for f in self.files if f.name == name), None)
 
     def file_for_rank(self, rank: int) -> FileRecord | None:
         """The file holding ``rank``'s state: its rank file or its node's file (None when it saved none)."""
+        if self.nodes is not None:
+            return self.nodes.record_for(rank)
         return next((f for f in self.files if f.holds(rank)), None)
 
+    def all_files(self) -> list[FileRecord]:
+        """Every file, the listed ones and those ``nodes`` describes."""
+        return [*self.files, *(self.nodes.records() if self.nodes is not None else ())]
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "step": self.step,
             "dir": self.path.name,
             "world_size": self.world_size,
-            "format_version": FORMAT_VERSION,
+            "format_version": LISTED_VERSION if self.nodes is None else FORMAT_VERSION,
             "checksum": self.checksum,
             "created": self.created,
             "files": [f.to_json() for f in self.files],
         }
+        if self.nodes is not None:
+            out["nodes"] = self.nodes.to_json()
+        return out
 
     @classmethod
     def from_json(cls, root: Path, d: dict[str, Any]) -> Checkpoint:
@@ -138,6 +204,10 @@ class Checkpoint:
             raise ValueError(f"step {step} has world size {world_size}")
         if not isinstance(d["files"], list):
             raise ValueError(f"step {step}: 'files' is not a list")
+        nodes = None if d.get("nodes") is None else NodeFiles.from_json(d["nodes"])
+        if nodes is not None and nodes.count * nodes.ranks_per_file != world_size:
+            raise ValueError(f"step {step}: {nodes.count} node files of {nodes.ranks_per_file} ranks do not hold "
+                             f"its {world_size} ranks")
         return cls(
             step=step,
             path=root / directory,
@@ -145,6 +215,7 @@ class Checkpoint:
             files=tuple(FileRecord.from_json(f) for f in d["files"]),
             checksum=str(d["checksum"]),
             created=str(d["created"]),
+            nodes=nodes,
         )
 
 

@@ -2,10 +2,12 @@
 
 Layout, manifest format and the atomicity argument are in docs/checkpoints.md. Every file is written to a
 temporary name, fsynced, renamed into place and its directory fsynced; a checkpoint counts only once rank 0
-has listed it in ``manifest.json`` after every rank reported its file (size and checksum) to it. Rank states
-go one file per rank, or (``node=``) one file per node: the node's ranks hand their states to its local rank 0
-through node-local storage and it packs them (checkpoint/node_file.py). Rank 0's part of a commit is O(log N)
-messages: an all-reduce (did any rank fail?), a tree gather of the file records, a broadcast of the outcome.
+has listed it in ``manifest.json`` after every rank reported its file to it. Rank states go one file per rank,
+or (``node=``) one file per node: the node's ranks hand their states to its local rank 0 through node-local
+storage and it packs them (checkpoint/node_file.py). Rank 0's part of a commit is O(log N) messages of a fixed
+size when the node files are regular (an all-reduce: did any rank fail; an all-reduce of the node files' count,
+shape and index digests; a broadcast of the outcome), else a tree gather of the records. At resume one rank per
+node reads the manifest and ``shared.pt`` and leaves them in node-local storage for the node's other ranks.
 """
 
 from __future__ import annotations
@@ -31,20 +33,24 @@ from hpctrain.checkpoint.manifest import (
     DEFAULT_CHECKSUM,
     FORMAT,
     FORMAT_VERSION,
+    INDEX_SUM_WORDS,
     MANIFEST,
     MARKER,
     SHARED,
     STEP_DIR,
     Checkpoint,
     FileRecord,
+    NodeFiles,
+    checksum_known,
     file_problem,
+    index_words,
     node_filename,
     rank_filename,
     rank_runs,
     read_entries,
     step_dirname,
 )
-from hpctrain.checkpoint.node_file import pack, read_member
+from hpctrain.checkpoint.node_file import COPY_CHUNK, pack, read_member, read_node_index
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime import work_counts
 
@@ -67,6 +73,9 @@ class Exchange(Protocol):
     def bcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank."""
 
+    def sum(self, values: list[int]) -> list[int]:
+        """The element-wise sum of every rank's ``values`` (non-negative, same length) on every rank."""
+
 
 class AllgatherExchange:
     """An Exchange from one all-gather callable (mpi4py's ``comm.allgather``, or one rank alone): every rank
@@ -84,6 +93,9 @@ class AllgatherExchange:
 
     def bcast(self, obj: Any) -> Any:
         return self._gather(obj)[0]
+
+    def sum(self, values: list[int]) -> list[int]:
+        return [sum(column) for column in zip(*self._gather(list(values)), strict=True)]
 
 
 def _single_gather(obj: Any) -> list[Any]:
@@ -308,6 +320,8 @@ class CheckpointStore:
         self._buffers: dict[str, dict[str, torch.Tensor]] = {"shared": {}, "rank": {}}
         self._last: PendingSave | None = None
         self._root_made = False
+        self._index_digest: str | None = None  # of this rank's node file, when it is the file's first rank
+        self._member: tuple[int, bytes] | None = None  # (step, this rank's member) as checked by latest_valid
 
     # ------------------------------------------------------------------------------------------ save
 
@@ -357,9 +371,10 @@ class CheckpointStore:
                 else:
                     self._hand_over(step, per_rank)
                     if self.node.local_rank == 0:
-                        node_rec = self._pack_node(step, sdir)
-                        if node_rec is not None:
-                            report["files"].append(node_rec.to_json())
+                        packed = self._pack_node(step, sdir)
+                        if packed is not None:
+                            report["files"].append(packed[0].to_json())
+                            report["index"] = packed[1]
                 # Only a rank that renamed a file into the directory makes that rename durable; rank 0 syncs
                 # the directory once, after it added the marker.
                 if self.rank != 0 and report["files"]:
@@ -396,11 +411,18 @@ class CheckpointStore:
                 self._discard_incomplete(sdir)
             raise CheckpointError(first[0], hint=first[1])
 
-        reports = self._x.gather(report["files"])
+        received = _received(self._x)
+        nodes = self._node_files(report) if self.node is not None else None
+        reports = [report["files"]] if nodes is not None else self._x.gather(report["files"])
+        counts = work_counts.active()
+        if counts is not None:
+            counts.add_checkpoint_records(step, _received(self._x) - received)
         commit_error: list[str] | None = None
-        if reports is not None:  # rank 0
+        if reports is not None and self.rank == 0:
             files = tuple(FileRecord.from_json(f) for r in reports for f in r)
-            ckpt = Checkpoint(step, sdir, self.world_size, files, self.checksum, _now())
+            if nodes is not None:
+                files = tuple(f for f in files if not f.ranks)  # the node files are described by ``nodes``
+            ckpt = Checkpoint(step, sdir, self.world_size, files, self.checksum, _now(), nodes)
             try:
                 self._commit(ckpt, prune_in_background=pending.background)
             except OSError as e:
@@ -410,6 +432,30 @@ class CheckpointStore:
         if status:
             raise CheckpointError(status[0], hint=status[1])
         return sdir
+
+    def _node_files(self, report: dict[str, Any]) -> NodeFiles | None:
+        """The node files described by count, ranks per file and index sum when every rank's state is in a node
+        file of ``k`` consecutive ranks starting at a multiple of ``k``; None (records are gathered) otherwise.
+
+        Collective: one all-reduce of a fixed-size vector, whatever the number of nodes."""
+        files, ranks, irregular, k2 = 0, 0, 0, 0
+        words = [0] * INDEX_SUM_WORDS
+        for rec in report["files"]:
+            runs = rec.get("ranks") or []
+            if not runs:
+                continue
+            files += 1
+            if len(runs) != 1 or runs[0][0] % (runs[0][1] - runs[0][0]) or "index" not in report:
+                irregular += 1
+                continue
+            k = runs[0][1] - runs[0][0]
+            ranks, k2 = ranks + k, k2 + k * k
+            words = index_words(report["index"])
+        total = self._x.sum([files, ranks, irregular, k2, *words])
+        files, ranks, irregular, k2 = total[:4]
+        if irregular or files == 0 or ranks != self.world_size or files * k2 != ranks * ranks:
+            return None  # unequal sizes show as sum(k^2) * files > sum(k)^2
+        return NodeFiles(files, ranks // files, tuple(total[4:]))
 
     def _make_step_dir(self, step: int, sdir: Path) -> list[str] | None:
         """Rank 0 creates the step directory, the others hear that it exists (or why not); collective.
@@ -467,9 +513,9 @@ class CheckpointStore:
             scratch.mkdir(parents=True, exist_ok=True)
             (scratch / f"rank-{self.rank:05d}.failed").write_text(message)
 
-    def _pack_node(self, step: int, sdir: Path) -> FileRecord | None:
+    def _pack_node(self, step: int, sdir: Path) -> tuple[FileRecord, str] | None:
         """Local rank 0: wait for every rank of the node, pack their states into one file on the shared file
-        system, and return its record (None when none of them saved a state)."""
+        system, and return its record and its index's digest (None when none of them saved a state)."""
         assert self.node is not None
         scratch = self._scratch(step)
         deadline, pause = time.monotonic() + self.node.timeout_s, 0.002
@@ -488,6 +534,7 @@ class CheckpointStore:
                     hint="a rank of this node is stuck or dead: see its own messages")
             time.sleep(pause)
             pause = min(0.05, 2 * pause)
+        shutil.rmtree(self._resume_dir(), ignore_errors=True)  # every rank of the node is past its resume
         failed = sorted(r for r, kind in seen.items() if kind == "failed")
         if failed:
             why = (scratch / f"rank-{failed[0]:05d}.failed").read_text()
@@ -497,15 +544,18 @@ class CheckpointStore:
             shutil.rmtree(scratch, ignore_errors=True)
             return None
         final = sdir / node_filename(self.rank)
-        rec = write_atomic(final, lambda f: pack(f, members, self.checksum), self.checksum, sync_dir=False)
+        index: list[str] = []
+        rec = write_atomic(final, lambda f: index.append(pack(f, members, self.checksum, step).digest),
+                           self.checksum, sync_dir=False)
         shutil.rmtree(scratch, ignore_errors=True)
         counts = work_counts.active()
         if counts is not None:
             counts.add_checkpoint_file(step, rec.bytes)
-        return FileRecord(rec.name, rec.bytes, rec.digest, None, rank_runs([r for r, _ in members]))
+        return FileRecord(rec.name, rec.bytes, rec.digest, None, rank_runs([r for r, _ in members])), index[-1]
 
     def close(self) -> None:
-        """Remove this node's hand-off directory (local rank 0); not collective. Files on the shared side stay."""
+        """Remove this node's hand-off directory and resume copies (local rank 0); not collective. Files on the
+        shared side stay."""
         if self.node is not None and self.node.local_rank == 0:
             shutil.rmtree(self.node.scratch, ignore_errors=True)
 
@@ -572,10 +622,12 @@ class CheckpointStore:
     def _problem(self, ckpt: Checkpoint, verify: bool) -> str | None:
         """Why this rank cannot use ``ckpt``: its shared file and, same world size, the file with its own state.
 
-        A node file is checked whole (size, and its digest by the first of its ranks when ``verify``), and each
-        rank checks its own member's digest: every byte is verified once, no rank reads another node's file.
+        ``shared.pt`` is checked by one rank per node (which copies it to node-local storage on the way), or by
+        every rank without a node group. A node file is checked whole (size, and its digest by the first of its
+        ranks when ``verify``) or, when the entry describes it by ``nodes``, through its own index; each rank
+        checks its own member's digest: every byte is verified once, no rank reads another node's file.
         """
-        problem = file_problem(ckpt, [SHARED], verify)
+        problem = self._shared_problem(ckpt, verify)
         if problem is not None or ckpt.world_size != self.world_size:
             return problem
         own = ckpt.file_for_rank(self.rank)
@@ -583,24 +635,133 @@ class CheckpointStore:
             return None
         if own.rank is not None:
             return file_problem(ckpt, [own.name], verify)
+        path = ckpt.path / own.name
+        if own.self_checked:
+            try:
+                index = read_node_index(path)
+                if index.step is not None and index.step != ckpt.step:
+                    raise ValueError(f"its index is of step {index.step}")
+                data = read_member(path, self.rank, verify, index)
+                if verify:  # load() uses these verified bytes instead of reading them again
+                    self._member = (ckpt.step, data)
+            except (OSError, ValueError) as e:
+                return f"{path}: {e}"
+            if self.rank == own.ranks[0][0]:
+                self._index_digest = index.digest
+            return None
         first = own.ranks[0][0]
         problem = file_problem(ckpt, [own.name], verify and self.rank == first)
         if problem is None and verify and self.rank != first:
             try:
-                read_member(ckpt.path / own.name, self.rank)
+                read_member(path, self.rank)
             except (OSError, ValueError) as e:
-                problem = f"{ckpt.path / own.name}: {e}"
+                problem = f"{path}: {e}"
         return problem
+
+    def _index_problem(self, ckpt: Checkpoint) -> str | None:
+        """Collective when ``ckpt`` describes its node files: the first rank of each node file adds its index
+        digest; the sum must be the one the commit recorded (a file missing, replaced or of another save)."""
+        if ckpt.nodes is None or ckpt.world_size != self.world_size:
+            return None
+        digest, self._index_digest = self._index_digest, None
+        mine = [1, *index_words(digest)] if digest is not None else [0] * (1 + INDEX_SUM_WORDS)
+        total = self._x.sum(mine)
+        if total[0] == ckpt.nodes.count and tuple(total[1:]) == ckpt.nodes.index_sum:
+            return None
+        return (f"{ckpt.path}: its {ckpt.nodes.count} node files' indices do not add up to the sum recorded at "
+                f"commit ({total[0]} read)")
+
+    # ------------------------------------------------------------------- one reader of shared state per node
+
+    def _node_reader(self) -> bool | None:
+        """True on the rank that reads shared state for its node, False on the node's others; None: every rank
+        reads for itself (no node group)."""
+        return None if self.node is None else self.node.local_rank == 0
+
+    def _resume_dir(self) -> Path:
+        assert self.node is not None
+        return self.node.scratch / "resume"
+
+    def _shared_copy(self, ckpt: Checkpoint) -> Path | None:
+        """This node's copy of ``ckpt``'s shared.pt in node-local storage (its reader made it), or None."""
+        if self.node is None:
+            return None
+        path = self._resume_dir() / f"{SHARED}.{ckpt.step:08d}"
+        return path if path.is_file() else None
+
+    def _shared_problem(self, ckpt: Checkpoint, verify: bool) -> str | None:
+        """shared.pt: checked (and copied to node-local storage) by the node's reader, not by its other ranks."""
+        reader = self._node_reader()
+        if reader is None:
+            return file_problem(ckpt, [SHARED], verify)
+        if not reader:
+            return None  # the node's reader checks it; its verdict reaches every rank through the vote
+        rec = ckpt.file(SHARED)
+        if rec is None:
+            return f"{ckpt.path / SHARED} is not recorded in the manifest"
+        if verify and not checksum_known(ckpt.checksum):
+            return file_problem(ckpt, [SHARED], verify)
+        final = self._resume_dir() / f"{SHARED}.{ckpt.step:08d}"
+        try:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            size, digest = _copy_hashing(ckpt.path / SHARED, final, ckpt.checksum if verify else None)
+        except OSError as e:
+            log.warning("rank %d: cannot copy %s to node-local %s (%s): this node's ranks read it themselves",
+                        self.rank, ckpt.path / SHARED, final.parent, e.strerror or e)
+            with suppress(OSError):
+                final.unlink()
+            return file_problem(ckpt, [SHARED], verify)
+        bad = None
+        if size != rec.bytes:
+            bad = f"{ckpt.path / SHARED} is truncated or wrong: {size} bytes, the manifest says {rec.bytes}"
+        elif verify and digest != rec.digest:
+            bad = (f"{ckpt.path / SHARED} is corrupt: {ckpt.checksum} {digest[:12]}…, "
+                   f"the manifest says {rec.digest[:12]}…")
+        if bad is not None:
+            final.unlink()
+        return bad
+
+    def _entries(self) -> tuple[list[Checkpoint], list[str]]:
+        """The checkpoints and the problems met reading them: the manifest is read by one rank per node, which
+        leaves what it found in node-local storage for the node's others; collective with a node group."""
+        reader = self._node_reader()
+        if reader is None:
+            return read_entries(self.directory)
+        entries: list[Checkpoint] = []
+        problems: list[str] = []
+        failed = False
+        path = self._resume_dir() / "entries.json"
+        if reader:
+            entries, problems = read_entries(self.directory)
+            text = json.dumps({"entries": [c.to_json() for c in entries], "problems": problems})
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = _temp_name(path)
+                tmp.write_text(text)
+                os.replace(tmp, path)
+            except OSError as e:
+                log.warning("rank %d: cannot leave the checkpoint list in node-local %s (%s): every rank reads it",
+                            self.rank, path.parent, e.strerror or e)
+                failed = True
+        if self._x.any(failed):
+            return read_entries(self.directory) if not reader else (entries, problems)
+        if reader:
+            return entries, problems
+        data = json.loads(path.read_text())
+        return [Checkpoint.from_json(self.directory, d) for d in data["entries"]], list(data["problems"])
 
     def latest_valid(self, verify: bool = True) -> Checkpoint | None:
         """The newest checkpoint every rank can read (sizes, and checksums when ``verify``); collective.
 
         Skipped checkpoints and a rebuilt manifest are reported in ONE warning line (rank 0 logs it).
         """
-        entries, problems = read_entries(self.directory)
+        entries, problems = self._entries()
         chosen: Checkpoint | None = None
         for ckpt in reversed(entries):
+            self._index_digest = None
             mine = self._problem(ckpt, verify)
+            indices = self._index_problem(ckpt)  # collective: every rank takes part whatever it found
+            mine = mine or indices
             if not self._x.any(mine is not None):
                 chosen = ckpt
                 break
@@ -616,8 +777,11 @@ class CheckpointStore:
              ) -> tuple[dict[str, Any], dict | None]:
         """(shared state, this rank's state). The rank state is None if this rank saved none, or if the
         checkpoint was written by another world size (elastic restart: re-shard from the shared state;
-        rank 0 logs one warning unless ``warn=False`` because the caller writes its own)."""
-        shared = self._load_file(checkpoint, SHARED, map_location)
+        rank 0 logs one warning unless ``warn=False`` because the caller writes its own). After
+        ``latest_valid``, a node's ranks load shared.pt from the copy its reader left in node-local storage."""
+        copy = self._shared_copy(checkpoint)
+        shared = (self._load_file(checkpoint, SHARED, map_location) if copy is None
+                  else self._load_file(checkpoint, SHARED, map_location, path=copy))
         if checkpoint.world_size != self.world_size:
             if self.rank == 0 and warn:
                 log.warning(
@@ -636,10 +800,11 @@ class CheckpointStore:
     def _load_member(self, ckpt: Checkpoint, rec: FileRecord, map_location: Any) -> dict[str, Any]:
         """This rank's state out of its node's file: the index and its own member are all that is read."""
         path = ckpt.path / rec.name
+        member, self._member = self._member, None
         try:
-            if path.stat().st_size != rec.bytes:
+            if not rec.self_checked and path.stat().st_size != rec.bytes:
                 raise ValueError(f"{path.stat().st_size} bytes, the manifest says {rec.bytes}")
-            data = read_member(path, self.rank)
+            data = member[1] if member is not None and member[0] == ckpt.step else read_member(path, self.rank)
             return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
         except (OSError, RuntimeError, ValueError, EOFError) as e:
             raise CheckpointError(
@@ -647,8 +812,10 @@ class CheckpointStore:
                 hint="call latest_valid() to fall back to an older checkpoint",
             ) from e
 
-    def _load_file(self, ckpt: Checkpoint, name: str, map_location: Any) -> dict[str, Any]:
-        path = ckpt.path / name
+    def _load_file(self, ckpt: Checkpoint, name: str, map_location: Any, path: Path | None = None
+                   ) -> dict[str, Any]:
+        """``name`` of ``ckpt``, read from ``path`` (a node-local copy of it) when given."""
+        path = ckpt.path / name if path is None else path
         rec = ckpt.file(name)
         try:
             if rec is None:
@@ -663,11 +830,31 @@ class CheckpointStore:
             ) from e
 
 
+def _copy_hashing(src: Path, dst: Path, checksum: str | None) -> tuple[int, str]:
+    """Copy ``src`` to ``dst`` (temp name, then rename) reading it once; (size, digest, "" without ``checksum``)."""
+    h = hashlib.new(checksum) if checksum else None
+    size = 0
+    tmp = _temp_name(dst)
+    try:
+        with open(src, "rb", buffering=0) as f, open(tmp, "wb") as out:
+            while chunk := f.read(COPY_CHUNK):
+                if h is not None:
+                    h.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+        os.replace(tmp, dst)
+    except BaseException:
+        with suppress(OSError):
+            tmp.unlink()
+        raise
+    return size, h.hexdigest() if h is not None else ""
+
+
 def load_files(checkpoint: Checkpoint, map_location: Any = "cpu") -> dict[str, Any]:
     """Every state of ``checkpoint`` keyed by file name, a node file's members under their ranks' own file names
     (``rank-RRRRR.pt``), whichever layout wrote it: for inspection and tests, not for resuming."""
     out: dict[str, Any] = {}
-    for rec in checkpoint.files:
+    for rec in checkpoint.all_files():
         path = checkpoint.path / rec.name
         if not rec.ranks:
             out[rec.name] = torch.load(path, map_location=map_location, weights_only=True)
@@ -693,12 +880,24 @@ def comm_gather(comm: Any) -> Gather:
     return gather
 
 
+def _received(exchange: Exchange) -> int:
+    return int(getattr(exchange, "received_bytes", 0))
+
+
 class CommExchange:
-    """The store's Exchange over an hpctrain ``Communicator``: an all-reduce, a gather to rank 0 and a broadcast,
-    each O(log N) messages for a rank (MPI); rank 0 alone receives the records (JSON bytes)."""
+    """The store's Exchange over an hpctrain ``Communicator``: all-reduces, a gather to rank 0 and a broadcast,
+    each O(log N) messages for a rank (MPI); rank 0 alone receives the records (JSON bytes).
+    ``received_bytes``: what the gathers and sums delivered to this rank, padding included."""
 
     def __init__(self, comm: Any) -> None:
         self.comm = comm
+        self.received_bytes = 0
+
+    def sum(self, values: list[int]) -> list[int]:
+        total = torch.tensor(values, dtype=torch.int64)
+        self.comm.allreduce_(total, "sum", "checkpoint node files")
+        self.received_bytes += total.numel() * total.element_size()
+        return [int(v) for v in total]
 
     def any(self, flag: bool) -> bool:
         vote = torch.tensor([1.0 if flag else 0.0], dtype=torch.float64)
@@ -707,8 +906,17 @@ class CommExchange:
 
     def gather(self, obj: Any) -> list[Any] | None:
         data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
-        got = self.comm.gather_varlen(data, 0, "checkpoint records")
-        return None if got is None else [json.loads(t.numpy().tobytes()) for t in got]
+        longest = torch.tensor([data.numel()], dtype=torch.int64)
+        self.comm.allreduce_(longest, "max", "checkpoint records length")
+        padded = torch.zeros(8 + int(longest[0]), dtype=torch.uint8)
+        padded[:8] = torch.tensor([data.numel()], dtype=torch.int64).view(torch.uint8)
+        padded[8:8 + data.numel()] = data
+        got = self.comm.gather(padded, 0, "checkpoint records")
+        if got is None:
+            return None
+        self.received_bytes += sum(g.numel() for g in got)
+        sizes = [int(g[:8].clone().view(torch.int64)[0]) for g in got]
+        return [json.loads(g[8:8 + k].numpy().tobytes()) for g, k in zip(got, sizes, strict=True)]
 
     def bcast(self, obj: Any) -> Any:
         text = json.dumps(obj).encode() if self.comm.rank == 0 else b""

@@ -81,6 +81,13 @@ class WorkCounts:
         entry[f"{prefix}files"] += 1
         entry[f"{prefix}bytes"] += int(nbytes)
 
+    def add_checkpoint_records(self, step: int, nbytes: int) -> None:
+        """Bytes of the file records (or their per-node reduction) that the commit of ``step`` delivered to this
+        rank: what arrived, padding included."""
+        entry = self.checkpoints.setdefault(str(step), {"files": 0, "bytes": 0, "node_local_files": 0,
+                                                        "node_local_bytes": 0})
+        entry["record_bytes"] = entry.get("record_bytes", 0) + int(nbytes)
+
     def step_done(self) -> None:
         self.steps += 1
         if self.first_step_end is None:

@@ -9,6 +9,10 @@
                                                    table rows it was dealt (rows-R.npy)
 ``python scale_worker.py checkpoint ROOT``        per-node checkpoint files over gloo: two saves, a corrupt member,
                                                    a failed save; writes result-R.json and this rank's record
+``python scale_worker.py checkpoint-saves ROOT``  two saves, nothing else (what a tracer counts); this rank's
+                                                   record when HPCTRAIN_COUNTERS=1
+``python scale_worker.py checkpoint-resume ROOT`` finds and loads the newest checkpoint of ``checkpoint-saves``;
+                                                   writes resumed-R.json (the step and the states it loaded)
 ``python scale_worker.py rendezvous TIMEOUT DELAY STAGE DIR``  rank 0 is DELAY s late to MPI_Init (STAGE init:
                                                    late after the others wrote DIR/waiting-R, just before they
                                                    entered it) or to the address broadcast (address); every rank
@@ -177,6 +181,8 @@ def checkpoint(root: str) -> None:
 
 def checkpoint_saves(root: str) -> None:
     """Two saves (one in the background, one not) on stand-in nodes, nothing else: what a tracer counts."""
+    from pathlib import Path
+
     from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
     from hpctrain.launch_env import detect_launch_env
     from hpctrain.runtime.node_local import node_local_root
@@ -193,6 +199,34 @@ def checkpoint_saves(root: str) -> None:
     store.save(2, shared, per_rank={"rank": r, "x": torch.full((4,), 20.0 + r)})
     store.close()
     comm.barrier("test")
+    counters.write_record(Path(root).parent, r, comm.size, **work_counts.sections())
+    comm.close()
+
+
+def checkpoint_resume(root: str) -> None:
+    """A restart of ``checkpoint_saves``: the newest valid checkpoint, loaded on every rank."""
+    import json
+    from pathlib import Path
+
+    from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
+    from hpctrain.launch_env import detect_launch_env
+    from hpctrain.runtime.node_local import node_local_root
+
+    torch.set_num_threads(1)
+    env = detect_launch_env(os.environ)
+    comm = make_communicator("gloo", timeout_s=120)
+    r = comm.rank
+    scratch = node_local_root() / "hpctrain-checkpoint-resume"  # type: ignore[operator]
+    store = CheckpointStore(root, keep=3, rank=r, world_size=comm.size, exchange=CommExchange(comm),
+                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=120))
+    ckpt = store.latest_valid()
+    assert ckpt is not None
+    shared, mine = store.load(ckpt)
+    assert mine is not None
+    (Path(root) / f"resumed-{r}.json").write_text(json.dumps(
+        {"step": ckpt.step, "w": shared["w"].tolist(), "rank": mine["rank"], "x": mine["x"].tolist()}))
+    comm.barrier("test")
+    store.close()
     comm.close()
 
 
@@ -205,5 +239,7 @@ if __name__ == "__main__":
         checkpoint(sys.argv[2])
     elif sys.argv[1] == "checkpoint-saves":
         checkpoint_saves(sys.argv[2])
+    elif sys.argv[1] == "checkpoint-resume":
+        checkpoint_resume(sys.argv[2])
     else:
         rendezvous(float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5])
