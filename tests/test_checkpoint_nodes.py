@@ -8,16 +8,17 @@ the corrupt-file fallback through ``hpctrain run`` (default layout: node) are in
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import logging
-import re
 import shutil
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -131,18 +132,13 @@ def test_two_nodes_write_one_file_each_resume_fall_back_and_fail_together(tmp_pa
     assert mine is None and shared["w"].tolist() == out[0]["w"]
 
 
-def _step_dir_ops(trace_dir: Path, sdir: Path) -> dict[str, int]:
-    """mkdir and fsync calls on ``sdir`` itself, summed over every traced process (strace -y names the fd)."""
-    target = str(sdir)
-    ops = {"mkdir": 0, "fsync": 0}
-    for trace in trace_dir.iterdir():
-        for line in trace.read_text().splitlines():
-            call = line.split("(", 1)[0].strip()
-            if call in ("mkdir", "mkdirat") and f'"{target}"' in line:
-                ops["mkdir"] += 1
-            elif call in ("fsync", "fdatasync") and f"<{target}>" in line:
-                ops["fsync"] += 1
-    return ops
+def _benchmark() -> Any:
+    """benchmarks/checkpoint_scale.py: the tracing and counting this file's count tests share with it."""
+    spec = importlib.util.spec_from_file_location("checkpoint_scale", REPO / "benchmarks" / "checkpoint_scale.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.parametrize("per_node", [1, 2, 4])
@@ -161,84 +157,36 @@ def test_per_save_step_directory_work_is_per_node_not_per_rank(tmp_path: Path, p
                            timeout=380)
     assert [r.returncode for r in results] == [0] * len(results), "\n".join(r.stdout for r in results)
     for step in (1, 2):
-        ops = _step_dir_ops(traces, root / f"step-{step:08d}")
+        ops = _benchmark().step_dir_ops(traces, root / f"step-{step:08d}")
         assert ops == {"mkdir": 1, "fsync": len(nodes)}, (step, ops)
         assert ops["mkdir"] + ops["fsync"] <= len(nodes) + 2
 
 
-_READ = re.compile(r"^(?:read|pread64|readv|preadv)\(\d+<([^>]*)>.*\)\s+=\s+(\d+)$")
-
-
-def _traced(trace_dir: Path, calls: str) -> list[str]:
-    """An argv prefix that runs the rank under strace, its traces in ``trace_dir/t-RANK.PID``."""
-    return ["sh", "-c", f'exec strace -f -ff -qq -y -s 0 -e trace={calls} -o "{trace_dir}/t-$RANK" "$@"', "sh"]
-
-
-def _bytes_read(trace_dir: Path, rank: int) -> dict[str, int]:
-    """Bytes rank ``rank``'s processes read, by file (the path strace -y names for the descriptor)."""
-    out: dict[str, int] = {}
-    for trace in trace_dir.glob(f"t-{rank}.*"):
-        for line in trace.read_text().splitlines():
-            if m := _READ.match(line):
-                out[m.group(1)] = out.get(m.group(1), 0) + int(m.group(2))
-    return out
-
-
+@pytest.mark.timeout(900)
 def test_checkpoint_shared_work_grows_with_nodes_not_ranks(tmp_path: Path) -> None:
-    """2, 4, 8 ranks on stand-in nodes of 2, every rank traced: per save one mkdir of the step directory and one
-    fsync per node; rank 0 receives the same bytes of records at every size (a fixed-size all-reduce, no padded
-    gather); manifest and marker do not grow; at resume the node's reader alone reads the manifest and
-    shared.pt (once each), the other ranks none of it, and every rank reads its own member, not its node's file."""
+    """2, 4, 8 ranks on stand-in nodes of 2, every rank traced (benchmarks/checkpoint_scale.py): per save one mkdir
+    of the step directory and one fsync per node; rank 0 receives the same bytes of records at every size (one
+    fixed-size all-reduce, no gather); manifest and marker do not grow; at resume the node's reader alone reads
+    the manifest and shared.pt, once each, the other ranks none of it, and every rank reads its own member of
+    its node file, not the whole file and no other node's."""
     assert shutil.which("strace"), "strace counts the ranks' system calls: run bash scripts/install.sh"
-    table = []
+    bench = _benchmark()
+    found = []
     for n_nodes in (1, 2, 4):
-        size, base = 2 * n_nodes, tmp_path / f"n{n_nodes}"
-        nodes = [base / f"node{i}" for i in range(n_nodes)]
-        saves, resumes = base / "save-traces", base / "resume-traces"
-        for d in (*nodes, saves, resumes):
-            d.mkdir(parents=True)
-        root = (base / "run" / "ckpt").resolve()
-        results = run_on_nodes([*_traced(saves, "mkdir,mkdirat,fsync,fdatasync"), sys.executable, WORKER,
-                                "checkpoint-saves", str(root)], n_nodes, 2, nodes, timeout=380, HPCTRAIN_COUNTERS="1")
-        assert [r.returncode for r in results] == [0] * size, "\n".join(r.stdout for r in results)
-        for step in (1, 2):
-            ops = _step_dir_ops(saves, root / f"step-{step:08d}")
-            assert ops == {"mkdir": 1, "fsync": n_nodes} and sum(ops.values()) <= n_nodes + 2, (size, step, ops)
-        record = json.loads((base / "run" / "counters" / "rank-00000.json").read_text())
-        received = [record["work"]["checkpoints"][s]["record_bytes"] for s in ("1", "2")]
-        manifest = (root / "manifest.json").read_text()
-        marker = (root / "step-00000002" / "complete.json").read_text()
-        assert "node-" not in manifest and "node-" not in marker and f'"count": {n_nodes}' in marker
-
-        results = run_on_nodes([*_traced(resumes, "read,pread64,readv,preadv"), sys.executable, WORKER,
-                                "checkpoint-resume", str(root)], n_nodes, 2, nodes, timeout=380)
-        assert [r.returncode for r in results] == [0] * size, "\n".join(r.stdout for r in results)
-        shared_files = {str(root / "manifest.json"), str(root / "step-00000002" / "shared.pt"),
-                        str(root / "step-00000002" / "complete.json")}
-        shared_size = (root / "step-00000002" / "shared.pt").stat().st_size
-        per_rank_shared, per_rank_node = [], []
-        for r in range(size):
-            got = json.loads((root / f"resumed-{r}.json").read_text())
-            assert got == {"step": 2, "w": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "rank": r, "x": [20.0 + r] * 4}, got
-            reads = _bytes_read(resumes, r)
-            shared = sum(n for path, n in reads.items() if path in shared_files)
-            node_file = root / "step-00000002" / f"node-{r - r % 2:05d}.pt"
-            per_rank_shared.append(shared)
-            per_rank_node.append(reads.get(str(node_file), 0))
-            assert set(reads) & {str(p) for p in root.glob("step-00000002/node-*.pt")} == {str(node_file)}, reads
-            assert 0 < per_rank_node[-1] < node_file.stat().st_size, (r, per_rank_node[-1])
-        readers = per_rank_shared[::2]
-        assert readers == [len(manifest.encode()) + shared_size] * n_nodes, (size, per_rank_shared)
-        assert per_rank_shared[1::2] == [0] * n_nodes, (size, per_rank_shared)
-        table.append({"ranks": size, "nodes": n_nodes, "mkdir": ops["mkdir"], "fsync": ops["fsync"],
-                      "rank0_record_bytes": received, "manifest_bytes": len(manifest.encode()),
-                      "marker_bytes": len(marker.encode()), "resume_shared_bytes": per_rank_shared,
-                      "resume_node_file_bytes": per_rank_node})
-    print(json.dumps(table))
-    first = table[0]
-    for row in table[1:]:  # what rank 0 receives and what the manifest holds are the same at 2, 4, 8 ranks
-        assert row["rank0_record_bytes"] == first["rank0_record_bytes"], table
-        assert (row["manifest_bytes"], row["marker_bytes"]) == (first["manifest_bytes"], first["marker_bytes"]), table
+        m = bench.measure(n_nodes, 2, tmp_path / f"n{n_nodes}")
+        for ops in m["step_dir_ops"]:
+            assert ops == {"mkdir": 1, "fsync": n_nodes} and sum(ops.values()) <= n_nodes + 2, (n_nodes, ops)
+        assert "node-" not in m["manifest"] and "node-" not in m["marker"] and f'"count": {n_nodes}' in m["marker"]
+        manifest_bytes = len(m["manifest"].encode())
+        for r, got in enumerate(m["resume"]):
+            assert got["resumed"] == {"step": 2, "w": [0.0, 1.0, 2.0, 3.0, 4.0, 5.0], "rank": r, "x": [20.0 + r] * 4}
+            reader = r % 2 == 0
+            assert got["shared"] == (manifest_bytes + m["shared_pt_bytes"] if reader else 0), (n_nodes, r, got)
+            own = node_filename(r - r % 2)
+            assert list(got["node_files"]) == [own], (n_nodes, r, got)
+            assert 0 < got["node_files"][own] < m["node_file_bytes"][own], (n_nodes, r, got)
+        found.append((m["rank0_record_bytes"], manifest_bytes, len(m["marker"].encode())))
+    assert found[0][0][0] > 0 and found == [found[0]] * 3, found  # the same at 2, 4 and 8 ranks
 
 
 class _Threads:
