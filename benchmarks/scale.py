@@ -340,6 +340,7 @@ ROWS = [
     Row("close: MPI communication calls, rank 0", _measured("close", "communication_calls", "rank 0"), "flat"),
     Row("close: messages sent, rank 0", _measured("close", "sent_messages", "rank 0"), "log2 N"),
     Row("whole run: MPI communication calls the Python counter did not see, rank 0", _whole_run_unseen, "flat"),
+    Row("per save: record bytes received, rank 0", _rank0(lambda r: _ckpt(r, "record_bytes")), "flat"),
     Row("per save: shared files written, rank 0", _rank0(lambda r: _ckpt(r, "files")), "flat"),
     Row("per save: shared files written, other ranks (max)", _others_max(lambda r: _ckpt(r, "files")), "flat"),
     Row("per save: rank state handed over node-locally, bytes per rank (max)",

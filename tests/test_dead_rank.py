@@ -5,6 +5,7 @@ newest complete checkpoint is intact, and the run continues to the end — under
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -71,12 +72,18 @@ def assert_intact(run_dir: Path) -> int:
 
     manifest = json.loads((run_dir / "checkpoints" / "manifest.json").read_text())
     newest = max(manifest["checkpoints"], key=lambda c: c["step"])
-    # one file per node (the default layout): both ranks' states in node-00000.pt, named after its first rank
-    assert {f["name"] for f in newest["files"]} == {"shared.pt", "node-00000.pt"}
+    from hpctrain.checkpoint.node_file import read_member
+
+    # one file per node (the default layout): both ranks' states in node-00000.pt, named after its first rank,
+    # described by the entry (one file of 2 ranks) and checked through its own index
+    assert [f["name"] for f in newest["files"]] == ["shared.pt"]
+    assert (newest["nodes"]["count"], newest["nodes"]["ranks_per_file"]) == (1, 2)
     for record in newest["files"]:
         data = (run_dir / "checkpoints" / newest["dir"] / record["name"]).read_bytes()
         assert len(data) == record["bytes"]
         assert hashlib.new(newest["checksum"], data).hexdigest() == record["digest"]
+    node_file = run_dir / "checkpoints" / newest["dir"] / "node-00000.pt"
+    assert all(torch.load(io.BytesIO(read_member(node_file, r)), weights_only=True) for r in (0, 1))
     shared = torch.load(run_dir / "checkpoints" / newest["dir"] / "shared.pt", weights_only=False)
     assert shared["step"] == newest["step"]
     return int(newest["step"])
