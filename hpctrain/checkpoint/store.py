@@ -699,8 +699,12 @@ class CheckpointStore:
         rec = ckpt.file(SHARED)
         if rec is None:
             return f"{ckpt.path / SHARED} is not recorded in the manifest"
-        if verify and not checksum_known(ckpt.checksum):
-            return file_problem(ckpt, [SHARED], verify)
+        try:
+            readable = (ckpt.path / SHARED).stat().st_size == rec.bytes
+        except OSError:
+            readable = False
+        if not readable or (verify and not checksum_known(ckpt.checksum)):
+            return file_problem(ckpt, [SHARED], verify)  # says what is wrong with it, without copying it
         final = self._resume_dir() / f"{SHARED}.{ckpt.step:08d}"
         try:
             final.parent.mkdir(parents=True, exist_ok=True)
