@@ -2,10 +2,12 @@
 node to node-local storage, checked for space first, before the launcher starts the ranks from those copies.
 
 ``plan_staging`` decides from the job and the site (config/staging.py) and ``staging_lines`` writes the shell;
-render.py calls both. Slurm sends a file to every node with ``sbcast`` (read once from the shared file system,
-fanned out by Slurm); elsewhere, and for directories, one process per node started by the site's own launcher
-(``mpiexec --ppn 1``, ``aprun -N 1``) reads it. What runs on the nodes is templates/stage_node.tmpl, a fixed
-text whose every path comes as an argument. docs/scaling.md, "Staging", says when to use which.
+render.py calls both. Each file is read once from the shared file system and fanned out to every node: by Slurm's
+``sbcast``, or where the launcher has no such broadcast (``mpiexec --ppn 1``, ``aprun -N 1``) by stage_tree.py, one
+process per node whose rank 0 reads the file and MPI_Bcast sends it on. Where the job's Python has no working
+mpi4py, and for directories, every node copies from the shared path itself. The rest of the per-node work is
+templates/stage_node.tmpl. Both are fixed texts the script carries, every path an argument. docs/scaling.md,
+"Staging", says when to use which.
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.exit_codes import EXIT_RUNTIME
 from hpctrain.submission.launchers import LaunchPlan, get_launcher
 from hpctrain.submission.shell import ShellWord, comment, quote, quote_path, word
+from hpctrain.submission.stage_tree import NO_TREE
 
 if TYPE_CHECKING:
     from hpctrain.submission.transport import Transport
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
-# Launchers whose family has a broadcast that reads a file once and fans it out to the job's nodes.
+# Launchers whose family has a broadcast that reads a file once and fans it out to the job's nodes; every other
+# launcher gets stage_tree.py, run one process per node.
 BROADCAST = {"srun": ("sbcast", "-f")}
+STAGE_TREE = Path(__file__).resolve().parent / "stage_tree.py"
+TREE_CHUNK_MB = 64  # stage_tree.py's buffer per node: the memory it takes, and the size of one MPI_Bcast
 # GPU flags of each container runtime, by the node's GPU kind (apptainer's docs; podman-hpc's and shifter's at NERSC).
 CONTAINER_GPU_FLAGS = {"apptainer": {"nvidia": ["--nv"], "amd": ["--rocm"]},
                        "podman-hpc": {"nvidia": ["--gpu"]}, "shifter": {"nvidia": ["--module=gpu"]}}
@@ -207,14 +213,14 @@ def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: 
               f"    {exit_record}",
               '    exit "${status}"',
               "}"]
-    # Sizes: the archive (twice where it is copied before it is unpacked) and the input files, read in this shell.
+    # Sizes: the archive (twice: it is copied before it is unpacked) and the input files, read in this shell.
     sizes: list[str] = []
     if plan.archive_link:
         lines += [f"hpctrain_archive_link={quote_path(plan.archive_link)}",
                   'hpctrain_archive=$(readlink -f -- "${hpctrain_archive_link}") && [ -f "${hpctrain_archive}" ] \\',
                   '    || hpctrain_staging_failed "no packed environment at ${hpctrain_archive_link} (hpctrain submit '
                   'packs it: python -m hpctrain.submission.envpack)"']
-        sizes += ['"${hpctrain_archive}"'] * (2 if broadcast else 1)
+        sizes += ['"${hpctrain_archive}"'] * 2
     if plan.image:
         lines.append(f"hpctrain_image={quote_path(plan.image)}")
         sizes += ['"${hpctrain_image}"'] * (2 if broadcast else 1)
@@ -261,14 +267,11 @@ def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: 
         if unpack or plan.data:
             lines.append(on_every_node(*unpack, arrays='"${hpctrain_copies[@]}"' if plan.data else ""))
     else:
-        steps: list[str] = [*check]
-        if plan.archive_link:
-            steps += ["--", "unpack", node_local(), ShellWord(("hpctrain_archive",))]
-        if plan.image:
-            steps += ["--", "copy", ShellWord(("hpctrain_image",)), node_local(IMAGE_COPY)]
-        for src, dest in plan.data.items():
-            steps += ["--", "copy", src, node_local(dest)]
-        lines.append(on_every_node(*steps))
+        lines += [on_every_node(*check), *_tree_lines(plan, site, launcher, nodes)]
+        # The copies first: where the tree did not run, they include the archive that the unpack then reads.
+        unpack = ["--", "unpack", node_local(), node_local(ARCHIVE_COPY)] if plan.archive_link else []
+        step = on_every_node(arrays=" ".join(['"${hpctrain_copies[@]}"', *(word(w) for w in unpack)]))
+        lines.append(step if unpack else f'[ "${{#hpctrain_copies[@]}}" -eq 0 ] || {step}')
     if plan.data:
         lines.append(f"export {DATA_MAP_ENV}={quote(_json(plan.data))}")
     if staging.environment == "archive":
@@ -278,6 +281,43 @@ def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: 
                   '${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"',
                   "export PYTHONNOUSERSITE=1"]
     lines.append('echo "hpctrain: staged on every node in $((SECONDS - hpctrain_staging_start)) s"')
+    return lines
+
+
+def _tree_lines(plan: StagingPlan, site: SiteProfile, launcher: str, nodes: int) -> list[str]:
+    """The files sent by stage_tree.py (one read of each), and every node's own copy where it cannot run.
+
+    ``hpctrain_tree`` holds the files, ``hpctrain_copies`` what each node copies itself (directories, and the files
+    too when the job's Python has no mpi4py or MPI does not come up): both are steps of stage_node.tmpl's syntax.
+    """
+    python = plan.shared_python
+    lines = ["hpctrain_tree=()", "hpctrain_copies=()"]
+    if plan.archive_link:
+        lines.append(f'hpctrain_tree+=(-- copy "${{hpctrain_archive}}" {word(node_local(ARCHIVE_COPY))})')
+    if plan.image:
+        lines.append(f'hpctrain_tree+=(-- copy "${{hpctrain_image}}" {word(node_local(IMAGE_COPY))})')
+    for src, dest in plan.data.items():
+        pair = f"-- copy {quote(src)} {word(node_local(dest))}"
+        lines.append(f"if [ -f {quote(src)} ]; then hpctrain_tree+=({pair}); else hpctrain_copies+=({pair}); fi")
+    lines += ["hpctrain_stage_tree=$(cat <<'HPCTRAIN_STAGE_TREE'",
+              *STAGE_TREE.read_text(encoding="utf-8").rstrip("\n").splitlines(),
+              "HPCTRAIN_STAGE_TREE",
+              ")"]
+    tree = [python, "-c", ShellWord(("hpctrain_stage_tree",)), str(nodes), ShellWord(("PWD",)), str(TREE_CHUNK_MB)]
+    argv = one_per_node(site, launcher, nodes, tree, python)
+    every_node = 'hpctrain_copies=("${hpctrain_tree[@]}" "${hpctrain_copies[@]}")'
+    empty = "" if plan.archive_link or plan.image else '[ "${#hpctrain_tree[@]}" -eq 0 ] || '
+    lines += [f"rm -f -- {NO_TREE}",
+              f"{empty}if ! {word(python)} -c 'import mpi4py' 2>/dev/null; then",
+              f'    echo "hpctrain: warning: the job\'s Python" {word(python)} "has no mpi4py: every node reads the '
+              'shared copies itself (no broadcast)" >&2',
+              f"    {every_node}",
+              f'elif ! {" ".join(word(w) for w in argv)} "${{hpctrain_tree[@]}}"; then',
+              f"    [ -f {NO_TREE} ] || hpctrain_staging_failed \"staging failed (the node's message is above)\"",
+              f'    echo "hpctrain: warning: no broadcast ($(cat {NO_TREE})): every node reads the shared copies '
+              'itself" >&2',
+              f"    {every_node}",
+              "fi"]
     return lines
 
 
