@@ -15,6 +15,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -245,17 +246,27 @@ def test_hostile_text_in_staging_fields_is_refused_or_inert(tmp_path: Path, sche
 
 # ------------------------------------------------------------------------- PBS Pro and Cobalt, run for real
 
-# One node: the staging step runs its command once; the rank launch writes what its interpreter sees.
+# The staging steps run once per stand-in node (-n), one after the other: the stage_node.tmpl steps under bash, the
+# broadcast (PYTHON -c TEXT) under the real MPICH mpiexec when TREE_MPIEXEC is set, else as processes that know no
+# MPI launcher. The rank launch writes what its interpreter sees.
 LAUNCHER_STANDIN = r"""#!/bin/bash
 # Launcher options with a value (PALS mpiexec, ALPS aprun) are skipped; then the command follows.
+nodes=1
 while [ "$#" -gt 0 ]; do
     case "$1" in
-    -n|-N|-d|-j|-cc|-e|--ppn|--depth|--cpu-bind|--env) shift 2 ;;
+    -n) nodes=$2; shift 2 ;;
+    -N|-d|-j|-cc|-e|--ppn|--depth|--cpu-bind|--env) shift 2 ;;
     *) break ;;
     esac
 done
-if [ "$1" = bash ]; then
-    exec "$@"
+if [ "$1" = bash ] || [ "$2" = -c ]; then
+    [ "$1" = bash ] && echo "node script x ${nodes}: ${*:5}" >> "$RECORD_DIR/staging.log" \
+        || echo "tree x ${nodes}: ${*:4}" >> "$RECORD_DIR/staging.log"
+    if [ "$1" != bash ] && [ -n "${TREE_MPIEXEC}" ]; then
+        exec "${TREE_MPIEXEC}" -n "${nodes}" "$@"
+    fi
+    for ((i = 0; i < nodes; i++)); do "$@" || exit; done
+    exit 0
 fi
 printf '%s\0' "$@" > "$RECORD_DIR/launch.argv"
 env > "$RECORD_DIR/launch.env"
@@ -264,8 +275,25 @@ env > "$RECORD_DIR/launch.env"
 """
 
 
+def mpi4py_on_path(tmp: Path) -> Path:
+    """A directory holding only mpi4py, as a site's module puts it on PYTHONPATH."""
+    import mpi4py
+
+    shim = tmp / "site-mpi4py"
+    shim.mkdir()
+    (shim / "mpi4py").symlink_to(Path(mpi4py.__file__).parent)
+    return shim
+
+
+# How the job's Python meets MPI: mpi4py and its MPI library (the broadcast runs); no mpi4py; mpi4py whose MPI
+# library is not there; mpi4py whose MPI is not the launcher's (each process alone in its world, 2 nodes).
+MPI_CASES = ["tree", "no-mpi4py", "no-libmpi", "not-the-launchers"]
+
+
+@pytest.mark.parametrize("mpi", MPI_CASES)
 @pytest.mark.parametrize(("scheduler", "launcher"), [("pbs", "mpiexec"), ("cobalt", "aprun")])
-def test_staged_script_runs_on_pbs_and_cobalt_stand_ins(tmp_path: Path, scheduler: str, launcher: str) -> None:
+def test_staged_script_runs_on_pbs_and_cobalt_stand_ins(tmp_path: Path, scheduler: str, launcher: str,
+                                                        mpi: str) -> None:
     venv, _ = make_venv(tmp_path)
     python = str(venv / "bin" / "python")
     cache = tmp_path / "cache"
@@ -276,7 +304,8 @@ def test_staged_script_runs_on_pbs_and_cobalt_stand_ins(tmp_path: Path, schedule
     (shared / "coords.npz").write_bytes(b"PK coords")
     job = ffn_job({"train": {"image": f"{shared}/vol.h5:image", "labels": f"{shared}/vol.h5:labels"},
                    "coordinates": f"{shared}/coords.npz"})
-    job["resources"]["nodes"] = 1
+    nodes = 2 if mpi == "not-the-launchers" else 1
+    job["resources"]["nodes"] = nodes
     site = {**site_doc(scheduler, node_local_dir=str(tmp_path / "local"), environment="archive", data=True,
                        archive_cache=str(cache)), "filesystems": ["home"]}
     rendered = render(tmp_path, site, job, python=python)
@@ -291,10 +320,34 @@ def test_staged_script_runs_on_pbs_and_cobalt_stand_ins(tmp_path: Path, schedule
     script = tmp_path / "job.sh"
     script.write_text(rendered.text.replace("cd /runs/r1", f"cd {run_dir}"))
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "RECORD_DIR": str(records), "LANG": "C.UTF-8"}
+    mpi_lib = str(Path(sys.executable).parent.parent / "lib")
+    if mpi != "no-mpi4py":
+        env["PYTHONPATH"] = str(mpi4py_on_path(tmp_path))
+    if mpi in ("tree", "not-the-launchers"):
+        env.update(LD_LIBRARY_PATH=mpi_lib, MPICH_CH4_NETMOD="ofi", FI_PROVIDER="tcp", FI_TCP_IFACE="lo")
+    if mpi == "tree":
+        env["TREE_MPIEXEC"] = str(Path(sys.executable).parent / "mpiexec")
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "hpctrain: staged on every node in" in done.stdout
     local = tmp_path / "local" / "hpctrain-none"  # no job id outside a scheduler
+    log = (records / "staging.log").read_text().splitlines()
+    files = [f"-- copy {cache}/{os.readlink(cache / (archive_key(python) + '.tar'))} {local}/env.tar",
+             f"-- copy {shared}/vol.h5 {local}/data/0-vol.h5", f"-- copy {shared}/coords.npz {local}/data/1-coords.npz"]
+    unpack = f"-- unpack {local} {local}/env.tar"
+    warnings = [ln for ln in done.stderr.splitlines() if "warning" in ln]
+    if mpi == "tree":
+        assert log[1:] == [f"tree x 1: 1 {run_dir} 64 {' '.join(files)}", f"node script x 1: {unpack}"], log
+        assert warnings == []
+    else:
+        assert log[-1] == f"node script x {nodes}: {' '.join(files)} {unpack}", log
+        why = {"no-mpi4py": f"the job's Python {python} has no mpi4py:",
+               "no-libmpi": "no broadcast (mpi4py cannot start MPI here: cannot load MPI library):",
+               "not-the-launchers": "no broadcast (MPI sees 1 processes where the launcher started one on each of 2 "
+                                    "nodes (mpi4py's MPI is not the launcher's)):"}[mpi]
+        assert warnings == [f"hpctrain: warning: {why} every node reads the shared copies itself"
+                            + (" (no broadcast)" if mpi == "no-mpi4py" else "")], done.stderr[-3000:]
+    assert log[0].startswith("node script x") and " check " in f" {log[0]}"
     seen = json.loads((records / "launch.python").read_text())
     assert seen["prefix"] == f"{local}/env/venv" and seen["toy"].startswith(f"{local}/env/venv/lib/")
     argv = (records / "launch.argv").read_bytes().decode().split("\0")[:-1]
@@ -305,8 +358,9 @@ def test_staged_script_runs_on_pbs_and_cobalt_stand_ins(tmp_path: Path, schedule
                                                     f"{shared}/coords.npz": "data/1-coords.npz"}
     assert (local / "data" / "0-vol.h5").read_bytes() == b"\x89HDF volume"
     assert (local / "data" / "1-coords.npz").read_bytes() == b"PK coords"
+    assert sorted(p.name for p in local.iterdir()) == ["data", "env"]  # the sent archive removed once unpacked
     assert Path(os.readlink(cache / f"{archive_key(python)}.tar")).name.startswith(archive_key(python))
-    assert (Path(cache) / f"{archive_key(python)}.tar").exists(), "PBS nodes read the shared archive in place"
+    assert (Path(cache) / f"{archive_key(python)}.tar").exists(), "the nodes read the shared archive in place"
     shutil.rmtree(local)
 
 

@@ -329,7 +329,8 @@ def main(argv: list[str]) -> int:
     try:
         from mpi4py import MPI
     except Exception as exc:  # ImportError, or mpi4py's RuntimeError when it cannot load an MPI library
-        return no_tree(run_dir, f"mpi4py cannot start MPI here: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        why = (str(exc).splitlines() or [repr(exc)])[0]
+        return no_tree(run_dir, f"mpi4py cannot start MPI here: {why}")
     comm = MPI.COMM_WORLD
     if comm.Get_size() != nodes:
         return no_tree(run_dir, f"MPI sees {comm.Get_size()} processes where the launcher started one on each of "
