@@ -213,12 +213,14 @@ def test_without_mpi_nothing_is_read_and_the_marker_says_why(tmp_path: Path) -> 
     archive = shared_file(tmp_path, "env.tar", 1000)
     dirs = nodes_dirs(tmp_path, 2)
     run = run_dir(tmp_path)
-    trace = tmp_path / "trace.txt"
-    script = " & ".join(f"{PY} -c \"$TEXT\" 2 {run} {CHUNK_MB} -- copy {archive} {d}/env.tar" for d in dirs)
-    done = strace(["bash", "-c", f"{script} & wait -n; a=$?; wait -n; b=$?; echo $a $b"], trace,
-                  {**mpi_env(), "TEXT": TEXT})
-    assert done.stdout.split() == ["3", "3"], done.stderr[-3000:]
-    assert reads_of(trace, archive) == (set(), set(), 0)
+    traces = [tmp_path / f"trace{i}.txt" for i in range(2)]
+    procs = [subprocess.Popen(["strace", "-f", "-qq", "-y", "-e", "trace=openat,open,read", "-o", str(trace), PY,
+                               "-c", TEXT, "2", str(run), str(CHUNK_MB), "--", "copy", str(archive),
+                               str(d / "env.tar")], env=mpi_env(), stderr=subprocess.PIPE, text=True)
+             for d, trace in zip(dirs, traces, strict=True)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [3, 3], errors
+    assert all(reads_of(trace, archive) == (set(), set(), 0) for trace in traces)
     assert (run / NO_TREE).read_text() == ("MPI sees 1 processes where the launcher started one on each of 2 nodes "
                                            "(mpi4py's MPI is not the launcher's)\n")
     assert all(list(d.iterdir()) == [] for d in dirs)
