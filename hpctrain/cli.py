@@ -15,6 +15,7 @@ from typing import TextIO
 
 from hpctrain import __version__
 from hpctrain.errors import HpctrainError
+from hpctrain.text import printable_lines
 
 # Order is the order of `hpctrain --help`.
 COMMAND_MODULES = (
@@ -56,7 +57,7 @@ def _show_warning(message: Warning | str, category: type[Warning], filename: str
                   file: TextIO | None = None, line: str | None = None) -> None:
     """hpctrain's own warnings (e.g. the preflight's) as one plain line; others as Python shows them."""
     if category.__module__.startswith("hpctrain"):
-        print(f"hpctrain: warning: {message}", file=sys.stderr)
+        print(f"hpctrain: warning: {printable_lines(str(message))}", file=sys.stderr)
     else:
         _python_showwarning(message, category, filename, lineno, file, line)
 
@@ -68,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.handler(args) or 0)
     except HpctrainError as exc:
-        print(f"hpctrain: error: {exc}", file=sys.stderr)
+        print(f"hpctrain: error: {printable_lines(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("hpctrain: interrupted", file=sys.stderr)

@@ -7,6 +7,7 @@ CLI prints ``str(error)`` on one line and exits with ``error.exit_code``, never 
 from __future__ import annotations
 
 from hpctrain import exit_codes
+from hpctrain.text import MAX_ERRORS_SHOWN, printable
 
 
 class HpctrainError(Exception):
@@ -45,10 +46,10 @@ class ConfigError(HpctrainError):
     def __str__(self) -> str:
         where = ""
         if self.path:
-            where = self.path + (f":{self.line}" if self.line else "") + ": "
-        key = f"{self.key}: " if self.key else ""
-        tail = f"; {self.hint}" if self.hint else ""
-        return f"{where}{key}{self.message}{tail}"
+            where = printable(self.path) + (f":{self.line}" if self.line else "") + ": "
+        key = f"{printable(self.key)}: " if self.key else ""
+        tail = f"; {printable(self.hint)}" if self.hint else ""
+        return f"{where}{key}{printable(self.message)}{tail}"
 
 
 class ConfigErrors(ConfigError):
@@ -60,7 +61,18 @@ class ConfigErrors(ConfigError):
         super().__init__(first.message, path=first.path, line=first.line, key=first.key, hint=first.hint)
 
     def __str__(self) -> str:
-        return "\n".join(ConfigError.__str__(e) for e in self.errors)
+        """One line per error, at most MAX_ERRORS_SHOWN per file, then how many more that file holds."""
+        lines: list[str] = []
+        shown: dict[str | None, int] = {}
+        for e in self.errors:
+            shown[e.path] = shown.get(e.path, 0) + 1
+            if shown[e.path] <= MAX_ERRORS_SHOWN:
+                lines.append(ConfigError.__str__(e))
+        for path, count in shown.items():
+            if count > MAX_ERRORS_SHOWN:
+                where = f"{printable(path)}: " if path else ""
+                lines.append(f"{where}and {count - MAX_ERRORS_SHOWN} more errors")
+        return "\n".join(lines)
 
 
 class UnknownRun(HpctrainError):

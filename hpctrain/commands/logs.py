@@ -6,6 +6,8 @@ import argparse
 import sys
 import time
 
+from hpctrain.config.numbers import flag_int
+
 FOLLOW_FIRST_S, FOLLOW_MAX_S = 1.0, 10.0
 
 
@@ -13,7 +15,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("logs", help="print a run's output")
     parser.add_argument("run", metavar="RUN", help="run id or a unique prefix")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing until the run ends")
-    parser.add_argument("--rank", type=int, default=None, help="rank N's own log (rank-N.log) when written")
+    parser.add_argument("--rank", type=flag_int, default=None, help="rank N's own log (rank-N.log) when written")
     parser.set_defaults(handler=cmd_logs)
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from hpctrain.config.numbers import flag_int
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("resume", help="continue a stopped run from its newest checkpoint")
     parser.add_argument("run", metavar="RUN", help="run id or unique prefix")
-    parser.add_argument("--nodes", type=int, default=None,
+    parser.add_argument("--nodes", type=flag_int, default=None,
                         help="run on this many nodes (same or fewer; fewer is an elastic restart, not bit-exact)")
     parser.add_argument("--walltime", default=None, help="walltime of the continuation (HH:MM:SS)")
     parser.add_argument("--queue", default=None, help="queue of the continuation")

@@ -29,7 +29,7 @@ from hpctrain.config.common import (
 )
 from hpctrain.config.origin import JobOrigin
 from hpctrain.config.precision import PrecisionRequest
-from hpctrain.config.site import Directives
+from hpctrain.config.site import MAX_MEMORY_GB, Directives
 from hpctrain.config.staging import JobStaging
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file, parse_yaml
@@ -52,6 +52,14 @@ def _pair(value: object) -> object:
 
 # Schedulers take whole megabytes, and Slurm reads --mem=0 as "all of the node's memory".
 MIN_MEMORY_GB = 0.001
+# Buckets below 1 KB would mean a reduction per handful of numbers (and memory per bucket): a typo, not a plan.
+MIN_BUCKET_MB = 0.001
+MAX_BUCKET_MB = float(1 << 16)
+# Steps, step counts and intervals: far more than any run takes, small enough for every counter.
+MAX_STEPS = 10 ** 12
+MAX_LR = 1e6
+# Seconds in 366 days, the longest walltime any field accepts.
+MAX_SECONDS = 366 * 86400
 # Requeues beyond this are a loop, not a plan (and the count is compared in the script's shell arithmetic).
 MAX_REQUEUES = 1000
 # Linux PATH_MAX: a longer working directory cannot be entered.
@@ -94,17 +102,19 @@ class OptimizerConfig(Strict):
 
 class WarmupConfig(Strict):
     kind: Literal["none", "linear", "legw"] = "none"
-    steps: int | None = Field(None, ge=0, description="Warm-up length in steps")
-    epochs: float | None = Field(None, ge=0, description="Warm-up length in epochs at the base batch (legw)")
+    steps: int | None = Field(None, ge=0, le=MAX_STEPS, description="Warm-up length in steps")
+    epochs: float | None = Field(None, ge=0, le=MAX_STEPS,
+        description="Warm-up length in epochs at the base batch (legw)")
     start: Literal["zero", "base"] = Field("zero", description="LR at step 0: zero, or the one-rank LR")
 
 
 class DecayConfig(Strict):
     kind: Literal["none", "cosine", "step", "exponential", "polynomial"] = "none"
-    steps: int | None = Field(None, ge=1, description="cosine/polynomial: decay length (default: to the end)")
+    steps: int | None = Field(None, ge=1, le=MAX_STEPS,
+        description="cosine/polynomial: decay length (default: to the end)")
     gamma: float | None = Field(None, gt=0, description="step/exponential: factor per period or per step")
-    every: int | None = Field(None, ge=1, description="step: steps between decays")
-    every_epochs: float | None = Field(None, gt=0, description="step: epochs between decays")
+    every: int | None = Field(None, ge=1, le=MAX_STEPS, description="step: steps between decays")
+    every_epochs: float | None = Field(None, gt=0, le=MAX_STEPS, description="step: epochs between decays")
     power: float | None = Field(None, gt=0, description="polynomial: exponent")
     min_lr: float | None = Field(None, ge=0, description="cosine/polynomial: final LR")
 
@@ -123,7 +133,7 @@ class DecayConfig(Strict):
 class CombinerConfig(Strict):
     name: Literal["mean", "adasum", "adacomp", "dasgd"] = "mean"
     compression: Literal["none", "fp16", "bf16"] = "none"
-    bucket_mb: float = Field(4.0, gt=0, description="Fused bucket size in MB")
+    bucket_mb: float = Field(4.0, ge=MIN_BUCKET_MB, le=MAX_BUCKET_MB, description="Fused bucket size in MB")
     adasum_on: Literal["gradient", "delta"] = Field(
         "delta", description="Adasum over raw gradients, or over the optimizer's update as Horovod does"
     )
@@ -131,24 +141,26 @@ class CombinerConfig(Strict):
         default_factory=lambda: {"conv": 50, "linear": 500, "other": 50},
         description="AdaComp bin length L_T per layer type",
     )
-    period: int = Field(1, ge=1, description="DaSGD: average every this many steps")
-    delay: int = Field(1, ge=0, description="DaSGD: steps the average stays in flight before it is merged")
+    period: int = Field(1, ge=1, le=MAX_COUNT, description="DaSGD: average every this many steps")
+    delay: int = Field(1, ge=0, le=MAX_COUNT,
+        description="DaSGD: steps the average stays in flight before it is merged")
 
 
 class TrainConfig(Strict):
-    steps: int = Field(ge=1)
-    batch_per_rank: int = Field(ge=1)
+    steps: int = Field(ge=1, le=MAX_STEPS)
+    batch_per_rank: int = Field(ge=1, le=MAX_COUNT)
     optimizer: Annotated[OptimizerConfig, BeforeValidator(_named)] = Field(default_factory=OptimizerConfig)
-    lr: float = Field(gt=0, description="Learning rate of one rank at batch_per_rank (before lr_scaling)")
+    lr: float = Field(gt=0, le=MAX_LR, description="Learning rate of one rank at batch_per_rank (before lr_scaling)")
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     warmup: Annotated[WarmupConfig, BeforeValidator(_kinded)] = Field(default_factory=WarmupConfig)
     decay: Annotated[DecayConfig, BeforeValidator(_kinded)] = Field(default_factory=DecayConfig)
     combiner: Annotated[CombinerConfig, BeforeValidator(_named)] = Field(default_factory=CombinerConfig)
-    seed: int = 0
-    log_every: int = Field(10, ge=1)
+    seed: int = Field(0, ge=-(2 ** 63), le=2 ** 64 - 1)
+    log_every: int = Field(10, ge=1, le=MAX_STEPS)
     comm_backend: Literal["auto", "mpi", "gloo", "nccl", "xccl"] = "auto"
     collective_timeout_s: float = Field(
-        300.0, gt=0, description="Abort when a collective takes longer; the one setting every communication "
+        300.0, gt=0, le=MAX_SECONDS,
+            description="Abort when a collective takes longer; the one setting every communication "
         "timeout derives from (docs/runtime.md, 'Timeouts')")
     grad_clip: float | None = Field(None, gt=0)
     precision: PrecisionRequest = Field(
@@ -165,7 +177,8 @@ class ResourcesConfig(Strict):
     walltime: Walltime = "01:00:00"
     queue: Word | None = None
     account: Word | None = None
-    memory_gb: float | None = Field(None, ge=MIN_MEMORY_GB, description="Memory per node to request (at least 1 MB)")
+    memory_gb: float | None = Field(None, ge=MIN_MEMORY_GB, le=MAX_MEMORY_GB,
+                                    description="Memory per node to request (at least 1 MB)")
     exclusive: bool = Field(False, description="Nodes for this job alone (Slurm --exclusive, PBS place=scatter:excl)")
     reservation: PlainName | None = Field(None, description="Run in this reservation (Slurm --reservation; on PBS "
                                           "and Cobalt a reservation is a queue: -q NAME)")
@@ -186,9 +199,9 @@ class ResourcesConfig(Strict):
 
 
 class CheckpointConfig(Strict):
-    every_steps: int = Field(100, ge=1)
+    every_steps: int = Field(100, ge=1, le=MAX_STEPS)
     dir: str = "checkpoints"
-    keep: int = Field(3, ge=1)
+    keep: int = Field(3, ge=1, le=MAX_COUNT)
     max_requeues: int = Field(3, ge=0, le=MAX_REQUEUES)
     signal: Literal["USR1", "USR2", "TERM", "INT", "HUP", "XCPU"] = "USR2"
     signal_lead_s: int = Field(120, ge=10, le=MAX_COUNT,
@@ -260,8 +273,21 @@ def parse_assignment(text: str) -> tuple[list[str], Any]:
     parts = [p for p in key.strip().split(".")]
     if not parts or any(not p for p in parts):
         raise ConfigError(f"--set {text!r}: the key must be dotted names like train.lr")
-    value = parse_yaml(raw, f"--set {text}").data if raw.strip() else ""
+    flag = f"--set {flag_text(text)}"
+    try:
+        value = parse_yaml(raw, flag).data if raw.strip() else ""
+    except ConfigError as exc:  # the value is one line: blame the flag and the key, not "line 1"
+        raise ConfigError(exc.message, path=flag, key=".".join(parts), hint=exc.hint) from None
     return parts, value
+
+
+# Characters of a flag's value repeated in a message: enough to recognise it, never a screenful.
+_FLAG_SHOWN = 80
+
+
+def flag_text(text: str) -> str:
+    """A flag's value as messages repeat it: cut to _FLAG_SHOWN characters (the message escapes it)."""
+    return text if len(text) <= _FLAG_SHOWN else text[: _FLAG_SHOWN - 1] + "…"
 
 
 def apply_assignment(data: dict[str, Any], parts: list[str], value: Any) -> None:
@@ -303,13 +329,13 @@ def job_from_loaded(
         raise ConfigError("a job spec must be a mapping of keys", path=loaded.path, line=1)
     data = copy.deepcopy(loaded.data)
     # (key path, value, the flag that set it): errors under an overridden key name the flag, not the file.
-    assignments = [(*parse_assignment(s), f"--set {s}") for s in sets]
+    assignments = [(*parse_assignment(s), f"--set {flag_text(s)}") for s in sets]
     if nodes is not None:
         assignments.append((["resources", "nodes"], nodes, f"--nodes {nodes}"))
     if walltime is not None:
-        assignments.append((["resources", "walltime"], walltime, f"--walltime {walltime}"))
+        assignments.append((["resources", "walltime"], walltime, f"--walltime {flag_text(walltime)}"))
     if queue is not None:
-        assignments.append((["resources", "queue"], queue, f"--queue {queue}"))
+        assignments.append((["resources", "queue"], queue, f"--queue {flag_text(queue)}"))
     origins: dict[tuple[str | int, ...], str] = {}
     for parts, value, flag in assignments:
         apply_assignment(data, parts, value)

@@ -96,6 +96,10 @@ def directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
 Directives = Annotated[dict[str, DirectiveValue], AfterValidator(_check_directives)]
 Count = Annotated[int, Field(le=MAX_COUNT)]
 GpuKind = Literal["none", "nvidia", "amd", "intel"]
+# Memory of one node or device, GB: 1 PiB, beyond any machine (and ``memory_gb * 1024`` stays exact).
+MAX_MEMORY_GB = float(1 << 20)
+# Latencies, bandwidths and rates of the network block: a trillion in any unit is a typo, not a machine.
+MAX_RATE = 1e12
 
 
 class NodeShape(Strict):
@@ -119,9 +123,11 @@ class NodeShape(Strict):
     gpu_order: list[int] | None = Field(
         None, description="Device ids in the order of the cores they sit next to (Polaris: [3, 2, 1, 0], cores 0-7 "
         "are GPU 3's); ranks spread over the cores in order get devices from this list")
-    gpu_memory_gb: float | None = Field(None, gt=0, description="Memory of one device (GCD, tile, GPU), GB")
-    memory_gb: float | Literal["auto"] = Field(description="Main memory per node in GB ('auto': this machine)")
-    hbm_gb: float | None = Field(None, ge=0, description="On-package high-bandwidth memory (e.g. KNL MCDRAM)")
+    gpu_memory_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GB,
+        description="Memory of one device (GCD, tile, GPU), GB")
+    memory_gb: Annotated[float, Field(le=MAX_MEMORY_GB)] | Literal["auto"] = Field(description="Main memory per node in GB ('auto': this machine)")
+    hbm_gb: float | None = Field(None, ge=0, le=MAX_MEMORY_GB,
+        description="On-package high-bandwidth memory (e.g. KNL MCDRAM)")
     cpu: str | None = Field(None, description="Processor model, for documentation")
     all_core_speed: float | None = Field(
         None, gt=0, le=1, description="A thread's compute speed with every hardware thread busy, relative to one "
@@ -184,8 +190,8 @@ class NodeOverride(Strict):
     gpus: int | None = Field(None, ge=0, le=MAX_COUNT)
     gpu_kind: GpuKind | None = None
     gpu_order: list[int] | None = None
-    memory_gb: float | None = Field(None, gt=0)
-    hbm_gb: float | None = None
+    memory_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GB)
+    hbm_gb: float | None = Field(None, ge=0, le=MAX_MEMORY_GB)
     cpu: str | None = None
 
 
@@ -324,20 +330,27 @@ class Network(Strict):
     """Interconnect and file-system figures for the scaling planner; one left out becomes a named assumption."""
 
     topology: str = ""
-    nodes: int | None = Field(None, ge=1, description="Compute nodes in the machine (the planner's upper bound)")
-    latency_us: float | None = Field(None, gt=0, description="Message latency between nodes, microseconds")
+    nodes: int | None = Field(None, ge=1, le=MAX_COUNT,
+        description="Compute nodes in the machine (the planner's upper bound)")
+    latency_us: float | None = Field(None, gt=0, le=MAX_RATE, description="Message latency between nodes, microseconds")
     nics_per_node: int = Field(1, ge=1, le=64, description="Network interfaces per node")
-    nic_gbps: float | None = Field(None, gt=0, description="Injection bandwidth of one interface, GB/s")
-    intra_latency_us: float | None = Field(None, gt=0, description="Latency between ranks on one node, microseconds")
-    intra_bandwidth_gbps: float | None = Field(None, gt=0, description="Bandwidth between ranks on one node, GB/s")
-    reduce_gbps: float | None = Field(None, gt=0, description="Rate at which one rank sums float32 vectors, GB/s")
+    nic_gbps: float | None = Field(None, gt=0, le=MAX_RATE, description="Injection bandwidth of one interface, GB/s")
+    intra_latency_us: float | None = Field(None, gt=0, le=MAX_RATE,
+        description="Latency between ranks on one node, microseconds")
+    intra_bandwidth_gbps: float | None = Field(None, gt=0, le=MAX_RATE,
+        description="Bandwidth between ranks on one node, GB/s")
+    reduce_gbps: float | None = Field(None, gt=0, le=MAX_RATE,
+        description="Rate at which one rank sums float32 vectors, GB/s")
     shared_core_latency_us: float | None = Field(
-        None, gt=0, description="Extra latency of a message to a rank that shares its core with other runnable "
+        None, gt=0, le=MAX_RATE,
+            description="Extra latency of a message to a rank that shares its core with other runnable "
         "threads (it waits for the core), per thread beyond one per hardware thread, microseconds")
-    filesystem_gbps: float | None = Field(None, gt=0, description="Aggregate read bandwidth of the shared file system")
-    metadata_ops_per_s: float | None = Field(None, gt=0, description="File opens per second of the shared file system")
-    taper_nodes: int | None = Field(None, ge=0, description="Nodes that reach each other at full injection "
-                                    "bandwidth (a leaf switch, a dragonfly group); 0: no taper")
+    filesystem_gbps: float | None = Field(None, gt=0, le=MAX_RATE,
+        description="Aggregate read bandwidth of the shared file system")
+    metadata_ops_per_s: float | None = Field(None, gt=0, le=MAX_RATE,
+        description="File opens per second of the shared file system")
+    taper_nodes: int | None = Field(None, ge=0, le=MAX_COUNT, description="Nodes that reach each other at full "
+                                    "injection bandwidth (a leaf switch, a dragonfly group); 0: no taper")
     taper: float | None = Field(None, gt=0, le=1, description="Share of a node's injection bandwidth left for "
                                 "traffic beyond taper_nodes (fat-tree taper, dragonfly global links)")
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from hpctrain.config.common import FieldProblem
 from hpctrain.config.yamlio import KeyPath, LoadedYaml
 from hpctrain.errors import ConfigError, ConfigErrors
+from hpctrain.text import printable
 
 M = TypeVar("M", bound=BaseModel)
 _SHOWN = 60  # characters of a rejected value repeated in a message
@@ -63,7 +64,7 @@ def _describe(loc: tuple[Any, ...]) -> str:
 
 def one_line(text: str) -> str:
     """Text with control and line-separator characters escaped (a flag's value may hold anything)."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return printable(text)
 
 
 def _shown(value: object) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from hpctrain.config.numbers import MAX_DIGITS
 from hpctrain.errors import ConfigError
 
 KeyPath = tuple[str | int, ...]
@@ -94,6 +95,11 @@ def _walk(node: yaml.Node, prefix: KeyPath, lines: dict[KeyPath, int], path: str
     elif isinstance(node, yaml.ScalarNode) and _UNWRITABLE.search(node.value):
         raise ConfigError(_UNWRITABLE_TEXT.format("value"), path=path, line=node.start_mark.line + 1,
                           key=".".join(map(str, prefix)) or None, hint="remove it")
+    elif isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:int" and (
+            sum(ch.isdigit() for ch in node.value) > MAX_DIGITS):
+        raise ConfigError(f"an integer of more than {MAX_DIGITS} digits is not a count of anything", path=path,
+                          line=node.start_mark.line + 1, key=".".join(map(str, prefix)) or None,
+                          hint="write the number the field needs")
 
 
 def _check_depth(text: str, path: str) -> None:

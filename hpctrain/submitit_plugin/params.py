@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from hpctrain.config.numbers import Bounds, NumberError, check_number
 from hpctrain.config.origin import JobOrigin
 from hpctrain.config.walltime import format_hms, parse_walltime
 from hpctrain.config.yamlio import KeyPath, LoadedYaml
@@ -74,6 +75,12 @@ PARAMETERS: dict[str, Parameter] = {
     "env": Parameter((dict,), "extra environment variables for the tasks", ("env",)),
     "stderr_to_stdout": Parameter((bool,), "write each task's stderr into its stdout log"),
 }
+# Bounds checked before a value is converted (``round(inf * 60)`` raises): the job spec's own bounds follow.
+NUMBER_BOUNDS: dict[str, Bounds] = {
+    "timeout_min": Bounds(None, 366 * 24 * 60), "mem_gb": Bounds(None, float(1 << 20)),
+    **{name: Bounds(None, 1_000_000) for name in ("nodes", "tasks_per_node", "cpus_per_task", "gpus_per_node",
+                                                  "signal_lead_s")},
+}
 # AutoExecutor's shared parameters keep their names here.
 GENERIC = ("name", "timeout_min", "mem_gb", "nodes", "cpus_per_task", "gpus_per_node", "tasks_per_node",
            "stderr_to_stdout")
@@ -98,6 +105,11 @@ def check_values(values: Mapping[str, Any]) -> None:
         if isinstance(value, bool) and bool not in types or not isinstance(value, types):
             wanted = " or ".join(t.__name__ for t in types)
             raise ParameterError(f"{name}={value!r}: expected {wanted}, got {type(value).__name__}", key=name)
+        if float in types or int in types:
+            try:
+                check_number(value, name, NUMBER_BOUNDS.get(name, Bounds()), integer=float not in types)
+            except NumberError as exc:
+                raise ParameterError(str(exc), key=name) from None
     if "walltime" in values and "timeout_min" in values:
         raise ParameterError("walltime and timeout_min both set the walltime", key="walltime",
                              hint="give one of them")
@@ -133,6 +145,7 @@ def build_job(values: Mapping[str, Any], *, max_requeues: int, name: str) -> Job
     from hpctrain.config.job import JobSpec
     from hpctrain.config.validation import validate_model
 
+    values = {k: v for k, v in values.items() if v is not None}  # None: the parameter's default
     tasks = values.get("tasks_per_node", 1)
     gpus = values.get("gpus_per_node", 0)
     if isinstance(tasks, int) and tasks > 0 and gpus % tasks:

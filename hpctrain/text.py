@@ -1,0 +1,29 @@
+"""Values echoed to a terminal: control characters escaped, long lists of errors cut.
+
+Every message and table that repeats a value (a path, a key, a registry field) passes it through
+``printable``, so a value cannot clear the screen, move the cursor or forge a line of its own.
+"""
+
+from __future__ import annotations
+
+# Errors printed per file before "and N more": enough to fix a file, not a screen of noise.
+MAX_ERRORS_SHOWN = 20
+
+
+def printable(text: str) -> str:
+    """``text`` with control, line-separator and other non-printable characters written as escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or c == " " else _escape(c) for c in text)
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
+def printable_lines(text: str) -> str:
+    """Each line of ``text`` made printable; the line breaks between them kept."""
+    return "\n".join(printable(line) for line in text.split("\n"))
