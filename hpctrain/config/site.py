@@ -125,7 +125,8 @@ class NodeShape(Strict):
         "are GPU 3's); ranks spread over the cores in order get devices from this list")
     gpu_memory_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GB,
         description="Memory of one device (GCD, tile, GPU), GB")
-    memory_gb: Annotated[float, Field(le=MAX_MEMORY_GB)] | Literal["auto"] = Field(description="Main memory per node in GB ('auto': this machine)")
+    memory_gb: Annotated[float, Field(le=MAX_MEMORY_GB)] | Literal["auto"] = Field(
+        description="Main memory per node in GB ('auto': this machine)")
     hbm_gb: float | None = Field(None, ge=0, le=MAX_MEMORY_GB,
         description="On-package high-bandwidth memory (e.g. KNL MCDRAM)")
     cpu: str | None = Field(None, description="Processor model, for documentation")
