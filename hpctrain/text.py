@@ -27,3 +27,9 @@ def _escape(char: str) -> str:
 def printable_lines(text: str) -> str:
     """Each line of ``text`` made printable; the line breaks between them kept."""
     return "\n".join(printable(line) for line in text.split("\n"))
+
+
+def writable_text(text: str) -> bool:
+    """Whether ``text`` can be written to a UTF-8 script or file name: no NUL, no undecodable bytes (which
+    arrive from the command line as lone surrogates)."""
+    return "\x00" not in text and not any("\ud800" <= c <= "\udfff" for c in text)

@@ -29,7 +29,7 @@ from hpctrain.config.common import (
 from hpctrain.config.staging import Staging
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file
-from hpctrain.errors import ConfigError
+from hpctrain.errors import ConfigError, ConfigErrors
 
 SchedulerName = Literal["slurm", "pbs", "cobalt", "local"]
 LauncherName = Literal["srun", "aprun", "mpiexec", "local"]
@@ -571,13 +571,14 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
 MAX_EXTENDS = 16
 
 
-def _load_raw(path: Path, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], LoadedYaml]:
+def _load_raw(path: Path, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], list[LoadedYaml]]:
+    """A profile's data with every ``extends`` merged in, and the files read (this one first)."""
     loaded = load_yaml_file(path)
     if not isinstance(loaded.data, dict):
         raise ConfigError("a site profile must be a mapping of keys", path=str(path), line=1)
     parent_name = loaded.data.get("extends")
     if parent_name is None:
-        return loaded.data, loaded
+        return loaded.data, [loaded]
     if not isinstance(parent_name, str):
         raise ConfigError("extends names one site profile", path=str(path), line=loaded.line_of(("extends",)),
                           key="extends")
@@ -599,14 +600,36 @@ def _load_raw(path: Path, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], 
     except ConfigError as exc:
         raise ConfigError(f"extends {parent_name!r}: {exc}", path=str(path), line=loaded.line_of(("extends",)),
                           key="extends") from None
-    parent_data, _ = _load_raw(parent_path, chain + (resolved,))
-    return deep_merge(parent_data, loaded.data), loaded
+    parent_data, parents = _load_parent(parent_path, chain + (resolved,))
+    return deep_merge(parent_data, loaded.data), [loaded, *parents]
+
+
+def _load_parent(path: Path, chain: tuple[str, ...]) -> tuple[dict[str, Any], list[LoadedYaml]]:
+    """An extended profile: a YAML mapping of site-profile keys, or one error that names the file and, at most,
+    a line of it (never its text: the file extended need not be the extending profile's author's)."""
+    hint = f"`hpctrain sites validate {path}` shows the details"
+    try:
+        data, files = _load_raw(path, chain)
+    except ConfigErrors as exc:
+        raise ConfigError(f"cannot be extended: it does not read as a site profile ({len(exc.errors)} "
+                          "problem(s))", path=str(path), line=exc.errors[0].line, hint=hint) from None
+    except ConfigError as exc:
+        if exc.key == "extends" or exc.line is None:  # the chain itself, or a file that cannot be read
+            raise
+        raise ConfigError("cannot be extended: it does not read as a site profile", path=exc.path or str(path),
+                          line=exc.line, hint=f"`hpctrain sites validate {exc.path or path}` shows the details"
+                          ) from None
+    stranger = next((key for key in files[0].data if key not in SiteProfile.model_fields), None)
+    if stranger is not None:
+        raise ConfigError("cannot be extended: it holds keys a site profile does not have", path=str(path),
+                          line=files[0].line_of((stranger,)), hint="extend a site profile") from None
+    return data, files
 
 
 def load_site_file(path: str | Path) -> SiteProfile:
     """Load and validate one profile file, resolving ``extends``."""
-    data, loaded = _load_raw(Path(path))
-    return validate_model(SiteProfile, loaded, data)
+    data, files = _load_raw(Path(path))
+    return validate_model(SiteProfile, files[0], data, extended=files[1:])
 
 
 def load_site(name_or_path: str | None = None) -> SiteProfile:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -91,10 +91,35 @@ def _location(err: Mapping[str, Any], payload: Any) -> tuple[Any, ...]:
     return tuple(loc)
 
 
+def _holds(data: Any, loc: tuple[Any, ...]) -> bool:
+    """Whether ``data`` has a value at key path ``loc``."""
+    for part in loc:
+        if isinstance(data, dict) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        else:
+            return False
+    return True
+
+
+def _extended_owner(loaded: LoadedYaml, extended: Sequence[LoadedYaml], loc: tuple[Any, ...]) -> LoadedYaml | None:
+    """The extended file (``extends:``) that holds the value at ``loc``, when the validated file does not."""
+    if not loc or _holds(loaded.data, loc):
+        return None
+    return next((parent for parent in extended if _holds(parent.data, loc)), None)
+
+
 def _error_for(root: type[BaseModel], loaded: LoadedYaml, payload: Any, err: Mapping[str, Any],
-               origins: Mapping[KeyPath, str]) -> tuple[ConfigError, str]:
+               origins: Mapping[KeyPath, str], extended: Sequence[LoadedYaml] = ()) -> tuple[ConfigError, str]:
     """The error for one pydantic complaint, and the ``(got ...)`` text to end its message with."""
     loc = _location(err, payload)
+    owner = _extended_owner(loaded, extended, loc)
+    if owner is not None:
+        # Another file's keys and values are not repeated: the profile that extends it may not be its owner's.
+        return ConfigError("a value of this extended profile is not valid in the profile that extends it",
+                           path=owner.path, line=owner.line_of(loc),
+                           hint=f"`hpctrain sites validate {owner.path}` shows the details"), ""
     flag = next((one_line(text) for path, text in origins.items() if loc[: len(path)] == path), None)
     where: dict[str, Any] = ({"path": flag} if flag is not None else
                              {"path": loaded.path, "line": loaded.line_of(loc)})
@@ -134,11 +159,12 @@ def _merged(errors: list[tuple[ConfigError, str]]) -> list[ConfigError]:
 
 
 def validate_model(model: type[M], loaded: LoadedYaml, data: Any = None,
-                   origins: Mapping[KeyPath, str] | None = None) -> M:
+                   origins: Mapping[KeyPath, str] | None = None, extended: Sequence[LoadedYaml] = ()) -> M:
     """Validate ``data`` (default: the loaded YAML) against ``model``; every problem in one ConfigErrors.
 
     ``origins`` maps key paths set outside the file to what set them (``--nodes 0``): errors under
-    those paths name the flag instead of a line of the file.
+    those paths name the flag instead of a line of the file. ``extended`` are the files ``data`` merged
+    in (``extends:``, nearest first): an error in a value only one of them holds names that file and line.
     """
     payload = loaded.data if data is None else data
     if not isinstance(payload, dict):
@@ -146,5 +172,6 @@ def validate_model(model: type[M], loaded: LoadedYaml, data: Any = None,
     try:
         return model.model_validate(payload)
     except ValidationError as exc:
-        errors = [_error_for(model, loaded, payload, e, origins or {}) for e in exc.errors(include_url=False)]
+        errors = [_error_for(model, loaded, payload, e, origins or {}, extended)
+                  for e in exc.errors(include_url=False)]
         raise ConfigErrors(_merged(errors)) from None

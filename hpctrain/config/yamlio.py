@@ -16,6 +16,7 @@ import yaml
 
 from hpctrain.config.numbers import MAX_DIGITS
 from hpctrain.errors import ConfigError
+from hpctrain.files import NotRegularFile, read_regular_bytes
 
 KeyPath = tuple[str | int, ...]
 
@@ -195,12 +196,11 @@ def read_config_text(path: str | Path) -> str:
     """A configuration file's text: at most MAX_BYTES, UTF-8; anything else is a ConfigError naming the file."""
     p = Path(path)
     try:
-        if p.is_dir():
-            raise ConfigError("is a directory, not a YAML file", path=str(p))
-        with p.open("rb") as f:
-            raw = f.read(MAX_BYTES + 1)
+        raw = read_regular_bytes(p, MAX_BYTES)
     except FileNotFoundError:
         raise ConfigError("file not found", path=str(p)) from None
+    except NotRegularFile as exc:
+        raise ConfigError(f"{exc.strerror}: a configuration is read from a YAML file", path=str(p)) from None
     except OSError as exc:
         raise ConfigError(f"cannot read file: {exc.strerror or exc}", path=str(p)) from None
     if len(raw) > MAX_BYTES:

@@ -34,6 +34,7 @@ from hpctrain.submission.launchers.binding import rank_cpus, rank_devices
 from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler, place
 from hpctrain.submission.shell import comment, quote, quote_path, word
 from hpctrain.submission.staging import plan_staging, staged_site, staging_lines
+from hpctrain.text import writable_text
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -197,6 +198,10 @@ def render_script(
 
     ``command`` replaces the rank command ``PYTHON -m hpctrain run SPEC --run-dir RUN_DIR`` (tests).
     """
+    for flag, value in (("--run-dir", run_dir), ("--python", python), ("spec path", spec_path)):
+        if value is not None and not writable_text(value):
+            raise ConfigError(f"{flag} {value!r} holds bytes that are not UTF-8 text or a NUL; a script "
+                              "cannot carry it", hint="use a path of UTF-8 characters")
     try:
         return _render(job, site, run_dir=run_dir, spec_path=spec_path, python=python, command=command)
     except ConfigError as exc:
