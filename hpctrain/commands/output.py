@@ -7,6 +7,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from hpctrain.text import printable
+
 
 def print_json(data: Any) -> None:
     json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
@@ -14,8 +16,8 @@ def print_json(data: Any) -> None:
 
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A left-aligned text table; cells are str()-ed."""
-    cells = [[str(c) for c in row] for row in rows]
+    """A left-aligned text table; cells are str()-ed, their control characters escaped."""
+    cells = [[printable(str(c)) for c in row] for row in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))
     print(line.rstrip())

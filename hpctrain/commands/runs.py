@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from hpctrain.text import printable, printable_lines
+
 if TYPE_CHECKING:
     from hpctrain.submission.registry import Registry
 
@@ -69,7 +71,7 @@ def _warn_damaged(registry: Registry) -> None:
     import sys
 
     for note in registry.damaged_rows:
-        print(f"hpctrain: warning: {note}", file=sys.stderr)
+        print(f"hpctrain: warning: {printable(note)}", file=sys.stderr)
     if registry.damaged_rows:
         print(f"hpctrain: the registry {registry.path} has damaged rows; `hpctrain runs --repair` keeps a copy "
               "of it and rebuilds it from what can be read", file=sys.stderr)
@@ -79,7 +81,7 @@ def _repair() -> int:
     from hpctrain.submission.registry import default_registry_path
     from hpctrain.submission.registry_repair import repair_registry
 
-    print(repair_registry(default_registry_path()).summary())
+    print(printable_lines(repair_registry(default_registry_path()).summary()))
     return 0
 
 
@@ -98,10 +100,10 @@ def _prune(args: argparse.Namespace) -> int:
             print_table(["RUN", "SITE", "STATE", "AGE", "RUN DIR (left alone)"],
                         [[r.run_id, r.site, r.state, age_text(r.created), r.run_dir] for r in plan.runs])
         for folder in plan.folders:
-            print(f"  {folder}")
+            print(f"  {printable(str(folder))}")
         if args.dry_run:
             return 0
         problems = apply_prune(registry, plan)
     for problem in problems:
-        print(f"hpctrain: warning: could not remove {problem}")
+        print(f"hpctrain: warning: could not remove {printable(str(problem))}")
     return 1 if problems else 0

@@ -11,6 +11,7 @@ import os
 import random
 import secrets
 import sqlite3
+import stat
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from hpctrain.errors import HpctrainError, UnknownRun
+from hpctrain.files import kind_of
 from hpctrain.submission.schedulers.state import JobState
 
 if TYPE_CHECKING:
@@ -234,6 +236,27 @@ class RegistryDamaged(HpctrainError):
                               "still be read")
 
 
+def registry_file_exists(path: Path) -> bool:
+    """Whether the registry file exists (False: not yet); an error naming the path when it is anything but a
+    regular file or a place one can be created (a FIFO, a device, a symbolic-link loop, a directory above it
+    that is a file)."""
+    hint = "set HPCTRAIN_REGISTRY (or HPCTRAIN_HOME) to a regular file (or a directory) of your own"
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise HpctrainError(f"the run registry {path} is a symbolic link to nothing", hint=hint) from None
+        return False
+    except NotADirectoryError:
+        raise HpctrainError(f"the run registry {path} cannot exist: a directory above it is a file "
+                            "(is HPCTRAIN_HOME a file?)", hint=hint) from None
+    except OSError as exc:
+        raise HpctrainError(f"the run registry {path} cannot be reached: {exc.strerror or exc}", hint=hint) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise HpctrainError(f"the run registry {path} is {kind_of(st.st_mode)}, not an SQLite file", hint=hint)
+    return True
+
+
 def _read_only_place(path: Path) -> bool:
     """True when the registry's file system is mounted read-only (root ignores file modes, not this)."""
     try:
@@ -328,7 +351,7 @@ class Registry:
             raise
 
     def _connect(self) -> sqlite3.Connection:
-        exists = self.path.exists()
+        exists = registry_file_exists(self.path)
         if exists and self.path.is_file() and self.path.stat().st_size == 0:
             raise damaged(self.path, "the file is empty (0 bytes): it was truncated")
         try:

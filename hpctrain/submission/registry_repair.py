@@ -25,6 +25,7 @@ from hpctrain.submission.registry import (
     RegistryDamaged,
     create_database,
     decode_overrides,
+    registry_file_exists,
 )
 
 # Rows probed one by one past a damaged spot before a table's remaining rows are given up.
@@ -79,7 +80,7 @@ def check_registry(path: Path) -> list[str]:
 def repair_registry(path: Path, *, now: datetime | None = None) -> RepairReport:
     """Check the registry at ``path``; when it is damaged, keep a copy and rebuild it from what can be read."""
     path = Path(path)
-    if not path.exists():
+    if not registry_file_exists(path):
         raise HpctrainError(f"there is no run registry at {path}", hint="nothing to repair")
     report = RepairReport(path, check_registry(path))
     if not report.problems:
