@@ -71,6 +71,14 @@ def _check_word(value: str) -> str:
     return value
 
 
+def _check_queue_name(value: str) -> str:
+    _check_word(value)
+    if "," in value:
+        raise ValueError("a queue, partition or QOS name holds no ',': the scheduler would read a list and may pick "
+                         "any of its names, while the fit check used one queue's limits")
+    return value
+
+
 def _check_plain_name(value: str) -> str:
     if not _PLAIN_NAME.fullmatch(value):
         raise ValueError("must be a plain name (letters, digits, '_', '.' and '-'; no ':', ',' or '=')")
@@ -88,6 +96,7 @@ Walltime = Annotated[str, BeforeValidator(_normalise_walltime)]
 EnvVars = Annotated[dict[str, str], BeforeValidator(_stringify_env), AfterValidator(_check_env_names)]
 Word = Annotated[str, AfterValidator(_check_word)]
 PlainName = Annotated[str, AfterValidator(_check_plain_name)]
+QueueName = Annotated[str, AfterValidator(_check_queue_name)]
 DirectiveValue = str | int | float | bool | None
 
 

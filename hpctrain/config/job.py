@@ -22,6 +22,7 @@ from hpctrain.config.common import (
     FieldProblem,
     Name,
     PlainName,
+    QueueName,
     Strict,
     Walltime,
     Word,
@@ -175,7 +176,7 @@ class ResourcesConfig(Strict):
     threads_per_rank: int = Field(1, ge=1, le=MAX_COUNT)
     gpus_per_rank: int = Field(0, ge=0, le=MAX_COUNT)
     walltime: Walltime = "01:00:00"
-    queue: Word | None = None
+    queue: QueueName | None = None
     account: Word | None = None
     memory_gb: float | None = Field(None, ge=MIN_MEMORY_GB, le=MAX_MEMORY_GB,
                                     description="Memory per node to request (at least 1 MB)")

@@ -21,6 +21,7 @@ from hpctrain.config.common import (
     FieldProblem,
     Name,
     PlainName,
+    QueueName,
     Strict,
     Walltime,
     Word,
@@ -63,6 +64,42 @@ RESERVED_DIRECTIVES: dict[str, frozenset[str]] = {
 JOB_KEY_DIRECTIVES: dict[str, frozenset[str]] = {"slurm": frozenset({"exclusive", "reservation"})}
 
 
+# Options a profile, a queue or a job may set, per scheduler: resources, placement, accounting, mail, timing.
+# PBS options longer than one letter are -l resources (any name a site defines, none choosing code); its
+# one-letter options are listed. Anything else is refused: sbatch and qsub options can choose the job's
+# shell, interpreter, container or environment, read files, or change how the job is submitted.
+ALLOWED_DIRECTIVES: dict[str, frozenset[str]] = {
+    "slurm": frozenset({
+        "constraint", "C", "gres", "gres-flags", "gpus", "G", "gpus-per-node", "gpus-per-socket", "gpu-bind",
+        "gpu-freq", "cpus-per-gpu", "mem-per-cpu", "mem-per-gpu", "mem-bind", "ntasks-per-socket",
+        "ntasks-per-core", "ntasks-per-gpu", "sockets-per-node", "cores-per-socket", "B", "extra-node-info",
+        "mincpus", "tmp", "tres-per-task", "exclusive", "oversubscribe", "s", "overcommit", "O", "contiguous",
+        "spread-job", "use-min-nodes", "switches", "network", "hint", "distribution", "m", "cpu-freq", "S",
+        "core-spec", "thread-spec", "prefer", "exclude", "x", "nodelist", "w", "reservation", "licenses", "L",
+        "bb", "segment", "delay-boot", "mail-type", "mail-user", "comment", "wckey", "mcs-label", "profile",
+        "acctg-freq", "power", "nice", "priority", "begin", "b", "deadline", "kill-on-invalid-dep", "k",
+        "no-kill", "M", "clusters", "cluster-constraint"}),
+    "pbs": frozenset({"a", "c", "h", "k", "m", "M", "p", "P", "r"}),
+    "cobalt": frozenset({"attrs", "M", "notify"}),
+}
+# Options that choose the job's shell, interpreter, container or exported environment: code, not data. Only
+# the site profile's trusted ``environment.directives`` may set them (as only it writes ``setup`` lines).
+TRUSTED_ONLY_DIRECTIVES: dict[str, frozenset[str]] = {
+    "slurm": frozenset({"export", "export-file", "container", "container-id", "get-user-env", "propagate", "uid",
+                        "gid", "x11", "bbf", "nodefile", "F"}),
+    "pbs": frozenset({"S", "v", "V", "u", "C", "I", "X", "T", "G"}),
+    "cobalt": frozenset({"kernel", "mode", "user_list", "env"}),
+}
+
+
+def directive_allowed(scheduler: str, key: str) -> bool:
+    """Whether a profile, a queue or a job may set ``key`` (the site's trusted directives may set more)."""
+    if scheduler == "pbs" and len(key) > 1:
+        return True
+    allowed = ALLOWED_DIRECTIVES.get(scheduler)
+    return allowed is None or key in allowed
+
+
 def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, DirectiveValue]:
     for key, value in directives.items():
         if not _DIRECTIVE_KEY.fullmatch(key):
@@ -78,10 +115,20 @@ def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, Direct
 
 
 def directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
-                       where: tuple[str | int, ...], *, job: bool = False) -> None:
+                       where: tuple[str | int, ...], *, job: bool = False, trusted: bool = False) -> None:
     """Refuse directives (a site's, a queue's, or with ``job`` a job's) that would override what hpctrain writes,
-    or add PBS resources through a value."""
+    add PBS resources through a value, or (unless ``trusted``: the site's environment.directives) are not
+    on the scheduler's allow-list."""
     for key, value in directives.items():
+        if not trusted and not directive_allowed(scheduler, key):
+            if key in TRUSTED_ONLY_DIRECTIVES.get(scheduler, frozenset()):
+                raise FieldProblem((*where, key), f"{scheduler} option {key!r} chooses the job's shell, interpreter, "
+                                   "container or environment: only the site profile's environment.directives "
+                                   "(trusted, like environment.setup) may set it")
+            allowed = sorted(ALLOWED_DIRECTIVES.get(scheduler, frozenset()))
+            raise FieldProblem((*where, key), f"{scheduler} option {key!r} is not one a profile or job may set "
+                               f"(resources, placement, accounting, mail): {', '.join(allowed) or 'none'}"
+                               + ("; and any -l resource" if scheduler == "pbs" else ""))
         if key in RESERVED_DIRECTIVES.get(scheduler, frozenset()):
             raise FieldProblem((*where, key), f"{scheduler} option {key!r} is written by hpctrain from the job "
                                "(nodes, walltime, queue, account, logs): set it in the job spec, not as a directive")
@@ -245,8 +292,8 @@ class Queue(Strict):
                                "date it was read")
     sources: dict[str, str] = Field(default_factory=dict, description="A rule whose source differs from source "
                                     "(keys: the rule names above; 'guessed' for an estimate)")
-    submit_as: Word | None = Field(None, description="Name passed to the scheduler if it differs from the key")
-    qos: Word | None = Field(None, description="Slurm QOS the queue stands for, beside its partition "
+    submit_as: QueueName | None = Field(None, description="Name passed to the scheduler if it differs from the key")
+    qos: QueueName | None = Field(None, description="Slurm QOS the queue stands for, beside its partition "
                              "(Frontier's debug: --qos=debug on the batch partition)")
     node: NodeOverride | None = None
     directives: Directives = Field(default_factory=dict)
@@ -325,6 +372,9 @@ class Environment(Strict):
     python: str | None = Field(None, description="Python interpreter on the compute nodes (default: venv's)")
     collectives: Collectives = Field(default_factory=Collectives, description="The collective library's "
                                      "environment, rendered as its own block")
+    directives: Directives = Field(default_factory=dict, description="Scheduler options that choose the job's "
+                                   "shell, interpreter, container or exported environment (Slurm export, container; "
+                                   "PBS S, v, V): trusted, written by the site's admin; rendered after all others")
 
 
 class Network(Strict):
@@ -387,7 +437,7 @@ class SiteProfile(Strict):
     login_host: str | None = None
     remote_root: str | None = Field(None, description="Directory on the login node where run directories go")
     node: NodeShape
-    queues: dict[Word, Queue] = Field(default_factory=dict)
+    queues: dict[QueueName, Queue] = Field(default_factory=dict)
     default_queue: str | None = None
     queue_option: Literal["partition", "qos"] = Field(
         "partition", description="Slurm option carrying the queue name"
@@ -421,6 +471,7 @@ class SiteProfile(Strict):
                 raise FieldProblem(("comm_backend",), f"{self.node.gpu_kind} GPUs reduce with {wanted}, not "
                                    f"{self.comm_backend}")
         directive_problems(self.scheduler, self.directives, ("directives",))
+        directive_problems(self.scheduler, self.environment.directives, ("environment", "directives"), trusted=True)
         directive_problems(self.scheduler, self.staging.directives, ("staging", "directives"))
         for name, queue in self.queues.items():
             directive_problems(self.scheduler, queue.directives, ("queues", name, "directives"))

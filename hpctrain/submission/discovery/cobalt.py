@@ -5,6 +5,7 @@ come from the login node and are listed as guessed.
 
 from __future__ import annotations
 
+from hpctrain.config.numbers import plain_count
 from hpctrain.config.walltime import parse_walltime
 from hpctrain.submission.discovery.facts import QueueFacts, SchedulerFacts, guess, learned
 from hpctrain.submission.discovery.probe import Probe
@@ -32,7 +33,7 @@ def is_cobalt_queue_table(text: str) -> bool:
 
 
 def _count(value: str | None) -> int | None:
-    return int(value) if value is not None and value.isdigit() and int(value) > 0 else None
+    return plain_count(value) or None
 
 
 def nodes_per_queue(partlist: str) -> dict[str, int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from hpctrain.config.numbers import plain_count
 from hpctrain.submission.discovery.facts import Fact, NodeFacts, SchedulerFacts, guess, learned
 from hpctrain.submission.discovery.probe import SCRATCH_DIRS, Probe
 
@@ -125,11 +126,12 @@ def login_node(probe: Probe, why: str, runs_jobs: bool = False) -> NodeFacts:
     """The login node's own CPUs and memory: the machine's shape when it runs the jobs itself (no
     scheduler, ``runs_jobs``), else guesses for compute nodes the scheduler did not describe."""
     cpus_text = probe.out("cpus").strip()
-    cpus = int(cpus_text) if cpus_text.isdigit() and int(cpus_text) > 0 else 1
-    memory_text = probe.out("memory").strip()
-    memory = round(int(memory_text) / 2 ** 20, 1) if memory_text.isdigit() else 0.0
+    counted = plain_count(cpus_text, 1_000_000)
+    cpus = counted or 1
+    kilobytes = plain_count(probe.out("memory"))
+    memory = round(kilobytes / 2 ** 20, 1) if kilobytes else 0.0
     host = probe.out("host").strip() or "the login node"
-    fact = learned if runs_jobs and cpus_text.isdigit() else guess
+    fact = learned if runs_jobs and counted is not None else guess
     return NodeFacts(
         cores=fact(cpus, f"{why}: getconf _NPROCESSORS_ONLN on {host} (logical CPUs)"),
         threads_per_core=guess(1, f"{why}: hardware threads per core not asked"),

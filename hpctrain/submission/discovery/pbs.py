@@ -13,6 +13,7 @@ import json
 import re
 from typing import Any
 
+from hpctrain.config.numbers import plain_count
 from hpctrain.config.walltime import parse_walltime
 from hpctrain.submission.discovery.facts import (
     Fact,
@@ -86,10 +87,12 @@ def _json(text: str | None, key: str) -> dict[str, dict[str, Any]] | None:
         return None
     try:
         data = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past what Python's parser can hold
         return None
     found = data.get(key) if isinstance(data, dict) else None
-    return found if isinstance(found, dict) else None
+    if not isinstance(found, dict):
+        return None
+    return {name: entry for name, entry in found.items() if isinstance(entry, dict)}
 
 
 def _true(value: Any) -> bool:
@@ -97,8 +100,7 @@ def _true(value: Any) -> bool:
 
 
 def _int(value: Any) -> int | None:
-    text = str(value).strip()
-    return int(text) if text.isdigit() else None
+    return plain_count(value if isinstance(value, str) else str(value) if isinstance(value, int) else None)
 
 
 def node_from_pbs(name: str, attrs: dict[str, Any]) -> NodeFacts | None:
@@ -164,7 +166,7 @@ def _per_user(value: Any, src: str, attribute: str) -> Fact[int] | None:
         return None
     text = str(value).strip()
     found = _PER_USER.search(text)
-    number = int(found.group(1)) if found else _int(text)
+    number = plain_count(found.group(1)) if found else _int(text)
     return learned(number, f"{src}: {attribute} = {text}") if number else None
 
 

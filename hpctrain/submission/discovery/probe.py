@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 
+from hpctrain.config.numbers import plain_count
 from hpctrain.errors import TransportError
 from hpctrain.submission.transport import Transport
 
@@ -164,6 +165,14 @@ class Probe:
         return found
 
 
+def _exit_status(text: str | None) -> int | None:
+    """An exit status the probe printed (0-255, or negative for a signal); None when it is not one."""
+    if text is None:
+        return None
+    value = plain_count(text.removeprefix("-"), 1024)
+    return None if value is None else -value if text.startswith("-") else value
+
+
 def split_sections(stdout: str) -> dict[str, Section]:
     """The sections of the probe's output (a section's text without its surrounding blank lines)."""
     parts: dict[str, dict[str, str]] = {}
@@ -193,7 +202,7 @@ def split_sections(stdout: str) -> dict[str, Section]:
     for name, p in parts.items():
         rc = p.get("rc")
         sections[name] = Section(p.get("out", ""), p.get("err", ""),
-                                 int(rc) if rc is not None and rc.lstrip("-").isdigit() else None)
+                                 _exit_status(rc))
     return sections
 
 

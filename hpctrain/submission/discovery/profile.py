@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from hpctrain.config.common import Name, Word
+from hpctrain.config.common import Name, QueueName, Word
 from hpctrain.config.site import SiteProfile
 from hpctrain.config.validation import validate_model
 from hpctrain.config.walltime import format_hms
@@ -38,6 +38,11 @@ from hpctrain.submission.discovery.slurm import QOS_SOURCE
 
 REMOTE_ROOT = "$HOME/hpctrain-runs"
 _WORD = TypeAdapter(Word)
+_QUEUE_NAME = TypeAdapter(QueueName)
+# More queues than any centre has: a profile of more would be too long to read (or to load).
+MAX_QUEUES = 200
+# Loaded modules named in a comment.
+MAX_LISTED = 20
 _NAME = TypeAdapter(Name)
 _CLOCK = re.compile(r"\d+(-\d+)?(:\d+)+")
 
@@ -161,12 +166,16 @@ def _qos_sources(w: _Writer, path: tuple[str, ...], queue: QueueFacts, source: s
 def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dict[str, QueueFacts]:
     """The queues mapping and default_queue; queues whose names cannot reach a script are left out."""
     facts, title = findings.scheduler, SCHEDULER_TITLES[findings.scheduler.name]
-    queues = {}
-    for qname, queue in facts.queues.items():
-        if _is_word(qname):
-            queues[qname] = queue
-        else:
-            notes.append(f"queue {qname!r} left out: its name cannot be written into a batch script")
+    queues = {qname: queue for qname, queue in facts.queues.items() if _valid(_QUEUE_NAME, qname)}
+    left_out = [qname for qname in facts.queues if qname not in queues]
+    if left_out:
+        shown = ", ".join(repr(_comment(q[:40])) for q in left_out[:5]) + (", ..." if len(left_out) > 5 else "")
+        notes.append(f"{len(left_out)} queue(s) left out: their names cannot be written into a batch script as one "
+                     f"queue ({shown})")
+    if len(queues) > MAX_QUEUES:
+        notes.append(f"{SCHEDULER_TITLES[facts.name]} lists {len(queues)} queues: the profile keeps the first "
+                     f"{MAX_QUEUES}")
+        queues = dict(list(queues.items())[:MAX_QUEUES])
     for qname, queue in list(queues.items()):
         if queue.routes_to is not None:
             kept = [d for d in queue.routes_to.value if d in queues]
@@ -220,15 +229,19 @@ def _accounts(w: _Writer, findings: Findings, notes: list[str]) -> None:
 def _software(w: _Writer, findings: Findings) -> None:
     """Modules, the communication backend and the MPI."""
     if findings.module_system or findings.loaded_modules:
-        loaded = ", ".join(findings.loaded_modules) or "none"
+        modules = findings.loaded_modules
+        loaded = ", ".join(m[:60] for m in modules[:MAX_LISTED]) or "none"
+        if len(modules) > MAX_LISTED:
+            loaded += f" and {len(modules) - MAX_LISTED} more"
         w.section(("environment",), f"{findings.module_system or 'modules'}; loaded on {findings.host}: {loaded}")
         w.value(("environment", "modules"), [], "the modules your jobs need (python, the framework)",
                 guessed=True)
     w.fact(("comm_backend",), findings.comm_backend)
     if findings.mpi_library is not None:
         w.section(("mpi",))
-        if findings.mpi_modules:
-            w.value(("mpi", "modules"), findings.mpi_modules, "loaded on the login node")
+        usable = [m for m in findings.mpi_modules if _is_word(m)]
+        if usable:
+            w.value(("mpi", "modules"), usable, "loaded on the login node")
         w.fact(("mpi", "expected_library"), findings.mpi_library)
 
 
@@ -289,8 +302,9 @@ def validate_discovered(text: str, path: str = "<discovered profile>") -> SitePr
     try:
         return validate_model(SiteProfile, parse_yaml(text, path))
     except ConfigError as exc:
-        raise HpctrainError(f"discovery wrote a profile that does not validate (a bug in hpctrain): {exc}",
-                            hint="please report it with the output of `hpctrain sites discover`") from None
+        raise HpctrainError(f"the scheduler's and login shell's answers make a profile that does not validate: {exc}",
+                            hint="check what the scheduler reports for that key (scontrol, qstat, pbsnodes); if it "
+                                 "looks right, report it with the output of `hpctrain sites discover`") from None
 
 
 def write_profile(text: str, path: str | os.PathLike[str], force: bool = False) -> Path:

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import replace
 
+from hpctrain.config.numbers import plain_count
 from hpctrain.config.walltime import parse_walltime
 from hpctrain.submission.discovery.facts import (
     NO_LIMIT_S,
@@ -51,15 +52,26 @@ def slurm_seconds(text: str) -> int | None:
     return parse_walltime(text.strip())
 
 
+# Counts (cores, nodes, GPUs) and memory in MB that a real machine cannot exceed; larger output names none.
+MAX_NODE_COUNT = 1_000_000
+MAX_MEMORY_MB = 1 << 30
+
+
 def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.strip().isdigit() else None
+    return plain_count(text, MAX_NODE_COUNT)
+
+
+def _learned_count(text: str | None, source: str) -> Fact[int] | None:
+    """A positive count the scheduler states, as a fact; None when the text is not one."""
+    value = plain_count(text)
+    return learned(value, source) if value else None
 
 
 def gres_gpus(gres: str) -> tuple[int, str | None]:
     """GPUs per node and their model from a Gres string (``gpu:a100:4(S:0-1)``; ``(null)`` is none)."""
     count, model = 0, None
     for found_model, n in _GRES_GPU.findall(gres or ""):
-        count += int(n)
+        count += plain_count(n, 1_000_000) or 0
         model = model or (found_model or None)
     return count, model
 
@@ -84,7 +96,7 @@ def node_from_scontrol(rec: dict[str, str]) -> NodeFacts | None:
         cores = max(total // threads, 1)
     else:
         return None
-    memory = _int(rec.get("RealMemory"))
+    memory = plain_count(rec.get("RealMemory"), MAX_MEMORY_MB)
     gpus, model = gres_gpus(rec.get("Gres", ""))
     src = "scontrol show node"
     return NodeFacts(
@@ -92,7 +104,7 @@ def node_from_scontrol(rec: dict[str, str]) -> NodeFacts | None:
         threads_per_core=learned(threads, f"{src}: ThreadsPerCore={threads}"),
         gpus=learned(gpus, f"{src}: Gres={rec.get('Gres', '(null)')}"),
         gpu_kind=_gpu_kind(gpus, model, f"{src} Gres"),
-        memory_gb=(learned(round(memory / 1024, 1), f"{src}: RealMemory={memory} MB") if memory
+        memory_gb=(learned(max(round(memory / 1024, 1), 0.1), f"{src}: RealMemory={memory} MB") if memory
                    else guess(1.0, f"{src} gives no RealMemory")),
         count=1,
     )
@@ -101,10 +113,13 @@ def node_from_scontrol(rec: dict[str, str]) -> NodeFacts | None:
 def node_from_sinfo(fields: list[str]) -> NodeFacts | None:
     """A node kind from one ``sinfo -o '%R|%a|%l|%D|%c|%z|%m|%G|%P'`` row (S:C:T in %z)."""
     try:
-        sockets, per_socket, threads = (int(x) for x in fields[5].split(":"))
-        count, memory = int(fields[3]), int(fields[6].rstrip("+"))
-    except (ValueError, IndexError):
+        layout = [plain_count(x, MAX_NODE_COUNT) for x in fields[5].split(":")]
+        count, memory = plain_count(fields[3], MAX_NODE_COUNT), plain_count(fields[6].rstrip("+"), MAX_MEMORY_MB)
+    except IndexError:
         return None
+    if len(layout) != 3 or None in layout or count is None or memory is None:
+        return None
+    sockets, per_socket, threads = (int(x or 0) for x in layout)
     gpus, model = gres_gpus(fields[7])
     src = "sinfo"
     return NodeFacts(
@@ -112,7 +127,7 @@ def node_from_sinfo(fields: list[str]) -> NodeFacts | None:
         threads_per_core=learned(threads, f"{src}: S:C:T={fields[5]}"),
         gpus=learned(gpus, f"{src}: GRES={fields[7]}"),
         gpu_kind=_gpu_kind(gpus, model, f"{src} GRES"),
-        memory_gb=learned(round(memory / 1024, 1), f"{src}: MEMORY={memory} MB"),
+        memory_gb=learned(max(round(memory / 1024, 1), 0.1), f"{src}: MEMORY={memory} MB"),
         count=count,
     )
 
@@ -169,11 +184,10 @@ def read_qos(text: str) -> dict[str, QosFacts]:
         found[name] = QosFacts(
             name=name,
             max_walltime_s=learned(seconds, f"{src}: MaxWall={wall}") if seconds is not None else None,
-            max_nodes=learned(int(nodes.group(1)), f"{src}: MaxTRES={tres}") if nodes else None,
-            max_nodes_per_user=learned(int(nodes_pu.group(1)), f"{src}: MaxTRESPU={tres_pu}") if nodes_pu else None,
-            max_running_per_user=learned(int(jobs_pu), f"{src}: MaxJobsPU={jobs_pu}") if _int(jobs_pu) else None,
-            max_queued_per_user=(learned(int(submit_pu), f"{src}: MaxSubmitPU={submit_pu}") if _int(submit_pu)
-                                 else None),
+            max_nodes=_learned_count(nodes.group(1) if nodes else None, f"{src}: MaxTRES={tres}"),
+            max_nodes_per_user=_learned_count(nodes_pu.group(1) if nodes_pu else None, f"{src}: MaxTRESPU={tres_pu}"),
+            max_running_per_user=_learned_count(jobs_pu, f"{src}: MaxJobsPU={jobs_pu}"),
+            max_queued_per_user=_learned_count(submit_pu, f"{src}: MaxSubmitPU={submit_pu}"),
         )
     return found
 

@@ -240,7 +240,8 @@ class Scheduler(ABC):
 
 
 def merged_directives(site: SiteProfile, placement: Placement, job: JobSpec) -> dict[str, DirectiveValue]:
-    """Site directives, the queue's on top, the job's on top of both (the last value for a key wins).
+    """Site directives, the queue's on top, the job's on top of both, the site's trusted ones last (the last
+    value for a key wins).
 
     A job's ``exclusive`` or ``reservation`` replaces a site's or queue's directive of that name: the back-end
     writes the job's own.
@@ -249,6 +250,7 @@ def merged_directives(site: SiteProfile, placement: Placement, job: JobSpec) -> 
     if placement.queue is not None:
         merged.update(placement.queue.directives)
     merged.update(job.resources.directives)
+    merged.update(site.environment.directives)  # trusted: the site's admin chose the job's shell or environment
     if job.resources.exclusive:
         merged.pop("exclusive", None)
     if job.resources.reservation:
