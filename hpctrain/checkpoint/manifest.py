@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import CheckpointError
+from hpctrain.files import check_regular, read_regular_text, within
 
 FORMAT = "hpctrain-checkpoint"
 FORMAT_VERSION = 2  # 2: an entry may describe its node files by ``nodes`` instead of listing them
@@ -279,7 +280,7 @@ def _markers(directory: Path) -> Iterator[tuple[Path, Checkpoint | None, str]]:
         if not STEP_DIR.fullmatch(child.name) or not child.is_dir():
             continue
         try:
-            ckpt = load_entry(directory, (child / MARKER).read_text())
+            ckpt = load_entry(directory, read_regular_text(child / MARKER))
         except FileNotFoundError:
             yield child, None, f"{child.name} has no {MARKER} (its save did not finish)"
             continue
@@ -300,7 +301,7 @@ def read_entries(directory: Path) -> tuple[list[Checkpoint], list[str]]:
     """
     path = directory / MANIFEST
     try:
-        return parse_manifest(path.read_text(), directory), []
+        return parse_manifest(read_regular_text(path), directory), []
     except FileNotFoundError:
         problem = f"manifest {path} is missing"
     except (OSError, ValueError) as e:
@@ -323,8 +324,10 @@ def file_problem(ckpt: Checkpoint, names: Iterable[str], verify: bool) -> str | 
         path = ckpt.path / name
         if rec is None:
             return f"{path} is not recorded in the manifest"
+        if not within(path, ckpt.path.parent):
+            return f"{path} leads outside the checkpoint directory through a symbolic link"
         try:
-            size = path.stat().st_size
+            size = check_regular(path).st_size
         except OSError as e:
             return f"{path} cannot be read: {e.strerror or e}"
         if size != rec.bytes:

@@ -167,10 +167,10 @@ class CheckpointSession:
 
     def restore(self) -> int:
         """Load the newest valid checkpoint if there is one; returns the step to continue from."""
-        checkpoint = self.store.latest_valid()
-        if checkpoint is None:
+        loaded = self.store.load_newest()
+        if loaded is None:
             return 0
-        shared, rank_state = self.store.load(checkpoint, warn=False)
+        checkpoint, shared, rank_state = loaded
         step = int(shared["step"])
         if checkpoint.world_size == self.comm.size and rank_state is not None:
             self.model.load_state_dict(rank_state.get("model", shared["model"]))

@@ -52,6 +52,7 @@ from hpctrain.checkpoint.manifest import (
 )
 from hpctrain.checkpoint.node_file import COPY_CHUNK, pack, read_member, read_node_index
 from hpctrain.errors import CheckpointError
+from hpctrain.files import check_regular, open_regular, within
 from hpctrain.runtime import work_counts
 
 log = logging.getLogger("hpctrain.checkpoint")
@@ -700,8 +701,9 @@ class CheckpointStore:
         if rec is None:
             return f"{ckpt.path / SHARED} is not recorded in the manifest"
         try:
-            readable = (ckpt.path / SHARED).stat().st_size == rec.bytes
-        except OSError:
+            _check_loadable(ckpt.path / SHARED, ckpt, rec.bytes)
+            readable = True
+        except (OSError, ValueError):
             readable = False
         if not readable or (verify and not checksum_known(ckpt.checksum)):
             return file_problem(ckpt, [SHARED], verify)  # says what is wrong with it, without copying it
@@ -754,12 +756,13 @@ class CheckpointStore:
         data = json.loads(path.read_text())
         return [Checkpoint.from_json(self.directory, d) for d in data["entries"]], list(data["problems"])
 
-    def latest_valid(self, verify: bool = True) -> Checkpoint | None:
+    def latest_valid(self, verify: bool = True, below: int | None = None) -> Checkpoint | None:
         """The newest checkpoint every rank can read (sizes, and checksums when ``verify``); collective.
 
         Skipped checkpoints and a rebuilt manifest are reported in ONE warning line (rank 0 logs it).
         """
         entries, problems = self._entries()
+        entries = [c for c in entries if below is None or c.step < below]
         chosen: Checkpoint | None = None
         for ckpt in reversed(entries):
             self._index_digest = None
@@ -776,6 +779,25 @@ class CheckpointStore:
             using = f"resuming from step {chosen.step}" if chosen else "no valid checkpoint is left"
             log.warning("checkpoint %s: %s; %s", self.directory, "; ".join(problems), using)
         return chosen
+
+    def load_newest(self, map_location: Any = "cpu") -> tuple[Checkpoint, dict[str, Any], dict | None] | None:
+        """The newest checkpoint every rank validates and loads, with (shared, own state); collective. A step
+        that passes its checks but fails to load on any rank (a file ``weights_only`` refuses) is skipped
+        with a warning, and the next older one tried."""
+        below: int | None = None
+        while (ckpt := self.latest_valid(below=below)) is not None:
+            failure: str | None = None
+            try:
+                shared, own = self.load(ckpt, map_location=map_location, warn=False)
+            except CheckpointError as e:
+                failure = str(e)
+            if not self._x.any(failure is not None):
+                return ckpt, shared, own
+            if self.rank == 0:
+                log.warning("checkpoint %s: step %d skipped: %s", self.directory, ckpt.step,
+                            failure or "another rank could not load its state")
+            below = ckpt.step
+        return None
 
     def load(self, checkpoint: Checkpoint, *, map_location: Any = "cpu", warn: bool = True
              ) -> tuple[dict[str, Any], dict | None]:
@@ -806,11 +828,10 @@ class CheckpointStore:
         path = ckpt.path / rec.name
         member, self._member = self._member, None
         try:
-            if not rec.self_checked and path.stat().st_size != rec.bytes:
-                raise ValueError(f"{path.stat().st_size} bytes, the manifest says {rec.bytes}")
+            _check_loadable(path, ckpt, None if rec.self_checked else rec.bytes)
             data = member[1] if member is not None and member[0] == ckpt.step else read_member(path, self.rank)
             return torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-        except (OSError, RuntimeError, ValueError, EOFError) as e:
+        except Exception as e:  # whatever stops a load (UnpicklingError too) means: use an older step
             raise CheckpointError(
                 f"cannot load rank {self.rank}'s state from checkpoint file {path}: {e}",
                 hint="call latest_valid() to fall back to an older checkpoint",
@@ -819,15 +840,20 @@ class CheckpointStore:
     def _load_file(self, ckpt: Checkpoint, name: str, map_location: Any, path: Path | None = None
                    ) -> dict[str, Any]:
         """``name`` of ``ckpt``, read from ``path`` (a node-local copy of it) when given."""
+        local_copy = path is not None
         path = ckpt.path / name if path is None else path
         rec = ckpt.file(name)
         try:
             if rec is None:
                 raise ValueError("it is not recorded in the manifest")
-            if path.stat().st_size != rec.bytes:
-                raise ValueError(f"{path.stat().st_size} bytes, the manifest says {rec.bytes}")
-            return torch.load(path, map_location=map_location, weights_only=True)
-        except (OSError, RuntimeError, ValueError, EOFError) as e:
+            if local_copy:  # made by this node's reader from the checked file: its size is what is left to check
+                if (found := check_regular(path).st_size) != rec.bytes:
+                    raise ValueError(f"{found} bytes, the manifest says {rec.bytes}")
+            else:
+                _check_loadable(path, ckpt, rec.bytes)
+            with open_regular(path) as f:
+                return torch.load(f, map_location=map_location, weights_only=True)
+        except Exception as e:  # whatever stops a load (UnpicklingError too) means: use an older step
             raise CheckpointError(
                 f"cannot load checkpoint file {path}: {e}",
                 hint="call latest_valid() to fall back to an older checkpoint",
@@ -852,6 +878,17 @@ def _copy_hashing(src: Path, dst: Path, checksum: str | None) -> tuple[int, str]
             tmp.unlink()
         raise
     return size, h.hexdigest() if h is not None else ""
+
+
+def _check_loadable(path: Path, ckpt: Checkpoint, size: int | None) -> None:
+    """A checkpoint file is read only when it is a regular file of the recorded size inside the checkpoint
+    directory once symbolic links are resolved (a link to a matching copy elsewhere is not this run's); ``size``
+    None: the file checks itself (a node file's index)."""
+    if not within(path, ckpt.path.parent):
+        raise ValueError("it leads outside the checkpoint directory through a symbolic link")
+    found = check_regular(path).st_size
+    if size is not None and found != size:
+        raise ValueError(f"{found} bytes, the manifest says {size}")
 
 
 def load_files(checkpoint: Checkpoint, map_location: Any = "cpu") -> dict[str, Any]:
