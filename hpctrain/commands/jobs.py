@@ -8,6 +8,7 @@ import sys
 
 from hpctrain.commands.common_args import add_job_arguments, load_job_from_args
 from hpctrain.commands.output import print_json
+from hpctrain.text import printable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,9 +48,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print_json(result)
         return 0
     for note in result.get("notes", []):
-        print(f"hpctrain: note: {note}", file=sys.stderr)
+        print(f"hpctrain: note: {printable(note)}", file=sys.stderr)
     for warning in result["warnings"]:
-        print(f"hpctrain: warning: {warning}", file=sys.stderr)
+        print(f"hpctrain: warning: {printable(warning)}", file=sys.stderr)
     queue = f"queue {result['queue']}, " if result.get("queue") else ""
     default = "" if args.site else "; the default site: --site NAME checks another"
     where = f" on {result['site']} ({queue}{result.get('backend')}{default})"

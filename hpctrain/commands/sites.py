@@ -6,6 +6,7 @@ import argparse
 
 from hpctrain.commands.output import print_json, print_table
 from hpctrain.errors import ConfigError, ConfigErrors
+from hpctrain.text import printable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +57,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _one_line(text: str) -> str:
     """Text for one table cell: a file name or message with control characters cannot break the table."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return printable(text)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -103,7 +104,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                 print(f"{r['path']}: ok ({r['name']})")
             else:
                 for e in r["errors"]:
-                    print(f"hpctrain: error: {e['text']}", file=sys.stderr)
+                    print(f"hpctrain: error: {printable(e['text'])}", file=sys.stderr)
     return 2 if failed else 0
 
 
