@@ -136,15 +136,16 @@ def test_the_field_walk_finds_every_text_field() -> None:
 
 def base_documents(scheduler: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A site and a job that render on ``scheduler``, with every mapping and list the fields reach filled."""
+    note = "notify" if scheduler == "cobalt" else "comment"  # a text option on each scheduler's allow-list
     network: dict[str, Any] = {"topology": "dragonfly"}
     network.update({k: 1.0 for k, f in Network.model_fields.items() if f.is_required()})
     site: dict[str, Any] = {
         "name": "hostile", **copy.deepcopy(SCHEDULERS[scheduler]),
         "node": {"cores": 4, "memory_gb": 4, "cpu": "x86"},
         "queues": {"q": {"max_nodes": 1, "max_walltime": "01:00:00", "node": {"cpu": "x86"},
-                         "directives": {"comment": "q"}, "source": "a page, read today",
+                         "directives": {note: "q"}, "source": "a page, read today",
                          "walltime_by_nodes": [{"min_nodes": 1, "max_nodes": 1, "max_walltime": "01:00:00"}]}},
-        "default_queue": "q", "directives": {"comment": "site"}, "guessed": ["node.cores"],
+        "default_queue": "q", "directives": {note: "site"}, "guessed": ["node.cores"],
         "launcher_args": [], "environment": {"modules": ["gcc/12"], "env": {"SITE_VAR": "1"}},
         "network": network, "mpi": {"modules": ["mpich"], "expected_library": "MPICH"},
     }
@@ -157,7 +158,7 @@ def base_documents(scheduler: str) -> tuple[dict[str, Any], dict[str, Any]]:
         "env": {"HOSTILE": "benign"},
     }
     if scheduler != "local":  # the local scheduler takes no per-job directives: the base job must render
-        job["resources"]["directives"] = {"comment": "job"}
+        job["resources"]["directives"] = {note: "job"}
     return site, job
 
 

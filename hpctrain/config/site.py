@@ -39,7 +39,7 @@ BackendName = Literal["mpi", "gloo", "nccl", "xccl"]
 # ROCm build names it nccl), oneCCL on Intel (torch.xpu's xccl).
 DEVICE_BACKENDS: dict[str, str] = {"nvidia": "nccl", "amd": "nccl", "intel": "xccl"}
 _DIRECTIVE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
-_DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_./+:@=,%*-]*")
+_DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_./+:@=,%*-]+")
 # Cobalt's --attrs: name=value pairs joined by ':' (values may hold ',' lists, never another ':').
 _COBALT_ATTRS = re.compile(r"[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+(?::[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+)*")
 # Options hpctrain writes itself from the checked job (nodes, walltime, queue, names, logs, arrays): a site
@@ -120,18 +120,17 @@ def directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
     add PBS resources through a value, or (unless ``trusted``: the site's environment.directives) are not
     on the scheduler's allow-list."""
     for key, value in directives.items():
+        if key in RESERVED_DIRECTIVES.get(scheduler, frozenset()):
+            raise FieldProblem((*where, key), f"{scheduler} option {key!r} is written by hpctrain from the job "
+                               "(nodes, walltime, queue, account, logs): set it in the job spec, not as a directive")
         if not trusted and not directive_allowed(scheduler, key):
             if key in TRUSTED_ONLY_DIRECTIVES.get(scheduler, frozenset()):
                 raise FieldProblem((*where, key), f"{scheduler} option {key!r} chooses the job's shell, interpreter, "
                                    "container or environment: only the site profile's environment.directives "
                                    "(trusted, like environment.setup) may set it")
-            allowed = sorted(ALLOWED_DIRECTIVES.get(scheduler, frozenset()))
-            raise FieldProblem((*where, key), f"{scheduler} option {key!r} is not one a profile or job may set "
-                               f"(resources, placement, accounting, mail): {', '.join(allowed) or 'none'}"
-                               + ("; and any -l resource" if scheduler == "pbs" else ""))
-        if key in RESERVED_DIRECTIVES.get(scheduler, frozenset()):
-            raise FieldProblem((*where, key), f"{scheduler} option {key!r} is written by hpctrain from the job "
-                               "(nodes, walltime, queue, account, logs): set it in the job spec, not as a directive")
+            raise FieldProblem((*where, key), f"{scheduler} option {key!r} is not one a profile or job may set: "
+                               "resources, placement, accounting, mail and timing options only (the list: "
+                               "docs/rendering.md, 'Trusted shell and data')")
         if job and key in JOB_KEY_DIRECTIVES.get(scheduler, frozenset()):
             raise FieldProblem((*where, key), f"{scheduler} option {key!r} is a key of the job's resources: set "
                                f"resources.{key}, not a directive")
