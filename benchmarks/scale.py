@@ -284,7 +284,7 @@ def _files(window: tuple[str | None, str], kind: str, where: str | None = None) 
     return value
 
 
-STARTUP, STEPS = (None, "startup"), ("first_step", "trained")
+STARTUP, TRAINING = (None, "startup"), ("first_step", "trained")
 
 ROWS = [
     Row("start-up: files opened on the shared path, per rank (median)", _median(lambda r: _startup(r, "shared")),
@@ -300,12 +300,12 @@ ROWS = [
     Row("start-up (strace): bytes read from files, max rank", _files(STARTUP, "read_bytes"), "flat"),
     Row("start-up (strace): bytes read from the shared path, max rank", _files(STARTUP, "read_bytes", "shared"),
         "flat"),
-    Row("per step (strace, saves included): opens on the shared path, max rank", _files(STEPS, "opens", "shared"),
+    Row("per step (strace, saves included): opens on the shared path, max rank", _files(TRAINING, "opens", "shared"),
         "flat"),
     Row("per step (strace, saves included): stat-family calls on the shared path, max rank",
-        _files(STEPS, "stats", "shared"), "flat"),
+        _files(TRAINING, "stats", "shared"), "flat"),
     Row("per step (strace, saves included): bytes read from the shared path, max rank",
-        _files(STEPS, "read_bytes", "shared"), "flat"),
+        _files(TRAINING, "read_bytes", "shared"), "flat"),
     Row("input: coordinate bytes read per epoch, per rank (median)", _median(lambda r: _input(r, "coordinates", "0")),
         "1/N"),
     Row("input: coordinate read calls per rank (max)", lambda run: max(_input_reads(r) for r in run.records), "flat"),
