@@ -13,25 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.mp_helpers.tiny_runs import train_tiny
+
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: tiny
-model: resnet
-train: {steps: 12, batch_per_rank: 2, lr: 0.01, log_every: 4, combiner: {name: mean, bucket_mb: 0.02}}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {every_steps: 12}
-"""
-
-
-def train(tmp_path: Path, ranks: int) -> Path:
-    job = tmp_path / "tiny.yaml"
-    job.write_text(TINY)
-    run_dir = tmp_path / f"run{ranks}"
-    cmd = [sys.executable, "-m", "hpctrain", "run", str(job), "--run-dir", str(run_dir)]
-    if ranks > 1:
-        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks), *cmd, "--backend", "mpi"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir
 
 
 def plan(*args: str) -> subprocess.CompletedProcess[str]:
@@ -42,7 +26,7 @@ def plan(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     tmp = tmp_path_factory.mktemp("compare")
-    return tmp / "tiny.yaml", train(tmp, 1), train(tmp, 2)
+    return tmp / "tiny.yaml", train_tiny(tmp, 1), train_tiny(tmp, 2)
 
 
 def test_compare_prints_the_runs_own_measurements(runs: tuple[Path, Path, Path]) -> None:

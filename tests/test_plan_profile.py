@@ -15,27 +15,9 @@ import pytest
 
 from hpctrain.planning.measurements import parse_profile
 from hpctrain.runtime.profile import SKIP_STEPS, RunningStat, StepProfiler
+from tests.mp_helpers.tiny_runs import train_tiny
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: tiny
-model: resnet
-train: {steps: 12, batch_per_rank: 2, lr: 0.01, log_every: 4, combiner: {name: mean, bucket_mb: 0.02}}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {every_steps: 12}
-"""
-
-
-def train(tmp_path: Path, ranks: int) -> Path:
-    (tmp_path / "tiny.yaml").write_text(TINY)
-    run_dir = tmp_path / f"run{ranks}"
-    cmd = [sys.executable, "-m", "hpctrain", "run", str(tmp_path / "tiny.yaml"), "--run-dir", str(run_dir)]
-    if ranks > 1:
-        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(ranks), *cmd, "--backend", "mpi"]
-    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return run_dir
-
-
 def test_running_stat_matches_statistics() -> None:
     values = [0.3, 0.1, 0.4, 0.15, 0.9, 0.26]
     s = RunningStat()
@@ -46,7 +28,7 @@ def test_running_stat_matches_statistics() -> None:
 
 
 def test_one_rank_run_writes_a_profile_the_planner_reads(tmp_path: Path) -> None:
-    run_dir = train(tmp_path, 1)
+    run_dir = train_tiny(tmp_path, 1)
     raw = json.loads((run_dir / "profile.json").read_text())
     m = parse_profile((run_dir / "profile.json").read_text(), "test")
     assert m.compute.count == 12 - SKIP_STEPS and m.ranks == 1 and m.backend == "none"
@@ -72,7 +54,7 @@ def test_one_rank_run_writes_a_profile_the_planner_reads(tmp_path: Path) -> None
 
 
 def test_two_rank_mpi_run_records_the_reduction(tmp_path: Path) -> None:
-    m = parse_profile((train(tmp_path, 2) / "profile.json").read_text(), "test")
+    m = parse_profile((train_tiny(tmp_path, 2) / "profile.json").read_text(), "test")
     assert m.ranks == 2 and m.ranks_per_node == 2 and m.backend == "mpi"
     assert m.reduction_wait.count == 12 - SKIP_STEPS and m.reduction_wait.mean > 0
 
