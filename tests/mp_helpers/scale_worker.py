@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -131,24 +132,33 @@ def ffn_input(backend: str, run_dir: str) -> None:
     comm.close()
 
 
-def checkpoint(root: str) -> None:
-    import json
-    from pathlib import Path
-
-    from hpctrain.checkpoint.node_file import read_index
+def _node_store(root: str, scratch_name: str, comm_timeout_s: float, node_timeout_s: float) -> tuple[Any, Any]:
+    """A gloo communicator and a CheckpointStore under ``root`` whose node group is this stand-in node's ranks,
+    handing state over in the node-local ``scratch_name``."""
     from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
-    from hpctrain.errors import CheckpointError
     from hpctrain.launch_env import detect_launch_env
     from hpctrain.runtime.node_local import node_local_root
 
     torch.set_num_threads(1)
     env = detect_launch_env(os.environ)
-    comm = make_communicator("gloo", timeout_s=60)
+    comm = make_communicator("gloo", timeout_s=comm_timeout_s)
+    scratch = node_local_root() / scratch_name  # type: ignore[operator]
+    store = CheckpointStore(root, keep=3, rank=comm.rank, world_size=comm.size, exchange=CommExchange(comm),
+                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=node_timeout_s))
+    return comm, store
+
+
+def checkpoint(root: str) -> None:
+    import json
+    from pathlib import Path
+
+    from hpctrain.checkpoint.node_file import read_index
+    from hpctrain.errors import CheckpointError
+    from hpctrain.runtime.node_local import node_local_root
+
+    comm, store = _node_store(root, "hpctrain-checkpoint-test", 60, 600)
     r = comm.rank
-    exchange = CommExchange(comm)
     scratch = node_local_root() / "hpctrain-checkpoint-test"  # type: ignore[operator]
-    store = CheckpointStore(root, keep=3, rank=r, world_size=comm.size, exchange=exchange,
-                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=600))
     shared = {"w": torch.arange(6.0)} if r == 0 else {}
     store.commit(store.save_async(1, shared, per_rank={"rank": r, "x": torch.full((4,), 10.0 + r)}))
     store.save(2, shared, per_rank={"rank": r, "x": torch.full((4,), 20.0 + r)})
@@ -183,17 +193,8 @@ def checkpoint_saves(root: str) -> None:
     """Two saves (one in the background, one not) on stand-in nodes, nothing else: what a tracer counts."""
     from pathlib import Path
 
-    from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
-    from hpctrain.launch_env import detect_launch_env
-    from hpctrain.runtime.node_local import node_local_root
-
-    torch.set_num_threads(1)
-    env = detect_launch_env(os.environ)
-    comm = make_communicator("gloo", timeout_s=120)
+    comm, store = _node_store(root, "hpctrain-checkpoint-test", 120, 120)
     r = comm.rank
-    scratch = node_local_root() / "hpctrain-checkpoint-test"  # type: ignore[operator]
-    store = CheckpointStore(root, keep=3, rank=r, world_size=comm.size, exchange=CommExchange(comm),
-                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=120))
     shared = {"w": torch.arange(6.0)} if r == 0 else {}
     store.commit(store.save_async(1, shared, per_rank={"rank": r, "x": torch.full((4,), 10.0 + r)}))
     store.save(2, shared, per_rank={"rank": r, "x": torch.full((4,), 20.0 + r)})
@@ -208,17 +209,8 @@ def checkpoint_resume(root: str) -> None:
     import json
     from pathlib import Path
 
-    from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
-    from hpctrain.launch_env import detect_launch_env
-    from hpctrain.runtime.node_local import node_local_root
-
-    torch.set_num_threads(1)
-    env = detect_launch_env(os.environ)
-    comm = make_communicator("gloo", timeout_s=120)
+    comm, store = _node_store(root, "hpctrain-checkpoint-resume", 120, 120)
     r = comm.rank
-    scratch = node_local_root() / "hpctrain-checkpoint-resume"  # type: ignore[operator]
-    store = CheckpointStore(root, keep=3, rank=r, world_size=comm.size, exchange=CommExchange(comm),
-                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=120))
     ckpt = store.latest_valid()
     assert ckpt is not None
     shared, mine = store.load(ckpt)
