@@ -8,9 +8,10 @@ cd "$(dirname "$0")/.."
 REPO_ROOT=$(pwd)
 
 # strace: tests count the ranks' system calls (mkdir/fsync per checkpoint) where they happen;
-# slurmdbd + mariadb-server: Slurm accounting, so that tests can create a QOS (scripts/ci/slurm.sh)
+# slurmdbd + mariadb-server: Slurm accounting, so that tests can create a QOS (scripts/ci/slurm.sh);
+# gcc + libc6-dev: the mpich wheel's mpicc builds the MPI message-counting library (runtime/wire) with them
 APT_PACKAGES=(slurmctld slurmd slurm-client munge slurm-wlm-torque slurmdbd mariadb-server openssh-server
-              openssh-client strace)
+              openssh-client strace gcc libc6-dev)
 PIP_EXTRAS="train,local,test,zarr,submitit"
 TORCH_PIN="torch==2.13.0"
 
