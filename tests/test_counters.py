@@ -120,6 +120,10 @@ def test_classification_and_the_run_directory() -> None:
     assert c.listdirs == {"node_local": 1, "shared": 0, "system": 0}
     assert c.shared_code_opens == 1
     assert c.shared_outside("/lus/run") == (2, ["/lus/venv/x.py", "/nvme/jobber"])
+    for _ in range(3):
+        c.hook("open", ("/zz/hot.dat", "r", 0))
+    # The most-opened path comes first whatever its name, so a hot file is never cut from the examples.
+    assert c.shared_outside("/lus/run") == (5, ["/zz/hot.dat", "/lus/venv/x.py", "/nvme/jobber"])
 
 
 def test_node_local_prefixes_come_from_the_environment() -> None:

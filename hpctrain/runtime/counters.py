@@ -104,10 +104,11 @@ class OpenCounter:
         return snap
 
     def shared_outside(self, directory: str | os.PathLike[str] | None) -> tuple[int, list[str]]:
-        """Opens on the shared path outside ``directory`` (the run directory), and a few of those paths."""
+        """Opens on the shared path outside ``directory`` (the run directory), and the paths opened most often
+        (ties by name), a few of them."""
         root = os.path.abspath(directory) + os.sep if directory is not None else None
         outside = {p: n for p, n in self.shared_paths.items() if root is None or not p.startswith(root)}
-        return sum(outside.values()), sorted(outside)[:EXAMPLES]
+        return sum(outside.values()), sorted(outside, key=lambda p: (-outside[p], p))[:EXAMPLES]
 
 
 _counter: OpenCounter | None = None
