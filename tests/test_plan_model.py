@@ -36,7 +36,8 @@ BASE = {
     "multinode_overhead_s": 0.0, "launch_overhead_s": 0.0, "control_allreduces": 0.0, "half_gamma_factor": 4.0,
     "record_s": 0.0,
     "input_bytes": 0.0, "stream_bytes": 0.0, "env_files": 0.0, "env_bytes": 0.0,
-    "allreduce_algorithm": "auto", "taper_nodes": 0, "taper": 1.0, "hiccup_prob": 0.0, "hiccup_s": 0.0,
+    "allreduce_algorithm": "auto", "fusion_cycle_s": 0.0, "taper_nodes": 0, "taper": 1.0, "hiccup_prob": 0.0,
+    "hiccup_s": 0.0,
     "slow_node_fraction": 0.0, "slow_node_slowdown": 0.0, "checkpoint_every_steps": 100, "checkpoint_bytes": 0.0,
 }
 
@@ -206,13 +207,62 @@ def test_several_ranks_per_node_reduce_within_the_node_first() -> None:
     assert eight_per_node < 1.5 * one_per_node
 
 
+def test_nccl_costs_its_ring_with_its_own_step_latencies() -> None:
+    intra, inter = c.Link(3.4e-6, 1 / 50e9, 0.0), c.Link(2e-6, 1 / 12.5e9, 0.0)
+    # 4 nodes x 8 GPUs, a small message: 6 of the 62 ring steps cross the network at NCCL's 9.6 us, 56 stay
+    # on NVLink; plus NCCL's 8.4 us launch
+    small = 1e3
+    ring, name = c.nccl_allreduce(4, 8, small, intra, inter, "ring")
+    bandwidth = 2 * 31 / 32 * small / 12.5e9
+    assert name == "ring"
+    assert ring == pytest.approx(8.4e-6 + 56 * 3.4e-6 + 6 * 9.6e-6 + bandwidth)
+    # at least P/16 x 64 KiB across nodes: the latency takes NCCL's plateau factor 1.9
+    big = 32 / 16 * 65536
+    assert c.nccl_allreduce(4, 8, big, intra, inter, "ring")[0] == pytest.approx(
+        8.4e-6 + 1.9 * (56 * 3.4e-6 + 6 * 9.6e-6) + 2 * 31 / 32 * big / 12.5e9)
+    # a site latency above NCCL's is kept; on one node there is no network step and no plateau
+    slow = c.Link(1e-3, 1 / 12.5e9, 0.0)
+    assert c.nccl_allreduce(2, 1, small, intra, slow, "ring")[0] == pytest.approx(
+        8.4e-6 + 2 * 1e-3 + small / 12.5e9)
+    assert c.nccl_allreduce(1, 8, big, intra, inter, "ring")[0] == pytest.approx(
+        8.4e-6 + c.ring_allreduce(8, big, intra))
+
+
+def test_horovod_fusion_grows_with_a_slow_network() -> None:
+    """Each cycle fuses what backward has produced since the last all-reduce: with a fast network the gradient
+    goes out in many small all-reduces hidden behind backward; with a slow one each all-reduce takes longer,
+    the next one carries more, and what is left after backward is exposed."""
+    window = 0.1
+    p = params(backend="mpi", fusion_cycle_s=0.01, bucket_mb=1e4, grad_bytes=1e8, latency_us=1.0)
+    w = Workload(p, even_buckets(1e8, 1e4 * 2**20, window) + (BucketTiming(0.0, window),))
+    assert w.grad_bytes == 1e8
+    fast = Workload(p.set_value("nic_gbps", 1e3, "set", "t"), w.buckets)
+    slow = Workload(p.set_value("nic_gbps", 0.05, "set", "t"), w.buckets)
+    exposed_fast, total_fast, _ = reduction_time(fast, 2, 1, 1.0)
+    exposed_slow, total_slow, _ = reduction_time(slow, 2, 1, 1.0)
+    # the fast network: ticks half a cycle into backward, then every cycle: 1e7/2 bytes, nine of 1e7, and
+    # the last 1e7/2 half a cycle after backward
+    link = c.Link(1e-6, 1 / 1e12, 1 / 10e9)
+    one, half = c.allreduce("mpi", 2, 1e7, link)[0], c.allreduce("mpi", 2, 5e6, link)[0]
+    assert total_fast == pytest.approx(9 * one + 2 * half)
+    assert exposed_fast == pytest.approx(0.005 + half)
+    # the slow network: every byte still sent once, fewer and larger all-reduces, most of it exposed
+    whole = c.allreduce("mpi", 2, 1e8, c.Link(1e-6, 1 / 5e7, 1 / 10e9))[0]
+    assert total_slow == pytest.approx(whole, rel=0.05)
+    assert exposed_slow > whole - window
+    # no overlap: one fused all-reduce of the whole gradient at the first tick after backward
+    flat = Workload(slow.params.set_value("reduction_overlap", False, "set", "t"), w.buckets)
+    assert reduction_time(flat, 2, 1, 1.0)[0] == pytest.approx(0.005 + whole)
+
+
 def test_algorithm_can_be_forced_and_taper_cuts_bandwidth_beyond_a_group() -> None:
     p = params(backend="nccl", reduction_overlap=False, latency_us=1000.0)
     w = one_bucket(p, 1e3)
     assert reduction_time(w, 64, 1, 1.0)[2] == "tree"  # latency-bound: the backend's own choice
     forced = Workload(p.set_value("allreduce_algorithm", "ring", "set", "t"), w.buckets)
     assert reduction_time(forced, 64, 1, 1.0)[2] == "ring"
-    assert reduction_time(forced, 64, 1, 1.0)[0] == pytest.approx(c.ring_allreduce(64, 1e3, c.Link(1e-3, 1e-9, 1e-10)))
+    ring = c.ring_allreduce(64, 1e3, c.Link(1e-3, 1e-9, 1e-10))  # the site's 1 ms latency is above NCCL's 9.6 us
+    assert reduction_time(forced, 64, 1, 1.0)[0] == pytest.approx(c.NCCL_RING_BASE_S + ring)
     big = one_bucket(params(reduction_overlap=False, taper_nodes=16, taper=0.25), 1e8)
     inside, outside = reduction_time(big, 16, 1, 1.0)[0], reduction_time(big, 32, 1, 1.0)[0]
     assert outside > 3.5 * inside  # a quarter of the bandwidth once the job leaves its group

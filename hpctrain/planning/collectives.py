@@ -5,7 +5,8 @@ formulas are the textbook ones (Thakur, Rabenseifner & Gropp 2005, "Optimization
 communication operations in MPICH"); the choice by size follows each library: MPICH takes recursive doubling
 up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 bytes) and reduce-scatter + allgather (Rabenseifner) above;
 torch's gloo backend always asks gloo for its ring; NCCL predicts ring and tree times and takes the faster
-(oneCCL, torch's xccl on Intel GPUs, is modelled the same way). With several ranks per node every backend
+(oneCCL, torch's xccl on Intel GPUs, is modelled the same way), with the latencies of NCCL's own cost model
+(``nccl_latency``). With several ranks per node every backend
 reduces hierarchically: within the node first, then across nodes (``hierarchical_allreduce``); ``--set
 allreduce_algorithm=...`` forces the algorithm of the inter-node phase, as NCCL_ALGO or MPICH_ALLREDUCE does.
 """
@@ -16,6 +17,18 @@ import math
 from dataclasses import dataclass
 
 MPICH_SHORT_MSG_BYTES = 2048
+
+# NCCL's own cost model of an all-reduce (src/graph/tuning.cc of NCCL 2.6-2.7, the Simple protocol that carries
+# gradient-sized messages): a fixed launch latency per collective (8.4 us for the ring), a latency per step that
+# is NCCL's protocol's and not the wire's (a ring step through the network 9.6 us, a tree level through the
+# network 50 us: the time to push one 256 kB pipeline chunk), and for a ring across nodes of a message of at
+# least P/16 x 64 KiB a factor of 1.9 on the latency ("plateau effect of ring"). A site figure slower than
+# NCCL's is kept.
+NCCL_RING_BASE_S = 8.4e-6
+NCCL_RING_NET_STEP_S = 9.6e-6
+NCCL_TREE_NET_STEP_S = 50e-6
+NCCL_RING_PLATEAU = 1.9
+NCCL_PLATEAU_BYTES_PER_RANK = 65536 / 16
 
 
 @dataclass(frozen=True)
@@ -99,6 +112,35 @@ def allreduce(backend: str, p: int, n: float, link: Link, algorithm: str = "auto
     raise ValueError(f"unknown backend {backend!r}")
 
 
+def nccl_allreduce(nodes: int, per_node: int, n: float, intra: Link, inter: Link,
+                   algorithm: str = "auto") -> tuple[float, str]:
+    """NCCL's all-reduce of ``n`` bytes over ``nodes`` x ``per_node`` GPUs, costed as NCCL's tuner costs it.
+
+    Ring: one ring through every GPU, leaving each node once: 2(P-1) steps of n/P bytes, each as slow as the
+    slower of the node's internal link and its network; 2(N-1) of the steps cross the network (NCCL's step
+    latency there), the others stay inside a node. Tree (across nodes only): a double binary tree of nodes with
+    a chain through each node's GPUs, 2 log2(N) network levels. ``auto`` takes the faster, as NCCL does."""
+    ranks = nodes * per_node
+    if ranks <= 1:
+        return 0.0, "none"
+    if nodes <= 1:
+        seconds, name = allreduce("nccl", ranks, n, intra, algorithm)
+        return seconds + (NCCL_RING_BASE_S if name == "ring" else 0.0), name
+    net_step = max(inter.alpha, NCCL_RING_NET_STEP_S)
+    inter_steps = 2 * (nodes - 1)
+    latency = (2 * (ranks - 1) - inter_steps) * intra.alpha + inter_steps * net_step
+    if n >= ranks * NCCL_PLATEAU_BYTES_PER_RANK:
+        latency *= NCCL_RING_PLATEAU
+    share = (ranks - 1) / ranks
+    ring = NCCL_RING_BASE_S + latency + 2 * share * n * max(intra.beta, inter.beta) + share * n * inter.gamma
+    tree_link = Link(max(inter.alpha, NCCL_TREE_NET_STEP_S), inter.beta, inter.gamma)
+    chain = 2 * (per_node - 1) * intra.alpha + 2 * n * intra.beta if per_node > 1 else 0.0
+    tree = tree_allreduce(nodes, n, tree_link) + chain
+    if algorithm == "ring" or (algorithm == "auto" and ring <= tree):
+        return ring, "ring"
+    return tree, "tree"
+
+
 def ring_reduce_scatter(p: int, n: float, link: Link) -> float:
     """Each of ``p`` ranks ends with the sum of its 1/p of the vector: p-1 steps of n/p bytes."""
     if p <= 1:
@@ -113,24 +155,15 @@ def hierarchical_allreduce(backend: str, nodes: int, per_node: int, n: float, in
     MPI (Cray MPICH's SMP-aware allreduce) and gloo (as Goyal et al. 2017 ran it) go in three phases: a
     reduce-scatter within each node (each rank then holds the node's sum of its 1/per_node share), an
     all-reduce of each share across the nodes (the node's ranks in parallel, sharing its network bandwidth:
-    ``inter`` is one node's link, so its beta is scaled by per_node), an allgather within the node. NCCL's ring
-    runs through every rank, leaving each node once: 2(p-1) steps of n/p bytes, each step as slow as the
-    slower of the node's internal link and its network; NCCL's tree crosses nodes by a double binary tree of
-    nodes, with a chain inside each node. A node's network therefore carries the gradient once, not once per
-    rank."""
+    ``inter`` is one node's link, so its beta is scaled by per_node), an allgather within the node. NCCL (and
+    xccl) run a ring through every rank or a tree of nodes (``nccl_allreduce``). A node's network therefore
+    carries the gradient once, not once per rank."""
+    if backend in ("nccl", "xccl") and algorithm in ("auto", "ring", "tree"):
+        return nccl_allreduce(nodes, per_node, n, intra, inter, algorithm)
     if nodes <= 1:
         return allreduce(backend, per_node, n, intra, algorithm)
     if per_node <= 1:
         return allreduce(backend, nodes, n, inter, algorithm)
-    if backend in ("nccl", "xccl") and algorithm in ("auto", "ring", "tree"):
-        ranks = nodes * per_node
-        ring_link = Link(inter.alpha, max(intra.beta, inter.beta), inter.gamma)
-        ring = ring_allreduce(ranks, n, ring_link)
-        chain = 2 * (per_node - 1) * intra.alpha + 2 * n * intra.beta  # pipelined up and down the node
-        tree = tree_allreduce(nodes, n, inter) + chain
-        if algorithm == "ring" or (algorithm == "auto" and ring <= tree):
-            return ring, "ring"
-        return tree, "tree"
     share = n / per_node
     shared = Link(inter.alpha, inter.beta * per_node, inter.gamma)
     across, name = allreduce(backend, nodes, share, shared, algorithm)

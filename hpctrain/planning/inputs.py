@@ -18,6 +18,7 @@ from hpctrain.planning.parameters import Param, Parameters, Value, apply_sets, c
 # What hpctrain's runtime does, and costs that one node cannot show: each with the reason it is assumed.
 ASSUMED: dict[str, tuple[Value, str]] = {
     "reduction_overlap": (True, "hpctrain reduces gradient buckets during backward (runtime/reducer.py)"),
+    "fusion_cycle_s": (0.0, "hpctrain reduces fixed buckets as they fill (runtime/reducer.py), no fusion cycle"),
     "input_overlap": (False, "hpctrain's tasks read the next batch on the training thread"),
     "input_sharding": ("shard", "hpctrain's tasks read their own shard of the input stream"),
     "startup_staged": (False, "hpctrain's batch scripts start Python from the shared file system"),

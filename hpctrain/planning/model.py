@@ -248,6 +248,8 @@ def reduction_time(w: Workload, nodes: int, ranks_per_node: int, compute_s: floa
         period = max(1.0, p.num("dasgd_period"))
         return max(0.0, seconds - hidden) / period, seconds / period, algorithm
     overlap = p.flag("reduction_overlap") and p.value("combiner") != "adasum"  # Adasum combines the update
+    if p.num("fusion_cycle_s") > 0:
+        return _cycle_fusion(w, nodes, ranks_per_node, overlap)
     finish = 0.0
     total = 0.0
     algorithm = ""
@@ -258,6 +260,36 @@ def reduction_time(w: Workload, nodes: int, ranks_per_node: int, compute_s: floa
         start = max(ready, finish) if i else ready
         finish = start + cost
         total += cost
+    return max(0.0, finish), total, algorithm
+
+
+MAX_CYCLES = 100_000  # cycles costed per step: a cycle shorter than window / MAX_CYCLES is costed as that
+
+
+def _cycle_fusion(w: Workload, nodes: int, ranks_per_node: int, overlap: bool) -> tuple[float, float, str]:
+    """Horovod's tensor fusion (Horovod docs, "Tensor Fusion"): once per ``fusion_cycle_s`` its background thread
+    fuses every gradient that is ready, up to ``bucket_mb``, into one all-reduce, and the next cycle starts when
+    that is done. Backward produces the gradient evenly across the window (from the first bucket's lead to its
+    end), so a slow all-reduce makes the next one larger: the fused size adapts to the network. The first tick
+    comes half a cycle after the first gradient, on average."""
+    p = w.params
+    grad = w.grad_bytes
+    window = max((b.lead_s for b in w.buckets), default=0.0) if overlap else 0.0
+    cycle = max(p.num("fusion_cycle_s"), window / MAX_CYCLES)
+    limit = p.num("bucket_mb") * 2**20
+    sent = total = 0.0
+    finish = -window
+    tick = -window - cycle / 2  # the cycle's clock is not backward's: the first tick comes half a cycle in
+    algorithm = ""
+    while sent < grad:
+        tick = max(finish, tick + cycle)
+        ready = grad if tick >= 0 or window <= 0 else grad * (tick + window) / window
+        while sent < ready:
+            nbytes = min(ready - sent, limit)
+            cost, algorithm = _bucket_cost(p, nodes, ranks_per_node, nbytes)
+            finish = max(finish, tick) + cost
+            total += cost
+            sent += nbytes
     return max(0.0, finish), total, algorithm
 
 

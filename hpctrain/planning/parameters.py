@@ -56,6 +56,9 @@ SPECS: dict[str, Spec] = {
     "threads_per_rank": Spec("", int, "threads per rank", at_most=RANKS_PER_NODE, positive=True, at_least=1),
     "batch_per_rank": Spec("samples", int, "samples per rank per step", at_most=1e9, positive=True, at_least=1),
     "bucket_mb": Spec("MB", float, "fused gradient bucket size", at_most=BYTES / 2**20, positive=True, at_least=1e-6),
+    "fusion_cycle_s": Spec("s", float, "Horovod's cycle: each cycle fuses every gradient ready (up to bucket_mb) "
+                           "into one all-reduce; 0: fixed buckets of bucket_mb (torch DDP, hpctrain)",
+                           at_most=SECONDS),
     "combiner": Spec("", ("mean", "adasum", "adacomp", "dasgd"), "how gradients are combined"),
     "compression": Spec("", ("none", "fp16", "bf16"), "wire precision of the mean"),
     "dasgd_period": Spec("steps", int, "DaSGD: steps between model averages", at_most=1e6, positive=True, at_least=1),

@@ -45,6 +45,7 @@ class Study:
     workload: dict[str, Figure]
     published: dict[int, float]
     reference_nodes: int = 1
+    reference_ranks: int | None = None  # ranks on the reference node; None: the node full (the study's ranks)
     what: str = ""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
@@ -75,6 +76,27 @@ HOROVOD = "Horovod docs, Benchmarks page and README (Sergeev & Del Balso 2018, a
 TF_BENCH = "tensorflow.org/performance/benchmarks, P100 (DGX-1) synthetic data, as tabulated by e-bug/distributed-" \
            "tensorflow-benchmarks"
 KURTH = "Kurth et al. 2018, Exascale Deep Learning for Climate Analytics (SC18, arXiv 1810.01993)"
+DLPERF = "OneFlow DLPerf Benchmark Test Report V1.0, Aug 2020 (github.com/Oneflow-Inc/DLPerf, " \
+         "reports/dlperf_benchmark_test_report_v1.md)"
+NGC_DGX1 = "NVIDIA DeepLearningExamples, TensorFlow ResNet-50 v1.5 README, DGX-1 (8x V100 16G) training " \
+           "performance (commit 709456c), as quoted in DLPerf's TensorFlow ResNet-50 README"
+NCCL_TUNING = "NCCL's own cost model, src/graph/tuning.cc (NCCL 2.6-2.7)"
+
+# Horovod fuses, once per cycle, every gradient that all ranks have ready, up to its fusion buffer (Horovod docs,
+# "Tensor Fusion"); the defaults until v0.21 were a 5 ms cycle and a 64 MB buffer (v0.21.0 release notes: "changed
+# default cycle time from 5ms to 1ms and fusion threshold from 64MB to 128MB").
+HOROVOD_FUSION = "Horovod docs, Tensor Fusion; v0.21.0 release notes (5 ms cycle, 64 MB buffer before v0.21)"
+HOROVOD_CYCLE = Figure(5e-3, f"HOROVOD_CYCLE_TIME default before v0.21 ({HOROVOD_FUSION})")
+HOROVOD_BUFFER = Figure(64.0, f"HOROVOD_FUSION_THRESHOLD default before v0.21 ({HOROVOD_FUSION})")
+
+
+NCCL_RING_ONLY = Figure("ring", "NCCL 2.0-2.3 build only rings (double binary trees came with NCCL 2.4, 2019)")
+NCCL_NVLINK_STEP = Figure(3.4, f"an NVLink ring step of NCCL's Simple protocol ({NCCL_TUNING})")
+NCCL_PCI_STEP = Figure(5.7, f"a PCIe ring step of NCCL's Simple protocol ({NCCL_TUNING})")
+
+
+HOROVOD_NEGOTIATION = g(1e-4, "Horovod's negotiation of each fused buffer: every rank tells rank 0 which tensors "
+                           "are ready, rank 0 answers (Horovod docs, Timeline)")
 
 
 def _horovod(model: str, images_per_s: Figure, params_m: float, at_32: float, at_128: float) -> Study:
@@ -88,24 +110,82 @@ def _horovod(model: str, images_per_s: Figure, params_m: float, at_32: float, at
             "nics_per_node": g(1.0, "one 25 Gbit/s port per server"),
             "latency_us": g(5.0, "RoCE latency through NCCL 2's socket/verbs transport"),
             "intra_bandwidth_gbps": g(10.0, "PCIe 3.0 x16 between Pascal GPUs (no NVLink stated)"),
-            "intra_latency_us": g(5.0, "a PCIe peer copy"),
+            "intra_latency_us": NCCL_PCI_STEP,
             "reduce_gbps": P100_REDUCE,
             "backend": Figure("nccl", f"NCCL 2 ring-allreduce ({HOROVOD})"),
+            "allreduce_algorithm": NCCL_RING_ONLY,
             "ranks_per_node": Figure(4.0, f"4 GPUs per server ({HOROVOD})"),
         },
         workload={
             "compute_s": Figure(batch / float(images_per_s.value), f"batch 64 / {images_per_s.value} images/s per GPU "
                                 f"({images_per_s.source})"),
             "grad_bytes": Figure(4 * params_m * 1e6, f"{params_m}M float32 parameters (the model's published size)"),
-            "bucket_mb": Figure(64.0, "Horovod's 64 MB tensor fusion buffer (HOROVOD_FUSION_THRESHOLD default)"),
+            "bucket_mb": HOROVOD_BUFFER, "fusion_cycle_s": HOROVOD_CYCLE,
             "overlap_window_s": g(BACKWARD_SHARE * batch / float(images_per_s.value), "backward: 2/3 of the step"),
             "compute_std_s": g(COMPUTE_CV * batch / float(images_per_s.value), "2 % step spread, as for Theta"),
-            "launch_overhead_s": g(1e-3, "Horovod's 5 ms cycle time: a fused tensor waits half a cycle on average"),
+            "launch_overhead_s": HOROVOD_NEGOTIATION,
         },
         published={32: at_32, 128: at_128},
         notes=("efficiency against 1 GPU x N; 32 servers (128 GPUs) from the earlier README, 128 (512 GPUs) from "
                "the later one",),
     )
+
+
+def _dlperf(framework: str, model: str, batch: int, throughput: tuple[float, float, float, float],
+            params_m: float, reducer: str) -> Study:
+    """One column of DLPerf's table: 1 GPU, then 1, 2 and 4 servers of 8 V100s; efficiency against 1 GPU x N."""
+    one, *scaled = throughput
+    compute = batch / one
+    grad = 4 * params_m * 1e6
+    window = BACKWARD_SHARE * compute
+    if reducer == "ddp":
+        bucket = Figure(25.0, "torch DDP's bucket_cap_mb default, 25 MB (torch docs)")
+        launch = g(20e-6, "a DDP bucket's launch from its C++ reducer, as hpctrain's measured 20 us")
+        backend = Figure("nccl", f"torch DistributedDataParallel over NCCL 2.6 (NGC 20.03 container, {DLPERF})")
+    else:
+        bucket = HOROVOD_BUFFER
+        launch = HOROVOD_NEGOTIATION
+        backend = Figure("nccl", f"Horovod 0.19 over NCCL 2.6.3 (NGC 20.03 container, {DLPERF})")
+    table = f"{DLPERF}: {one} / " + " / ".join(str(t) for t in scaled) + " per second at 1 / 8 / 16 / 32 GPUs"
+    return Study(
+        key=f"dlperf-{framework.lower()}-{model.lower()}", citation=DLPERF,
+        what=f"{model}, {framework}, FP32, batch {batch} per GPU",
+        system="servers of 8 V100-SXM2-16GB (NVLink), one EDR InfiniBand 100 Gbit/s port each",
+        site={
+            "nic_gbps": Figure(12.5, f"InfiniBand 100 Gb/s (4X EDR), one mlx5_0 per server ({DLPERF})"),
+            "nics_per_node": Figure(1.0, f"one mlx5_0 in the report's nvidia-smi topo ({DLPERF})"),
+            "latency_us": g(2.0, "EDR InfiniBand; NCCL's own 9.6 us per network step is larger and is used"),
+            "intra_bandwidth_gbps": g(50.0, "NVLink 2, 25 GB/s per link and direction, rings over bonded links"),
+            "intra_latency_us": NCCL_NVLINK_STEP,
+            "reduce_gbps": V100_REDUCE,
+            "backend": backend,
+            "ranks_per_node": Figure(8.0, f"8 V100 per server ({DLPERF})"),
+        },
+        workload={
+            "compute_s": Figure(compute, f"batch {batch} / {one} per second on 1 GPU ({DLPERF})"),
+            "grad_bytes": Figure(grad, f"{params_m}M float32 parameters (the model's published size)"),
+            "bucket_mb": bucket,
+            "fusion_cycle_s": HOROVOD_CYCLE if reducer == "horovod" else Figure(0.0, "DDP reduces fixed buckets"),
+            "overlap_window_s": g(window, "backward: 2/3 of the step"),
+            "compute_std_s": g(COMPUTE_CV * compute, "2 % step spread, as for Theta"),
+            "launch_overhead_s": launch,
+        },
+        published={n: round(t / (one * 8 * n), 3) for n, t in zip((1, 2, 4), scaled, strict=True)},
+        reference_ranks=1,
+        notes=(table,),
+    )
+
+
+# The DLPerf columns whose gradient reduction the planner has the inputs for: torch DDP (PyTorch) and Horovod
+# (TensorFlow 1, MXNet), for ResNet-50 and BERT-base (batch 32, the only BERT batch every one of them ran).
+# OneFlow's, PaddlePaddle's and TensorFlow 2's own reducers are left out, whatever their numbers.
+DLPERF_RUNS: tuple[tuple[str, str, int, tuple[float, float, float, float], float, str], ...] = (
+    ("PyTorch", "ResNet-50", 128, (354.40, 2719.07, 5307.21, 10632.33), 25.6, "ddp"),
+    ("TF1", "ResNet-50", 128, (362.44, 2721.98, 5099.42, 9514.64), 25.6, "horovod"),
+    ("MXNet", "ResNet-50", 96, (389.71, 2947.72, 5684.68, 10419.21), 25.6, "horovod"),
+    ("TF1", "BERT-base", 32, (106.80, 806.56, 1090.20, 1923.68), 110.0, "horovod"),
+    ("MXNet", "BERT-base", 32, (127.05, 928.03, 1136.44, 1895.50), 110.0, "horovod"),
+)
 
 
 STUDIES: tuple[Study, ...] = (
@@ -155,10 +235,10 @@ STUDIES: tuple[Study, ...] = (
         workload={
             "compute_s": g(0.5, "21.0 PF/s over 5300 GPUs = 4 TF/s per GPU; the step's FLOPs are not published"),
             "grad_bytes": g(4 * 7.0e6, "a Tiramisu of about 7M parameters"),
-            "bucket_mb": g(64.0, "Horovod's fusion buffer"),
+            "bucket_mb": HOROVOD_BUFFER, "fusion_cycle_s": HOROVOD_CYCLE,
             "overlap_window_s": g(BACKWARD_SHARE * 0.5, "backward: 2/3 of the step"),
             "compute_std_s": g(COMPUTE_CV * 0.5, "2 % step spread, as for Theta"),
-            "launch_overhead_s": g(1e-3, "Horovod's cycle time"),
+            "launch_overhead_s": HOROVOD_NEGOTIATION,
         },
         published={5300: 0.790},
     ),
@@ -179,10 +259,10 @@ STUDIES: tuple[Study, ...] = (
             "compute_s": g(1.0, "325.8 PF/s over 27360 GPUs = 11.9 TF/s per GPU; the step's FLOPs are not "
                             "published"),
             "grad_bytes": g(4 * 43.6e6, "DeepLabv3+ with a ResNet-50 backbone, about 44M parameters"),
-            "bucket_mb": g(64.0, "Horovod's fusion buffer"),
+            "bucket_mb": HOROVOD_BUFFER, "fusion_cycle_s": HOROVOD_CYCLE,
             "overlap_window_s": g(BACKWARD_SHARE * 1.0, "backward: 2/3 of the step"),
             "compute_std_s": g(COMPUTE_CV * 1.0, "2 % step spread, as for Theta"),
-            "launch_overhead_s": g(1e-3, "Horovod's cycle time"),
+            "launch_overhead_s": HOROVOD_NEGOTIATION,
         },
         published={4560: 0.907},
     ),
@@ -208,6 +288,29 @@ STUDIES: tuple[Study, ...] = (
             "launch_overhead_s": g(1e-4, "a plugin all-reduce's software cost"),
         },
         published={8192: 0.77},
+    ),
+    *(_dlperf(*args) for args in DLPERF_RUNS),
+    Study(
+        key="ngc-dgx1-tf-rn50", what="ResNet-50 v1.5, TF1 + Horovod, FP32, 8 GPUs", citation=NGC_DGX1,
+        system="DGX-1: 8 V100-SXM2-16GB (NVLink hybrid cube mesh)",
+        site={
+            "intra_bandwidth_gbps": g(50.0, "NVLink 2, 25 GB/s per link and direction, rings over bonded links"),
+            "intra_latency_us": NCCL_NVLINK_STEP,
+            "reduce_gbps": V100_REDUCE,
+            "backend": Figure("nccl", f"Horovod over NCCL ({NGC_DGX1})"),
+            "ranks_per_node": Figure(8.0, "8 GPUs"),
+        },
+        workload={
+            "compute_s": g(128 / 364.9, f"batch 128 (as DLPerf compares it) / 364.9 images/s on 1 GPU ({NGC_DGX1})"),
+            "grad_bytes": Figure(4 * 25.6e6, "25.6M float32 parameters (ResNet-50)"),
+            "bucket_mb": HOROVOD_BUFFER, "fusion_cycle_s": HOROVOD_CYCLE,
+            "overlap_window_s": g(BACKWARD_SHARE * 128 / 364.9, "backward: 2/3 of the step"),
+            "compute_std_s": g(COMPUTE_CV * 128 / 364.9, "2 % step spread, as for Theta"),
+            "launch_overhead_s": HOROVOD_NEGOTIATION,
+        },
+        published={1: round(2778.5 / (8 * 364.9), 3)},
+        reference_ranks=1,
+        notes=("8 GPUs 2778.5 images/s against 1 GPU 364.9 (x8)",),
     ),
 )
 
@@ -238,9 +341,14 @@ def workload(study: Study, changes: dict[str, Value] | None = None) -> Workload:
     return Workload(p, even_buckets(p.num("grad_bytes"), p.num("bucket_mb") * 2**20, p.num("overlap_window_s")))
 
 
-def efficiency(w: Workload, nodes: int, reference_nodes: int = 1) -> float:
-    """Per-rank throughput at ``nodes`` against the study's reference (one node: all its ranks), steady state."""
-    return step_cost(w, reference_nodes).steady_s / step_cost(w, nodes).steady_s
+def efficiency(w: Workload, nodes: int, reference_nodes: int = 1, reference_ranks: int | None = None) -> float:
+    """Per-rank throughput at ``nodes`` against the study's reference (one node, full or of
+    ``reference_ranks`` ranks), steady state."""
+    return step_cost(w, reference_nodes, reference_ranks).steady_s / step_cost(w, nodes).steady_s
+
+
+def study_efficiency(study: Study, w: Workload, nodes: int) -> float:
+    return efficiency(w, nodes, study.reference_nodes, study.reference_ranks)
 
 
 @dataclass(frozen=True)
@@ -261,20 +369,20 @@ def validate(changes: dict[str, Value] | None = None) -> list[Point]:
     for study in STUDIES:
         w = workload(study, changes)
         for nodes, published in sorted(study.published.items()):
-            out.append(Point(study, nodes, published, efficiency(w, nodes, study.reference_nodes)))
+            out.append(Point(study, nodes, published, study_efficiency(study, w, nodes)))
     return out
 
 
 def sensitivity(study: Study) -> list[tuple[str, float, float, float]]:
     """(guessed figure, prediction at the largest point with it x0.5, as given, x2) for every numeric guess."""
     nodes = max(study.published)
-    base = efficiency(workload(study), nodes, study.reference_nodes)
+    base = study_efficiency(study, workload(study), nodes)
     rows = []
     for name, fig in study.figures():
         if not fig.guessed or SPECS[name].kind is not float:
             continue
-        low = efficiency(workload(study, {name: float(fig.value) * 0.5}), nodes, study.reference_nodes)
-        high = efficiency(workload(study, {name: float(fig.value) * 2}), nodes, study.reference_nodes)
+        low = study_efficiency(study, workload(study, {name: float(fig.value) * 0.5}), nodes)
+        high = study_efficiency(study, workload(study, {name: float(fig.value) * 2}), nodes)
         rows.append((name, low, base, high))
     return rows
 
