@@ -20,7 +20,8 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "planning.md"
 def test_the_studies_cover_what_the_validation_needs() -> None:
     systems = {s.system for s in pb.STUDIES}
     citations = {s.citation for s in pb.STUDIES}
-    assert len(systems) >= 5 and len(citations) >= 4
+    assert len(systems) >= 5 and len(citations) >= 5  # five publications besides the Theta study
+    assert len(pb.validate()) >= 15
     assert any(float(s.site["ranks_per_node"].value) > 1 for s in pb.STUDIES)  # several GPUs per node
     assert any(max(s.published) > 1000 for s in pb.STUDIES)  # above 1000 nodes
     falling = [s for s in pb.STUDIES if len(s.published) > 1
@@ -52,10 +53,32 @@ def test_the_network_terms_move_a_validated_prediction(what: str) -> None:
         for study in pb.STUDIES:
             nic = float(pb.study_parameters(study).num("nic_gbps"))
             w = pb.workload(study, {"nic_gbps": nic / 10})
-            changed += [pb.Point(study, n, e, pb.efficiency(w, n, study.reference_nodes))
+            changed += [pb.Point(study, n, e, pb.study_efficiency(study, w, n))
                         for n, e in sorted(study.published.items())]
     moved = max(abs(a.predicted - b.predicted) for a, b in zip(base, changed, strict=True))
     assert moved > 0.05, what
+
+
+def test_errors_have_both_signs() -> None:
+    errors = [p.error for p in pb.validate()]
+    assert min(errors) < 0 < max(errors)
+
+
+@pytest.mark.xfail(strict=True, reason="not met: the Horovod runs of DLPerf on 2 and 4 servers, Goyal's Caffe2 + gloo "
+                   "and the two Cray Aries runs above 5000 nodes are over-predicted by 0.07 to 0.48 "
+                   "(docs/planning.md, validation 2)")
+def test_every_published_point_within_tolerance() -> None:
+    worst = max(pb.validate(), key=lambda p: abs(p.error))
+    assert abs(worst.error) <= pb.TOLERANCE, (worst.study.key, worst.nodes, worst.error)
+
+
+def test_one_gpu_reference_points_are_against_one_gpu() -> None:
+    """DLPerf's and NVIDIA's efficiencies are throughput at N GPUs over N x one GPU alone: one node of one rank
+    is the reference, so even one full node shows its straggler and reduction losses."""
+    study = next(s for s in pb.STUDIES if s.key == "dlperf-pytorch-resnet-50")
+    w = pb.workload(study)
+    assert study.reference_ranks == 1
+    assert pb.study_efficiency(study, w, 1) < pb.efficiency(w, 1) == 1.0
 
 
 def test_docs_print_the_table_the_code_computes() -> None:
