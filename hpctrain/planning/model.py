@@ -263,7 +263,7 @@ def reduction_time(w: Workload, nodes: int, ranks_per_node: int, compute_s: floa
     return max(0.0, finish), total, algorithm
 
 
-MAX_CYCLES = 100_000  # cycles costed per step: a cycle shorter than window / MAX_CYCLES is costed as that
+MAX_CYCLES = 10_000  # cycles costed per step: a cycle shorter than window / MAX_CYCLES is costed as that
 
 
 def _cycle_fusion(w: Workload, nodes: int, ranks_per_node: int, overlap: bool) -> tuple[float, float, str]:

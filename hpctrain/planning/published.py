@@ -229,7 +229,8 @@ STUDIES: tuple[Study, ...] = (
             "intra_bandwidth_gbps": g(10.0, "not used: one rank per node"),
             "intra_latency_us": g(1.0, "not used: one rank per node"),
             "reduce_gbps": P100_REDUCE,
-            "backend": Figure("nccl", f"Horovod with NCCL inside and MPI across nodes, hierarchical ({KURTH})"),
+            "backend": Figure("mpi", f"Horovod's hierarchical all-reduce: NCCL inside a node, MPI across nodes; with "
+                              f"one GPU per node all of it is MPI ({KURTH})"),
             "ranks_per_node": Figure(1.0, "1 P100 per node"),
         },
         workload={
@@ -252,7 +253,8 @@ STUDIES: tuple[Study, ...] = (
             "intra_bandwidth_gbps": Figure(50.0, "NVLink 2 between GPUs of a socket, 50 GB/s (OLCF user guide)"),
             "intra_latency_us": g(2.0, "an NVLink peer copy"),
             "reduce_gbps": V100_REDUCE,
-            "backend": Figure("nccl", f"NCCL within nodes, MPI across, hierarchical ({KURTH})"),
+            "backend": Figure("mpi", f"Horovod's hierarchical all-reduce: NCCL reduce-scatter and allgather inside a "
+                              f"node, MPI all-reduce across nodes ({KURTH})"),
             "ranks_per_node": Figure(6.0, "6 V100 per node"),
         },
         workload={
