@@ -139,7 +139,8 @@ def _dlperf(framework: str, model: str, batch: int, throughput: tuple[float, flo
     grad = 4 * params_m * 1e6
     window = BACKWARD_SHARE * compute
     if reducer == "ddp":
-        bucket = Figure(25.0, "torch DDP's bucket_cap_mb default, 25 MB (torch docs)")
+        bucket = g(25.0, "torch DDP's default bucket_cap_mb (torch docs); the report does not say whether the "
+                         "NGC 20.03 example wraps the model in torch's or apex's DDP")
         launch = g(20e-6, "a DDP bucket's launch from its C++ reducer, as hpctrain's measured 20 us")
         backend = Figure("nccl", f"torch DistributedDataParallel over NCCL 2.6 (NGC 20.03 container, {DLPERF})")
     else:
