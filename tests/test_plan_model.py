@@ -250,6 +250,9 @@ def test_horovod_fusion_grows_with_a_slow_network() -> None:
     whole = c.allreduce("mpi", 2, 1e8, c.Link(1e-6, 1 / 5e7, 1 / 10e9))[0]
     assert total_slow == pytest.approx(whole, rel=0.05)
     assert exposed_slow > whole - window
+    # a gradient in one bucket still comes out of backward across the overlap window
+    whole_bucket = Workload(fast.params.set_value("overlap_window_s", window, "set", "t"), (BucketTiming(1e8, 0.0),))
+    assert reduction_time(whole_bucket, 2, 1, 1.0)[:2] == pytest.approx((exposed_fast, total_fast))
     # no overlap: one fused all-reduce of the whole gradient at the first tick after backward
     flat = Workload(slow.params.set_value("reduction_overlap", False, "set", "t"), w.buckets)
     assert reduction_time(flat, 2, 1, 1.0)[0] == pytest.approx(0.005 + whole)

@@ -6,8 +6,8 @@ communication operations in MPICH"); the choice by size follows each library: MP
 up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 bytes) and reduce-scatter + allgather (Rabenseifner) above;
 torch's gloo backend always asks gloo for its ring; NCCL predicts ring and tree times and takes the faster
 (oneCCL, torch's xccl on Intel GPUs, is modelled the same way), with the latencies of NCCL's own cost model
-(``nccl_latency``). With several ranks per node every backend
-reduces hierarchically: within the node first, then across nodes (``hierarchical_allreduce``); ``--set
+(``nccl_allreduce``). With several ranks per node every backend reduces hierarchically: within the node
+first, then across nodes (``hierarchical_allreduce``); ``--set
 allreduce_algorithm=...`` forces the algorithm of the inter-node phase, as NCCL_ALGO or MPICH_ALLREDUCE does.
 """
 

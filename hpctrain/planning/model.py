@@ -269,12 +269,13 @@ MAX_CYCLES = 10_000  # cycles costed per step: a cycle shorter than window / MAX
 def _cycle_fusion(w: Workload, nodes: int, ranks_per_node: int, overlap: bool) -> tuple[float, float, str]:
     """Horovod's tensor fusion (Horovod docs, "Tensor Fusion"): once per ``fusion_cycle_s`` its background thread
     fuses every gradient that is ready, up to ``bucket_mb``, into one all-reduce, and the next cycle starts when
-    that is done. Backward produces the gradient evenly across the window (from the first bucket's lead to its
-    end), so a slow all-reduce makes the next one larger: the fused size adapts to the network. The first tick
-    comes half a cycle after the first gradient, on average."""
+    that is done. Backward produces the gradient evenly across the overlap window (``overlap_window_s``, or the
+    first bucket's lead where that is longer), so a slow all-reduce makes the next one larger: the fused size
+    adapts to the network. The first tick comes half a cycle after the first gradient, on average."""
     p = w.params
     grad = w.grad_bytes
-    window = max((b.lead_s for b in w.buckets), default=0.0) if overlap else 0.0
+    lead = max((b.lead_s for b in w.buckets), default=0.0)
+    window = max(lead, p.num("overlap_window_s")) if overlap else 0.0
     cycle = max(p.num("fusion_cycle_s"), window / MAX_CYCLES)
     limit = p.num("bucket_mb") * 2**20
     sent = total = 0.0
