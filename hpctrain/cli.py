@@ -31,6 +31,7 @@ COMMAND_MODULES = (
     "resume",
     "runs",
     "plan",
+    "report",
     "ffn",
     "demo",
 )

@@ -216,6 +216,19 @@ class CheckpointConfig(Strict):
                             "rank (docs/checkpoints.md, 'Per-node files')")
 
 
+class MlflowConfig(Strict):
+    tracking_uri: str = Field(min_length=1, description="MLflow tracking URI, or a directory (relative to the run "
+                              "directory) for MLflow's file store")
+    experiment: str | None = Field(None, min_length=1, description="Experiment name (default: the job's name)")
+
+
+class MetricsConfig(Strict):
+    tensorboard: bool = Field(False, description="Rank 0 also writes the metrics as TensorBoard event files")
+    tensorboard_dir: str = Field("tensorboard", min_length=1,
+                                 description="Where the event files go (relative to the run directory)")
+    mlflow: MlflowConfig | None = Field(None, description="Rank 0 also logs the metrics to this MLflow tracking URI")
+
+
 class JobSpec(Strict):
     name: Name
     description: str = ""
@@ -226,6 +239,8 @@ class JobSpec(Strict):
     resources: ResourcesConfig = Field(default_factory=ResourcesConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     env: EnvVars = Field(default_factory=dict, description="Extra environment variables for the ranks")
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig, description="Where the training metrics go besides "
+                                   "metrics.jsonl (docs/report.md, 'TensorBoard and MLflow')")
     staging: JobStaging | None = Field(None, description="What to copy to node-local storage once per node; each key "
                                        "set replaces the site's (docs/scaling.md, 'Staging')")
     _origin: JobOrigin | None = PrivateAttr(None)

@@ -1,19 +1,26 @@
-"""Training metrics: a JSONL file per run (rank 0) and a live progress line on stderr."""
+"""Training metrics: a JSONL file per run (rank 0), the same records to TensorBoard or MLflow when the job asks
+(runtime/metric_sinks.py), and a live progress line on stderr."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from hpctrain.runtime.metric_sinks import MetricsSink
 
 
 class MetricsLog:
     """Appends one JSON object per logging interval to ``metrics.jsonl`` and prints a progress line."""
 
-    def __init__(self, path: Path | None, total_steps: int, unit: str, stream: TextIO = sys.stderr) -> None:
+    def __init__(self, path: Path | None, total_steps: int, unit: str, stream: TextIO = sys.stderr,
+                 sinks: Sequence[MetricsSink] = ()) -> None:
         self.path, self.total, self.unit, self.stream = path, total_steps, unit, stream
+        self.sinks = list(sinks)
         self._file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115 - closed in close()
 
     def write(self, record: dict[str, Any]) -> None:
@@ -21,6 +28,8 @@ class MetricsLog:
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        for sink in self.sinks:
+            sink.write(record)
         self.stream.write(progress_line(record, self.total, self.unit) + "\n")
         self.stream.flush()
 
@@ -28,6 +37,9 @@ class MetricsLog:
         if self._file:
             self._file.close()
             self._file = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
 
 def progress_line(record: dict[str, Any], total: int, unit: str) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -30,11 +31,13 @@ from hpctrain.runtime import counters, devices, work_counts
 from hpctrain.runtime.combiners import build_combiner
 from hpctrain.runtime.comm import Communicator, make_communicator
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
+from hpctrain.runtime.metric_sinks import MetricsSink, open_sinks
 from hpctrain.runtime.metrics import MetricsLog
 from hpctrain.runtime.optim import build_optimizer
 from hpctrain.runtime.precision import forward_context, resolve_precision
 from hpctrain.runtime.profile import start_profile
 from hpctrain.runtime.rank_list import node_summary
+from hpctrain.runtime.rank_times import RANK_TIMES_FILE, RankTimes
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
 from hpctrain.runtime.schedule import LRSchedule
 
@@ -121,8 +124,10 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     # Every rank reports how its data preparation went before any training collective: one rank's error (a
     # missing dataset, a file that is not HDF5) ends every rank with that error instead of a broken collective.
     error: Exception | None = None
+    sinks: list[MetricsSink] = []
     try:
         task: TrainingTask = build_task(job.model, ctx)
+        sinks = open_sinks(job.metrics, run_dir, job.name) if rank == 0 else []
     except Exception as exc:
         error = exc
     comm.agree(error, "data preparation")
@@ -145,10 +150,12 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     start = session.restore()
     if rank == 0:  # an earlier attempt's request; this attempt writes its own when it stops
         (run_dir / REQUEUE_MARKER).unlink(missing_ok=True)
-    metrics = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 else None, job.train.steps, task.sample_unit)
+    metrics = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 else None, job.train.steps, task.sample_unit,
+                         sinks=sinks)
     clip = getattr(task, "clip_gradients", None)
     # timings for `hpctrain plan`
     profiler = start_profile(job, run_dir, comm, model, reducer, combiner, task, precision)
+    rank_times = RankTimes(profiler.stats, run_dir / RANK_TIMES_FILE if rank == 0 else None)
     loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
     last_logged: dict[str, float] = {}  # the final record repeats them: a finished run's progress shows its loss
     step = start
@@ -185,9 +192,11 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
             if step % job.train.log_every == 0 or step == job.train.steps:
                 rate = interval_steps * task.samples_per_step / (time.perf_counter() - interval_start)
                 record = _interval_record(comm, task, step, lr, loss_sum, loss_count, rate,
-                                          combiner.interval_metrics())
+                                          combiner.interval_metrics(), rank_times.busy_s())
+                busy = record.pop("rank_busy_s")
                 if rank == 0:
                     metrics.write(record)
+                    rank_times.write(step, busy)
                 last_logged = {k: record[k] for k in ("loss", "per_rank_rate") if k in record}
                 loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
             if check_sync_every and step % check_sync_every == 0 and combiner.ranks_in_sync:
@@ -219,7 +228,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     combiner.flush()
     final = task.evaluate() if rank == 0 and not stopped else {}
     if final and rank == 0:
-        metrics = MetricsLog(run_dir / "metrics.jsonl", job.train.steps, task.sample_unit)
+        metrics = MetricsLog(run_dir / "metrics.jsonl", job.train.steps, task.sample_unit,
+                             sinks=open_sinks(job.metrics, run_dir, job.name))
         metrics.write({"step": step, "final": True, **last_logged, **final})
         metrics.close()
     return TrainOutcome(start_step=start, end_step=step, stopped_by_signal=stopped, final=final,
@@ -240,12 +250,15 @@ def _write_requeue_marker(run_dir: Path, step: int) -> None:
 
 
 def _interval_record(comm: Communicator, task: TrainingTask, step: int, lr: float, loss_sum: float,
-                     loss_count: int, rate: float, combiner_metrics: dict[str, float] | None = None
-                     ) -> dict[str, Any]:
-    """Loss averaged over all ranks, task and combiner metrics averaged, rate the slowest rank's samples/s."""
+                     loss_count: int, rate: float, combiner_metrics: dict[str, float] | None = None,
+                     busy_s: float = math.nan) -> dict[str, Any]:
+    """Loss averaged over all ranks, task and combiner metrics averaged, rate the slowest rank's samples/s;
+    ``rank_busy_s``: every rank's ``busy_s``, in rank order (one slot per rank in the same all-reduce)."""
     local = {**task.interval_metrics(), **(combiner_metrics or {})}
     keys = sorted(local)
-    values = torch.tensor([loss_sum, float(loss_count), *[local[k] for k in keys]], dtype=torch.float64)
+    slots = [0.0] * comm.size
+    slots[comm.rank] = busy_s
+    values = torch.tensor([loss_sum, float(loss_count), *[local[k] for k in keys], *slots], dtype=torch.float64)
     comm.allreduce_(values, "sum", "metrics")
     slowest = torch.tensor([rate], dtype=torch.float64)
     comm.allreduce_(slowest, "min", "metrics rate")
@@ -253,4 +266,5 @@ def _interval_record(comm: Communicator, task: TrainingTask, step: int, lr: floa
                               "per_rank_rate": float(slowest[0]), "ranks": comm.size}
     for i, key in enumerate(keys):
         record[key] = float(values[2 + i]) / comm.size
+    record["rank_busy_s"] = [float(v) for v in values[2 + len(keys):]]
     return record

@@ -1,0 +1,47 @@
+"""``hpctrain report RUN [-o FILE] [--serve]``: one self-contained HTML page of a run (docs/report.md), or the same
+page live on 127.0.0.1 until the run ends."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("report", help="an HTML report of a run (loss, speed, ranks, plan, checkpoints)")
+    parser.add_argument("run", metavar="RUN", help="run id, a unique prefix, or a run directory")
+    parser.add_argument("-o", "--out", default=None, metavar="FILE.html",
+                        help="where to write it (default: report.html in the run directory, or in the copy of a "
+                             "remote run's files)")
+    parser.add_argument("--serve", action="store_true",
+                        help="serve it live on 127.0.0.1 (a URL with a random token) until the run ends")
+    parser.add_argument("--port", type=int, default=0, help="with --serve: the port (default: any free one)")
+    parser.add_argument("--refresh", type=float, default=5.0, metavar="SECONDS",
+                        help="with --serve: how often the page reloads and the report is rebuilt")
+    parser.add_argument("--with", dest="extra", action="append", default=[], metavar="DIR",
+                        help="also look here for evaluation files (scores.json, *segmentation*.h5); repeatable")
+    parser.set_defaults(handler=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from hpctrain.errors import ConfigError
+    from hpctrain.report.build import build_report
+    from hpctrain.report.source import open_source
+
+    if args.refresh <= 0:
+        raise ConfigError(f"--refresh {args.refresh}: expected seconds above 0", key="--refresh")
+    source = open_source(args.run)
+    out = Path(args.out) if args.out else None
+    extra = tuple(Path(p) for p in args.extra)
+    if not args.serve:
+        path, _ = build_report(source, out, extra_dirs=extra)
+        print(path)
+        return 0
+    from hpctrain.report.serve import ReportServer
+
+    server = ReportServer(source, port=args.port, refresh_s=args.refresh, extra_dirs=extra, out=out)
+    print(f"serving the live report of {source.facts.title} at {server.url}", flush=True)
+    print("(127.0.0.1 only; it stops by itself when the run ends, or press Ctrl-C)", file=sys.stderr, flush=True)
+    server.serve(written=lambda p: print(f"the run has ended; report written to {p}", flush=True))
+    return 0

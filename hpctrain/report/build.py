@@ -1,0 +1,75 @@
+"""A run's report from its source: collect the files, add the plan comparison and the segmentation slices, render
+the page, write it whole (beside, then renamed: a browser reloading it never reads half a page).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpctrain.report.collect import PROFILE_FILE, ReportData, collect
+from hpctrain.report.efficiency import try_compare
+from hpctrain.report.html import page
+from hpctrain.report.source import RunSource
+
+SLICES = 3
+DEFAULT_NAME = "report.html"
+
+
+def segmentation_slices(places: tuple[Path, ...]) -> tuple[list[tuple[str, Any]], str]:
+    """Three z slices of the first label volume found (``*segmentation*.h5``, dataset ``segmentation``)."""
+    found = [p for place in places for p in sorted(place.glob("*segmentation*.h5"))]
+    if not found:
+        return [], "no segmentation in the run's files (an FFN run's *segmentation*.h5)"
+    found.sort(key=lambda p: (not p.name.startswith("heldout"), p.name))
+    try:
+        import h5py
+        import numpy as np
+    except ImportError as exc:
+        return [], f"{found[0].name} is there but h5py/numpy are not installed to read it ({exc})"
+    try:
+        with h5py.File(found[0], "r") as f:
+            labels = f["segmentation"]
+            depth = labels.shape[0]
+            zs = sorted({max(0, min(depth - 1, depth * (i + 1) // (SLICES + 1))) for i in range(SLICES)})
+            return [(f"{found[0].name} z={z}", np.asarray(labels[z])) for z in zs], ""
+    except (OSError, KeyError, ValueError, IndexError) as exc:
+        return [], f"cannot read {found[0].name}: {exc}"
+
+
+def report_data(source: RunSource, extra_dirs: tuple[Path, ...] = ()) -> ReportData:
+    data = collect(source.directory, source.facts, extra_dirs=extra_dirs)
+    profile = source.directory / PROFILE_FILE
+    text = profile.read_text(encoding="utf-8") if profile.is_file() else None
+    data.efficiency, data.efficiency_note = try_compare(source.job_file, source.site_file, source.facts.site, text,
+                                                        f"{source.facts.where}/{PROFILE_FILE}")
+    data.slices, data.slices_note = segmentation_slices((source.directory, *extra_dirs))
+    return data
+
+
+def write_atomic(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def build_report(source: RunSource, out: Path | None = None, *, extra_dirs: tuple[Path, ...] = (),
+                 refresh_s: float | None = None) -> tuple[Path, ReportData]:
+    """Write the report of ``source`` to ``out`` (default: report.html in the run's local directory)."""
+    data = report_data(source, extra_dirs)
+    target = out or source.directory / DEFAULT_NAME
+    return write_atomic(target, page(data, refresh_s)), data
+
+
+def report_of(run_ref: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
+              extra_dirs: tuple[str | os.PathLike[str], ...] = ()) -> Path:
+    """``hpctrain report RUN -o OUT`` from Python (the demo calls it): the path written."""
+    from hpctrain.report.source import open_source
+
+    source = open_source(str(run_ref))
+    path, _ = build_report(source, Path(out) if out is not None else None,
+                           extra_dirs=tuple(Path(p) for p in extra_dirs))
+    return path

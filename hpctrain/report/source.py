@@ -1,0 +1,129 @@
+"""Where a report's files come from: a run directory on this machine, or a registered run — local, or on a login
+node, whose files are copied over the run's own ssh connection (the transport ``status`` and ``logs`` use) into a
+cache directory on this machine. The registry gives the requeue chain, the state and the reason a run ended.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpctrain.report.collect import (
+    FAILURE_FILE,
+    JOB_FILE,
+    METRICS_FILE,
+    PROFILE_FILE,
+    RANK_TIMES_FILE,
+    SCORES_FILE,
+    Attempt,
+    RunFacts,
+    iso_epoch,
+)
+
+FETCHED = (METRICS_FILE, PROFILE_FILE, RANK_TIMES_FILE, FAILURE_FILE, JOB_FILE, SCORES_FILE,
+           "checkpoints/manifest.json")
+# Shell patterns of more files, listed on the login node: the node files naming each rank's host, and label
+# volumes (an FFN run's segmentation).
+FETCHED_GLOBS = ("ranks/node-*.txt", "*segmentation*.h5")
+FETCH_TIMEOUT_S = 120.0
+
+
+@dataclass
+class RunSource:
+    """One run's files and registry facts; ``refresh()`` reads both again (served mode calls it per refresh)."""
+
+    ref: str
+    directory: Path
+    facts: RunFacts
+    job_file: Path
+    site_file: Path | None = None
+    run_id: str | None = None
+    remote: str | None = None
+    remote_dir: str | None = None
+    ssh_config: str | None = None
+    _pool: Any = field(default=None, repr=False)
+
+    def refresh(self, poll: bool = False) -> None:
+        """Fetch a remote run's files again and re-read the registry (``poll``: ask the scheduler first)."""
+        if self.run_id is None:
+            return
+        from hpctrain.submission.registry import Registry
+
+        with Registry(readonly=not poll) as registry:
+            run = registry.get_run(self.run_id)
+            if poll:
+                from hpctrain.submission.tracking import poll_runs
+
+                poll_runs(registry, [run], self._pool, progress=False)
+                run = registry.get_run(self.run_id)
+            self.facts = facts_of(registry, run)
+        if self.remote is not None:
+            fetch(self._pool.get(self.remote, self.ssh_config), str(self.remote_dir), self.directory)
+
+
+def facts_of(registry: Any, run: Any) -> RunFacts:
+    """The registry's facts: state, the reason shown by ``status``, and the chain of attempts."""
+    from hpctrain.submission.run_record import read_meta
+    from hpctrain.submission.views import view_of
+
+    view = view_of(registry, run)
+    attempts = tuple(Attempt(s.seq, s.kind, iso_epoch(s.submitted_at) or 0.0, s.state, s.state_reason, s.exit_code)
+                     for s in registry.chain(run.run_id) if s.ok)
+    try:
+        total = read_meta(registry, run).total_steps
+    except Exception:  # noqa: BLE001 - the step count is only shown
+        total = None
+    where = f"{run.remote}:{run.run_dir}" if run.remote else run.run_dir
+    return RunFacts(title=run.run_id, where=where, state=run.state, reason=view.reason, site=run.site,
+                    attempts=attempts, total_steps=total)
+
+
+def fetch(transport: Any, remote_dir: str, into: Path) -> list[str]:
+    """Copy the report's files of ``remote_dir`` on the login node into ``into``; the names copied."""
+    fixed = " ".join(shlex.quote(f) for f in FETCHED)
+    script = (f'cd "$1" || exit 3; for f in {fixed}; do [ -f "$f" ] && echo "$f"; done; '
+              f'for f in {" ".join(FETCHED_GLOBS)}; do [ -f "$f" ] && echo "$f"; done; exit 0')
+    listed = transport.run(["sh", "-c", script, "sh", remote_dir], timeout=FETCH_TIMEOUT_S, check=False)
+    if listed.returncode == 3:
+        from hpctrain.errors import HpctrainError
+
+        raise HpctrainError(f"the run directory {remote_dir} is not on {transport.host}",
+                            hint="was it removed? `hpctrain runs` lists where each run is")
+    names = [n for n in listed.stdout.splitlines() if n and not n.startswith("/") and ".." not in n.split("/")]
+    for name in names:
+        target = into / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        transport.get(f"{remote_dir}/{name}", target)
+    return names
+
+
+def open_source(ref: str, *, pool: Any = None, cache_dir: Path | None = None) -> RunSource:
+    """A run directory (a path that exists), else a run id or unique prefix in the registry."""
+    path = Path(ref)
+    if path.is_dir():
+        d = path.resolve()
+        return RunSource(ref, d, RunFacts(title=d.name, where=str(d)), d / JOB_FILE)
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir
+    from hpctrain.submission.transport import TransportPool
+
+    pool = pool or TransportPool()
+    with Registry(readonly=True) as registry:
+        run = registry.get_run(ref)
+        facts = facts_of(registry, run)
+        record = record_dir(registry, run.run_id)
+        meta = read_meta(registry, run)
+    job_file = record / JOB_FILE if (record / JOB_FILE).is_file() else Path(run.run_dir) / JOB_FILE
+    source = RunSource(ref, Path(run.run_dir), facts, job_file, record / SITE_FILE, run.run_id, run.remote,
+                       run.run_dir, meta.ssh_config, pool)
+    if run.remote is not None:
+        base = cache_dir or Path(tempfile.mkdtemp(prefix="hpctrain-report-"))
+        source.directory = base / run.run_id
+        source.directory.mkdir(parents=True, exist_ok=True)
+        fetch(pool.get(run.remote, meta.ssh_config), run.run_dir, source.directory)
+        if not job_file.is_file():
+            source.job_file = source.directory / JOB_FILE
+    return source
