@@ -36,6 +36,8 @@ def svg(fig: Any) -> str:
     _pyplot().close(fig)
     text = buf.getvalue()
     text = text[text.index("<svg"):]
+    text = re.sub(r"\s*<metadata>.*?</metadata>", "", text, count=1, flags=re.DOTALL)
+    text = re.sub(r'\s+xmlns:(?:dc|cc|rdf)="[^"]*"', "", text)
     return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1 class="figure"', text, count=1)
 
 
@@ -160,7 +162,7 @@ def heatmap_figure(ranks: RankTimes) -> str:
     """Busy time per step of each rank (or node) per logging interval; the slowest row is named."""
     plt = _pyplot()
     rows = len(ranks.rows)
-    fig, ax = plt.subplots(figsize=(WIDE, min(8.0, 1.2 + 0.18 * rows)))
+    fig, ax = plt.subplots(figsize=(WIDE, min(8.0, 2.0 + 0.16 * rows)))
     values = [[math.nan if v is None else v * 1e3 for v in row] for row in ranks.values]
     image = ax.imshow(values, aspect="auto", interpolation="nearest", cmap="viridis",
                       extent=(-0.5, len(ranks.steps) - 0.5, rows - 0.5, -0.5))
@@ -173,7 +175,7 @@ def heatmap_figure(ranks: RankTimes) -> str:
     if slowest is not None:
         name, top, median = slowest
         ax.set_title(f"slowest: {name}, {top * 1e3:.2f} ms busy per step (median {median * 1e3:.2f} ms)")
-    fig.colorbar(image, ax=ax, label="busy ms per step (input + compute)")
+    fig.colorbar(image, ax=ax, label="busy ms per step\n(input + compute)", fraction=0.04, pad=0.02)
     fig.tight_layout()
     return svg(fig)
 

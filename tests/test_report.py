@@ -1,0 +1,213 @@
+"""``hpctrain report`` without a browser: what the collector makes of a run's files (attempts of a requeue chain,
+per-rank and per-node busy times, evaluation scores), a page that has every section and nothing from the network,
+the metrics sinks' scalars, and the served mode: the token, read-only, 127.0.0.1 only, and its own end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hpctrain.report.collect import Attempt, RunFacts, collect, rank_times, score_rows, split_attempts
+from hpctrain.report.html import SECTIONS, page
+from hpctrain.report.serve import HOST, ReportServer
+from hpctrain.report.source import open_source
+from hpctrain.runtime.metric_sinks import scalars, tracking_uri
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def write_run(d: Path, steps: range, *, final: bool = False, t0: float = 1000.0) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"time": t0 + s, "step": s, "loss": 2.0 / s, "lr": 0.1, "per_rank_rate": 10.0, "ranks": 2})
+             for s in steps]
+    if final:
+        lines.append(json.dumps({"time": t0 + steps[-1] + 1, "step": steps[-1], "final": True, "test_accuracy": 0.5}))
+    (d / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    return d
+
+
+# --- collect ------------------------------------------------------------------------------------------------
+
+
+def test_records_are_numbered_by_the_chain_entry_whose_time_they_follow() -> None:
+    records = [{"time": t, "step": s, "loss": 1.0} for t, s in ((10, 5), (11, 10), (30, 15), (31, 20), (50, 25))]
+    chain = (Attempt(1, "submit", 9.0, "requeued", "", 75), Attempt(2, "requeue", 29.0, "requeued", "", 75),
+             Attempt(3, "requeue", 49.0, "completed", "", 0))
+    out, marks = split_attempts(records, chain)
+    assert [r["attempt"] for r in out] == [0, 0, 1, 1, 2]
+    assert [(m.step, m.time, m.label) for m in marks] == [(10, 29.0, "requeue 1"), (20, 49.0, "requeue 2")]
+
+
+def test_without_a_chain_a_step_that_does_not_go_forward_starts_an_attempt() -> None:
+    records = [{"step": s, "loss": 1.0} for s in (5, 10, 15, 10, 15, 20)]  # resumed from the checkpoint at 10
+    out, marks = split_attempts(records, ())
+    assert [r["attempt"] for r in out] == [0, 0, 0, 1, 1, 1]
+    assert [m.step for m in marks] == [15]
+
+
+def test_a_torn_last_line_is_skipped_and_the_final_record_kept_apart(tmp_path: Path) -> None:
+    d = write_run(tmp_path / "run", range(5, 25, 5), final=True)
+    with (d / "metrics.jsonl").open("a") as f:
+        f.write('{"time": 2000, "step": 2')  # a writer mid-append
+    data = collect(d, RunFacts(title="run", where=str(d)))
+    assert [r["step"] for r in data.records] == [5, 10, 15, 20]
+    assert data.final is not None and data.final["test_accuracy"] == 0.5
+
+
+def test_up_to_64_ranks_each_rank_is_a_row_above_it_each_node_its_slowest_rank() -> None:
+    rows = [{"step": 10, "busy_s": [0.01] * 64}, {"step": 20, "busy_s": [0.01] * 63 + [0.05]}]
+    per_rank = rank_times(rows, 4, {63: "nid0015"})
+    assert per_rank is not None and len(per_rank.rows) == 64
+    assert per_rank.slowest()[:2] == ("rank 63 (nid0015)", pytest.approx(0.03))
+    wide = [{"step": 10, "busy_s": [0.01] * 128}, {"step": 20, "busy_s": [0.01] * 70 + [0.09] + [None] * 57}]
+    per_node = rank_times(wide, 8, {64: "nid0008"})
+    assert per_node is not None and len(per_node.rows) == 16
+    assert per_node.values[8] == (0.01, 0.09)  # node 8 holds ranks 64-71: its slowest rank
+    assert per_node.values[9] == (0.01, None)  # no rank of node 9 timed a step in the second interval
+    assert per_node.slowest()[0] == "node 8 (nid0008)"
+
+
+def test_score_table_rows_are_methods_and_columns_the_shared_metrics() -> None:
+    headers, rows = score_rows({"ffn": {"voi": 1.25, "adapted_rand_error": 0.2, "segments": 12},
+                                "watershed": {"voi": 1.5, "adapted_rand_error": 0.3},
+                                "seconds": {"total": 3.0}, "more": {}})
+    assert headers == ["method", "voi", "adapted_rand_error", "segments"]
+    assert rows[:2] == [["ffn", "1.250", "0.200", "12"], ["watershed", "1.500", "0.300", "-"]]
+
+
+# --- the page -----------------------------------------------------------------------------------------------
+
+
+def section_texts(text: str) -> dict[str, str]:
+    out = {}
+    for name in SECTIONS:
+        start = text.index(f'<section id="{name}">')
+        out[name] = text[start:text.index("</section>", start)]
+    return out
+
+
+def test_an_empty_run_directory_still_gives_every_section_a_sentence(tmp_path: Path) -> None:
+    d = tmp_path / "empty"
+    d.mkdir()
+    text = page(collect(d, RunFacts(title="empty", where=str(d))))
+    sections = section_texts(text)
+    assert list(sections) == list(SECTIONS)
+    for name, body in sections.items():
+        assert body.split("</h2>", 1)[1].strip(), f"section {name} is empty"
+    assert "<svg" not in text  # nothing to draw, and nothing drawn from nothing
+
+
+def test_the_page_names_no_other_file_or_host(tmp_path: Path) -> None:
+    d = write_run(tmp_path / "run", range(5, 55, 5), final=True)
+    text = page(collect(d, RunFacts(title="run", where=str(d))))
+    assert text.count("<svg") >= 2
+    # what a browser would fetch: scripts, style sheets, frames, and any src, url() or href that is not a
+    # reference inside the page (#id) or inline data
+    for pattern in (r"<script", r"<link", r"<iframe", r"@import", r"\bsrc\s*=", r"url\(\s*['\"]?(?!#)",
+                    r"href\s*=\s*['\"](?!#|data:)"):
+        assert not re.search(pattern, text), (pattern, re.search(pattern, text))
+
+
+def test_the_cli_writes_the_report_of_a_run_directory(tmp_path: Path) -> None:
+    d = write_run(tmp_path / "run", range(5, 25, 5))
+    out = tmp_path / "r.html"
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "report", str(d), "-o", str(out)], capture_output=True,
+                          text=True, cwd=REPO, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO), "HPCTRAIN_HOME": str(tmp_path / "home")})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(out)
+    sections = section_texts(out.read_text())
+    assert "<svg" in sections["loss"] and "no requeue" in sections["loss"]
+
+
+# --- metrics sinks -------------------------------------------------------------------------------------------
+
+
+def test_sinks_get_every_number_of_a_record_but_the_step_and_the_rank_count() -> None:
+    assert scalars({"time": 1.0, "step": 5, "ranks": 2, "loss": 0.5, "lr": 0.1, "note": "x", "nan": float("nan")}) \
+        == {"loss": 0.5, "lr": 0.1}
+    assert scalars({"step": 9, "final": True, "test_accuracy": 0.75}) == {"final/test_accuracy": 0.75}
+
+
+def test_a_tracking_directory_is_relative_to_the_run_directory(tmp_path: Path) -> None:
+    assert tracking_uri("mlruns", tmp_path) == (tmp_path / "mlruns").resolve().as_uri()
+    assert tracking_uri("http://mlflow:5000", tmp_path) == "http://mlflow:5000"
+
+
+# --- served mode -------------------------------------------------------------------------------------------
+
+
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+
+
+def outside_address() -> str:
+    """This machine's address on its first non-loopback interface (the route a packet out would take)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("192.0.2.1", 9))  # a UDP connect sends nothing: it only picks the interface
+        address = s.getsockname()[0]
+    assert not address.startswith("127."), address
+    return address
+
+
+@pytest.fixture
+def served(tmp_path: Path):  # type: ignore[no-untyped-def]
+    d = write_run(tmp_path / "run", range(5, 25, 5))
+    server = ReportServer(open_source(str(d)), refresh_s=0.5, linger_s=30.0, out=tmp_path / "final.html")
+    written: list[Path] = []
+    thread = threading.Thread(target=server.serve, args=(written.append,), daemon=True)
+    thread.start()
+    yield server, d, thread, written
+    server.stop()
+    thread.join(timeout=60)
+
+
+def test_served_page_needs_the_token(served) -> None:  # type: ignore[no-untyped-def]
+    server, _, _, _ = served
+    base = f"http://{HOST}:{server.port}"
+    status, body = get(server.url)
+    assert status == 200 and '<section id="loss">' in body and 'http-equiv="refresh"' in body
+    assert get(f"{base}/")[0] == 403
+    assert get(f"{base}/{server.token[:-1]}/")[0] == 403
+    assert get(f"{base}/{server.token}/../")[0] in (403, 404)
+    assert get(f"{base}/{server.token}/metrics.jsonl")[0] == 403
+    request = urllib.request.Request(server.url, data=b"x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 405
+
+
+def test_served_page_is_not_reachable_on_another_interface(served) -> None:  # type: ignore[no-untyped-def]
+    server, _, _, _ = served
+    assert get(server.url)[0] == 200  # it is listening
+    with pytest.raises(OSError):
+        socket.create_connection((outside_address(), server.port), timeout=30).close()
+
+
+def test_server_stops_by_itself_once_the_run_has_ended(served) -> None:  # type: ignore[no-untyped-def]
+    server, d, thread, written = served
+    server.linger_s = 0.0
+    assert get(server.url)[0] == 200
+    assert thread.is_alive()
+    with (d / "metrics.jsonl").open("a") as f:
+        f.write(json.dumps({"time": 2000.0, "step": 20, "final": True, "test_accuracy": 0.9}) + "\n")
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    assert written == [server.out]
+    final = server.out.read_text()
+    assert "test_accuracy" in final and 'http-equiv="refresh"' not in final
