@@ -35,6 +35,10 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
                 "the tuned watershed baseline on variation of information", "FFN on the 3 extra seeds: VOI"):
         assert row in text, row
     assert "generalisation" in text and "Traceback" not in proc.stderr
+    # the last line: the run's report (with the demo's scores and segmentation) beside its figure
+    assert text.rstrip().splitlines()[-1] == f"report {out / 'report.html'}  (figure {out / 'demo.png'})"
+    page = (out / "report.html").read_text()
+    assert "<svg" in page.split('id="segmentation"')[1] and "watershed" in page.split('id="evaluation"')[1]
 
     scores = json.loads((out / "scores.json").read_text())
     for name in ("ffn", "watershed", "baseline"):

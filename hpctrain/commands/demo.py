@@ -61,8 +61,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     shape = tuple(args.volume_shape) if args.volume_shape else None
-    run_demo(args.out, job_path=args.job, steps=args.steps, ranks=args.ranks, volume_shape=shape,
-             threads=args.threads, more=args.more, curve=args.curve, from_run=args.from_run)  # type: ignore[arg-type]
+    result = run_demo(args.out, job_path=args.job, steps=args.steps, ranks=args.ranks, volume_shape=shape,
+                      threads=args.threads, more=args.more, curve=args.curve,
+                      from_run=args.from_run)  # type: ignore[arg-type]
+    from hpctrain.report.build import demo_report_line
+
+    print(demo_report_line(result["run_dir"], args.out, result["png"]), flush=True)
     # The pipeline ran end to end: exit 0. Whether the FFN met its targets is printed with every score (and
     # recorded in scores.json); it depends on training length and is not an error of the command.
     return 0

@@ -73,3 +73,16 @@ def report_of(run_ref: str | os.PathLike[str], out: str | os.PathLike[str] | Non
     path, _ = build_report(source, Path(out) if out is not None else None,
                            extra_dirs=tuple(Path(p) for p in extra_dirs))
     return path
+
+
+def demo_report_line(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
+                     figure: str | os.PathLike[str]) -> str:
+    """``hpctrain demo``'s last line: its run's report (with the demo's scores and segmentation), beside its figure.
+    The report is never why the demo fails: a report that cannot be written says why on that line."""
+    from hpctrain.errors import HpctrainError
+
+    try:
+        path = report_of(run_dir, Path(out_dir) / DEFAULT_NAME, extra_dirs=(out_dir,))
+    except (HpctrainError, OSError, ImportError, ValueError) as exc:
+        return f"report: not written ({exc}); figure {figure}"
+    return f"report {path}  (figure {figure})"
