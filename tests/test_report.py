@@ -131,6 +131,18 @@ def test_the_cli_writes_the_report_of_a_run_directory(tmp_path: Path) -> None:
     assert "<svg" in sections["loss"] and "no requeue" in sections["loss"]
 
 
+def test_the_report_imports_no_torch_and_no_mpi(tmp_path: Path) -> None:
+    """A laptop without the train extra draws reports: matplotlib, never the runtime."""
+    d = write_run(tmp_path / "run", range(5, 25, 5))
+    code = ("import sys; from hpctrain.cli import main; "
+            f"rc = main(['report', {str(d)!r}, '-o', {str(tmp_path / 'r.html')!r}]); "
+            "print([m for m in ('torch', 'mpi4py', 'tensorboard', 'mlflow') if m in sys.modules], file=sys.stderr); "
+            "sys.exit(rc)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr.strip().splitlines()[-1] == "[]"
+
+
 # --- metrics sinks -------------------------------------------------------------------------------------------
 
 
