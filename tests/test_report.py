@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.report.collect import Attempt, RunFacts, collect, rank_times, score_rows, split_attempts
+from hpctrain.report.collect import (
+    Attempt,
+    RunFacts,
+    attempt_starts,
+    collect,
+    rank_times,
+    score_rows,
+    split_attempts,
+)
 from hpctrain.report.html import SECTIONS, page
 from hpctrain.report.serve import HOST, ReportServer
 from hpctrain.report.source import open_source
@@ -40,18 +48,30 @@ def write_run(d: Path, steps: range, *, final: bool = False, t0: float = 1000.0)
 # --- collect ------------------------------------------------------------------------------------------------
 
 
-def test_records_are_numbered_by_the_chain_entry_whose_time_they_follow() -> None:
-    records = [{"time": t, "step": s, "loss": 1.0} for t, s in ((10, 5), (11, 10), (30, 15), (31, 20), (50, 25))]
-    chain = (Attempt(1, "submit", 9.0, "requeued", "", 75), Attempt(2, "requeue", 29.0, "requeued", "", 75),
-             Attempt(3, "requeue", 49.0, "completed", "", 0))
-    out, marks = split_attempts(records, chain)
+CHAIN = (Attempt(1, "submit", 9.5, "requeued", "", 75), Attempt(2, "requeue", 35.0, "requeued", "", 75),
+         Attempt(3, "requeue", 60.0, "completed", "", 0))
+RECORDS = [{"time": t, "step": s, "loss": 1.0} for t, s in ((10, 5), (11, 10), (30, 15), (31, 20), (50, 25))]
+
+
+def test_records_are_numbered_by_the_attempt_rank_0_started_before_them() -> None:
+    # rank 0 noted each start (attempts.jsonl); the registry saw the requeues later, when a poll came
+    starts = attempt_starts([{"time": 9.0, "step": 0}, {"time": 29.0, "step": 10}, {"time": 49.0, "step": 20}],
+                            CHAIN)
+    out, marks = split_attempts(RECORDS, starts)
     assert [r["attempt"] for r in out] == [0, 0, 1, 1, 2]
     assert [(m.step, m.time, m.label) for m in marks] == [(10, 29.0, "requeue 1"), (20, 49.0, "requeue 2")]
 
 
+def test_without_attempt_starts_the_chain_times_split_the_records() -> None:
+    out, marks = split_attempts(RECORDS, attempt_starts([], CHAIN))
+    # polls saw each requeue late: the records between a start and its poll count to the attempt before
+    assert [r["attempt"] for r in out] == [0, 0, 0, 0, 1]
+    assert [(m.step, m.time, m.label) for m in marks] == [(20, 35.0, "requeue 1")]
+
+
 def test_without_a_chain_a_step_that_does_not_go_forward_starts_an_attempt() -> None:
     records = [{"step": s, "loss": 1.0} for s in (5, 10, 15, 10, 15, 20)]  # resumed from the checkpoint at 10
-    out, marks = split_attempts(records, ())
+    out, marks = split_attempts(records, [])
     assert [r["attempt"] for r in out] == [0, 0, 0, 1, 1, 1]
     assert [m.step for m in marks] == [15]
 

@@ -113,6 +113,8 @@ def test_the_report_data_is_one_curve_across_the_requeue(requeued: dict[str, Any
     from hpctrain.report.source import open_source
 
     data = report_data(open_source(requeued["run_id"]))
+    started = [json.loads(line) for line in (requeued["run_dir"] / "attempts.jsonl").read_text().splitlines()]
+    assert [a["step"] for a in started] == [0, STOP_AT]  # rank 0 noted each attempt's start
     steps = list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
     assert [r["step"] for r in data.records] == steps  # both attempts, in order, nothing repeated or lost
     assert [r["attempt"] for r in data.records] == [0 if s <= STOP_AT else 1 for s in steps]

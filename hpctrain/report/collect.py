@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 METRICS_FILE = "metrics.jsonl"
+ATTEMPTS_FILE = "attempts.jsonl"
 PROFILE_FILE = "profile.json"
 RANK_TIMES_FILE = "rank_times.jsonl"
 FAILURE_FILE = "failure.txt"
@@ -156,14 +157,39 @@ def parse_jsonl(text: str) -> list[dict[str, Any]]:
     return out
 
 
-def split_attempts(records: list[dict[str, Any]], attempts: tuple[Attempt, ...]) -> tuple[list[dict[str, Any]],
-                                                                                           list[Mark]]:
+@dataclass(frozen=True)
+class AttemptStart:
+    """When an attempt began training, from which step (None: not known), and what started it."""
+
+    time: float
+    step: int | None
+    label: str
+
+
+def attempt_starts(lines: list[dict[str, Any]], chain: tuple[Attempt, ...]) -> list[AttemptStart]:
+    """From ``attempts.jsonl`` (rank 0's clock, the records' clock) where the run wrote it, labelled by the chain's
+    entries in order; else from the chain's submission times (when a poll saw each requeue: later than the
+    attempt's start when nobody polled meanwhile)."""
+    ordered = sorted(chain, key=lambda a: a.seq)
+
+    def label(i: int) -> str:
+        return "start" if i == 0 else f"{ordered[i].kind} {i}" if i < len(ordered) else f"restart {i}"
+
+    known = sorted((line for line in lines if isinstance(line.get("time"), int | float)), key=lambda x: x["time"])
+    if known:
+        return [AttemptStart(float(line["time"]), line["step"] if isinstance(line.get("step"), int) else None,
+                             label(i)) for i, line in enumerate(known)]
+    return [AttemptStart(a.started, None, label(i)) for i, a in enumerate(ordered)]
+
+
+def split_attempts(records: list[dict[str, Any]], starts: list[AttemptStart]) -> tuple[list[dict[str, Any]],
+                                                                                      list[Mark]]:
     """Number each record by the attempt that wrote it and mark where each later attempt took over.
 
-    An attempt starts at its chain entry's submission time; without a chain (a bare directory), wherever the step
-    does not go forward (a run resumed from an earlier checkpoint).
+    A record belongs to the latest attempt started before its time; without starts (a bare directory of an older
+    run), a new attempt begins wherever the step does not go forward (a resume from an earlier checkpoint).
     """
-    starts = sorted((a.started, a) for a in attempts)
+    starts = sorted(starts, key=lambda a: a.time)
     out, marks = [], []
     current, last_step = 0, None
     for record in records:
@@ -172,14 +198,15 @@ def split_attempts(records: list[dict[str, Any]], attempts: tuple[Attempt, ...])
             continue
         attempt = current
         if starts and isinstance(t, int | float):
-            attempt = max(0, sum(1 for start, _ in starts if start <= t) - 1)
+            attempt = max(0, sum(1 for a in starts if a.time <= t) - 1)
         elif last_step is not None and step <= last_step:
             attempt = current + 1
         if attempt > current and out:
-            entry = starts[attempt][1] if attempt < len(starts) else None
-            label = (f"{entry.kind} {attempt}" if entry is not None else f"restart {attempt}")
-            when = entry.started if entry is not None else float(t if isinstance(t, int | float) else 0.0)
-            marks.append(Mark(int(last_step if last_step is not None else step), when, label))
+            start = starts[attempt] if attempt < len(starts) else None
+            resumed = start.step if start is not None and start.step is not None else last_step
+            when = start.time if start is not None else float(t if isinstance(t, int | float) else 0.0)
+            marks.append(Mark(int(resumed if resumed is not None else step), when,
+                              start.label if start is not None else f"restart {attempt}"))
         current, last_step = attempt, step
         out.append({**record, "attempt": attempt})
     return out, marks
@@ -192,7 +219,8 @@ def read_metrics(directory: Path, attempts: tuple[Attempt, ...], problems: list[
         return [], None, []
     rows = parse_jsonl(text)
     finals = [r for r in rows if r.get("final")]
-    records, marks = split_attempts([r for r in rows if not r.get("final")], attempts)
+    starts = attempt_starts(parse_jsonl(_read(directory / ATTEMPTS_FILE, problems) or ""), attempts)
+    records, marks = split_attempts([r for r in rows if not r.get("final")], starts)
     return records, (finals[-1] if finals else None), marks
 
 
@@ -297,6 +325,8 @@ def score_rows(scores: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         columns = sorted({k for v in methods.values() for k, x in v.items() if isinstance(x, int | float)})[:6]
     rows = []
     for name, v in methods.items():
+        if not any(c in v for c in columns):
+            continue  # timings and settings beside the scores
         cells = [name]
         for c in columns:
             x = v.get(c)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.report.collect import (
+    ATTEMPTS_FILE,
     FAILURE_FILE,
     JOB_FILE,
     METRICS_FILE,
@@ -23,7 +24,7 @@ from hpctrain.report.collect import (
     iso_epoch,
 )
 
-FETCHED = (METRICS_FILE, PROFILE_FILE, RANK_TIMES_FILE, FAILURE_FILE, JOB_FILE, SCORES_FILE,
+FETCHED = (METRICS_FILE, ATTEMPTS_FILE, PROFILE_FILE, RANK_TIMES_FILE, FAILURE_FILE, JOB_FILE, SCORES_FILE,
            "checkpoints/manifest.json")
 # Shell patterns of more files, listed on the login node: the node files naming each rank's host, and label
 # volumes (an FFN run's segmentation).
@@ -100,16 +101,35 @@ def fetch(transport: Any, remote_dir: str, into: Path) -> list[str]:
     return names
 
 
+def registered_id(directory: Path) -> str | None:
+    """The id of the registered run whose run directory this is (a run directory is named after its run id)."""
+    from hpctrain.errors import HpctrainError
+    from hpctrain.submission.registry import Registry, default_registry_path, registry_file_exists
+
+    try:
+        if not registry_file_exists(default_registry_path()):
+            return None
+        with Registry(readonly=True) as registry:
+            run = registry.get_run(directory.name)
+    except HpctrainError:
+        return None
+    return run.run_id if run.remote is None and Path(run.run_dir).resolve() == directory else None
+
+
 def open_source(ref: str, *, pool: Any = None, cache_dir: Path | None = None) -> RunSource:
-    """A run directory (a path that exists), else a run id or unique prefix in the registry."""
-    path = Path(ref)
-    if path.is_dir():
-        d = path.resolve()
-        return RunSource(ref, d, RunFacts(title=d.name, where=str(d)), d / JOB_FILE)
+    """A run directory (a path that exists; the registry's facts too where it is a registered run's), else a run id
+    or unique prefix in the registry."""
     from hpctrain.submission.registry import Registry
     from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir
     from hpctrain.submission.transport import TransportPool
 
+    path = Path(ref)
+    if path.is_dir():
+        d = path.resolve()
+        registered = registered_id(d)
+        if registered is None:
+            return RunSource(ref, d, RunFacts(title=d.name, where=str(d)), d / JOB_FILE)
+        ref = registered
     pool = pool or TransportPool()
     with Registry(readonly=True) as registry:
         run = registry.get_run(ref)

@@ -14,6 +14,20 @@ if TYPE_CHECKING:
     from hpctrain.runtime.metric_sinks import MetricsSink
 
 
+# One line per attempt of a run (the first, each requeue or resume): when rank 0 started training and from which
+# step. The report splits metrics.jsonl into attempts by these times (rank 0's own clock, like the records').
+ATTEMPTS_FILE = "attempts.jsonl"
+
+
+def note_attempt(run_dir: Path, start_step: int) -> None:
+    """Append this attempt's start (rank 0); advisory, like the metrics themselves."""
+    try:
+        with open(run_dir / ATTEMPTS_FILE, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"time": round(time.time(), 3), "step": start_step}) + "\n")
+    except OSError:
+        pass
+
+
 class MetricsLog:
     """Appends one JSON object per logging interval to ``metrics.jsonl`` and prints a progress line."""
 

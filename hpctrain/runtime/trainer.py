@@ -32,7 +32,7 @@ from hpctrain.runtime.combiners import build_combiner
 from hpctrain.runtime.comm import Communicator, make_communicator
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
 from hpctrain.runtime.metric_sinks import MetricsSink, open_sinks
-from hpctrain.runtime.metrics import MetricsLog
+from hpctrain.runtime.metrics import MetricsLog, note_attempt
 from hpctrain.runtime.optim import build_optimizer
 from hpctrain.runtime.precision import forward_context, resolve_precision
 from hpctrain.runtime.profile import start_profile
@@ -150,6 +150,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     start = session.restore()
     if rank == 0:  # an earlier attempt's request; this attempt writes its own when it stops
         (run_dir / REQUEUE_MARKER).unlink(missing_ok=True)
+        note_attempt(run_dir, start)
     metrics = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 else None, job.train.steps, task.sample_unit,
                          sinks=sinks)
     clip = getattr(task, "clip_gradients", None)
