@@ -50,14 +50,7 @@ class RunFacts:
     site: str = ""
     attempts: tuple[Attempt, ...] = ()
     total_steps: int | None = None
-
-    @property
-    def ended(self) -> bool:
-        return self.state in ENDED_STATES
-
-
-ENDED_STATES = frozenset({"completed", "failed", "cancelled", "timeout", "node_fail", "out_of_memory", "preempted",
-                          "boot_fail", "deadline", "submit_failed", "missing"})
+    ended: bool = False  # the registry says the run will not change by itself any more
 
 
 @dataclass(frozen=True)

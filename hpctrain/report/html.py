@@ -140,7 +140,7 @@ def checkpoints_section(d: ReportData) -> str:
 def failure_section(d: ReportData) -> str:
     if d.failure:
         return f'<p class="bad">{esc(d.failure)}</p>'
-    if d.facts.state in ("failed", "timeout", "cancelled", "node_fail", "out_of_memory"):
+    if d.facts.state in ("failed", "timeout", "cancelled", "preempted", "missing", "submit_failed"):
         return f'<p class="bad">{esc(d.facts.reason or d.facts.state)}</p>'
     return none(f"no failure: the run is {d.facts.state}")
 

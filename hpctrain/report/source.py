@@ -68,7 +68,7 @@ class RunSource:
 def facts_of(registry: Any, run: Any) -> RunFacts:
     """The registry's facts: state, the reason shown by ``status``, and the chain of attempts."""
     from hpctrain.submission.run_record import read_meta
-    from hpctrain.submission.views import view_of
+    from hpctrain.submission.views import is_terminal, view_of
 
     view = view_of(registry, run)
     attempts = tuple(Attempt(s.seq, s.kind, iso_epoch(s.submitted_at) or 0.0, s.state, s.state_reason, s.exit_code)
@@ -79,7 +79,7 @@ def facts_of(registry: Any, run: Any) -> RunFacts:
         total = None
     where = f"{run.remote}:{run.run_dir}" if run.remote else run.run_dir
     return RunFacts(title=run.run_id, where=where, state=run.state, reason=view.reason, site=run.site,
-                    attempts=attempts, total_steps=total)
+                    attempts=attempts, total_steps=total, ended=is_terminal(run.state))
 
 
 def fetch(transport: Any, remote_dir: str, into: Path) -> list[str]:
