@@ -40,7 +40,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         return 0
     from hpctrain.report.serve import ReportServer
 
-    server = ReportServer(source, port=args.port, refresh_s=args.refresh, extra_dirs=extra, out=out)
+    try:
+        server = ReportServer(source, port=args.port, refresh_s=args.refresh, extra_dirs=extra, out=out)
+    except (OSError, OverflowError) as exc:
+        raise ConfigError(f"cannot listen on 127.0.0.1:{args.port} ({exc})", key="--port",
+                          hint="choose a free port from 1024 to 65535, or leave --port out for any free one") from None
     print(f"serving the live report of {source.facts.title} at {server.url}", flush=True)
     print("(127.0.0.1 only; it stops by itself when the run ends, or press Ctrl-C)", file=sys.stderr, flush=True)
     server.serve(written=lambda p: print(f"the run has ended; report written to {p}", flush=True))
