@@ -160,3 +160,20 @@ def test_a_strace_log_is_split_at_the_marks_and_by_location(tmp_path: Path) -> N
     assert before["read_bytes"]["shared"] == 11
     assert after["opens"]["shared"] == 1 and after["read_bytes"] == {"node_local": 0, "shared": 3, "system": 0}
     assert syscall_trace.between(windows, None, "end")["opens"]["shared"] == 2
+
+
+def test_a_directory_listing_counts_once_whatever_the_directory_size(tmp_path: Path) -> None:
+    """A listing is the getdents64 calls on one descriptor up to the one that returns 0: a directory that holds
+    more entries (more calls) is still one listing, so a shared /tmp filling up cannot change a rank's count."""
+    log = tmp_path / "rank-0.strace"
+    chunk = '7 getdents64(5</lus/big>, 0x55d0 /* 900 entries */, 32768) = 32760'
+    log.write_text("\n".join([
+        chunk, chunk, chunk,
+        '7 getdents64(5</lus/big>, 0x55d0 /* 0 entries */, 32768) = 0',
+        '7 getdents64(5</lus/big>, 0x55d0 /* 3 entries */, 32768) = 80',  # listed again on the same descriptor
+        '7 getdents64(5</lus/big>, 0x55d0 /* 0 entries */, 32768) = 0',
+        '8 getdents64(5</lus/other>, 0x55d0 /* 3 entries */, 32768) = 80',  # another thread's descriptor 5
+        '7 getdents64(6</nvme/env>, 0x55d0 /* 3 entries */, 32768) = 80 <unfinished ...>',
+    ]) + "\n")
+    counts = syscall_trace.count(log, "/run", node_local=("/nvme/",))["end"]["readdirs"]
+    assert counts == {"node_local": 1, "shared": 3, "system": 0}

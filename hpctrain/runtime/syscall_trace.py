@@ -85,6 +85,7 @@ def count(log: str | os.PathLike[str], cwd: str, node_local: tuple[str, ...] = (
     process did after the previous mark up to this one."""
     windows: dict[str, Window] = {}
     current = Window()
+    listing: dict[tuple[str, str], str] = {}  # (pid, descriptor) -> the directory being listed on it
     for line in Path(log).read_text(errors="replace").splitlines():
         m = _CALL.match(line)
         if m is None:
@@ -98,7 +99,13 @@ def count(log: str | os.PathLike[str], cwd: str, node_local: tuple[str, ...] = (
         if name in READDIRS:
             fd = _FD.match(args)
             if fd and fd.group(2).startswith("/"):
-                current.add("readdirs", location(fd.group(2), node_local))
+                key = (m.group(1), fd.group(1))
+                if listing.get(key) != fd.group(2):
+                    current.add("readdirs", location(fd.group(2), node_local))
+                    listing[key] = fd.group(2)
+                result = _RESULT.search(args)
+                if result and int(result.group(1)) <= 0:
+                    listing.pop(key, None)  # the end of this listing: the descriptor's next call starts another
             continue
         path = _path(name, args, cwd)
         if path is None:
