@@ -193,8 +193,10 @@ def flood_vs_forward(size: Size, threads: int, rounds: int, checkpoint: Path | N
                      batch: int = 8) -> list[dict]:
     """Flood fill's FOVs per second (one canvas; four subvolume canvases in lock step) against the same
     model's forward rate at batch 1 and at ``batch``, measured in interleaved rounds of this run."""
-    from hpctrain.ffn.inference import Canvas, InferenceConfig, segment_volumes_together
+    from hpctrain.ffn.canvas import make_canvas
+    from hpctrain.ffn.inference import segment_volumes_together
     from hpctrain.ffn.seeds import make_seeds, within_margin
+    from hpctrain.ffn.settings import InferenceConfig
     from hpctrain.ffn.synthetic import make_synthetic_volume
 
     perf.set_threads(threads)
@@ -207,7 +209,7 @@ def flood_vs_forward(size: Size, threads: int, rounds: int, checkpoint: Path | N
     pieces = [image[:, :56, :56], image[:, :56, 40:], image[:, 40:, :56], image[:, 40:, 40:]]
 
     def flood_once() -> tuple[int, float]:
-        canvas = Canvas(model, image, fov, deltas, **cfg.canvas_kwargs())
+        canvas = make_canvas(model, image, cfg)
         t = time.perf_counter()
         canvas.segment_all(seeds)
         return canvas.counters.get("ffn_calls", 0), time.perf_counter() - t
@@ -215,7 +217,7 @@ def flood_vs_forward(size: Size, threads: int, rounds: int, checkpoint: Path | N
     def together_once() -> tuple[int, float]:
         counted = CountingModule(model)
         t = time.perf_counter()
-        segment_volumes_together(counted, pieces, {**cfg.__dict__, "seed_args": {}})
+        segment_volumes_together(counted, pieces, cfg)
         return counted.fovs, time.perf_counter() - t  # seeds of the pieces included: a small share
 
     def forward_rate(b: int) -> float:

@@ -51,8 +51,8 @@ def main() -> int:
     model, cfg, _ = prepare_inference(args.checkpoint, settings, threads=args.threads)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     print(f"device {args.device}, threads {torch.get_num_threads()}, torch {torch.__version__}; settings: "
-          f"max_seed_distance {cfg.max_seed_distance}, self_prediction {cfg.self_prediction}, reseed_passes "
-          f"{cfg.reseed_passes}", flush=True)
+          f"max_seed_distance {cfg.flood.max_seed_distance}, self_prediction {cfg.flood.self_prediction}, "
+          f"reseed_passes {cfg.seeds.reseed_passes}", flush=True)
     rows = []
     for name in args.volumes.split(","):
         shape, seed = VOLUMES[name]
@@ -65,8 +65,7 @@ def main() -> int:
         for _ in range(args.rounds):
             for width, speculative in configs:
                 counted = CountingModule(model)
-                run = cfg.__class__(**{**cfg.__dict__, "concurrent_floods": width,
-                                       "speculative_self_prediction": speculative})
+                run = cfg.replace(concurrent_floods=width, speculative_self_prediction=speculative)
                 sync()
                 t = time.perf_counter()
                 _, canvas = segment_volume(counted, image, run, return_canvas=True)

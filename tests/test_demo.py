@@ -106,7 +106,7 @@ def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
 
 def test_training_pace_is_none_without_a_readable_profile(tmp_path: Path) -> None:
     """A run that left no profile, or a damaged one, still gets its scores: the pace is simply not shown."""
-    from hpctrain.commands.demo import pace_text, training_pace
+    from hpctrain.workflows.demo import pace_text, training_pace
 
     assert training_pace(tmp_path) is None and pace_text(None) == ""
     (tmp_path / "profile.json").write_text('{"version": 1, "compute_s": {"mean": "fast"')
@@ -118,8 +118,8 @@ def test_a_synthetic_validation_volume_is_written_and_chosen_on(tmp_path: Path) 
     condition): the demo writes it beside the others, from its own seed, and chooses the thresholds there."""
     import yaml
 
-    from hpctrain.commands.demo import make_volumes, tuning_volume
-    from hpctrain.commands.ffn import inference_tuning
+    from hpctrain.workflows.demo import make_volumes, tuning_volume
+    from hpctrain.workflows.ffn import inference_tuning
 
     job = yaml.safe_load((REPO / "jobs" / "ffn-local.yaml").read_text())
     job["data"]["eval"]["tune"]["volume"] = {"synthetic": {"shape": [48, 96, 96], "seed": 7}}
@@ -141,7 +141,8 @@ def test_reseed_passes_and_expand_labels_of_the_demo_settings() -> None:
     import torch
     from test_ffn_inference import OracleModel, cubes_volume
 
-    from hpctrain.ffn.inference import InferenceConfig, segment_volume
+    from hpctrain.ffn.inference import segment_volume
+    from hpctrain.ffn.settings import InferenceConfig
 
     torch.set_num_threads(1)
     image, labels = cubes_volume()
@@ -150,12 +151,12 @@ def test_reseed_passes_and_expand_labels_of_the_demo_settings() -> None:
     only = segment_volume(OracleModel(), image, cfg, seeds=one_seed)
     assert only.max() == 1  # the given seed floods its own cube only
 
-    reseeded = segment_volume(OracleModel(), image, InferenceConfig(**{**cfg.__dict__, "reseed_passes": 1}),
+    reseeded = segment_volume(OracleModel(), image, cfg.replace(reseed_passes=1),
                               seeds=one_seed)
     assert reseeded.max() == 8 and not np.any(reseeded[labels > 0] == 0)
 
     grown = segment_volume(OracleModel(), image,
-                           InferenceConfig(**{**cfg.__dict__, "reseed_passes": 1, "expand_labels": 2}),
+                           cfg.replace(reseed_passes=1, expand_labels=2),
                            seeds=one_seed)
     assert np.array_equal(grown[labels > 0], reseeded[labels > 0])  # objects keep their voxels
     from scipy import ndimage

@@ -23,8 +23,10 @@ from hpctrain.ffn.agglomeration import (
     seed_positions,
     watershed_fill,
 )
+from hpctrain.ffn.canvas import logit
 from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import InferenceConfig, logit, segment_volume
+from hpctrain.ffn.inference import segment_volume
+from hpctrain.ffn.settings import InferenceConfig
 from tests.test_ffn_inference import OracleModel, cubes_volume
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,8 +6,6 @@ out) and are honest tests of the canvas mechanics; the real ConvStack3D is used 
 
 from __future__ import annotations
 
-import dataclasses
-
 import h5py
 import numpy as np
 import pytest
@@ -15,22 +13,13 @@ import torch
 from torch import nn
 
 from hpctrain.errors import CheckpointError, ConfigError, RuntimeFailure
+from hpctrain.ffn.canvas import Canvas, logit
 from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import (
-    Canvas,
-    InferenceConfig,
-    clear_dust,
-    load_model,
-    logit,
-    make_labels_contiguous,
-    pieces_and_scores,
-    run_segment,
-    segment_volume,
-    split_disconnected,
-    write_segmentation_hdf5,
-)
+from hpctrain.ffn.inference import load_model, pieces_and_claims, run_segment, segment_volume
 from hpctrain.ffn.movement import FaceMaxMovementPolicy, face_max_offsets, quantize_position
 from hpctrain.ffn.seeds import grid_seeds, make_seeds, peak_seeds, within_margin
+from hpctrain.ffn.segmentation import clear_dust, make_labels_contiguous, split_disconnected, write_segmentation_hdf5
+from hpctrain.ffn.settings import FloodSettings, InferenceConfig
 
 torch.set_num_threads(1)
 
@@ -210,7 +199,7 @@ def test_oracle_segments_separable_cubes_exactly() -> None:
 
 def test_seeds_in_segmented_voxels_are_skipped() -> None:
     image, _ = cubes_volume()
-    canvas = Canvas(OracleModel(), image, 9, 3, min_segment_size=100)
+    canvas = Canvas(OracleModel(), image, FloodSettings(fov=9, deltas=3, min_segment_size=100))
     canvas.segment_all([(10, 10, 10), (12, 12, 12), (10, 10, 29)])
     assert sorted(canvas.origins) == [1, 2]
     assert canvas.origins[1]["seed"] == (10, 10, 10) and canvas.origins[2]["seed"] == (10, 10, 29)
@@ -218,7 +207,7 @@ def test_seeds_in_segmented_voxels_are_skipped() -> None:
 
 def test_overlap_keeps_earlier_object_and_is_recorded() -> None:
     image = np.zeros((30, 30, 30), np.uint8)
-    canvas = Canvas(BallModel(4.0), image, 11, 5, min_segment_size=10)
+    canvas = Canvas(BallModel(4.0), image, FloodSettings(fov=11, deltas=5, min_segment_size=10))
     canvas.segment_all([(15, 15, 12), (15, 15, 18)])  # balls of radius 4, centres 6 apart
     zz, yy, xx = np.indices(image.shape)
     ball1 = (zz - 15) ** 2 + (yy - 15) ** 2 + (xx - 12) ** 2 <= 16
@@ -231,11 +220,11 @@ def test_overlap_keeps_earlier_object_and_is_recorded() -> None:
 
 def test_small_and_weak_objects_are_dropped() -> None:
     image = np.zeros((20, 20, 20), np.uint8)
-    small = Canvas(BallModel(1.0), image, 7, 2, min_segment_size=10)  # a 7-voxel ball
+    small = Canvas(BallModel(1.0), image, FloodSettings(fov=7, deltas=2, min_segment_size=10))  # a 7-voxel ball
     small.segment_all([(10, 10, 10)])
     assert small.origins == {} and small.segmentation[10, 10, 10] == -1
     assert small.counters["failed_too_small"] == 1 and small.labels().max() == 0
-    weak = Canvas(ConstantModel(-8.0), image, 7, 2, min_segment_size=1)
+    weak = Canvas(ConstantModel(-8.0), image, FloodSettings(fov=7, deltas=2, min_segment_size=1))
     weak.segment_all([(10, 10, 10), (2, 10, 10)])  # the second is too close to the border: skipped
     assert weak.counters == {"ffn_calls": 1, "flood_fovs": 1, "failed_weak_seed": 1, "skip_invalid_pos": 1}
 
@@ -243,17 +232,18 @@ def test_small_and_weak_objects_are_dropped() -> None:
 def test_canvas_rejects_bad_geometry_and_bad_model_output() -> None:
     image = np.zeros((20, 20, 20), np.uint8)
     with pytest.raises(ConfigError, match="deltas"):
-        Canvas(ConstantModel(0.0), image, 7, 4)
+        Canvas(ConstantModel(0.0), image, FloodSettings(fov=7, deltas=4))
     with pytest.raises(ConfigError, match="odd"):
-        Canvas(ConstantModel(0.0), image, 8, 2)
-    canvas = Canvas(ConstantModel(8.0, shrink=True), image, 7, 2)
+        InferenceConfig.from_mapping({"fov": 8, "deltas": 2})
+    canvas = Canvas(ConstantModel(8.0, shrink=True), image, FloodSettings(fov=7, deltas=2))
     with pytest.raises(RuntimeFailure, match="returned shape"):
         canvas.segment_all([(10, 10, 10)])
 
 
 def test_config_from_mapping_lists_valid_keys() -> None:
     cfg = InferenceConfig.from_mapping({"fov": 9, "deltas": [2, 3, 3]})
-    assert cfg.fov == (9, 9, 9) and cfg.deltas == (2, 3, 3)
+    assert cfg.flood.fov == (9, 9, 9) and cfg.flood.deltas == (2, 3, 3)
+    assert InferenceConfig.from_mapping(cfg.flat()) == cfg and cfg.replace(linkage="average").joins.linkage == "average"
     with pytest.raises(ConfigError, match="valid keys: fov"):
         InferenceConfig.from_mapping({"move_treshold": 0.8})
 
@@ -303,14 +293,14 @@ def test_split_pieces_leaves_a_flood_only_its_connected_part() -> None:
     minimum size, and left unsegmented before any join or fill."""
     image = np.zeros((21, 21, 21), np.uint8)
     base = InferenceConfig(fov=(11, 11, 11), deltas=(3, 3, 3), min_segment_size=20, max_seed_distance=0)
-    canvas = Canvas(BallAndStrayModel(), image, base.fov, base.deltas, **base.canvas_kwargs())
+    canvas = Canvas(BallAndStrayModel(), image, base.flood)
     canvas.segment_all([(10, 10, 10)])
-    raw, _ = pieces_and_scores(canvas, base)
-    split, _ = pieces_and_scores(canvas, InferenceConfig(**{**base.__dict__, "split_pieces": True}))
+    raw, _ = pieces_and_claims(canvas, base.joins)
+    split, _ = pieces_and_claims(canvas, base.replace(split_pieces=True).joins)
     assert raw[5, 5, 5] == raw[10, 10, 10] == 1  # the stray cube at the first FOV's corner: the same object
     assert split[10, 10, 10] == 1 and split[5, 5, 5] == 0
     assert int((raw == 1).sum()) - int((split == 1).sum()) == 8
-    assert InferenceConfig.from_mapping({"split_pieces": True}).split_pieces
+    assert InferenceConfig.from_mapping({"split_pieces": True}).joins.split_pieces
 
 
 # --------------------------------------------------------------------------- checkpoint + command
@@ -365,7 +355,7 @@ def test_bfloat16_inference_gives_float32_logits_within_rounding_and_segments(tm
     half, cfg, _ = prepare_inference(ckpt, {"precision": "bfloat16"})
     untuned, _, _ = prepare_inference(ckpt, {"precision": "bfloat16"}, tune=False)
     auto, auto_cfg, _ = prepare_inference(ckpt, {"precision": "auto"})
-    assert auto_cfg.precision == ("bfloat16" if native_bf16(torch.device("cpu")) else "float32")  # what ran
+    assert auto_cfg.execution.precision == ("bfloat16" if native_bf16(torch.device("cpu")) else "float32")  # what ran
     assert isinstance(half, BFloat16Inference) and isinstance(untuned, BFloat16Inference)
     assert not isinstance(full, BFloat16Inference)
     assert isinstance(auto, BFloat16Inference) is native_bf16(torch.device("cpu"))
@@ -377,14 +367,14 @@ def test_bfloat16_inference_gives_float32_logits_within_rounding_and_segments(tm
     torch.testing.assert_close(got, want, rtol=0.05, atol=0.05)
     torch.testing.assert_close(got, got_untuned)  # channels-last changes only the layout
     image, _ = make_synthetic_volume((20, 24, 24), seed=1)
-    settings = dataclasses.replace(cfg, min_segment_size=5, seed_policy="grid", seed_args={"step": 6, "offsets": [4]},
-                                   max_seed_distance=4)
+    settings = cfg.replace(min_segment_size=5, seed_policy="grid", seed_args={"step": 6, "offsets": [4]},
+                           max_seed_distance=4)
     seg = segment_volume(half, image, settings)
     # Several bounded floods through the bfloat16 model, covering the volume as the float32 model's do (where they
     # go differs: bfloat16 rounds the logits the movement policy compares into ties).
     assert seg.max() > 1
     assert (seg > 0).mean() == pytest.approx((segment_volume(full, image, settings) > 0).mean(), abs=0.1)
-    with pytest.raises(ConfigError, match="'fp16' is not one of float32, bfloat16, auto"):
+    with pytest.raises(ConfigError, match=r"precision: Input should be 'float32', 'bfloat16' or 'auto' \(got 'fp16'\)"):
         InferenceConfig.from_mapping({"precision": "fp16"})
 
 
@@ -395,7 +385,7 @@ def test_zero_weight_convstack_passes_the_seed_through(tmp_path) -> None:
     for p in model.parameters():
         nn.init.zeros_(p)
     image = np.random.default_rng(0).integers(0, 255, (16, 16, 16), dtype=np.uint8)
-    canvas = Canvas(model, image, 7, 2, min_segment_size=1)
+    canvas = Canvas(model, image, FloodSettings(fov=7, deltas=2, min_segment_size=1))
     canvas.segment_all([(8, 8, 8)])
     # output = seed logits: only the seed voxel is above the segment threshold; no move passes 0.9.
     assert canvas.counters["ffn_calls"] == 1
@@ -524,17 +514,18 @@ def test_unbounded_floods_go_one_at_a_time() -> None:
                                                  concurrent_floods=4))
     assert set(model.sizes) == {1}
     with pytest.raises(ConfigError, match="concurrent_floods"):
-        segment_volume(model, image, InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), concurrent_floods=0))
+        segment_volume(model, image, {"fov": (9, 9, 9), "deltas": (3, 3, 3), "concurrent_floods": 0})
 
 
 def test_seed_order_lets_a_seed_go_first_only_clear_of_everything_before_it() -> None:
-    from hpctrain.ffn.inference import _Box, _Object, _SeedOrder
+    from hpctrain.ffn.batching import SeedOrder
+    from hpctrain.ffn.canvas import _Box, _Object
 
     def started(pos: tuple[int, int, int]) -> _Object:
         return _Object(start=pos, movement=None, visited=_Box.at(pos), written=_Box.at(pos), began=0.0)  # type: ignore[arg-type]
 
     seeds = [(10, 10, 10), (10, 10, 15), (10, 10, 40), (10, 10, 20)]
-    order = _SeedOrder(seeds, reach=(3, 3, 3), window=8)  # clash: within 6 voxels on every axis
+    order = SeedOrder(seeds, reach=(3, 3, 3), window=8)  # clash: within 6 voxels on every axis
     assert order.take() == (0, seeds[0])
     a = started(seeds[0])
     order.started(0, a)

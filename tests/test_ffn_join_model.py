@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -23,7 +22,7 @@ from test_ffn_subvolumes import REPO, everything_model, painted_volume
 
 from hpctrain.errors import ConfigError
 from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import InferenceConfig, segment_volume
+from hpctrain.ffn.inference import segment_volume
 from hpctrain.ffn.join_model import (
     FEATURES,
     JoinModel,
@@ -33,6 +32,7 @@ from hpctrain.ffn.join_model import (
     same_object,
     training_pairs,
 )
+from hpctrain.ffn.settings import InferenceConfig
 from hpctrain.ffn.tuning import fit_joins, tune_inference
 
 
@@ -139,10 +139,10 @@ def test_joins_fitted_on_one_volume_segment_another() -> None:
     image, labels = painted_volume((32, 48, 48), seed=6)
     fitted, record, _ = fit_joins(OracleModel(), fit_image, fit_labels, BASE)
     assert record["pairs"] > record["one_object"] > 0 and set(record["coef"]) == set(FEATURES)
-    chosen, rows = tune_inference(OracleModel(), image, labels, replace(BASE, join_model=fitted),
+    chosen, rows = tune_inference(OracleModel(), image, labels, BASE.replace(join_model=fitted),
                                   {"agglomerate_threshold": [0.3, 0.5]})
     assert chosen.join_model == fitted and len(rows) == 2
-    unjoined = evaluate_segmentation(segment_volume(OracleModel(), image, replace(BASE, agglomerate_threshold=0)),
+    unjoined = evaluate_segmentation(segment_volume(OracleModel(), image, BASE.replace(agglomerate_threshold=0)),
                                      labels)
     by_claims = evaluate_segmentation(segment_volume(OracleModel(), image, BASE), labels)
     learned = evaluate_segmentation(segment_volume(OracleModel(), image, chosen), labels)
@@ -163,15 +163,15 @@ def test_tuning_on_the_fit_volume_reuses_the_fit_flood() -> None:
     those a fresh flood gives, and a candidate with other flood settings (another move threshold) floods anew."""
     image, labels = painted_volume((32, 48, 48), seed=5)
     fitted, _, flood = fit_joins(OracleModel(), image, labels, BASE)
-    with_model = replace(BASE, join_model=fitted)
+    with_model = BASE.replace(join_model=fitted)
     grid = {"agglomerate_threshold": [0.3, 0.5]}
     reused, reused_rows = tune_inference(NoCalls(), image, labels, with_model, grid, floods=[flood])
     fresh, fresh_rows = tune_inference(OracleModel(), image, labels, with_model, grid)
     assert reused == fresh and all(r["reused_flood"] for r in reused_rows)
     assert [r["voi"] for r in reused_rows] == [r["voi"] for r in fresh_rows]
-    assert flood.serves(replace(with_model, agglomerate_threshold=0.3))
-    assert not flood.serves(replace(with_model, move_threshold=0.8))
-    assert not flood.serves(replace(with_model, agglomerate_threshold=0))  # no join: no claims computed
+    assert flood.serves(with_model.replace(agglomerate_threshold=0.3))
+    assert not flood.serves(with_model.replace(move_threshold=0.8))
+    assert not flood.serves(with_model.replace(agglomerate_threshold=0))  # no join: no claims computed
     with pytest.raises(AssertionError, match="not reused"):
         tune_inference(NoCalls(), image, labels, with_model, {"move_threshold": [0.9, 0.8]}, floods=[flood])
 
@@ -264,7 +264,7 @@ def test_a_fitted_join_model_in_eight_subvolumes_matches_one_process(tmp_path: P
                           seed_args={"step": 6, "offsets": (0, 3)}, max_seed_distance=4, agglomerate_threshold=0.5,
                           watershed_fill=True, split_pieces=True)
     fit_image, fit_labels = painted_volume((32, 48, 48), seed=6)
-    cfg = replace(cfg, join_model=fit_joins(OracleModel(), fit_image, fit_labels, cfg)[0])
+    cfg = cfg.replace(join_model=fit_joins(OracleModel(), fit_image, fit_labels, cfg)[0])
     image, labels = painted_volume()
     whole = evaluate_segmentation(segment_volume(OracleModel(), image, cfg), labels)
     assert whole["voi"] < 0.3

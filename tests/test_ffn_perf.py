@@ -137,14 +137,17 @@ def test_tune_for_inference_matches_and_leaves_model_alone(freeze: bool) -> None
 
 
 def test_tuned_inference_module_runs_in_the_canvas() -> None:
-    from hpctrain.ffn.inference import Canvas
+    from hpctrain.ffn.batching import BatchPredictor
+    from hpctrain.ffn.canvas import Canvas
+    from hpctrain.ffn.settings import FloodSettings
 
     base = _model(depth=2)
     image = np.random.default_rng(0).integers(0, 255, size=(11, 11, 11)).astype(np.uint8)
     seed = np.full((9, 9, 9), 0.5, dtype=np.float32)
-    plain = Canvas(base, image, fov=9, deltas=2).predict((5, 5, 5), seed)
     x = torch.zeros(1, 2, 9, 9, 9)
-    fast = Canvas(perf.tune_for_inference(base, x, freeze=True), image, fov=9, deltas=2).predict((5, 5, 5), seed)
+    plain, fast = (BatchPredictor(model, "cpu", (9, 9, 9))([(Canvas(model, image, FloodSettings(fov=9, deltas=2)),
+                                                           (5, 5, 5), seed)])[0]
+                   for model in (base, perf.tune_for_inference(base, x, freeze=True)))
     assert fast.shape == plain.shape == (9, 9, 9)
     _close(torch.from_numpy(fast), torch.from_numpy(plain))
 

@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -25,8 +24,9 @@ from test_ffn_inference import OracleModel
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.agglomeration import contact_pairs
 from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import InferenceConfig, segment_volume
+from hpctrain.ffn.inference import segment_volume
 from hpctrain.ffn.model import ConvStack3D
+from hpctrain.ffn.settings import InferenceConfig
 from hpctrain.ffn.subvolume_finish import OVERSEGMENTATION, assemble, assign_pairs, count_contacts, finish_parts
 from hpctrain.ffn.subvolumes import (
     match_segments,
@@ -126,17 +126,18 @@ def in_pieces(tmp_path: Path, image: np.ndarray, cfg: InferenceConfig) -> tuple[
     Returns (plan, plan path, summary, segmentation)."""
     with h5py.File(tmp_path / "vol.h5", "w") as f:
         f["image"] = image
-    plan = plan_subvolumes(image.shape, (2, 2, 2), 9, min_size=cfg.fov)
+    plan = plan_subvolumes(image.shape, (2, 2, 2), 9, min_size=cfg.flood.fov)
     plan_path = write_plan(tmp_path / "parts" / "plan.json", plan, checkpoint="unused",
                            volume=f"{tmp_path}/vol.h5:image")
     for rank in range(2):
         segment_parts(plan_path, rank, 2, model=OracleModel(), config=cfg)
     assert all(part_path(plan_path.parent, s).exists() for s in plan)
     summary = reconcile(plan, plan_path.parent, plan_path.parent / OVERSEGMENTATION, image.shape)
-    assign_pairs(plan, plan_path.parent, image.shape, cfg.min_contact)
+    assign_pairs(plan, plan_path.parent, image.shape, cfg.joins.min_contact)
     for rank in range(2):
         finish_parts(plan_path, rank, 2, model=OracleModel(), config=cfg)
-    summary.update(assemble(plan, plan_path.parent, tmp_path / "pieces.h5", image.shape, cfg.agglomerate_threshold))
+    summary.update(assemble(plan, plan_path.parent, tmp_path / "pieces.h5", image.shape,
+                            cfg.joins.agglomerate_threshold))
     with h5py.File(tmp_path / "pieces.h5") as f:
         return plan, plan_path, summary, f["segmentation"][()]
 
@@ -170,7 +171,7 @@ def test_bounded_floods_agglomerated_after_reconciling_match_one_process(tmp_pat
                           seed_args={"step": 6, "offsets": (0, 3)}, max_seed_distance=4, agglomerate_threshold=0.5,
                           watershed_fill=True, split_pieces=split_pieces)
     whole = evaluate_segmentation(segment_volume(OracleModel(), image, cfg), labels)
-    floods = evaluate_segmentation(segment_volume(OracleModel(), image, replace(cfg, agglomerate_threshold=0.0)),
+    floods = evaluate_segmentation(segment_volume(OracleModel(), image, cfg.replace(agglomerate_threshold=0.0)),
                                    labels)
     assert floods["voi_split"] > 2.0 and whole["voi"] < 0.1  # bounded floods over-segment; agglomeration joins
     _, _, summary, pieces = in_pieces(tmp_path, image, cfg)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import h5py
@@ -22,7 +21,8 @@ from test_ffn_inference import OracleModel
 from test_ffn_subvolumes import REPO, everything_model, painted_volume
 
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.ffn.inference import InferenceConfig, segment_volume
+from hpctrain.ffn.inference import segment_volume
+from hpctrain.ffn.settings import InferenceConfig
 from hpctrain.ffn.tuning import candidates, central_crop, tune_inference
 
 
@@ -72,7 +72,7 @@ def test_a_less_confident_model_gets_the_move_threshold_its_floods_need() -> Non
     assert by[(0.8, 0.5)]["ffn_calls"] == by[(0.8, 0.9)]["ffn_calls"] > 0
     tuning_calls, ShyOracle.calls = ShyOracle.calls, 0
     for move in (0.9, 0.8):
-        segment_volume(ShyOracle(), image, replace(BASE, move_threshold=move))
+        segment_volume(ShyOracle(), image, BASE.replace(move_threshold=move))
     assert tuning_calls == ShyOracle.calls
     tuned = segment_volume(ShyOracle(), image, chosen)
     from hpctrain.ffn.evaluate import evaluate_segmentation

@@ -15,10 +15,11 @@ PACKAGE = Path(hpctrain.__file__).resolve().parent
 # Layer of each top-level part of hpctrain; a module may import its own layer's parts only where listed.
 LAYER = {"errors": 0, "exit_codes": 0, "text": 0, "files": 0, "launch_env": 0, "config": 0,
          "submission": 1, "runtime": 1, "checkpoint": 1, "models": 1, "ffn": 1,
-         "planning": 2, "report": 2, "submitit_plugin": 2, "commands": 3, "cli": 4, "__main__": 5}
+         "planning": 2, "report": 2, "submitit_plugin": 2, "workflows": 2, "commands": 3, "cli": 4, "__main__": 5}
 ALLOCATION_SIDE = {"runtime", "checkpoint", "models", "ffn"}
 # planning reads runs through submission, never the allocation side; so does the submitit plug-in, whose
-# in-job runner is torch-free (tests/test_submitit_plugin.py checks what it imports).
+# in-job runner is torch-free (tests/test_submitit_plugin.py checks what it imports). workflows (the demo, a
+# trained FFN segmenting and tuned on this machine) join the two sides, so they belong to neither.
 LAPTOP_SIDE = {"submission", "planning", "report", "submitit_plugin"}
 # Torch-free modules of the allocation side that the laptop reads too.
 READ_ON_BOTH_SIDES = {"hpctrain.checkpoint.manifest"}

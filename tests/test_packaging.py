@@ -169,7 +169,7 @@ def test_sites_list_and_show_read_the_shipped_profiles(fresh: FreshVenv) -> None
 
 @pytest.mark.slow
 def test_the_example_jobs_and_the_demo_job_ship_with_the_package(fresh: FreshVenv) -> None:
-    probe = "from hpctrain.commands.demo import DEMO_JOB; print(DEMO_JOB)"
+    probe = "from hpctrain.workflows.demo import DEMO_JOB; print(DEMO_JOB)"
     demo_job = Path(_checked(fresh.run(fresh.python, "-c", probe), "demo job probe").stdout.strip())
     assert demo_job.is_relative_to(fresh.site_packages) and demo_job.is_file(), demo_job
     installed = fresh.site_packages / "hpctrain" / "jobs"

@@ -4,7 +4,6 @@ dataset, checkpoint interval and data paths (hpctrain/config/preflight.py), thro
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import os
@@ -19,7 +18,7 @@ from hpctrain.config.catalog import BUILTIN, find_schema
 from hpctrain.config.fit import check_fit
 from hpctrain.config.job import JobSpec, load_job
 from hpctrain.config.plugins.digits import DIGITS_IMAGES
-from hpctrain.config.plugins.ffn import FFNData, FFNModelArgs, InferenceSettings, SyntheticVolume, training_margin
+from hpctrain.config.plugins.ffn import FFNData, FFNModelArgs, SyntheticVolume, training_margin
 from hpctrain.config.preflight import PreflightWarning, check_job, steps_per_epoch, warn
 from hpctrain.config.site import load_site
 from hpctrain.errors import ConfigError, FitError
@@ -292,13 +291,11 @@ def test_schemas_match_what_the_ranks_build() -> None:
     """The torch-free schemas repeat a few facts of the allocation side; these must not drift apart."""
     from sklearn.datasets import load_digits
 
-    from hpctrain.ffn.inference import InferenceConfig
     from hpctrain.ffn.synthetic import make_synthetic_volume
     from hpctrain.ffn.task import STREAM_FIELDS
     from hpctrain.ffn.training import StreamConfig
 
     assert len(load_digits().images) == DIGITS_IMAGES
-    assert set(InferenceSettings.model_fields) == {f.name for f in dataclasses.fields(InferenceConfig)}
     assert set(SyntheticVolume.model_fields) == set(inspect.signature(make_synthetic_volume).parameters)
     defaults = StreamConfig()
     for key, field in STREAM_FIELDS.items():

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn import JOIN_FEATURES, join_model_problem
+from hpctrain.config.plugins.ffn_inference import JOIN_FEATURES, join_model_problem
 from hpctrain.errors import ConfigError
 from hpctrain.ffn.agglomeration import Box, axis_neighbours, object_boxes
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from hpctrain.config.plugins.ffn_inference import zyx
+
 
 class ConvStack3D(nn.Module):
     """The residual 3-D convolution stack of the FFN (google/ffn ``ConvStack3DFFNModel``).
@@ -93,3 +95,23 @@ def training_flops_per_fov(
         "backward": 2 * forward,
         "train": 3 * forward,
     }
+
+
+NETWORKS: dict[str, type[nn.Module]] = {"ffn": ConvStack3D, "convstack_3d": ConvStack3D}
+"""FFN networks by the name a checkpoint records (``model_name``, the job's ``model``); inference builds the one
+named. Every network takes the (N, 2, Z, Y, X) image + seed logits and returns (N, 1, Z, Y, X) logits."""
+
+
+def build_network(name: str, model_args: dict[str, object]) -> nn.Module:
+    """The network ``name`` with the ``model_args`` its constructor takes (others, such as ``deltas``, are the
+    training's and inference's); an unknown name raises KeyError listing the known ones."""
+    import inspect
+
+    if name not in NETWORKS:
+        raise KeyError(f"no FFN network {name!r}; known: {', '.join(sorted(NETWORKS))}")
+    network = NETWORKS[name]
+    accepted = set(inspect.signature(network.__init__).parameters) - {"self"}
+    kwargs = {k: v for k, v in model_args.items() if k in accepted}
+    if "fov" in kwargs:
+        kwargs["fov"] = zyx(kwargs["fov"], "model_args.fov")  # type: ignore[arg-type]
+    return network(**kwargs)

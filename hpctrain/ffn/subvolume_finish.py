@@ -2,7 +2,7 @@
 
 A piece that agglomerates and fills on its own sees only its box: two pieces of an object that meet outside it
 are never joined, and the fills of two pieces disagree at their border. So the pieces flood only (bounded
-floods, ``flood_only``), are reconciled into one over-segmentation, and then, as google/ffn agglomerates after
+floods, ``settings.flood_only``), are reconciled into one over-segmentation, and then, as google/ffn agglomerates after
 its subvolumes, the finishing steps run over that one segmentation, split the same way:
 
 1. ``count_contacts`` (one process, O(volume) numpy): each core, read with ``reach`` voxels beyond it, counts
@@ -18,7 +18,6 @@ its subvolumes, the finishing steps run over that one segmentation, split the sa
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Sequence
@@ -28,22 +27,14 @@ from typing import Any
 import numpy as np
 
 from hpctrain.errors import DataError
-from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, join_groups, mutual_claims, watershed_fill
+from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, join_groups, mutual_claims
+from hpctrain.ffn.inference import join_and_fill
+from hpctrain.ffn.settings import InferenceConfig
 from hpctrain.ffn.subvolumes import Subvolume, mine, read_plan, renumbering, write_cores
 
 OVERSEGMENTATION = "oversegmentation.h5"
 PAIRS = "pairs.json"
 REACH = 3  # voxels across which two objects touch (agglomeration.contact_pairs)
-
-
-def flood_only(config: Any) -> Any:
-    """``config`` (an InferenceConfig) without the steps that run after reconciling."""
-    return dataclasses.replace(config, agglomerate_threshold=0.0, watershed_fill=False, expand_labels=0)
-
-
-def finishes(config: Any) -> bool:
-    """Whether ``config`` has steps to run after reconciling (agglomeration, fill, growing the labels)."""
-    return config.agglomerate_threshold > 0 or config.watershed_fill or config.expand_labels > 0
 
 
 def finished_path(parts_dir: Path, sub: Subvolume) -> Path:
@@ -100,11 +91,12 @@ def assign_pairs(plan: Sequence[Subvolume], parts_dir: Path, shape: Sequence[int
 # ------------------------------------------------------------------------------------------ 2. the pieces
 
 
-def finish_piece(model: Any, config: Any, image: np.ndarray, seg: np.ndarray,
+def finish_piece(model: Any, config: InferenceConfig, image: np.ndarray, seg: np.ndarray,
                  pairs: Sequence[Sequence[int]]) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
     """One piece: (its box filled, with the ids of ``seg``; the score of each of ``pairs``: its mutual claim, or
     the join model's probability, from what the piece's box holds of the two)."""
-    from hpctrain.ffn.inference import Canvas, pair_scores
+    from hpctrain.ffn.canvas import make_canvas
+    from hpctrain.ffn.inference import pair_scores
 
     ids, local = np.unique(seg, return_inverse=True)  # small local ids: object boxes are a list as long as the
     local = local.reshape(seg.shape).astype(np.int64)  # largest id
@@ -113,17 +105,14 @@ def finish_piece(model: Any, config: Any, image: np.ndarray, seg: np.ndarray,
     position = {int(g): i for i, g in enumerate(ids)}
     scores: dict[tuple[int, int], float] = {}
     todo = [(position[int(a)], position[int(b)]) for a, b in pairs if int(a) in position and int(b) in position]
-    if config.agglomerate_threshold > 0 and todo:
-        canvas = Canvas(model, image, config.fov, config.deltas, **config.canvas_kwargs())
+    if config.joins.agglomerate_threshold > 0 and todo:
+        canvas = make_canvas(model, image, config)
         claims = mutual_claims(local, canvas.predict_bare, canvas.fov, canvas.segment_logit, todo)
-        for (a, b), score in pair_scores(image, local, claims, config).items():
+        for (a, b), score in pair_scores(image, local, claims, config.joins).items():
             scores[(int(ids[a]), int(ids[b]))] = score
-    if config.watershed_fill:
-        local = watershed_fill(image, local)
-    if config.expand_labels > 0:
-        from skimage.segmentation import expand_labels
-
-        local = expand_labels(local, distance=config.expand_labels)
+    # the join is applied once over all pieces (``assemble``); here only the fill of the piece's box
+    local = join_and_fill(image, local, {}, config.joins.model_copy(update={"agglomerate_threshold": 0.0}),
+                          config.fill)
     return ids[local].astype(np.uint32), scores
 
 
@@ -131,7 +120,8 @@ def finish_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads
                  model: Any = None, config: Any = None) -> list[str]:
     """Finish this rank's pieces (``finish_piece``): each writes its core and scores to ``finished-*.h5``.
     A piece already finished is skipped, so a stopped job run again does only the rest."""
-    from hpctrain.ffn.inference import prepare_inference, write_segmentation_hdf5
+    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.segmentation import write_segmentation_hdf5
     from hpctrain.ffn.volume import open_volume
 
     plan_path = Path(plan_path)

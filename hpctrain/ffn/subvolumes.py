@@ -172,9 +172,9 @@ def write_cores(out_path: str | Path, shape: Sequence[int], plan: Sequence[Subvo
     core labels, one core in memory at a time."""
     import h5py
 
-    from hpctrain.ffn.inference import _split_h5
+    from hpctrain.ffn.segmentation import h5_target
 
-    file, name = _split_h5(out_path, "segmentation")
+    file, name = h5_target(out_path, "segmentation")
     file.parent.mkdir(parents=True, exist_ok=True)
     tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
     try:
@@ -241,8 +241,9 @@ def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, thread
     checkpoint and settings are used unless ``model`` and ``config`` (an InferenceConfig) are given. A piece
     whose file already exists is skipped, so a job that was stopped and run again only does the rest.
     """
-    from hpctrain.ffn.inference import prepare_inference, segment_volumes_together, write_segmentation_hdf5
-    from hpctrain.ffn.subvolume_finish import flood_only
+    from hpctrain.ffn.inference import prepare_inference, segment_volumes_together
+    from hpctrain.ffn.segmentation import write_segmentation_hdf5
+    from hpctrain.ffn.settings import flood_only
     from hpctrain.ffn.volume import open_volume
 
     plan_path = Path(plan_path)

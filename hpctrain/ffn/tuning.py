@@ -24,20 +24,14 @@ from typing import Any
 import numpy as np
 
 from hpctrain.errors import ConfigError, DataError
+from hpctrain.ffn.canvas import Canvas
 from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import (
-    Canvas,
-    InferenceConfig,
-    _segmentation,
-    join_and_fill,
-    pair_scores,
-    pieces_and_claims,
-    run_floods,
-)
+from hpctrain.ffn.inference import flooded_canvas, join_and_fill, pair_scores, pieces_and_claims
+from hpctrain.ffn.settings import STAGE_OF, InferenceConfig
 
-FLOOD_KEYS = ("move_threshold", "segment_threshold")  # each value floods the crop again
-JOIN_KEYS = ("agglomerate_threshold",)  # applied to one flood's pieces and scores
-TUNABLE = FLOOD_KEYS + JOIN_KEYS
+TUNABLE = ("move_threshold", "segment_threshold", "agglomerate_threshold")
+FLOOD_KEYS = tuple(k for k in TUNABLE if STAGE_OF[k] == "flood")  # each value floods the crop again
+JOIN_KEYS = tuple(k for k in TUNABLE if STAGE_OF[k] == "joins")  # applied to one flood's pieces and scores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,14 +45,14 @@ class Flood:
     seconds: float
 
     def serves(self, cfg: InferenceConfig) -> bool:
-        """Whether a flood with ``cfg`` would give these pieces and claims: every setting the same except how the
-        pairs are scored and joined afterwards (any join threshold > 0 computes the claims) and how the FOVs are
-        batched (``concurrent_floods`` and ``speculative_self_prediction`` give the same objects)."""
-        def flood_only(c: InferenceConfig) -> InferenceConfig:
-            return dataclasses.replace(c.unbatched(), agglomerate_threshold=float(c.agglomerate_threshold > 0),
-                                       join_model=None)
+        """Whether a flood with ``cfg`` would give these pieces and claims: the same flood and seeds, the same
+        pieces and pairs (any join threshold > 0 computes the claims), the same device and arithmetic; how the
+        pairs are joined and the rest filled, and how the FOVs are batched, do not change them."""
+        def pieces_part(c: InferenceConfig) -> tuple[Any, ...]:
+            return (c.flood, c.seeds, c.joins.split_pieces, c.joins.min_contact, c.joins.agglomerate_threshold > 0,
+                    c.execution.device, c.execution.precision)
 
-        return flood_only(self.cfg) == flood_only(cfg)
+        return pieces_part(self.cfg) == pieces_part(cfg)
 
 
 def central_crop(shape: Sequence[int], crop: Sequence[int] | None) -> tuple[slice, ...]:
@@ -85,9 +79,8 @@ def candidates(grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
 def flood_pieces(model: Any, image: np.ndarray,
                  cfg: InferenceConfig) -> tuple[np.ndarray, dict[tuple[int, int], float], Canvas]:
     """One segmentation's floods of ``image``: (its pieces, the mutual claim of each pair in contact, the canvas)."""
-    canvas = Canvas(model, image, cfg.fov, cfg.deltas, **cfg.canvas_kwargs())
-    run_floods(canvas, _segmentation(canvas, cfg, None))
-    pieces, claims = pieces_and_claims(canvas, cfg)
+    canvas = flooded_canvas(model, image, cfg)
+    pieces, claims = pieces_and_claims(canvas, cfg.joins)
     return pieces, claims, canvas
 
 
@@ -102,7 +95,7 @@ def fit_joins(model: Any, image: np.ndarray, labels: np.ndarray, base: Inference
         raise DataError(f"join-fitting image {image.shape} and labels {labels.shape} differ in shape")
     t0 = time.perf_counter()
     # any join threshold > 0 makes the floods' pairs scored; the fit is of the claims, not an earlier join model
-    cfg = dataclasses.replace(base, agglomerate_threshold=max(base.agglomerate_threshold, 0.5), join_model=None)
+    cfg = base.replace(agglomerate_threshold=max(base.joins.agglomerate_threshold, 0.5), join_model=None)
     pieces, claims, canvas = flood_pieces(model, image, cfg)
     flood = Flood(cfg, pieces, claims, canvas.counters.get("ffn_calls", 0), time.perf_counter() - t0)
     x, y, w = training_pairs(image, pieces, labels, claims)
@@ -136,9 +129,9 @@ def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: Infe
     rows: list[dict[str, Any]] = []
     flood_settings = candidates({k: v for k, v in grid.items() if k in FLOOD_KEYS})
     joins = [float(v) for v in grid.get("agglomerate_threshold") or []]
-    for flood in flood_settings:
-        cfg = dataclasses.replace(base, **flood)
-        scoring = dataclasses.replace(cfg, agglomerate_threshold=max([cfg.agglomerate_threshold, *joins]))
+    for settings_tried in flood_settings:
+        cfg = base.replace(**settings_tried)
+        scoring = cfg.replace(agglomerate_threshold=max([cfg.joins.agglomerate_threshold, *joins]))
         t0 = time.perf_counter()
         done = next((f for f in floods if f.serves(scoring)), None)
         if done is None:
@@ -146,11 +139,11 @@ def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: Infe
             ffn_calls = canvas.counters.get("ffn_calls", 0)
         else:
             pieces, claims, ffn_calls = done.pieces, done.claims, done.ffn_calls
-        scores = pair_scores(image, pieces, claims, scoring)
+        scores = pair_scores(image, pieces, claims, scoring.joins)
         flood_seconds = time.perf_counter() - t0 + (done.seconds if done is not None else 0.0)
-        for join in joins or [cfg.agglomerate_threshold]:
-            settings = {**flood, **({"agglomerate_threshold": join} if joins else {})}
-            seg = join_and_fill(image, pieces, scores, dataclasses.replace(cfg, agglomerate_threshold=join))
+        for join in joins or [cfg.joins.agglomerate_threshold]:
+            settings = {**settings_tried, **({"agglomerate_threshold": join} if joins else {})}
+            seg = join_and_fill(image, pieces, scores, cfg.replace(agglomerate_threshold=join).joins, cfg.fill)
             m = evaluate_segmentation(seg, labels)
             rows.append({"settings": settings, "voi": m["voi_split"] + m["voi_merge"], "voi_split": m["voi_split"],
                          "voi_merge": m["voi_merge"], "adapted_rand_error": m["adapted_rand_error"],
@@ -161,7 +154,7 @@ def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: Infe
                 say(f"  {settings}: VOI {r['voi']:.3f} ({r['voi_split']:.2f}/{r['voi_merge']:.2f}), "
                     f"adapted Rand {r['adapted_rand_error']:.3f}")
     best = min(rows, key=lambda r: r["voi"])  # min keeps the first of equal rows
-    return dataclasses.replace(base, **best["settings"]), rows
+    return base.replace(**best["settings"]), rows
 
 
 def read_labelled(image_spec: Any, labels_spec: Any, crop: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
@@ -204,11 +197,11 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
         if say:
             changed = f" flooded with {dict(fit_settings)}" if fit_settings else ""
             say(f"fitting the join model on {'x'.join(map(str, fit_image.shape))} voxels of {fit_on[0]}{changed}:")
-        fit_base = dataclasses.replace(base, **dict(fit_settings or {}))
+        fit_base = base.replace(**dict(fit_settings or {}))
         try:
             join_model, fitted, flood = fit_joins(model, fit_image, fit_labels, fit_base, say=say)
             # on the fit's own volume the candidates are chosen on the fit's flood: its settings, its pieces
-            base = dataclasses.replace(fit_base if same_volume else base, join_model=join_model)
+            base = (fit_base if same_volume else base).replace(join_model=join_model)
             if same_volume:
                 floods.append(flood)
         except DataError as e:
@@ -223,8 +216,8 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
         say(f"choosing the inference thresholds on {'x'.join(map(str, shape))} voxels at the volume's centre, "
             f"candidates {dict(grid)}{' (the join fit flooded it already)' if floods else ''}:")
     chosen, rows = tune_inference(model, image, labels, base, grid, say=say, floods=floods)
-    picked = {key: getattr(chosen, key) for key in grid}
-    if chosen.join_model is not None:
-        picked["join_model"] = chosen.join_model
+    picked = {key: chosen.flat()[key] for key in grid}
+    if chosen.joins.join_model is not None:
+        picked["join_model"] = chosen.joins.join_model
     return {"chosen": picked, "crop": shape, "rows": rows, "seconds": round(time.perf_counter() - t0, 1),
             **({"join_fit": fitted} if fitted else {})}

@@ -17,7 +17,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 from hpctrain.config.common import FieldProblem, Strict
 from hpctrain.config.job import JobSpec
 from hpctrain.config.plugin import ModelSchema
-from hpctrain.config.precision import PrecisionRequest
+from hpctrain.config.plugins.ffn_inference import InferenceSettings
 from hpctrain.errors import ConfigError, DataError
 
 Zyx = tuple[int, int, int]
@@ -233,79 +233,6 @@ class _VolumeSource(Strict):
 
 class TrainVolume(_VolumeSource):
     """``data.train``: the labelled training volume."""
-
-
-JOIN_FEATURES = ("claim", "gap", "brightness_difference", "log_contact", "touch", "membrane_dip")
-"""The pair features a join model is over, in order (``hpctrain.ffn.join_model`` computes them)."""
-JOIN_MODEL_KEYS = ("features", "mean", "scale", "coef", "intercept")
-
-
-def join_model_problem(data: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(what is wrong, the fix) with a join model's mapping (``JoinModel.as_dict``), or None when it is whole."""
-    refit = "fit it again (data.eval.tune.fit_joins, or hpctrain ffn tune --fit-joins IMAGE LABELS)"
-    if not isinstance(data, Mapping) or set(data) != set(JOIN_MODEL_KEYS):
-        keys = sorted(data) if isinstance(data, Mapping) else type(data).__name__
-        return f"needs exactly the keys {list(JOIN_MODEL_KEYS)}, got {keys}", \
-            "use the join_model that hpctrain ffn tune --json or hpctrain demo wrote"
-    if list(data["features"] or []) != list(JOIN_FEATURES):
-        return f"is over features {data['features']}; this hpctrain computes {list(JOIN_FEATURES)}", refit
-    try:
-        vectors = [[float(v) for v in data[k]] for k in ("mean", "scale", "coef")]
-        float(data["intercept"])
-    except (TypeError, ValueError):
-        return "mean, scale and coef must be lists of numbers and intercept a number", refit
-    if any(len(v) != len(JOIN_FEATURES) for v in vectors):
-        return f"mean, scale and coef need {len(JOIN_FEATURES)} numbers each, one per feature", refit
-    if min(vectors[1]) <= 0:
-        return f"scale must be positive, got {vectors[1]}", refit
-    return None
-
-
-class InferenceSettings(Strict):
-    """``data.eval.inference``: hpctrain.ffn.inference.InferenceConfig keys; unset ones keep its defaults."""
-
-    fov: FovSize | None = None
-    deltas: Offsets | None = None
-    move_threshold: Fraction | None = None
-    segment_threshold: Fraction | None = None
-    min_segment_size: int | None = Field(None, ge=0)
-    init_activation: Fraction | None = None
-    pad_value: Fraction | None = None
-    min_boundary_dist: Offsets | None = None
-    seed_policy: Literal["peaks", "grid"] | None = None
-    seed_args: dict[str, Any] | None = None
-    image_mean: float | None = None
-    image_stddev: float | None = Field(None, gt=0)
-    movement_order: Literal["fifo", "score"] | None = None
-    device: str | None = None
-    reseed_passes: int | None = Field(None, ge=0)
-    expand_labels: int | None = Field(None, ge=0)
-    max_seed_distance: int | None = Field(None, ge=0)
-    self_prediction: Annotated[float, Field(ge=0, le=1)] | None = None
-    self_prediction_radius: int | None = Field(None, ge=0)
-    agglomerate_threshold: Annotated[float, Field(ge=0, le=1)] | None = None
-    min_contact: int | None = Field(None, ge=0)
-    watershed_fill: bool | None = None
-    split_pieces: bool | None = None
-    linkage: Literal["single", "average"] | None = None
-    concurrent_floods: int | None = Field(None, ge=1, description="objects flooded at once (their FOVs batched), "
-                                          "with max_seed_distance set; 1: one at a time")
-    speculative_self_prediction: bool | None = Field(None, description="ask each move's seeded FOV in the same "
-                                                     "model call as the self-prediction check's bare-seed FOV")
-    precision: PrecisionRequest | None = Field(
-        None, description="arithmetic of the model's forward: float32 (default), bfloat16 autocast (logits "
-        "returned in float32), or auto: bfloat16 where the device computes it natively (AMX CPUs, CUDA GPUs)")
-    join_model: dict[str, Any] | None = Field(None, description="a fitted join model (hpctrain.ffn.join_model."
-                                              "JoinModel.as_dict, as hpctrain ffn tune --json prints it): pairs "
-                                              "are joined by its probability instead of the mutual claim")
-
-    @field_validator("join_model")
-    @classmethod
-    def _join_model(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        problem = join_model_problem(value) if value is not None else None
-        if problem:  # pydantic reports ValueErrors under the key's full path
-            raise ValueError(f"{problem[0]} ({problem[1]})")
-        return value
 
 
 def _candidates(values: tuple[float, ...]) -> tuple[float, ...]:

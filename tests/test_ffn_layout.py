@@ -1,0 +1,86 @@
+"""The FFN package reads as modules with one job each: none over 600 lines, no import circle between them
+(function-level imports included), and no block of six lines written twice. Read statically from the source."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+import hpctrain
+
+FFN = Path(hpctrain.__file__).resolve().parent / "ffn"
+MAX_LINES = 600
+BLOCK = 6
+
+
+def _modules() -> dict[str, Path]:
+    return {path.stem: path for path in sorted(FFN.glob("*.py")) if path.stem != "__init__"}
+
+
+def test_no_ffn_module_is_over_600_lines() -> None:
+    long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these modules: {long}"
+
+
+def _ffn_imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("hpctrain.ffn."):
+            found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.ImportFrom) and node.module == "hpctrain.ffn":
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name.split(".")[2] for a in node.names if a.name.startswith("hpctrain.ffn."))
+    return found
+
+
+def test_no_import_circle_in_ffn() -> None:
+    modules = _modules()
+    graph = {name: _ffn_imports(path) & set(modules) for name, path in modules.items()}
+    cycles = []
+
+    def visit(name: str, trail: list[str]) -> None:
+        for dep in graph[name]:
+            if dep in trail:
+                cycles.append(" -> ".join([*trail[trail.index(dep):], dep]))
+            elif dep not in done:
+                visit(dep, [*trail, dep])
+        done.add(name)
+
+    done: set[str] = set()
+    for name in graph:
+        if name not in done:
+            visit(name, [name])
+    assert not cycles, "import circles:\n" + "\n".join(sorted(set(cycles)))
+
+
+def test_the_checks_see_a_circle_and_a_repeated_block(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text("from hpctrain.ffn.b import x\n")
+    assert _ffn_imports(tmp_path / "a.py") == {"b"}
+    text = "\n".join(f"value_{i} = {i} * 2" for i in range(BLOCK))
+    assert _repeated({"one.py": text, "two.py": "y = 1\n" + text})
+
+
+def _code_lines(text: str) -> list[tuple[int, str]]:
+    """(line number, stripped text) of the lines that are code: no blanks, comments, imports or docstring quotes."""
+    out = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith(("#", "import ", "from ", '"""')):
+            out.append((number, stripped))
+    return out
+
+
+def _repeated(texts: dict[str, str]) -> list[str]:
+    seen: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for name, text in texts.items():
+        lines = _code_lines(text)
+        for k in range(len(lines) - BLOCK + 1):
+            seen[tuple(line for _, line in lines[k:k + BLOCK])].append(f"{name}:{lines[k][0]}")
+    return [", ".join(where) for where in seen.values() if len(where) > 1]
+
+
+def test_no_block_of_six_lines_is_written_twice_in_ffn() -> None:
+    repeated = _repeated({name + ".py": path.read_text() for name, path in _modules().items()})
+    assert not repeated, "blocks written twice (give them one home):\n" + "\n".join(repeated)
