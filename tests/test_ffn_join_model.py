@@ -115,7 +115,7 @@ def test_a_wrong_join_model_is_refused_naming_the_key(tmp_path: Path) -> None:
         JoinModel.from_mapping({**good, "scale": [0.0] * len(FEATURES)})
     with pytest.raises(ConfigError, match="join_model"):
         InferenceConfig.from_mapping({"join_model": {**good, "features": list(reversed(FEATURES))}})
-    assert InferenceConfig.from_mapping({"join_model": good}).join_model == good
+    assert InferenceConfig.from_mapping({"join_model": good}).joins.join_model == good
     job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())
     job["data"]["eval"]["inference"]["join_model"] = {**good, "intercept": None, "bias": 1.0}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
@@ -141,7 +141,7 @@ def test_joins_fitted_on_one_volume_segment_another() -> None:
     assert record["pairs"] > record["one_object"] > 0 and set(record["coef"]) == set(FEATURES)
     chosen, rows = tune_inference(OracleModel(), image, labels, BASE.replace(join_model=fitted),
                                   {"agglomerate_threshold": [0.3, 0.5]})
-    assert chosen.join_model == fitted and len(rows) == 2
+    assert chosen.joins.join_model == fitted and len(rows) == 2
     unjoined = evaluate_segmentation(segment_volume(OracleModel(), image, BASE.replace(agglomerate_threshold=0)),
                                      labels)
     by_claims = evaluate_segmentation(segment_volume(OracleModel(), image, BASE), labels)

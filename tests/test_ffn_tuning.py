@@ -61,7 +61,7 @@ def test_a_less_confident_model_gets_the_move_threshold_its_floods_need() -> Non
     ShyOracle.calls = 0
     chosen, rows = tune_inference(ShyOracle(), image, labels, BASE,
                                   {"move_threshold": [0.9, 0.8], "agglomerate_threshold": [0.5, 0.9]})
-    assert chosen.move_threshold == 0.8 and chosen.segment_threshold == BASE.segment_threshold
+    assert chosen.flood.move_threshold == 0.8 and chosen.flood.segment_threshold == BASE.flood.segment_threshold
     assert [r["settings"] for r in rows] == [{"move_threshold": 0.9, "agglomerate_threshold": 0.5},
                                              {"move_threshold": 0.9, "agglomerate_threshold": 0.9},
                                              {"move_threshold": 0.8, "agglomerate_threshold": 0.5},
@@ -85,7 +85,7 @@ def test_the_first_of_equal_candidates_is_kept_and_bad_volumes_are_refused() -> 
     image, labels = painted_volume((32, 48, 48))
     # the confident oracle floods alike at 0.8 and 0.9: the first listed wins the tie
     chosen, rows = tune_inference(OracleModel(), image, labels, BASE, {"move_threshold": [0.9, 0.8]})
-    assert rows[0]["voi"] == pytest.approx(rows[1]["voi"]) and chosen.move_threshold == 0.9
+    assert rows[0]["voi"] == pytest.approx(rows[1]["voi"]) and chosen.flood.move_threshold == 0.9
     with pytest.raises(DataError, match="differ in shape"):
         tune_inference(OracleModel(), image, labels[1:], BASE, {"move_threshold": [0.9]})
     with pytest.raises(DataError, match="all 0"):

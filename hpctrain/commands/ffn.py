@@ -187,25 +187,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return 0
 
 
-def baseline_scores(image_spec: str, labels: Any, train: tuple[str, str] | None) -> dict[str, dict[str, Any]]:
-    """Scores of the Otsu-components baseline and of the seeded watershed on ``image_spec``; the watershed's
-    parameters are chosen on the ``train`` (image, labels) volume when given, else its defaults."""
-    import numpy as np
-
-    from hpctrain.ffn.baseline import baseline_segmentation
-    from hpctrain.ffn.evaluate import evaluate_segmentation
-    from hpctrain.ffn.volume import load_volume
-    from hpctrain.ffn.watershed import WatershedParams, tune_watershed, watershed_segmentation
-
-    image = np.asarray(load_volume(image_spec))
-    params = WatershedParams()
-    if train:
-        params, _ = tune_watershed(np.asarray(load_volume(train[0])), np.asarray(load_volume(train[1])))
-    return {"baseline (Otsu components)": evaluate_segmentation(baseline_segmentation(image), labels),
-            f"watershed ({'tuned on --train' if train else 'default parameters'})":
-                {**evaluate_segmentation(watershed_segmentation(image, params), labels), "params": vars(params)}}
-
-
 def cmd_evaluate(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -213,6 +194,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     from hpctrain.errors import ConfigError
     from hpctrain.ffn.evaluate import format_report, run_evaluate
     from hpctrain.ffn.volume import load_volume
+    from hpctrain.workflows.ffn import baseline_scores
 
     if args.train and not args.baseline:
         raise ConfigError("--train chooses the watershed baseline's parameters; it needs --baseline IMAGE")

@@ -182,7 +182,7 @@ def join_groups(scores: Mapping[tuple[int, int], float], threshold: float, linka
     ``single``: every pair scoring ``>= threshold`` is joined, transitively (one high score joins two objects
     whatever else their pieces say). ``average``: groups are joined best first while the *mean* score of the
     pairs between two groups is ``>= threshold`` (average-linkage agglomeration): a group is one object's pieces
-    so far, and one leaky pair among several low-scoring ones between two large groups no longer joins them.
+    so far, and one leaky pair among several low-scoring ones between two large groups does not join them.
     """
     if linkage not in LINKAGES:
         raise ValueError(f"linkage must be one of {LINKAGES}, got {linkage!r}")

@@ -2,7 +2,7 @@
 what the image shows between the two pieces, weighed by a logistic model fitted on a labelled volume.
 
 The mutual bare-seed claims (``agglomeration.mutual_claims``) alone mistake a faint membrane for a continuation:
-near one the FFN claims the other piece from both sides (docs/ffn.md, "Fifth session"). What lies between the two
+near one the FFN claims the other piece from both sides (measured: docs/ffn_log.md). What lies between the two
 pieces says more: two pieces of one object that a bounded flood cut apart touch face to face, with nothing darker
 between them, while two objects are kept apart by a membrane that even where it is faint leaves a gap the floods
 did not take and a dip in brightness; and two objects' insides are rarely equally bright. Each scored pair gets

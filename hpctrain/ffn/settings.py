@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from hpctrain.checkpoint.manifest import STEP_DIR
 from hpctrain.config.plugins.ffn_inference import (
     STAGE_OF,
     STAGES,
@@ -65,10 +66,14 @@ def find_package(checkpoint: str | Path) -> Path | None:
     """The model package that goes with ``checkpoint`` (a ``step-N/shared.pt`` file or a checkpoint directory):
     ``inference.json`` in the checkpoint directory; None where there is none."""
     path = Path(checkpoint)
-    for place in (path, path.parent, path.parent.parent) if path.is_file() else (path,):
-        if (place / PACKAGE_FILE).is_file():
-            return place / PACKAGE_FILE
-    return None
+    place = _checkpoint_dir(path) if path.is_file() else path
+    return place / PACKAGE_FILE if (place / PACKAGE_FILE).is_file() else None
+
+
+def _checkpoint_dir(checkpoint: Path) -> Path:
+    """Where a checkpoint file's package lives: a training run's checkpoint directory for its
+    ``step-N/shared.pt``; the file's own directory for a bare checkpoint."""
+    return checkpoint.parent.parent if STEP_DIR.fullmatch(checkpoint.parent.name) else checkpoint.parent
 
 
 def read_package(path: str | Path) -> dict[str, Any]:
@@ -92,10 +97,10 @@ def read_package(path: str | Path) -> dict[str, Any]:
 
 def write_package(checkpoint: str | Path, settings: InferenceConfig, *, model_name: str,
                   chosen: Mapping[str, Any] | None = None, record: Mapping[str, Any] | None = None) -> Path:
-    """Write the model package for ``checkpoint`` (``step-N/shared.pt``) into its checkpoint directory,
+    """Write the model package for ``checkpoint`` into its checkpoint directory (beside a bare checkpoint file),
     atomically: every setting (flat keys), the model's name, what was chosen and how (``chosen``, ``record``)."""
     checkpoint = Path(checkpoint).resolve()
-    where = checkpoint.parent.parent
+    where = _checkpoint_dir(checkpoint)
     package = {"schema": PACKAGE_SCHEMA, "model_name": model_name,
                "checkpoint": os.path.relpath(checkpoint, where), "settings": settings.flat(),
                "chosen": dict(chosen or {}), "record": dict(record or {})}

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn_inference import zyx
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.agglomeration import UnionFind
 
@@ -43,20 +44,13 @@ class Subvolume:
         return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))  # type: ignore[return-value]
 
 
-def _zyx(value: int | Sequence[int], name: str) -> Zyx:
-    vals = [int(value)] * 3 if isinstance(value, int) else [int(v) for v in value]
-    if len(vals) != 3:
-        raise ConfigError(f"{name} must be one integer or three (z, y, x), got {value!r}", key=name)
-    return (vals[0], vals[1], vals[2])
-
-
 def plan_subvolumes(shape: Sequence[int], counts: int | Sequence[int], overlap: int | Sequence[int],
                     min_size: Sequence[int] = (1, 1, 1)) -> list[Subvolume]:
     """Cut ``shape`` into ``counts`` (z, y, x) cores of near-equal size, each read with ``overlap`` more voxels
     per side (clipped at the volume's border). ``min_size`` (the FOV) is the smallest box a piece may read."""
-    shape3 = _zyx(list(shape), "volume shape")
-    n = _zyx(counts, "subvolumes")
-    halo = _zyx(overlap, "overlap")
+    shape3 = zyx(list(shape), "volume shape")
+    n = zyx(counts, "subvolumes")
+    halo = zyx(overlap, "overlap")
     if any(c < 1 for c in n) or any(h < 0 for h in halo):
         raise ConfigError(f"subvolume counts {n} must be >= 1 and overlap {halo} >= 0", key="subvolumes")
     if any(c > s for c, s in zip(n, shape3, strict=True)):

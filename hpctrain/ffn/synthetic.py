@@ -68,7 +68,7 @@ def make_synthetic_volume(
     ``faint_contrast`` where faint) darker than the objects it separates. Off, every membrane voxel starts from
     one brightness drawn like an object's (that of label 0), so the membranes' real contrast differs from volume
     to volume by that draw: where faint they can be as bright as their objects (held-out seed 2: 3.5 grey levels
-    darker, seed 3: 0.2) or clearly darker (seed 5: 23), docs/ffn.md.
+    darker, seed 3: 0.2) or clearly darker (seed 5: 23), docs/ffn_log.md.
     """
     if membrane_width < 2 or membrane_width % 2:
         raise ValueError(f"membrane_width must be an even number of voxels >= 2, got {membrane_width}")

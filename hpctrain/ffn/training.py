@@ -208,7 +208,7 @@ class StreamConfig:
     # Not in the reference: the first ``single_fov_examples`` examples of the stream are one FOV each (the bare
     # seed at the centre, no movement), then the policy moves as usual. Most moved FOVs start from a seed
     # canvas that already holds the object, which teaches copying; bare-seed FOVs teach the FFN's core skill
-    # (which voxels connect to the seed) several times faster (docs/ffn.md, "the demo").
+    # (which voxels connect to the seed) several times faster (docs/ffn.md, "Training the demo's model").
     single_fov_examples: int = 0
     # The FOV of those bare-seed examples (None: ``fov``). The network is fully convolutional, so a smaller one
     # teaches the same local skill for fewer voxels per example (a batch of bare seeds only; docs/ffn.md).
@@ -423,7 +423,7 @@ def edge_band(labels: torch.Tensor, radius: int) -> torch.Tensor:
     the object mask grown by ``radius`` less the mask shrunk by ``radius``. FOV borders are not edges."""
     mask = (labels > 0.5).to(labels.dtype)
     # grown - shrunk = max(mask) + max(-mask) over the cube, both in one pass over (mask, -mask) stacked as
-    # channels: the same values as max-pooling, 1.2 -> 0.2 ms per 2 x 4 FOVs of 15^3 (docs/ffn.md, eleventh session)
+    # channels: the same values as max-pooling, 1.2 -> 0.2 ms per 2 x 4 FOVs of 15^3 (docs/ffn_log.md)
     channels = mask.shape[1]
     both = _cube_max(torch.cat([mask, -mask], dim=1), radius)
     return both[:, :channels] + both[:, channels:]

@@ -28,12 +28,12 @@ if TYPE_CHECKING:
 
 # The example job specs ship inside the package (hpctrain/jobs/, the checkout's top-level jobs/ links to it).
 DEMO_JOB = Path(__file__).resolve().parents[1] / "jobs" / "ffn-local.yaml"
-# The quality the demo aims at on its held-out volume (issue 15): met or not, each is printed.
+# The quality the demo aims at on its held-out volume: met or not, each is printed.
 TARGETS = {"adapted_rand_error": 0.30, "voi": 2.0, "voi_merge": 1.0, "voi_below_watershed": 0.20}
-# Issue 15's budget for the plain demo on a 2-core machine: volumes, training, thresholds, held-out scores.
+# The plain demo's time budget on a 2-core machine: volumes, training, thresholds, held-out scores.
 TIME_BUDGET_S = 360.0
 # --more: three more held-out volumes like the demo's, and one condition never used while tuning anything:
-# smaller cells (twice the neurites per volume), more noise and 4-voxel membranes (docs/ffn.md, "Generalisation").
+# smaller cells (twice the neurites per volume), more noise and 4-voxel membranes (docs/ffn.md, "Quality").
 EXTRA_SEEDS = (3, 4, 5)
 GENERALISATION = {"seed": 6, "neurites_per_voxel": 2 / 15000, "noise_sigma": 12.0, "membrane_width": 4}
 

@@ -49,6 +49,7 @@ def find_trained(target: str) -> Trained:
 
     Where the checkpoint directory holds a model package, its checkpoint (the one its settings were chosen for)
     is used; otherwise the newest checkpoint whose shared file checks out against the manifest."""
+    from hpctrain.checkpoint.manifest import STEP_DIR
     from hpctrain.ffn.settings import PACKAGE_FILE, find_package, read_package
 
     path = Path(target)
@@ -64,7 +65,7 @@ def find_trained(target: str) -> Trained:
         run_dir = path
         job_data, checkpoint_dir = _run_job(path)
         path = path / checkpoint_dir
-    elif path.is_file() and (path.parent.parent.parent / "job.yaml").is_file():
+    elif path.is_file() and STEP_DIR.fullmatch(path.parent.name) and (path.parent.parent.parent / "job.yaml").is_file():
         run_dir = path.parent.parent.parent
         job_data, _ = _run_job(run_dir)
     package_path = find_package(path)
@@ -302,3 +303,22 @@ def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | Non
     if write:
         package = write_model_package(trained.checkpoint, {**base, **record["chosen"]}, record["chosen"], record)
     return {**record, "package": str(package) if package else None}
+
+
+def baseline_scores(image_spec: str, labels: Any, train: tuple[str, str] | None) -> dict[str, dict[str, Any]]:
+    """Scores of the Otsu-components baseline and of the seeded watershed on ``image_spec``; the watershed's
+    parameters are chosen on the ``train`` (image, labels) volume when given, else its defaults."""
+    import numpy as np
+
+    from hpctrain.ffn.baseline import baseline_segmentation
+    from hpctrain.ffn.evaluate import evaluate_segmentation
+    from hpctrain.ffn.volume import load_volume
+    from hpctrain.ffn.watershed import WatershedParams, tune_watershed, watershed_segmentation
+
+    image = np.asarray(load_volume(image_spec))
+    params = WatershedParams()
+    if train:
+        params, _ = tune_watershed(np.asarray(load_volume(train[0])), np.asarray(load_volume(train[1])))
+    return {"baseline (Otsu components)": evaluate_segmentation(baseline_segmentation(image), labels),
+            f"watershed ({'tuned on --train' if train else 'default parameters'})":
+                {**evaluate_segmentation(watershed_segmentation(image, params), labels), "params": vars(params)}}

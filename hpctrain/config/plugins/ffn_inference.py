@@ -23,15 +23,17 @@ Zyx = tuple[int, int, int]
 
 
 def zyx(value: int | Sequence[int], name: str = "value") -> Zyx:
-    """One integer (a cube) or three (z, y, x) as a (z, y, x) tuple of ints."""
+    """One integer (a cube) or three (z, y, x) as a (z, y, x) tuple of ints: the one helper for sizes, offsets and
+    positions given either way; anything else raises ConfigError naming ``name``."""
     values = [int(value)] * 3 if isinstance(value, int) else [int(v) for v in value]
     if len(values) != 3:
-        raise ValueError(f"{name} must be one int or three (z, y, x), got {value!r}")
+        raise ConfigError(f"{name} must be one integer or three (z, y, x), got {value!r}", key=name)
     return (values[0], values[1], values[2])
 
 
 def _zyx(value: object) -> object:
-    if isinstance(value, bool) or not isinstance(value, int | list | tuple):
+    if isinstance(value, bool) or not isinstance(value, int | list | tuple) or (
+            not isinstance(value, int) and len(value) != 3):
         raise ValueError("give one integer or three [z, y, x]")
     return zyx(value)  # type: ignore[arg-type]
 
