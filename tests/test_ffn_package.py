@@ -115,3 +115,39 @@ def test_a_package_of_another_schema_is_refused_naming_the_fix(tmp_path: Path) -
     written.write_text(json.dumps({**data, "settings": {"move_treshold": 0.7}}))
     with pytest.raises(Exception, match="valid keys"):
         read_package(written)
+
+
+def test_which_settings_segment_runs_with(tmp_path: Path) -> None:
+    """``--job`` first, then the model package, then the run's own job, then the defaults; options override."""
+    import yaml
+
+    from hpctrain.ffn.settings import InferenceConfig, write_package
+    from hpctrain.workflows.ffn import find_trained, segment_settings
+
+    job = yaml.safe_load((REPO / "jobs" / "ffn-local.yaml").read_text())
+    job["data"]["train"] = {"image": "t.h5:image", "labels": "t.h5:labels"}
+    run_dir = tmp_path / "run"
+    step = run_dir / "checkpoints" / "step-00000004"
+    step.mkdir(parents=True)
+    (run_dir / "job.yaml").write_text(yaml.safe_dump(job))
+    (step / "shared.pt").write_bytes(b"")
+    write_package(step / "shared.pt", InferenceConfig(move_threshold=0.75), model_name="ffn")
+
+    trained = find_trained(str(run_dir))
+    assert trained.checkpoint == str((step / "shared.pt").resolve()) and trained.run_dir == run_dir
+    settings, provenance = segment_settings(trained, None, {"segment_threshold": 0.8, "move_threshold": None})
+    assert settings["move_threshold"] == 0.75 and settings["segment_threshold"] == 0.8
+    assert provenance == {"settings_from": str(run_dir / "checkpoints" / "inference.json"),
+                          "options": {"segment_threshold": 0.8}}
+    assert find_trained(str(step / "shared.pt")).package == trained.package  # the file finds its run's package
+
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump({**job, "data": {**job["data"], "eval": {
+        **job["data"]["eval"], "inference": {"move_threshold": 0.6}}}}))
+    settings, provenance = segment_settings(trained, str(tmp_path / "other.yaml"), {})
+    assert settings == {"move_threshold": 0.6} and provenance["settings_from"] == f"job {tmp_path / 'other.yaml'}"
+
+    (run_dir / "checkpoints" / "inference.json").unlink()  # no package: the run's job, and a hint to choose
+    trained = find_trained(str(step / "shared.pt"))
+    settings, provenance = segment_settings(trained, None, {})
+    assert settings == job["data"]["eval"]["inference"] and provenance["settings_from"] == f"job of run {run_dir}"
+    assert any("hpctrain ffn tune RUN" in w for w in trained.warnings)

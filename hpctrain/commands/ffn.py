@@ -113,12 +113,12 @@ def cmd_segment(args: argparse.Namespace) -> int:
     from hpctrain.workflows.ffn import find_trained, segment_in_pieces, segment_settings
 
     trained = find_trained(args.checkpoint)
-    for warning in trained.warnings:
-        print(f"hpctrain: warning: {warning}", file=sys.stderr)
     options = {"min_segment_size": args.min_segment_size, "move_threshold": args.move_threshold,
                "segment_threshold": args.segment_threshold, "agglomerate_threshold": args.agglomerate_threshold,
                "precision": args.precision}
     config, provenance = segment_settings(trained, args.job, options)
+    for warning in trained.warnings:
+        print(f"hpctrain: warning: {warning}", file=sys.stderr)
     if args.subvolumes:
         summary = segment_in_pieces(trained.checkpoint, args.volume, args.output, config,
                                     counts=tuple(args.subvolumes), overlap=args.overlap, ranks=args.ranks,
@@ -182,6 +182,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     fit = record.get("join_fit") or {}
     if "pairs" in fit:
         print(f"join model fitted on {fit['pairs']} pairs ({fit['one_object']} one object), weights {fit['coef']}")
+    elif "not_fitted" in fit:
+        print(f"no join model: {fit['not_fitted']}; pairs are joined by their mutual claims")
     if record["package"]:
         print(f"model package: {record['package']} (hpctrain ffn segment {args.checkpoint} VOLUME uses it)")
     return 0

@@ -82,9 +82,10 @@ class _Object:
 class Canvas:
     """State of flood-filling one volume: the object logit map (``seed``) and the ``segmentation``.
 
-    ``seed`` holds the current object's logits, NaN where the FOV has not been yet (the reference's
-    convention); NaN is fed to the model as ``logit(pad_value)``. ``segmentation`` holds 0 (empty),
-    -1 (a seed position that failed: too weak or too small) or an object id > 0.
+    ``seed`` holds the logits of the objects being flooded (each in its own box, reset when it is committed),
+    NaN where no FOV has been yet (the reference's convention); NaN is fed to the model as ``logit(pad_value)``.
+    ``segmentation`` holds 0 (empty), -1 (a seed position that failed: too weak or too small) or an object id > 0.
+    The canvas takes its ``flood`` settings and its ``execution`` settings whole (``make_canvas``).
     """
 
     SELF_PREDICTION_MIN_VOXELS = 50  # the check says nothing from fewer object voxels in a FOV

@@ -136,6 +136,10 @@ def segment_settings(trained: Trained, job_path: str | None,
         settings, source = dict(trained.package["settings"]), str(trained.package_path)
     elif trained.job_data is not None and inference_settings(trained.job_data):
         settings, source = inference_settings(trained.job_data), f"job of run {trained.run_dir}"
+        if inference_tuning(trained.job_data) is not None:
+            trained.warnings.append(f"run {trained.run_dir} has no model package: its job's data.eval.tune "
+                                    "candidates were not chosen for this model; hpctrain ffn tune RUN chooses "
+                                    "them and writes it")
     else:
         settings, source = {}, "defaults"
     given = {k: v for k, v in options.items() if v is not None}
@@ -283,8 +287,10 @@ def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | Non
                  crop: Any = None, fit_joins: list[str] | None = None, threads: int | None = None,
                  write: bool = True) -> dict[str, Any]:
     """Choose the inference settings for a trained model among the job's ``data.eval.tune`` candidates on a
-    labelled volume (``ffn/tuning.py``) and, with ``write``, write them as its model package. Returns the
-    tuning's record with "package" (the path written, or None)."""
+    labelled volume (``ffn/tuning.py``) and, with ``write``, write them as its model package. Where no join model
+    can be fitted (a barely trained model's floods leave no pairs of both kinds), pairs are joined by their claims,
+    as the demo does, and the record says why. Returns the tuning's record with "package" (the path written, or
+    None)."""
     from hpctrain.ffn.perf import available_cpus
     from hpctrain.ffn.tuning import tune_checkpoint
 
@@ -297,7 +303,7 @@ def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | Non
     base = inference_settings(job_data)
     record = tune_checkpoint(trained.checkpoint, image, labels, base, tuning.grid(), crop or tuning.crop,
                              threads=threads or available_cpus(), fit_on=join_fit_volume(fit_joins, job_data, tuning),
-                             fit_settings=tuning.fit_flood_settings())
+                             fit_settings=tuning.fit_flood_settings(), fit_required=False)
     record["volume"] = image
     package = None
     if write:
