@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hpctrain.ffn.inference import clear_dust, make_labels_contiguous
+from hpctrain.ffn.segmentation import clear_dust, make_labels_contiguous
 
 
 def interior_threshold(image: np.ndarray, method: str = "otsu", percentile: float = 30.0) -> float:

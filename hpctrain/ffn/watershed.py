@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.ffn.inference import clear_dust, make_labels_contiguous
+from hpctrain.ffn.segmentation import clear_dust, make_labels_contiguous
 
 MARKERS = ("distance", "intensity")
 
