@@ -72,3 +72,33 @@ def test_training_flops_of_the_published_model() -> None:
     assert flops["macs_per_voxel"] == macs_per_voxel == 637664
     assert flops["forward"] == 2 * macs_per_voxel * 33**3
     assert 137e9 < flops["train"] < 138e9  # the issue's ~137 GFLOP per training FOV
+
+
+def test_inference_builds_the_network_the_checkpoint_names(tmp_path, monkeypatch) -> None:
+    """``load_model`` builds the network named by the checkpoint's ``model_name`` (``ffn.model.NETWORKS``), so
+    another FFN network registered there segments too; an unknown name is refused listing the known ones."""
+    from torch import nn
+
+    from hpctrain.errors import CheckpointError
+    from hpctrain.ffn import model as networks
+    from hpctrain.ffn.inference import load_model
+
+    class Identity(nn.Module):  # another network with the FFN's contract: returns the seed logits
+        def __init__(self, fov: tuple[int, int, int] = (5, 5, 5)) -> None:
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(1))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.scale * x[:, 1:2]
+
+    monkeypatch.setitem(networks.NETWORKS, "identity", Identity)
+    args = {"fov": [5, 5, 5], "deltas": [1, 1, 1], "depth": 3}  # depth: the ConvStack's, not Identity's
+    torch.save({"model": Identity().state_dict(), "model_args": args, "model_name": "identity"}, tmp_path / "a.pt")
+    model, model_args, ckpt = load_model(tmp_path / "a.pt")
+    assert isinstance(model, Identity) and model_args == args and ckpt["model_name"] == "identity"
+    plain = ConvStack3D(depth=1, features=4, fov=(5, 5, 5))
+    torch.save({"model": plain.state_dict(), "model_args": {"depth": 1, "features": 4, "fov": 5}}, tmp_path / "b.pt")
+    assert isinstance(load_model(tmp_path / "b.pt")[0], ConvStack3D)  # no name: the FFN's own network
+    torch.save({"model": {}, "model_args": args, "model_name": "nope"}, tmp_path / "c.pt")
+    with pytest.raises(CheckpointError, match="no FFN network 'nope'; known: convstack_3d, ffn, identity"):
+        load_model(tmp_path / "c.pt")
