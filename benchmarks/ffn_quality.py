@@ -9,8 +9,8 @@ volume, inference settings) is the demo's (``hpctrain demo --more``). Held-out v
 seeds 3-5, all in the held-out condition; ``generalisation`` is a condition never used while tuning (smaller
 cells, more noise, 4-voxel membranes), reported beside the targets, not in them. A training seed's score is its
 mean over the four held-out volumes; the targets are on the mean over training seeds, and on the worst seed's
-adapted Rand error. One seed's inference is run a second time from its checkpoint and compared voxel for voxel:
-whether this CPU gives bit-identical segmentations for the same model.
+adapted Rand error. Seed 0's held-out volume is segmented a second time from its checkpoint with the settings
+chosen for it and compared voxel for voxel: whether this CPU gives bit-identical segmentations for the same model.
 """
 
 from __future__ import annotations
@@ -159,45 +159,73 @@ def run_seed(seed: int, job: Path, out: Path, threads: int | None, from_run: Pat
             "chosen": {k: v for k, v in recorded["inference_tuning"].get("chosen", {}).items() if k != "join_model"}}
 
 
-def same_segmentation(a: Path, b: Path) -> bool:
-    """True where two segmentation files hold identical arrays."""
+def rerun_inference(seed_dir: Path, run_dir: Path, job: Path, threads: int | None) -> dict[str, Any]:
+    """Segment the held-out volume again with the settings the demo chose for this run, and compare with the
+    demo's own segmentation voxel for voxel (same checkpoint, same CPU)."""
     import numpy as np
+    import yaml
 
+    from hpctrain.ffn.inference import run_segment
     from hpctrain.ffn.volume import load_volume
 
-    return bool(np.array_equal(np.asarray(load_volume(f"{a}:segmentation")),
-                               np.asarray(load_volume(f"{b}:segmentation"))))
+    recorded = json.loads((seed_dir / "scores.json").read_text())
+    settings = {**(yaml.safe_load(job.read_text())["data"]["eval"].get("inference") or {}),
+                **recorded["inference_tuning"].get("chosen", {})}
+    checkpoint = max((run_dir / "checkpoints").glob("step-*/shared.pt"))
+    again = seed_dir / "heldout_segmentation_rerun.h5"
+    run_segment(checkpoint, f"{seed_dir / 'data' / 'eval.h5'}:image", f"{again}:segmentation", config=settings,
+                threads=threads)
+    first = np.asarray(load_volume(f"{seed_dir / 'heldout_segmentation.h5'}:segmentation"))
+    second = np.asarray(load_volume(f"{again}:segmentation"))
+    return {"checkpoint": str(checkpoint), "bit_identical": bool(np.array_equal(first, second)),
+            "voxels_differing": int((first != second).sum())}
+
+
+def read_runs(path: Path) -> dict[int, dict[str, Any]]:
+    """The runs of an earlier ``--out`` (its quality.json, or partial.json while it runs) or of one such file."""
+    if path.is_dir():
+        path = path / "quality.json" if (path / "quality.json").exists() else path / "partial.json"
+    data = json.loads(path.read_text())
+    return {int(k): v for k, v in data.get("runs", data).items()}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3, help="training seeds 0..K-1")
+    ap.add_argument("--seed", type=int, action="append", default=None,
+                    help="train only this seed (repeatable; several processes can share the seeds)")
     ap.add_argument("--out", type=Path, default=Path("ffn-quality"))
     ap.add_argument("--job", type=Path, default=DEMO_JOB)
     ap.add_argument("--json", type=Path, default=None, help="write the table's data here (default OUT/quality.json)")
     ap.add_argument("--from-runs", type=Path, default=None, metavar="DIR",
-                    help="an earlier --out: re-tune and re-score its trained models instead of training")
-    ap.add_argument("--threads", type=int, default=None, help="segmentation threads (default: all CPUs)")
+                    help="an earlier --out: re-tune and re-score its trained models instead of training (seeds it "
+                         "lacks are trained)")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="segmentation threads (default: all CPUs; 1 on a machine others load: a 2-thread flood "
+                         "waits at every barrier for a descheduled thread)")
     ap.add_argument("--steps", type=int, default=None, help="override train.steps (a quick run)")
     ap.add_argument("--volume-shape", type=int, nargs=3, default=None, help="a quick run's volume shape")
     ap.add_argument("--no-rerun", action="store_true", help="skip the determinism rerun of seed 0's inference")
+    ap.add_argument("--table", type=Path, nargs="+", default=None, metavar="JSON",
+                    help="print the table of earlier runs (their --out, quality.json or partial.json) and exit")
     args = ap.parse_args()
 
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     shape = tuple(args.volume_shape) if args.volume_shape else None
-    previous = json.loads((args.from_runs / "quality.json").read_text()) if args.from_runs else None
-    runs: dict[int, dict[str, Any]] = {}
-    for seed in range(args.seeds):
-        from_run = Path(previous["runs"][str(seed)]["run_dir"]) if previous else None
+    if args.table:
+        table = {k: r["scores"] for path in args.table for k, r in read_runs(path).items()}
+        print(format_table(table, summarise(table)))
+        return 0
+    previous = read_runs(args.from_runs) if args.from_runs else None
+    runs = {}
+    for seed in args.seed or range(args.seeds):
+        from_run = Path(previous[seed]["run_dir"]) if previous and seed in previous else None
         runs[seed] = run_seed(seed, args.job, out / f"seed{seed}", args.threads, from_run, args.steps, shape)
         (out / "partial.json").write_text(json.dumps({str(k): v for k, v in runs.items()}, indent=2))
     determinism = None
-    if not args.no_rerun:
-        again = run_seed(0, args.job, out / "seed0-rerun", args.threads, Path(runs[0]["run_dir"]), args.steps, shape)
-        determinism = {"same_scores": again["scores"] == runs[0]["scores"],
-                       "same_heldout_segmentation": same_segmentation(out / "seed0" / "heldout_segmentation.h5",
-                                                                      out / "seed0-rerun" / "heldout_segmentation.h5")}
+    if not args.no_rerun and 0 in runs:
+        determinism = rerun_inference(out / "seed0", Path(runs[0]["run_dir"]), args.job, args.threads)
     scores = {seed: r["scores"] for seed, r in runs.items()}
     summary = summarise(scores)
     cpu = cpu_model()
@@ -207,9 +235,8 @@ def main() -> int:
     for seed, r in runs.items():
         print(f"seed {seed}: {r['seconds']} chosen {r['chosen']} wall {r['wall_s']} s")
     if determinism is not None:
-        print("seed 0's inference rerun from its checkpoint on this CPU: scores identical "
-              f"{determinism['same_scores']}, held-out segmentation bit-identical "
-              f"{determinism['same_heldout_segmentation']}")
+        print("seed 0's held-out segmentation rerun from its checkpoint on this CPU: bit-identical "
+              f"{determinism['bit_identical']} ({determinism['voxels_differing']} voxels differ)")
     record = {"cpu": cpu, "job": str(args.job), "runs": {str(k): v for k, v in runs.items()}, "summary": summary,
               "determinism": determinism}
     (args.json or out / "quality.json").write_text(json.dumps(record, indent=2, default=str))
