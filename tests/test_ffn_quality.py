@@ -71,3 +71,20 @@ def test_demo_results_become_volume_scores() -> None:
     out = volume_scores(result)
     assert set(out) == {"seed 2", "seed 3"}
     assert out["seed 2"] == _scores(1.5, 0.7, 0.25)
+
+
+def test_tuning_chooses_the_same_settings_from_the_same_inputs() -> None:
+    from test_ffn_subvolumes import painted_volume
+    from test_ffn_tuning import BASE, ShyOracle
+
+    from hpctrain.ffn.tuning import tune_inference
+
+    image, labels = painted_volume((32, 48, 48))
+    grid = {"move_threshold": [0.9, 0.8], "agglomerate_threshold": [0.5, 0.9]}
+    first = tune_inference(ShyOracle(), image, labels, BASE, grid)
+    again = tune_inference(ShyOracle(), image, labels, BASE, grid)
+    assert first[0] == again[0]
+    strip = ("flood_seconds",)  # wall time, the one field allowed to differ
+    assert ([{k: v for k, v in r.items() if k not in strip} for r in first[1]]
+            == [{k: v for k, v in r.items() if k not in strip} for r in again[1]])
+    assert len({r["voi"] for r in first[1]}) > 1  # the candidates differ, so the choice is a real one
