@@ -14,7 +14,6 @@ demo's (fit and choose on the training volume) and gives the demo's scores for t
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import pickle
 import sys
@@ -63,7 +62,7 @@ def flood(run_dir: Path, data: Path, store: Path, name: str, mode: str) -> None:
 
     checkpoint = max((run_dir / "checkpoints").glob("step-*/shared.pt"))
     model, cfg, _ = prepare_inference(checkpoint, demo_settings(), threads=1)
-    run = dataclasses.replace(cfg, self_prediction=0.0) if mode == "u" else cfg
+    run = cfg.replace(self_prediction=0.0) if mode == "u" else cfg
     pieces, claims, _ = flood_pieces(model, volume(data, name)[0], run)
     store.mkdir(parents=True, exist_ok=True)
     (store / f"{name}-{mode}.pkl").write_bytes(pickle.dumps({"pieces": pieces, "claims": claims, "cfg": cfg}))
@@ -96,7 +95,7 @@ def score(data: Path, store: Path, strategy: str) -> dict[str, Any]:
         found, x, _, _ = pairs(key)
         scores = dict(zip(found, model.probability(x).tolist(), strict=True)) if found else {}
         seg = join_and_fill(image, cached[key]["pieces"], scores,
-                            dataclasses.replace(cfg, agglomerate_threshold=threshold))
+                            cfg.replace(agglomerate_threshold=threshold))
         m = evaluate_segmentation(seg, labels)
         return m["voi_split"] + m["voi_merge"], m["voi_merge"], m["adapted_rand_error"]
 

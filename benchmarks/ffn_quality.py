@@ -148,7 +148,7 @@ def volume_scores(result: dict[str, Any]) -> dict[str, dict[str, float]]:
 def run_seed(seed: int, job: Path, out: Path, threads: int | None, from_run: Path | None,
              steps: int | None, shape: tuple[int, int, int] | None) -> dict[str, Any]:
     """One training seed through the demo (or its finished run re-tuned and re-scored)."""
-    from hpctrain.commands.demo import run_demo
+    from hpctrain.workflows.demo import run_demo
 
     started = time.perf_counter()
     result = run_demo(out, job_path=seed_job(job, seed, out.parent), steps=steps, volume_shape=shape,
