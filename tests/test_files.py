@@ -248,3 +248,18 @@ def test_a_comma_in_a_queue_name_is_refused(tmp_path: Path, where: str) -> None:
     profile.write_text(f"name: p\nextends: frontier\nqueues: {{batch: {{{where}: 'a,b'}}}}\n")
     with pytest.raises(ConfigError, match="holds no ','"):
         load_site_file(profile)
+
+
+def test_an_output_name_the_system_refuses_is_one_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "render", str(JOB), "-o", str(tmp_path / ("x" * 5000))],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "File name too long" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
+
+
+def test_the_name_of_the_written_script_is_escaped(tmp_path: Path) -> None:
+    out = tmp_path / "a\u202eb\x1b[2J.sh"
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "render", str(JOB), "-o", str(out)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 0 and out.is_file()
+    assert "\u202e" not in done.stderr and "\x1b" not in done.stderr and "\\u202e" in done.stderr

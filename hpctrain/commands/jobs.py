@@ -54,7 +54,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     queue = f"queue {result['queue']}, " if result.get("queue") else ""
     default = "" if args.site else "; the default site: --site NAME checks another"
     where = f" on {result['site']} ({queue}{result.get('backend')}{default})"
-    print(f"{args.job}: ok{where}", file=sys.stdout)
+    print(f"{printable(args.job)}: ok{where}", file=sys.stdout)
     return 0
 
 

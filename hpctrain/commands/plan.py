@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from hpctrain.errors import ConfigError
+from hpctrain.text import printable
 
 if TYPE_CHECKING:
     from hpctrain.config.job import JobSpec
@@ -171,7 +172,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from hpctrain.planning.plot import plot
 
         written = plot(predictions, args.plot, f"{job.name} on {site.name}")
-        print(f"wrote {written}", file=sys.stderr)
+        print(f"wrote {printable(str(written))}", file=sys.stderr)
     if args.json:
         print_json(report.as_json(inputs, predictions, target))
         return 0

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from hpctrain.commands.common_args import add_job_arguments, load_job_from_args
+from hpctrain.text import printable
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +32,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     rendered = render_script(job, site, run_dir=run_dir, spec_path=f"{run_dir}/job.yaml", python=args.python)
     if args.output:
         write_script(Path(args.output), rendered.text)
-        print(f"wrote {args.output}", file=sys.stderr)
+        print(f"wrote {printable(args.output)}", file=sys.stderr)
     else:
         sys.stdout.write(rendered.text)
     return 0
@@ -45,11 +46,14 @@ def write_script(out: Path, text: str) -> None:
 
     from hpctrain.errors import HpctrainError
 
-    if out.is_dir():
-        raise HpctrainError(f"-o {out}: is a directory", hint=f"name the script file, e.g. -o {out / 'job.sh'}")
     parent = out.parent
-    if not parent.is_dir():
-        raise HpctrainError(f"-o {out}: directory {parent} does not exist", hint=f"create it: mkdir -p {parent}")
+    try:
+        if out.is_dir():
+            raise HpctrainError(f"-o {out}: is a directory", hint=f"name the script file, e.g. -o {out / 'job.sh'}")
+        if not parent.is_dir():
+            raise HpctrainError(f"-o {out}: directory {parent} does not exist", hint=f"create it: mkdir -p {parent}")
+    except OSError as exc:  # a name too long, a loop of links: is_dir() raises for more than a missing path
+        raise HpctrainError(f"-o {out}: {exc.strerror or exc}") from None
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)

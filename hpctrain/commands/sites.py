@@ -161,14 +161,14 @@ def cmd_discover(args: argparse.Namespace) -> int:
         findings = discover(transport, args.remote)
         result = compare_profile(profile, findings)
         for note in result.notes:
-            print(f"note: {note}")
+            print(f"note: {printable(note)}")
         where = f"{findings.host} ({findings.scheduler.name})"
         if not result.differences:
-            print(f"{args.check}: matches what {where} reports")
+            print(f"{printable(args.check)}: matches what {where} reports")
             return 0
-        print(f"{args.check}: {len(result.differences)} difference(s) with what {where} reports:")
+        print(f"{printable(args.check)}: {len(result.differences)} difference(s) with what {where} reports:")
         for difference in result.differences:
-            print(f"  {difference.text()}")
+            print(f"  {printable(difference.text())}")
         return EXIT_CONFIG
 
     findings = discover(transport, args.remote)
@@ -177,16 +177,17 @@ def cmd_discover(args: argparse.Namespace) -> int:
     if args.output:
         path = write_profile(draft.text, args.output, force=args.force)
         report = sys.stdout
-        print(f"wrote {path}: site {draft.profile.name!r} ({draft.profile.scheduler}, {len(draft.profile.queues)} "
-              f"queues); use it with --site {path}")
+        shown = printable(str(path))
+        print(f"wrote {shown}: site {draft.profile.name!r} ({draft.profile.scheduler}, {len(draft.profile.queues)} "
+              f"queues); use it with --site {shown}")
     else:
         sys.stdout.write(draft.text)
         sys.stdout.flush()
     for note in draft.notes:
-        print(f"note: {note}", file=report)
+        print(f"note: {printable(note)}", file=report)
     if draft.todo:
         print(f"to do: {len(draft.todo)} value(s) are guesses; check them in the profile, then remove them from "
               "`guessed:`", file=report)
         for item in draft.todo:
-            print(f"  - {item}", file=report)
+            print(f"  - {printable(item)}", file=report)
     return 0

@@ -158,6 +158,16 @@ def _reader_error(exc: yaml.reader.ReaderError, text: str, path: str) -> ConfigE
                        hint='remove it, or write it as an escape inside double quotes, e.g. "\\x01"')
 
 
+# What PyYAML's constructors raise for a scalar whose explicit tag it does not fit (each seen from one tag).
+_TAG_MISFITS = (ValueError, TypeError, OverflowError, KeyError, AttributeError, IndexError)
+# Characters of a library's message repeated in ours: it may quote the value, which can be long.
+_SHOWN = 120
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _SHOWN else text[: _SHOWN - 1] + "…"
+
+
 def parse_yaml(text: str, path: str) -> LoadedYaml:
     """Parse YAML text; syntax errors and oversized or over-deep documents become a ConfigError naming the file."""
     if len(text) > MAX_BYTES:
@@ -184,6 +194,9 @@ def parse_yaml(text: str, path: str) -> LoadedYaml:
         ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"not valid YAML: {' '.join(str(exc).split())}", path=path) from None
+    except _TAG_MISFITS as exc:  # an explicit tag the value does not fit: !!float 'x', !!bool 'x', !!timestamp 'x'
+        raise ConfigError(f"a value does not fit its YAML tag ({type(exc).__name__}: {_cut(str(exc))})", path=path,
+                          hint="remove the !!tag or write a value of that type") from None
     except RecursionError:  # a last guard: the depth check above should make this unreachable
         raise ConfigError("the document nests too deeply to read", path=path) from None
     finally:
