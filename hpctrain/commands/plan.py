@@ -161,7 +161,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     nodes = nodes or default_nodes(inputs.max_nodes)
     check_nodes(nodes, inputs)
     for note in inputs.notes:
-        print(f"hpctrain: warning: {note}", file=sys.stderr)
+        print(f"hpctrain: warning: {printable(note)}", file=sys.stderr)
     w = inputs.workload
     predictions = [annotate(w, predict(w, n, target_samples=args.samples, target_steps=args.steps),
                             inputs.lr_scaling, inputs.warmup_kind, inputs.model) for n in nodes]

@@ -129,6 +129,10 @@ def _error_for(root: type[BaseModel], loaded: LoadedYaml, payload: Any, err: Map
         valid = sorted(parent.model_fields) if parent else []
         guess = difflib.get_close_matches(str(loc[-1]), valid, n=1, cutoff=0.6)
         hint = f"did you mean {guess[0]!r}?" if guess else ("valid keys: " + ", ".join(valid) if valid else None)
+        if not _PLAIN_KEY.fullmatch(str(loc[-1])):
+            # Not a key anyone meant to write (a line of some other file read as YAML): named by its line only.
+            return ConfigError("unknown key (not a plain word; not repeated here)", key=_describe(loc[:-1]),
+                               hint=f"valid keys: {', '.join(valid)}" if valid else None, **where), ""
         return ConfigError("unknown key", key=_describe(loc), hint=hint, **where), ""
     if kind == "missing":
         return ConfigError("required key is missing", key=_describe(loc), hint=f"add '{loc[-1]}:' here",

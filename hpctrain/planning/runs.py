@@ -7,10 +7,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpctrain.errors import ConfigError, DataError, HpctrainError
+from hpctrain.files import read_regular_text
 from hpctrain.planning.measurements import PROFILE_FILE, Measurements, parse_profile
 from hpctrain.submission.registry import Registry
 from hpctrain.submission.run_record import read_meta
 from hpctrain.submission.transport import TransportPool
+from hpctrain.text import writable_text
 
 _MISSING = "@@hpctrain-no-profile"
 READ_TIMEOUT_S = 60.0
@@ -27,18 +29,28 @@ def read_run_dir(run_dir: Path) -> Measurements:
     """The profile of a run directory on this machine."""
     path = run_dir / PROFILE_FILE
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path)
     except FileNotFoundError:
         raise _no_profile(f"run directory {run_dir}") from None
-    except OSError as exc:
-        raise DataError(f"cannot read {path}: {exc.strerror}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
     return parse_profile(text, str(path))
+
+
+def _is_dir(ref: str) -> bool:
+    """Whether ``ref`` names a directory; a name the system cannot look up (too long, a NUL) is not one."""
+    try:
+        return Path(ref).is_dir()
+    except (OSError, ValueError):
+        return False
 
 
 def read_run(ref: str, registry: Registry | None = None, pool: TransportPool | None = None) -> Measurements:
     """The profile of ``ref``: a run directory, or a run id (or unique prefix) in the registry."""
-    if Path(ref).is_dir():
+    if _is_dir(ref):
         return read_run_dir(Path(ref))
+    if not writable_text(ref):
+        raise ConfigError(f"--from {ref!r}: holds bytes that are not UTF-8 text or a NUL: not a run id or a directory")
     own = registry is None
     registry = registry or Registry()
     try:
@@ -50,9 +62,11 @@ def read_run(ref: str, registry: Registry | None = None, pool: TransportPool | N
         where = f"run {run.run_id}"
         if run.remote is None:
             try:
-                return parse_profile(Path(path).read_text(encoding="utf-8"), f"{where}: {path}")
+                return parse_profile(read_regular_text(path), f"{where}: {path}")
             except FileNotFoundError:
                 raise _no_profile(where, run.state) from None
+            except (OSError, UnicodeDecodeError) as exc:
+                raise DataError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
         meta = read_meta(registry, run)
         transport = (pool or TransportPool()).get(run.remote, meta.ssh_config)
         script = f'cat -- "$1" 2>/dev/null || echo {_MISSING} >&2'
