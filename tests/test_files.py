@@ -263,3 +263,33 @@ def test_the_name_of_the_written_script_is_escaped(tmp_path: Path) -> None:
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 0 and out.is_file()
     assert "\u202e" not in done.stderr and "\x1b" not in done.stderr and "\\u202e" in done.stderr
+
+
+@pytest.mark.parametrize("opener", ["job", "site"])
+def test_a_file_of_other_lines_is_never_repeated_as_unknown_keys(tmp_path: Path, opener: str) -> None:
+    other = tmp_path / "shadow"
+    other.write_text("".join(f"user{i}:$6$salt$hash{i}:19000:0:99999:7:::\n" for i in range(5)))
+    with pytest.raises(ConfigError) as info:
+        (load_job if opener == "job" else load_site_file)(other)
+    text = str(info.value)
+    assert "not a plain word; not repeated here" in text and f"{other}:1:" in text
+    assert "hash" not in text and "user" not in text and "$6$" not in text, text
+
+
+def test_a_mistyped_key_is_still_named() -> None:
+    with pytest.raises(ConfigError) as info:
+        load_job(JOB, sets=["trian.lr=0.1"])
+    assert "trian: unknown key; did you mean 'train'?" in str(info.value)
+
+
+@pytest.mark.parametrize("ref", ["a" * 300, "/a" * 3000, "/tmp/\udcff\udcfe", "FIFO-RUN"])
+def test_plan_from_a_path_the_system_refuses_is_one_line(tmp_path: Path, ref: str) -> None:
+    if ref == "FIFO-RUN":  # a run directory whose profile is a named pipe: refused, not waited on
+        ref = str(tmp_path / "run")
+        Path(ref).mkdir()
+        os.mkfifo(Path(ref) / "profile.json")
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "plan", str(JOB), "--from", ref], capture_output=True,
+                          cwd=REPO, timeout=120, env={**os.environ, "HPCTRAIN_HOME": str(tmp_path / "home")})
+    err = done.stderr.decode(errors="replace")
+    assert done.returncode != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("hpctrain: error:") and ("FIFO" in err or "--from" in err), err
