@@ -293,3 +293,11 @@ def test_plan_from_a_path_the_system_refuses_is_one_line(tmp_path: Path, ref: st
     err = done.stderr.decode(errors="replace")
     assert done.returncode != 0 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert err.startswith("hpctrain: error:") and ("FIFO" in err or "--from" in err), err
+
+
+@pytest.mark.parametrize("name", ["a\nb\nc" * 400, "missing-dir\nhpctrain: ok/job.sh"])
+def test_an_output_name_with_line_breaks_is_one_line(tmp_path: Path, name: str) -> None:
+    done = subprocess.run([sys.executable, "-m", "hpctrain", "render", str(JOB), "-o", str(tmp_path / name)],
+                          capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "\\x0a" in done.stderr, done.stderr[:300]

@@ -47,13 +47,15 @@ def write_script(out: Path, text: str) -> None:
     from hpctrain.errors import HpctrainError
 
     parent = out.parent
+    shown = printable(str(out))  # a line break in the name is escaped: the message stays one line
     try:
         if out.is_dir():
-            raise HpctrainError(f"-o {out}: is a directory", hint=f"name the script file, e.g. -o {out / 'job.sh'}")
+            raise HpctrainError(f"-o {shown}: is a directory", hint=f"name the script file, e.g. -o {shown}/job.sh")
         if not parent.is_dir():
-            raise HpctrainError(f"-o {out}: directory {parent} does not exist", hint=f"create it: mkdir -p {parent}")
+            raise HpctrainError(f"-o {shown}: directory {printable(str(parent))} does not exist",
+                                hint=f"create it: mkdir -p {printable(str(parent))}")
     except OSError as exc:  # a name too long, a loop of links: is_dir() raises for more than a missing path
-        raise HpctrainError(f"-o {out}: {exc.strerror or exc}") from None
+        raise HpctrainError(f"-o {shown}: {exc.strerror or exc}") from None
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
@@ -65,7 +67,7 @@ def write_script(out: Path, text: str) -> None:
         os.replace(tmp, out)
         tmp = None
     except OSError as exc:
-        raise HpctrainError(f"-o {out}: cannot write the script: {exc.strerror or exc}") from None
+        raise HpctrainError(f"-o {shown}: cannot write the script: {exc.strerror or exc}") from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
