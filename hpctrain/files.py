@@ -1,5 +1,5 @@
 """Opening the files hpctrain reads (job specs, profiles, manifests, checkpoints, the registry) only when they
-are regular files.
+are regular files, and writing the files it keeps whole or not at all (``write_atomic``).
 
 A FIFO blocks ``open`` until a writer comes; a device reads forever or has effects of its own. Both are
 refused before any byte is read: the path is checked with ``stat`` first (a device is never opened), then
@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -75,3 +76,46 @@ def within(path: Path, root: Path) -> bool:
         return path.resolve().is_relative_to(root.resolve())
     except (OSError, RuntimeError):
         return False
+
+
+def temp_name(final: Path) -> Path:
+    """The name a file is written under before it is renamed to ``final`` (hidden, one per process)."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the renames inside directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str | os.PathLike[str], content: bytes | str | Callable[[BinaryIO], object], *,
+                 mode: int | None = None, sync_dir: bool = False) -> None:
+    """Write ``path`` whole or not at all: into a temporary name beside it, fsync, rename (a reader never sees
+    half a file, a crash leaves the old file or none).
+
+    ``content`` is the bytes, UTF-8 text, or a callable that writes to the open binary file. ``mode`` sets the
+    file's permission bits; ``sync_dir`` fsyncs the directory too, so that the rename itself survives a crash.
+    On any failure the temporary file is removed, ``path`` is untouched and the error is raised.
+    """
+    final = Path(path)
+    tmp = temp_name(final)
+    try:
+        with open(tmp, "wb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode("utf-8") if isinstance(content, str) else content)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            tmp.chmod(mode)
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if sync_dir:
+        fsync_dir(final.parent)

@@ -301,3 +301,22 @@ def test_an_output_name_with_line_breaks_is_one_line(tmp_path: Path, name: str) 
                           capture_output=True, text=True, cwd=REPO, timeout=120)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1 and "\\x0a" in done.stderr, done.stderr[:300]
+
+
+def test_write_atomic_replaces_whole_or_leaves_the_old_file(tmp_path: Path) -> None:
+    from hpctrain.files import write_atomic
+
+    target = tmp_path / "state.json"
+    write_atomic(target, "old\n", mode=0o640)
+    assert target.read_text() == "old\n" and (target.stat().st_mode & 0o777) == 0o640
+
+    def half_then_fail(f: object) -> None:
+        f.write(b"half")  # type: ignore[attr-defined]
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        write_atomic(target, half_then_fail)
+    assert target.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]  # no temporary file left behind
+    write_atomic(target, b"new", sync_dir=True)
+    assert target.read_bytes() == b"new"

@@ -29,6 +29,7 @@ from typing import Any, BinaryIO, Protocol
 
 import torch
 
+from hpctrain import files
 from hpctrain.checkpoint.manifest import (
     DEFAULT_CHECKSUM,
     FORMAT,
@@ -167,44 +168,29 @@ class _HashingWriter:
         self.raw.flush()
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _temp_name(final: Path) -> Path:
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
-
-
 def write_atomic(
     final: Path, produce: Callable[[Any], None], checksum: str = DEFAULT_CHECKSUM, *, sync_dir: bool = True
 ) -> FileRecord:
-    """Write ``final`` via temp file + fsync + rename (+ directory fsync); returns its size and digest.
+    """Write ``final`` whole or not at all (``hpctrain.files.write_atomic``); returns its size and digest.
 
     ``produce(f)`` writes the content to the file-like ``f``. On any failure the temp file is removed,
     ``final`` is untouched and the OSError (with its errno) is raised. ``sync_dir=False`` leaves the
     directory fsync to the caller, who then makes several renames in one directory durable at once.
     """
-    tmp = _temp_name(final)
     writer: _HashingWriter | None = None
+
+    def hashed(raw: BinaryIO) -> None:
+        nonlocal writer
+        writer = _HashingWriter(raw, checksum)
+        produce(writer)
+
     try:
-        with open(tmp, "wb") as raw:
-            writer = _HashingWriter(raw, checksum)
-            produce(writer)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, final)
-        if sync_dir:
-            _fsync_dir(final.parent)
+        files.write_atomic(final, hashed, sync_dir=sync_dir)
     except BaseException as e:
-        with suppress(OSError):
-            tmp.unlink()
         if writer is not None and writer.error is not None and not isinstance(e, OSError):
             raise writer.error from e
         raise
+    assert writer is not None
     return FileRecord(final.name, writer.size, writer.hash.hexdigest())
 
 
@@ -379,7 +365,7 @@ class CheckpointStore:
                 # Only a rank that renamed a file into the directory makes that rename durable; rank 0 syncs
                 # the directory once, after it added the marker.
                 if self.rank != 0 and report["files"]:
-                    _fsync_dir(sdir)
+                    files.fsync_dir(sdir)
             except OSError as e:
                 report["error"] = self._failure(step, e)
             except CheckpointError as e:
@@ -563,7 +549,7 @@ class CheckpointStore:
     def _commit(self, ckpt: Checkpoint, *, prune_in_background: bool = False) -> None:
         """Rank 0: marker, one fsync of the step directory, manifest, then delete what is not kept."""
         _write_json(ckpt.path / MARKER, ckpt.to_json(), sync_dir=False)
-        _fsync_dir(ckpt.path)  # shared.pt, rank-00000.pt and the marker renames become durable together
+        files.fsync_dir(ckpt.path)  # shared.pt, rank-00000.pt and the marker renames become durable together
         entries, _ = read_entries(self.directory)
         older = [e for e in entries if e.step < ckpt.step]  # later steps belong to an abandoned timeline
         kept = older[max(0, len(older) - (self.keep - 1)) :] if self.keep > 1 else []  # up to keep - 1 of them
@@ -742,7 +728,7 @@ class CheckpointStore:
             text = json.dumps({"entries": [c.to_json() for c in entries], "problems": problems})
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = _temp_name(path)
+                tmp = files.temp_name(path)
                 tmp.write_text(text)
                 os.replace(tmp, path)
             except OSError as e:
@@ -864,7 +850,7 @@ def _copy_hashing(src: Path, dst: Path, checksum: str | None) -> tuple[int, str]
     """Copy ``src`` to ``dst`` (temp name, then rename) reading it once; (size, digest, "" without ``checksum``)."""
     h = hashlib.new(checksum) if checksum else None
     size = 0
-    tmp = _temp_name(dst)
+    tmp = files.temp_name(dst)
     try:
         with open(src, "rb", buffering=0) as f, open(tmp, "wb") as out:
             while chunk := f.read(COPY_CHUNK):

@@ -24,6 +24,7 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.preflight import steps_per_epoch
 from hpctrain.errors import RuntimeFailure
 from hpctrain.exit_codes import REQUEUE_MARKER
+from hpctrain.files import write_atomic
 from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
@@ -241,10 +242,8 @@ def _write_requeue_marker(run_dir: Path, step: int) -> None:
     """Tell the batch script that this attempt stopped at checkpoint ``step`` to be requeued (exit_codes.py says
     why a launcher's status alone cannot); written whole or not at all."""
     marker = run_dir / REQUEUE_MARKER
-    tmp = marker.with_name(f".{marker.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(json.dumps({"step": step, "time": time.time()}) + "\n")
-        os.replace(tmp, marker)
+        write_atomic(marker, json.dumps({"step": step, "time": time.time()}) + "\n")
     except OSError as exc:  # the checkpoint is committed; only a launcher that kills late ranks misses the requeue
         log.warning("could not write %s (%s): a launcher that ends the other ranks may report this stop as a "
                     "failure", marker, exc)

@@ -9,11 +9,11 @@ poll saw (so ``hpctrain runs`` shows the progress of runs that have ended).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpctrain import files
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.submission.registry import Registry, Run
 
@@ -31,18 +31,11 @@ def record_dir(registry: Registry, run_id: str) -> Path:
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write a file beside its final name, then rename (never a half-written file)."""
+    """``hpctrain.files.write_atomic`` with the parent made; a failure is an HpctrainError naming the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.chmod(mode)
-        os.replace(tmp, path)
+        files.write_atomic(path, text, mode=mode)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise HpctrainError(f"cannot write {path}: {exc.strerror}", hint="free space or check permissions") from None
 
 

@@ -26,6 +26,7 @@ from typing import Any, NoReturn
 
 from hpctrain.errors import RuntimeFailure
 from hpctrain.exit_codes import EXIT_ERROR, EXIT_REQUEUE, REQUEUE_MARKER
+from hpctrain.files import write_atomic
 from hpctrain.launch_env import detect_launch_env, scheduler_job_id
 
 MODULE = "hpctrain.submitit_plugin.runner"
@@ -99,19 +100,6 @@ def _dumps(value: object) -> bytes:
     except ImportError:  # a callable pickled by reference loads without it; its result may pickle without it
         return pickle.dumps(value)
     return cloudpickle.dumps(value)
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write beside the final name, then rename: a reader never sees half a pickle."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def write_result(path: Path, outcome: str, value: object) -> None:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.exit_codes import EXIT_REQUEUE
+from hpctrain.files import write_atomic
 
 STATE_FILE = "job-state.json"
 PID_FILE = "job-supervisor.json"
@@ -47,12 +48,7 @@ class LocalJobState:
 
 
 def _write_json_atomic(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data))
 
 
 def _process_start_time(pid: int) -> str | None:
