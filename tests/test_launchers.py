@@ -23,7 +23,6 @@ from hpctrain.submission.launchers import (
     cpus_per_rank_for,
     get_launcher,
     hyperthreads_for,
-    launcher_name,
     slurm_threads_per_core,
 )
 from hpctrain.submission.launchers.binding import (
@@ -35,6 +34,7 @@ from hpctrain.submission.launchers.binding import (
     rank_devices,
 )
 from hpctrain.submission.launchers.gpu_affinity import local_rank, mapped_devices, visible_devices
+from hpctrain.submission.schedulers.base import get_scheduler
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = ROOT / ".venv" / "bin" / "mpiexec"
@@ -97,12 +97,12 @@ def test_hydra_mpiexec_and_local_argv() -> None:
         get_launcher("local")(CMD, LaunchPlan(nodes=2, ranks_per_node=1))
 
 
-def test_launcher_name_picks_pals_under_pbs_and_hydra_elsewhere() -> None:
+def test_launcher_for_picks_pals_under_pbs_and_hydra_elsewhere() -> None:
     node = NodeShape(cores=4, memory_gb=8)
     pbs = SiteProfile(name="p", scheduler="pbs", launcher="mpiexec", node=node)
     local = SiteProfile(name="l", scheduler="local", launcher="mpiexec", node=node)
-    assert launcher_name(pbs) == "mpiexec-pals"
-    assert launcher_name(local) == "mpiexec-hydra"
+    assert get_scheduler("pbs").launcher_for(pbs) == "mpiexec-pals"
+    assert get_scheduler("local").launcher_for(local) == "mpiexec-hydra"
 
 
 def test_gpu_affinity_reads_the_first_local_rank_variable() -> None:

@@ -76,6 +76,61 @@ def test_submission_side_and_allocation_side_do_not_import_each_other() -> None:
     assert not bad, "the two sides import each other:\n" + "\n".join(sorted(bad))
 
 
+def test_checkpoint_does_not_import_runtime() -> None:
+    """The checkpoint store and session are handed the runtime's pieces (combiner, counts) through protocols."""
+    bad = [f"{m} -> {d}" for m, deps in _imports().items() if _part(m) == "checkpoint"
+           for d in deps if _part(d) == "runtime"]
+    assert not bad, "\n".join(sorted(bad))
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle in ``graph`` (module -> modules it imports), or None."""
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                return stack[stack.index(dep):] + [dep]
+            if dep not in state and (found := visit(dep)) is not None:
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)) is not None:
+            return found
+    return None
+
+
+def _submission_graph() -> dict[str, set[str]]:
+    """Which submission modules each submission module imports (``from pkg import mod`` names ``pkg.mod``)."""
+    root = PACKAGE / "submission"
+    names = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in names.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in names:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & names.keys()
+                deps |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names} & names.keys()
+        graph[module] = deps - {module}
+    return graph
+
+
+def test_no_import_circle_in_submission() -> None:
+    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]  # the check itself finds a circle
+    graph = _submission_graph()
+    assert len(graph) > 40
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
 def test_config_imports_only_config_and_errors() -> None:
     bad = [f"{m} -> {d}" for m, deps in _imports().items() if _part(m) == "config"
            for d in deps if _part(d) not in ("config", "errors", "exit_codes", "text", "files", "")]

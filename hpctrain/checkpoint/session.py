@@ -14,18 +14,17 @@ import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from hpctrain.checkpoint.rng import capture_rng_state, restore_rng_state
 from hpctrain.checkpoint.signals import StopFlag
-from hpctrain.checkpoint.store import CheckpointStore, CommExchange, Exchange, NodeGroup, PendingSave
+from hpctrain.checkpoint.store import CheckpointStore, CommExchange, Exchange, NodeGroup, PendingSave, WorkTally
 from hpctrain.config.job import JobSpec
+from hpctrain.config.staging import node_local_root
 from hpctrain.launch_env import detect_launch_env
-from hpctrain.runtime.combiners import Combiner
-from hpctrain.runtime.node_local import node_local_root
 
 log = logging.getLogger("hpctrain.checkpoint")
 
@@ -36,6 +35,26 @@ HOLD_AT_STEP_ENV = "HPCTRAIN_HOLD_AT_STEP"
 HOLD_VOTE_S = 0.2  # while held: seconds between the ranks' votes
 
 
+class CombinerState(Protocol):
+    """What a checkpoint needs of the gradient combiner (runtime/combiners/base.py's ``Combiner`` is one)."""
+
+    @property
+    def ranks_in_sync(self) -> bool:
+        """Whether every rank holds the same parameters and optimizer state after a step."""
+
+    def flush(self) -> None:
+        """Merge into the parameters whatever is still in flight."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's combiner state for an exact resume."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()`` (same world size)."""
+
+    def elastic_restart(self, step: int) -> None:
+        """Resuming ``step`` on another world size: the per-rank state starts afresh."""
+
+
 class CheckpointSession:
     """Owns the checkpoint store and the stop flag of one training run on one rank.
 
@@ -44,8 +63,8 @@ class CheckpointSession:
     """
 
     def __init__(self, job: JobSpec, run_dir: Path, comm: Any, *, task: Any, model: torch.nn.Module,
-                 optimizer: torch.optim.Optimizer, schedule: Any, combiner: Combiner, background: bool = True,
-                 environ: dict[str, str] | None = None) -> None:
+                 optimizer: torch.optim.Optimizer, schedule: Any, combiner: CombinerState, background: bool = True,
+                 environ: dict[str, str] | None = None, tally: WorkTally | None = None) -> None:
         self.job, self.comm = job, comm
         self.task, self.model, self.optimizer, self.schedule, self.combiner = task, model, optimizer, schedule, combiner
         directory = Path(job.checkpoint.dir)
@@ -54,7 +73,7 @@ class CheckpointSession:
         environ = os.environ if environ is None else environ
         exchange = CommExchange(comm) if comm.size > 1 else None
         self.store = CheckpointStore(directory, keep=job.checkpoint.keep, rank=comm.rank, world_size=comm.size,
-                                     exchange=exchange, node=node_group(job, comm, exchange, environ))
+                                     exchange=exchange, node=node_group(job, comm, exchange, environ), tally=tally)
         self.flag = StopFlag().install(tuple(sorted({job.checkpoint.signal, "TERM"})))
         self.background = background
         self._stop_at = _step_from(environ, STOP_AT_STEP_ENV)

@@ -54,7 +54,6 @@ from hpctrain.checkpoint.manifest import (
 from hpctrain.checkpoint.node_file import COPY_CHUNK, pack, read_member, read_node_index
 from hpctrain.errors import CheckpointError
 from hpctrain.files import check_regular, open_regular, within
-from hpctrain.runtime import work_counts
 
 log = logging.getLogger("hpctrain.checkpoint")
 
@@ -77,6 +76,16 @@ class Exchange(Protocol):
 
     def sum(self, values: list[int]) -> list[int]:
         """The element-wise sum of every rank's ``values`` (non-negative, same length) on every rank."""
+
+
+class WorkTally(Protocol):
+    """Where the store counts the files and bytes it writes (runtime/work_counts.py's ``WorkCounts`` is one)."""
+
+    def add_checkpoint_file(self, step: int, nbytes: int, node_local: bool = False) -> None:
+        """One file of ``nbytes`` written for checkpoint ``step``."""
+
+    def add_checkpoint_records(self, step: int, nbytes: int) -> None:
+        """``nbytes`` of file reports received from the other ranks for checkpoint ``step``."""
 
 
 class AllgatherExchange:
@@ -269,7 +278,8 @@ class CheckpointStore:
     also the barrier that makes a checkpoint complete only after every rank wrote; ``gather`` (an all-gather
     callable such as mpi4py's ``comm.allgather``) is accepted instead. ``save``, ``latest_valid`` and ``prune``
     are collective: every rank calls them in the same order. With ``world_size == 1`` neither is needed.
-    ``node`` (a NodeGroup) writes rank states one file per node instead of one per rank.
+    ``node`` (a NodeGroup) writes rank states one file per node instead of one per rank. ``tally``, where
+    given, counts the files and bytes written.
     """
 
     def __init__(
@@ -283,6 +293,7 @@ class CheckpointStore:
         exchange: Exchange | None = None,
         checksum: str = DEFAULT_CHECKSUM,
         node: NodeGroup | None = None,
+        tally: WorkTally | None = None,
     ) -> None:
         if keep < 1:
             raise CheckpointError(f"checkpoint.keep must be at least 1, got {keep}")
@@ -303,6 +314,7 @@ class CheckpointStore:
         self.world_size = world_size
         self.checksum = checksum
         self.node = node
+        self.tally = tally
         self._x: Exchange = exchange if exchange is not None else AllgatherExchange(gather or _single_gather, rank)
         self._buffers: dict[str, dict[str, torch.Tensor]] = {"shared": {}, "rank": {}}
         self._last: PendingSave | None = None
@@ -401,7 +413,7 @@ class CheckpointStore:
         received = _received(self._x)
         nodes = self._node_files(report) if self.node is not None else None
         reports = [report["files"]] if nodes is not None else self._x.gather(report["files"])
-        counts = work_counts.active()
+        counts = self.tally
         if counts is not None:
             counts.add_checkpoint_records(step, _received(self._x) - received)
         commit_error: list[str] | None = None
@@ -465,7 +477,7 @@ class CheckpointStore:
             with suppress(OSError):
                 stale.unlink()
         rec = write_atomic(final, lambda f: torch.save(obj, f), self.checksum, sync_dir=False)
-        counts = work_counts.active()
+        counts = self.tally
         if counts is not None:
             counts.add_checkpoint_file(step, rec.bytes)
         return rec
@@ -489,7 +501,7 @@ class CheckpointStore:
         torch.save(per_rank, buffer)
         tmp.write_bytes(buffer.getbuffer())
         os.replace(tmp, final)  # node-local and transient: no fsync, the node file is what is made durable
-        counts = work_counts.active()
+        counts = self.tally
         if counts is not None:
             counts.add_checkpoint_file(step, buffer.getbuffer().nbytes, node_local=True)
 
@@ -535,7 +547,7 @@ class CheckpointStore:
         rec = write_atomic(final, lambda f: index.append(pack(f, members, self.checksum, step).digest),
                            self.checksum, sync_dir=False)
         shutil.rmtree(scratch, ignore_errors=True)
-        counts = work_counts.active()
+        counts = self.tally
         if counts is not None:
             counts.add_checkpoint_file(step, rec.bytes)
         return FileRecord(rec.name, rec.bytes, rec.digest, None, rank_runs([r for r, _ in members])), index[-1]
@@ -895,16 +907,6 @@ def load_files(checkpoint: Checkpoint, map_location: Any = "cpu") -> dict[str, A
 
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
-def comm_gather(comm: Any) -> Gather:
-    """An object all-gather over an hpctrain ``Communicator`` (JSON through ``allgather_varlen``)."""
-
-    def gather(obj: Any) -> list[Any]:
-        data = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
-        return [json.loads(t.numpy().tobytes()) for t in comm.allgather_varlen(data, label="checkpoint")]
-
-    return gather
 
 
 def _received(exchange: Exchange) -> int:

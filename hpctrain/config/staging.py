@@ -13,6 +13,7 @@ import json
 import os
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
@@ -38,6 +39,18 @@ DATA_MAP_ENV = "HPCTRAIN_STAGED_DATA"  # JSON {shared path: path relative to $HP
 ENV_DIR = "env"  # the unpacked environment, under $HPCTRAIN_NODE_LOCAL
 DATA_DIR = "data"  # staged input files, under $HPCTRAIN_NODE_LOCAL
 STAGED_PYTHON = f"{ENV_DIR}/venv/bin/python"  # the ranks' interpreter in an unpacked archive
+SHM = Path("/dev/shm")  # RAM-backed: the node's own storage where nothing was staged
+
+
+def node_local_root(environ: Mapping[str, str] | None = None) -> Path | None:
+    """This node's own storage, where one process per node leaves what the node's other ranks read (a copy of the
+    training volume, rank states on their way into a per-node checkpoint file): ``$HPCTRAIN_NODE_LOCAL`` when the
+    script staged, else ``/dev/shm``; None when neither is a writable directory (callers then read per rank)."""
+    environ = os.environ if environ is None else environ
+    for candidate in (environ.get(NODE_LOCAL_ENV, ""), str(SHM)):
+        if candidate and os.path.isdir(candidate) and os.access(candidate, os.W_OK):
+            return Path(candidate)
+    return None
 
 
 def _plain_path(value: str, what: str) -> str:

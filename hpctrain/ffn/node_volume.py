@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from hpctrain.config.plugins.ffn import parse_volume_spec
+from hpctrain.config.staging import node_local_root
 from hpctrain.errors import DataError
 from hpctrain.ffn.volume import Volume, VolumeSpec, load_image_and_labels
 from hpctrain.runtime import work_counts
-from hpctrain.runtime.node_local import node_local_root
 
 log = logging.getLogger("hpctrain.ffn")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from hpctrain.errors import ConfigError
 
@@ -189,9 +189,6 @@ class Parameters(Mapping[str, Param]):
 
     def set_value(self, name: str, value: Value, source: str, detail: str) -> Parameters:
         return self.updated(Param(name, check_value(name, value), source, detail))
-
-    def with_source(self, name: str, source: str, detail: str) -> Parameters:
-        return self.updated(replace(self._params[name], source=source, detail=detail))
 
 
 def check_value(name: str, value: Value) -> Value:

@@ -147,7 +147,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     combiner = build_combiner(job.train.combiner, comm, [p for p in model.parameters() if p.requires_grad])
     reducer = Reducer(model, comm, combiner, bucket_mb=job.train.combiner.bucket_mb)
     session = CheckpointSession(job, run_dir, comm, task=task, model=model, optimizer=optimizer,
-                                schedule=schedule, combiner=combiner)
+                                schedule=schedule, combiner=combiner, tally=work_counts.active())
     start = session.restore()
     if rank == 0:  # an earlier attempt's request; this attempt writes its own when it stops
         (run_dir / REQUEUE_MARKER).unlink(missing_ok=True)

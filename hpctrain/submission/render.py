@@ -27,7 +27,6 @@ from hpctrain.submission.launchers import (
     cpus_per_rank_for,
     get_launcher,
     hyperthreads_for,
-    launcher_name,
     slurm_threads_per_core,
 )
 from hpctrain.submission.launchers.binding import rank_cpus, rank_devices
@@ -223,14 +222,15 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
         interpreter, "-m", "hpctrain", "run", spec_path, "--run-dir", run_dir]
     if staging is not None:
         rank_command = staging.rank_command(list(rank_command), job, site)
-    launch_argv = get_launcher(launcher_name(site))(list(rank_command), plan)
+    launcher = scheduler.launcher_for(site)
+    launch_argv = get_launcher(launcher)(list(rank_command), plan)
 
     options = RenderOptions(run_dir=run_dir, spec_path=spec_path, plan=plan)
     directives = scheduler.render_directives(job, site, placement, options)
     ckpt = job.checkpoint
     # comment() although names are validated: a model changed with model_copy(update=...) skips validation.
     header = ["# " + comment(f"hpctrain job {job.name} for site {site.name} ({scheduler.name}, launcher "
-                             f"{launcher_name(site)}, backend {placement.backend}); written by `hpctrain render`",
+                             f"{launcher}, backend {placement.backend}); written by `hpctrain render`",
                              limit=400)]
     if job.description:
         header.append(f"# {comment(job.description)}")
@@ -245,7 +245,7 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
     prologue = fill(
         "prologue.tmpl", run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable, signal=ckpt.signal,
         environment="\n".join(environment_lines(job, site, placement, plan, interpreter) + (
-            staging_lines(staging, job, site, launcher_name(site), scheduler.job_id_variable,
+            staging_lines(staging, job, site, launcher, scheduler.job_id_variable,
                           exit_record_line(scheduler.job_id_variable)) if staging else [])),
     ).rstrip("\n")
     requeue = (scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)
@@ -258,7 +258,7 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
                   requeue_marker=REQUEUE_MARKER, exit_requeue=EXIT_REQUEUE,
                   exit_record=exit_record_line(scheduler.job_id_variable),
                   launch_line=launch_line,
-                  launcher_note=launcher_note_line(launcher_name(site), interpreter, run_dir),
+                  launcher_note=launcher_note_line(launcher, interpreter, run_dir),
                   requeue="\n".join(requeue)).rstrip("\n")
     text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header),
                 signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s, prologue=prologue, launch=launch)

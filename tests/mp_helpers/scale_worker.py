@@ -136,15 +136,16 @@ def _node_store(root: str, scratch_name: str, comm_timeout_s: float, node_timeou
     """A gloo communicator and a CheckpointStore under ``root`` whose node group is this stand-in node's ranks,
     handing state over in the node-local ``scratch_name``."""
     from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
+    from hpctrain.config.staging import node_local_root
     from hpctrain.launch_env import detect_launch_env
-    from hpctrain.runtime.node_local import node_local_root
 
     torch.set_num_threads(1)
     env = detect_launch_env(os.environ)
     comm = make_communicator("gloo", timeout_s=comm_timeout_s)
     scratch = node_local_root() / scratch_name  # type: ignore[operator]
     store = CheckpointStore(root, keep=3, rank=comm.rank, world_size=comm.size, exchange=CommExchange(comm),
-                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=node_timeout_s))
+                            node=NodeGroup(env.local_rank, env.local_size, scratch, timeout_s=node_timeout_s),
+                            tally=work_counts.active())
     return comm, store
 
 
@@ -153,8 +154,8 @@ def checkpoint(root: str) -> None:
     from pathlib import Path
 
     from hpctrain.checkpoint.node_file import read_index
+    from hpctrain.config.staging import node_local_root
     from hpctrain.errors import CheckpointError
-    from hpctrain.runtime.node_local import node_local_root
 
     comm, store = _node_store(root, "hpctrain-checkpoint-test", 60, 600)
     r = comm.rank

@@ -14,7 +14,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.submission.launchers.binding import RankSets, device_map, pals_cpu_list
 
 if TYPE_CHECKING:  # the in-job helpers below this package start on every rank: no pydantic import at run time
-    from hpctrain.config.site import NodeShape, SiteProfile
+    from hpctrain.config.site import NodeShape
 
 
 @dataclass(frozen=True)
@@ -159,13 +159,6 @@ def local(command: list[str], plan: LaunchPlan) -> list[str]:
         raise ConfigError(f"the local launcher runs on one machine, not {plan.nodes} nodes", key="resources.nodes")
     return [plan.python, "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", str(plan.ranks),
             *plan.extra_args, "--", *command]
-
-
-def launcher_name(site: SiteProfile) -> str:
-    """The registered launcher for a site: ``mpiexec`` is the scheduler's (PALS under PBS Pro, else hydra)."""
-    from hpctrain.submission.schedulers.base import get_scheduler  # the back-ends import this module
-
-    return get_scheduler(site.scheduler).launcher_for(site)
 
 
 def hyperthreads_for(node: NodeShape, ranks_per_node: int, threads_per_rank: int) -> int:
