@@ -106,15 +106,30 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+def _run_time_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks (imports for annotations never run)."""
+    out: list[ast.AST] = []
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            todo += node.orelse
+            continue
+        todo += ast.iter_child_nodes(node)
+    return out
+
+
 def _submission_graph() -> dict[str, set[str]]:
-    """Which submission modules each submission module imports (``from pkg import mod`` names ``pkg.mod``)."""
+    """Which submission modules each submission module imports when it runs (function-level imports included;
+    ``from pkg import mod`` names ``pkg.mod``)."""
     root = PACKAGE / "submission"
     names = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
              for p in root.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for module, path in names.items():
         deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _run_time_nodes(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and node.module in names:
                 subs = {f"{node.module}.{a.name}" for a in node.names} & names.keys()
                 deps |= subs or {node.module}

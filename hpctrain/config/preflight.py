@@ -20,6 +20,7 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.origin import locate
 from hpctrain.config.plugin import ModelSchema
 from hpctrain.config.schedule_rules import schedule_parameters
+from hpctrain.config.scheduler_rules import scheduler_rules
 from hpctrain.config.site import SiteProfile
 from hpctrain.config.walltime import format_hms
 from hpctrain.errors import ConfigError, ConfigErrors, HpctrainError
@@ -41,7 +42,7 @@ def check_job(job: JobSpec, site: SiteProfile | None = None, *, local_paths: boo
     """
     origin = job.origin
     world = world_size or job.resources.ranks
-    local_paths = local_paths or (site is not None and site.scheduler == "local")
+    local_paths = local_paths or (site is not None and scheduler_rules(site.scheduler).runs_here)
     try:
         schema, missing = find_schema(job.model)
     except ConfigError as exc:
@@ -205,7 +206,7 @@ def _precision_warnings(job: JobSpec, site: SiteProfile | None) -> list[str]:
     if job.train.precision != "bfloat16" or site is None or job.resources.gpus_per_rank > 0:
         return []
     node = site.node_for(job.resources.queue)
-    local = site.scheduler == "local"
+    local = scheduler_rules(site.scheduler).runs_here
     amx = cpu_has_amx(node.cpu, Path("/proc/cpuinfo") if local else None)
     if amx is not False:
         return []

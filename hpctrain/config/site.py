@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from hpctrain.config.backends import SCHEDULERS
 from hpctrain.config.common import (
     MAX_COUNT,
     DirectiveValue,
@@ -27,12 +28,14 @@ from hpctrain.config.common import (
     Word,
     walltime_seconds,
 )
+from hpctrain.config.scheduler_rules import scheduler_rules
 from hpctrain.config.staging import Staging
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file
 from hpctrain.errors import ConfigError, ConfigErrors
 
-SchedulerName = Literal["slurm", "pbs", "cobalt", "local"]
+# A registered scheduler back-end (config/backends.py): the built-ins or an installed package's entry point.
+SchedulerName = Annotated[str, AfterValidator(SCHEDULERS.check)]
 LauncherName = Literal["srun", "aprun", "mpiexec", "local"]
 BackendName = Literal["mpi", "gloo", "nccl", "xccl"]
 # The collective library each GPU kind reduces with through torch.distributed: NCCL on NVIDIA, RCCL on AMD (torch's
@@ -42,64 +45,6 @@ _DIRECTIVE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_./+:@=,%*-]+")
 # Cobalt's --attrs: name=value pairs joined by ':' (values may hold ',' lists, never another ':').
 _COBALT_ATTRS = re.compile(r"[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+(?::[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+)*")
-# Options hpctrain writes itself from the checked job (nodes, walltime, queue, names, logs, arrays): a site
-# directive with the same name would override what the fit check passed, so it is refused.
-RESERVED_DIRECTIVES: dict[str, frozenset[str]] = {
-    "slurm": frozenset({
-        "J", "job-name", "N", "nodes", "n", "ntasks", "ntasks-per-node", "c", "cpus-per-task", "gpus-per-task",
-        "mem", "t", "time", "p", "partition", "q", "qos", "A", "account", "o", "output", "e", "error",
-        "signal", "requeue", "no-requeue", "open-mode", "a", "array", "d", "dependency", "H", "hold", "wrap",
-        "D", "chdir", "threads-per-core"}),
-    # One-letter keys are PBS options (-k doe), longer ones -l resources: both lists are reserved here.
-    "pbs": frozenset({
-        "N", "q", "A", "o", "e", "j", "J", "l", "W", "select", "walltime", "place", "filesystems", "nodes",
-        "ncpus", "mem", "ngpus", "mpiprocs", "ompthreads"}),
-    "cobalt": frozenset({
-        "n", "nodecount", "t", "time", "q", "queue", "A", "project", "O", "outputprefix", "o", "output", "e",
-        "error", "jobname", "dependencies", "env"}),
-    "local": frozenset(),
-}
-# Options a job sets through its own resources keys (exclusive, reservation): its directives may not name them, though
-# a site's or a queue's may (a queue whose jobs are always exclusive); the job's keys then win.
-JOB_KEY_DIRECTIVES: dict[str, frozenset[str]] = {"slurm": frozenset({"exclusive", "reservation"})}
-
-
-# Options a profile, a queue or a job may set, per scheduler: resources, placement, accounting, mail, timing.
-# PBS options longer than one letter are -l resources (any name a site defines, none choosing code); its
-# one-letter options are listed. Anything else is refused: sbatch and qsub options can choose the job's
-# shell, interpreter, container or environment, read files, or change how the job is submitted.
-ALLOWED_DIRECTIVES: dict[str, frozenset[str]] = {
-    "slurm": frozenset({
-        "constraint", "C", "gres", "gres-flags", "gpus", "G", "gpus-per-node", "gpus-per-socket", "gpu-bind",
-        "gpu-freq", "cpus-per-gpu", "mem-per-cpu", "mem-per-gpu", "mem-bind", "ntasks-per-socket",
-        "ntasks-per-core", "ntasks-per-gpu", "sockets-per-node", "cores-per-socket", "B", "extra-node-info",
-        "mincpus", "tmp", "tres-per-task", "exclusive", "oversubscribe", "s", "overcommit", "O", "contiguous",
-        "spread-job", "use-min-nodes", "switches", "network", "hint", "distribution", "m", "cpu-freq", "S",
-        "core-spec", "thread-spec", "prefer", "exclude", "x", "nodelist", "w", "reservation", "licenses", "L",
-        "bb", "segment", "delay-boot", "mail-type", "mail-user", "comment", "wckey", "mcs-label", "profile",
-        "acctg-freq", "power", "nice", "priority", "begin", "b", "deadline", "kill-on-invalid-dep", "k",
-        "no-kill", "M", "clusters", "cluster-constraint"}),
-    "pbs": frozenset({"a", "c", "h", "k", "m", "M", "p", "P", "r"}),
-    "cobalt": frozenset({"attrs", "M", "notify"}),
-}
-# Options that choose the job's shell, interpreter, container or exported environment: code, not data. Only
-# the site profile's trusted ``environment.directives`` may set them (as only it writes ``setup`` lines).
-TRUSTED_ONLY_DIRECTIVES: dict[str, frozenset[str]] = {
-    "slurm": frozenset({"export", "export-file", "container", "container-id", "get-user-env", "propagate", "uid",
-                        "gid", "x11", "bbf", "nodefile", "F"}),
-    "pbs": frozenset({"S", "v", "V", "u", "C", "I", "X", "T", "G"}),
-    "cobalt": frozenset({"kernel", "mode", "user_list", "env"}),
-}
-
-
-def directive_allowed(scheduler: str, key: str) -> bool:
-    """Whether a profile, a queue or a job may set ``key`` (the site's trusted directives may set more)."""
-    if scheduler == "pbs" and len(key) > 1:
-        return True
-    allowed = ALLOWED_DIRECTIVES.get(scheduler)
-    return allowed is None or key in allowed
-
-
 def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, DirectiveValue]:
     for key, value in directives.items():
         if not _DIRECTIVE_KEY.fullmatch(key):
@@ -117,26 +62,27 @@ def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, Direct
 def directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
                        where: tuple[str | int, ...], *, job: bool = False, trusted: bool = False) -> None:
     """Refuse directives (a site's, a queue's, or with ``job`` a job's) that would override what hpctrain writes,
-    add PBS resources through a value, or (unless ``trusted``: the site's environment.directives) are not
-    on the scheduler's allow-list."""
+    carry what the back-end refuses in a value, or (unless ``trusted``: the site's environment.directives) are
+    not on the scheduler's allow-list."""
+    rules = scheduler_rules(scheduler)
     for key, value in directives.items():
-        if key in RESERVED_DIRECTIVES.get(scheduler, frozenset()):
+        if key in rules.reserved_directives:
             raise FieldProblem((*where, key), f"{scheduler} option {key!r} is written by hpctrain from the job "
                                "(nodes, walltime, queue, account, logs): set it in the job spec, not as a directive")
-        if not trusted and not directive_allowed(scheduler, key):
-            if key in TRUSTED_ONLY_DIRECTIVES.get(scheduler, frozenset()):
+        if not trusted and not rules.directive_allowed(key):
+            if key in rules.trusted_only_directives:
                 raise FieldProblem((*where, key), f"{scheduler} option {key!r} chooses the job's shell, interpreter, "
                                    "container or environment: only the site profile's environment.directives "
                                    "(trusted, like environment.setup) may set it")
             raise FieldProblem((*where, key), f"{scheduler} option {key!r} is not one a profile or job may set: "
                                "resources, placement, accounting, mail and timing options only (the list: "
                                "docs/rendering.md, 'Trusted shell and data')")
-        if job and key in JOB_KEY_DIRECTIVES.get(scheduler, frozenset()):
+        if job and key in rules.job_key_directives:
             raise FieldProblem((*where, key), f"{scheduler} option {key!r} is a key of the job's resources: set "
                                f"resources.{key}, not a directive")
-        if scheduler == "pbs" and len(key) > 1 and isinstance(value, str) and "," in value:
-            raise FieldProblem((*where, key), f"PBS resource {key!r}: a ',' in the value would add another "
-                               "resource to the -l list")
+        problem = rules.directive_value_problem(key, value)
+        if problem is not None:
+            raise FieldProblem((*where, key), problem)
 
 
 Directives = Annotated[dict[str, DirectiveValue], AfterValidator(_check_directives)]
@@ -429,7 +375,10 @@ class SiteProfile(Strict):
     description: str = ""
     extends: str | None = None
     guessed: list[str] = Field(default_factory=list, description="Keys whose values are estimates, not published")
-    scheduler: SchedulerName
+    scheduler: SchedulerName = Field(description=(
+        "A registered scheduler back-end: " + ", ".join(sorted(SCHEDULERS.builtin)) + ", or one an installed "
+        "package adds (entry point group hpctrain.schedulers)"), json_schema_extra={"examples": sorted(
+            SCHEDULERS.builtin)})
     launcher: LauncherName
     launcher_args: list[Word] = Field(default_factory=list)
     cpu_bind: Word | None = Field(None, description="CPU binding for the launcher (srun --cpu-bind, mpiexec)")
@@ -474,9 +423,10 @@ class SiteProfile(Strict):
         directive_problems(self.scheduler, self.staging.directives, ("staging", "directives"))
         for name, queue in self.queues.items():
             directive_problems(self.scheduler, queue.directives, ("queues", name, "directives"))
-            if queue.qos and (self.scheduler != "slurm" or self.queue_option == "qos"):
+            rules = scheduler_rules(self.scheduler)
+            if queue.qos and (not rules.has_qos or self.queue_option == "qos"):
                 raise FieldProblem(("queues", name, "qos"), (
-                    "a queue's qos is a Slurm QOS beside its partition" if self.scheduler == "slurm" else
+                    f"a queue's qos is a {rules.title} QOS beside its partition" if rules.has_qos else
                     f"{self.scheduler} has no QOS: name the queue itself"))
             self._check_policies(name, queue)
         if self.default_queue is not None and not self.queues[self.default_queue].direct_submit:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.config.job import JobSpec
+from hpctrain.config.scheduler_rules import scheduler_rules
 from hpctrain.config.site import SiteProfile, locate_site
 from hpctrain.config.walltime import parse_walltime
 from hpctrain.errors import ConfigError
@@ -285,7 +286,7 @@ def max_nodes(site: SiteProfile) -> int | None:
         return site.network.nodes
     if site.queues:
         return max(q.max_nodes for q in site.queues.values())
-    if site.scheduler == "local":
+    if scheduler_rules(site.scheduler).runs_here:  # this machine
         return 1
     return None
 

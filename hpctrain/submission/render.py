@@ -260,6 +260,7 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
                   launch_line=launch_line,
                   launcher_note=launcher_note_line(launcher, interpreter, run_dir),
                   requeue="\n".join(requeue)).rstrip("\n")
-    text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header),
-                signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s, prologue=prologue, launch=launch)
+    note = string.Template(scheduler.script_note).substitute(signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s)
+    text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header), note=note,
+                prologue=prologue, launch=launch)
     return RenderedScript(text=text, scheduler=scheduler, placement=placement, launch_argv=launch_argv)

@@ -21,10 +21,6 @@ from hpctrain.errors import TransportError
 
 # Unix socket paths are limited to ~104-108 bytes; %C expands to 40 hex characters.
 _MAX_SOCKET_PATH = 100
-_SCHEDULER_OF = {
-    **dict.fromkeys(["sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "salloc"], "Slurm"),
-    **dict.fromkeys(["qsub", "qstat", "qdel", "qalter", "qrls", "qhold", "pbsnodes"], "PBS or Cobalt"),
-}
 
 
 @dataclass(frozen=True)
@@ -69,8 +65,17 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+
+def _scheduler_of(program: str) -> str | None:
+    """Which schedulers ship ``program`` ("Cobalt or PBS"), by the back-ends' ``commands``; None: no scheduler's."""
+    from hpctrain.config.backends import SCHEDULERS
+
+    titles = sorted({backend.title for name in SCHEDULERS.names()
+                     if program in getattr(backend := SCHEDULERS.get(name), "commands", ())})
+    return " or ".join(titles) or None
+
 def _missing_program_message(prog: str, where: str) -> str:
-    scheduler = _SCHEDULER_OF.get(os.path.basename(prog))
+    scheduler = _scheduler_of(os.path.basename(prog))
     if scheduler:
         return (f"{prog} not found on {where}: load the {scheduler} module in the site profile's environment "
                 f"or check that --remote names a login node of this site")

@@ -18,6 +18,17 @@ from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, 
 from hpctrain.submitit_plugin.runner import PAYLOAD_FILE, job_id_of, log_name, result_name, stop_for_requeue
 
 
+def _array_variable(attribute: str) -> str | None:
+    """The value of the first array variable (a back-end's ``array_job_variable`` or ``array_index_variable``)
+    set in this task's environment, None outside an array."""
+    from hpctrain.submission.schedulers.base import all_schedulers
+
+    for scheduler in all_schedulers():
+        variable = getattr(scheduler, attribute)
+        if variable and os.environ.get(variable):
+            return os.environ[variable]
+    return None
+
 class HpctrainJobPaths(JobPaths):
     """One task's files in its run directory (the runner's names; the laptop keeps submitit's own)."""
 
@@ -67,11 +78,11 @@ class HpctrainJobEnvironment(JobEnvironment):
 
     @property
     def array_job_id(self) -> str | None:
-        return os.environ.get("SLURM_ARRAY_JOB_ID") or os.environ.get("PBS_ARRAY_ID")
+        return _array_variable("array_job_variable")
 
     @property
     def array_task_id(self) -> str | None:
-        return os.environ.get("SLURM_ARRAY_TASK_ID") or os.environ.get("PBS_ARRAY_INDEX")
+        return _array_variable("array_index_variable")
 
     @property
     def num_tasks(self) -> int:

@@ -15,9 +15,9 @@ from hpctrain.config.common import walltime_seconds
 from hpctrain.config.site import NodeShape, Queue, SiteProfile
 from hpctrain.config.walltime import format_hms
 from hpctrain.errors import SchedulerError
-from hpctrain.submission.discovery.detect import SCHEDULER_TITLES
 from hpctrain.submission.discovery.facts import NO_LIMIT_S, NO_LIMIT_TEXT, Findings, NodeFacts, QosFacts, QueueFacts
 from hpctrain.submission.discovery.slurm import with_qos
+from hpctrain.submission.schedulers.base import get_scheduler
 
 MEMORY_TOLERANCE = 0.10  # schedulers report usable memory (Slurm RealMemory), a bit below what sites publish
 
@@ -182,16 +182,16 @@ def compare_profile(profile: SiteProfile, findings: Findings) -> CheckResult:
     checker = _Checker(profile, findings)
     facts = findings.scheduler
     if facts.name != profile.scheduler:
-        checker.differ("scheduler", profile.scheduler, f"{facts.name} ({SCHEDULER_TITLES[facts.name]})",
+        checker.differ("scheduler", profile.scheduler, f"{facts.name} ({get_scheduler(facts.name).title})",
                        f"the commands found on {findings.host}")
-        if facts.name == "local" and profile.login_host and not findings.remote:
+        if get_scheduler(facts.name).runs_here and profile.login_host and not findings.remote:
             checker.result.notes.append(f"this machine has no scheduler: check on the login node with "
                                         f"--remote USER@{profile.login_host}")
         return checker.result
     if not facts.answered:
-        raise SchedulerError(f"cannot check: {SCHEDULER_TITLES[facts.name]} did not answer on {findings.host}",
+        raise SchedulerError(f"cannot check: {get_scheduler(facts.name).title} did not answer on {findings.host}",
                              hint="; ".join(facts.notes) or "try again when the scheduler answers")
-    if facts.name == "local":
+    if get_scheduler(facts.name).runs_here:
         checker.node("node", profile.node, findings.node)
         return checker.result
     checker.queues()

@@ -62,19 +62,21 @@ def mpi_library(probe: Probe, modules: list[str]) -> tuple[Fact[str] | None, lis
     return None, []
 
 
-def launcher(probe: Probe, scheduler: str, mpi: Fact[str] | None) -> Fact[str]:
-    """The profile's launcher for this scheduler and what the login node has."""
+def batch_launcher(probe: Probe, mpi: Fact[str] | None, *, prefer_aprun: bool) -> Fact[str]:
+    """The launcher under a batch scheduler that has none of its own: Cray ALPS's aprun where it is the only
+    one (or ``prefer_aprun``), else mpiexec."""
     programs = probe.programs
-    if scheduler == "slurm":
-        return learned("srun", "Slurm's own launcher" + (" (found)" if "srun" in programs else ""))
-    if scheduler in ("pbs", "cobalt"):
-        if "aprun" in programs and (scheduler == "cobalt" or "mpiexec" not in programs):
-            return learned("aprun", f"Cray ALPS: {programs['aprun']}")
-        if "mpiexec" in programs:
-            return learned("mpiexec", f"{programs['mpiexec']}" + (f" ({mpi.value})" if mpi else ""))
-        return guess("mpiexec", "no mpiexec or aprun on the login node's PATH")
-    if mpi is not None and "mpiexec" in programs:
-        return learned("mpiexec", f"{programs['mpiexec']} ({mpi.value}); no scheduler")
+    if "aprun" in programs and (prefer_aprun or "mpiexec" not in programs):
+        return learned("aprun", f"Cray ALPS: {programs['aprun']}")
+    if "mpiexec" in programs:
+        return learned("mpiexec", f"{programs['mpiexec']}" + (f" ({mpi.value})" if mpi else ""))
+    return guess("mpiexec", "no mpiexec or aprun on the login node's PATH")
+
+
+def unscheduled_launcher(probe: Probe, mpi: Fact[str] | None) -> Fact[str]:
+    """The launcher on a machine without scheduler: its MPI's mpiexec, else hpctrain's own."""
+    if mpi is not None and "mpiexec" in probe.programs:
+        return learned("mpiexec", f"{probe.programs['mpiexec']} ({mpi.value}); no scheduler")
     return learned("local", "no scheduler and no MPI: hpctrain's own launcher")
 
 

@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from hpctrain.config.numbers import plain_count
 from hpctrain.errors import TransportError
 from hpctrain.submission.transport import Transport
 
+if TYPE_CHECKING:
+    from hpctrain.submission.schedulers.base import Scheduler
+
 MARK = "@@hpctrain-discover"
 PROBE_TIMEOUT_S = 180.0
 COMMAND_TIMEOUT_S = 40
-SLURM_SINFO_FORMAT = "%R|%a|%l|%D|%c|%z|%m|%G|%P"
-SLURM_QOS_FORMAT = "Name,MaxWall,MaxTRES,MaxTRESPU,MaxJobsPU,MaxSubmitPU"  # the columns slurm.read_qos reads
-# Scheduler, launcher and MPI programs whose presence (and path) the probe reports.
-PROGRAMS = ("sinfo", "scontrol", "sacctmgr", "srun", "sbatch", "squeue", "qstat", "qsub", "pbsnodes", "partlist",
-            "cqsub", "nodelist", "aprun", "mpiexec", "mpirun")
+# Launcher and MPI programs whose presence (and path) the probe reports, after the scheduler back-ends' own.
+LAUNCH_PROGRAMS = ("aprun", "mpiexec", "mpirun")
 # Environment variables read on the login node: node-local scratch, module systems, scheduler and MPI hints.
 VARIABLES = ("TMPDIR", "LOCAL_SCRATCH", "LOCALSCRATCH", "SCRATCH_LOCAL", "NODE_LOCAL_SCRATCH", "LOCAL_TMPDIR",
              "LOADEDMODULES", "LMOD_VERSION", "LMOD_CMD", "MODULESHOME", "MODULES_CMD", "PE_ENV",
@@ -30,7 +31,8 @@ VARIABLES = ("TMPDIR", "LOCAL_SCRATCH", "LOCALSCRATCH", "SCRATCH_LOCAL", "NODE_L
 # Frontier's NVMe /mnt/bb); seen on the login node they are only a hint for the compute nodes.
 SCRATCH_DIRS = ("/local/scratch", "/lscratch", "/scratch/local", "/raid/scratch", "/mnt/bb")
 
-_PRELUDE = f"""\
+def _prelude(programs: list[str]) -> str:
+    return f"""\
 o=$(mktemp 2>/dev/null) || o="${{TMPDIR:-/tmp}}/hpctrain-discover-out.$$"
 t=$(mktemp 2>/dev/null) || t="${{TMPDIR:-/tmp}}/hpctrain-discover-err.$$"
 sec() {{ printf '\\n{MARK} %s\\n' "$*"; }}
@@ -44,45 +46,37 @@ sec user out; printf '%s\\n' "$u"
 sec cpus out; getconf _NPROCESSORS_ONLN 2>/dev/null
 sec memory out; while read -r k v rest; do [ "$k" = MemTotal: ] && printf '%s\\n' "$v"; done </proc/meminfo
 sec programs out
-for c in {" ".join(PROGRAMS)}; do p=$(command -v "$c" 2>/dev/null) && printf '%s %s\\n' "$c" "$p"; done
+for c in {" ".join(programs)}; do p=$(command -v "$c" 2>/dev/null) && printf '%s %s\\n' "$c" "$p"; done
 sec variables out
 for v in {" ".join(VARIABLES)}; do eval "x=\\${{$v-}}"; [ -n "$x" ] && printf '%s=%s\\n' "$v" "$x"; done
 sec dirs out
 for d in {" ".join(SCRATCH_DIRS)}; do [ -d "$d" ] && printf '%s\\n' "$d"; done
 """
 
-_SCHEDULERS = f"""\
-if have sinfo || have scontrol; then
-  run slurm_partitions scontrol show partition -o
-  run slurm_nodes scontrol show node -o
-  run slurm_sinfo sinfo -h -o '{SLURM_SINFO_FORMAT}'
-  run slurm_config scontrol show config
-  have sacctmgr && run slurm_assoc sacctmgr -nP show assoc "user=$u" format=Account,Partition,QOS
-  have sacctmgr && run slurm_qos sacctmgr -nP show qos format={SLURM_QOS_FORMAT}
-  have srun && run slurm_mpi srun --mpi=list
-elif have qstat || have pbsnodes || have partlist; then
-  have qstat && run qstat_queues qstat -Q
-  if have partlist || have cqsub; then
-    run cobalt_partlist partlist
-  else
-    have qstat && {{ run pbs_queues_json qstat -Q -f -F json || run pbs_queues qstat -Q -f; }}
-    have qstat && run pbs_server qstat -B -f
-    have pbsnodes && {{ run pbs_nodes_json pbsnodes -a -F json || run pbs_nodes pbsnodes -a; }}
-  fi
-fi
-"""
-
 # A login shell sees what `module` and the site's profile scripts set up; hpctrain's own ssh commands do not.
 # Its output is read only from lines with these prefixes: profile scripts may print anything else.
-_LOGIN_SHELL = r"""printf 'LOADEDMODULES=%s\n' "${LOADEDMODULES-}"
-type module >/dev/null 2>&1 && echo MODULE_COMMAND=yes
-for c in sinfo qstat pbsnodes partlist srun mpiexec aprun; do
-  p=$(command -v "$c" 2>/dev/null) && echo "PROGRAM=$c $p"
-done"""
+def _login_shell(programs: list[str]) -> str:
+    return ("printf 'LOADEDMODULES=%s\\n' \"${LOADEDMODULES-}\"\n"
+            "type module >/dev/null 2>&1 && echo MODULE_COMMAND=yes\n"
+            f"for c in {' '.join(programs)}; do\n"
+            '  p=$(command -v "$c" 2>/dev/null) && echo "PROGRAM=$c $p"\n'
+            "done")
 
-_TAIL = f"""\
+
+def _schedulers(backends: list[Scheduler]) -> str:
+    """Each back-end's probe lines, under the first of them whose programs exist (``if ... elif ... fi``)."""
+    lines: list[str] = []
+    for backend in (b for b in backends if b.detect_programs):
+        test = " || ".join(f"have {program}" for program in backend.detect_programs)
+        lines.append(f"{'elif' if lines else 'if'} {test}; then")
+        lines += [f"  {line}" for line in backend.probe_lines()] or ["  :"]
+    return "\n".join([*lines, "fi", ""]) if lines else ""
+
+
+def _tail(login_programs: list[str]) -> str:
+    return f"""\
 have mpiexec && run mpi_version mpiexec --version
-have bash && run login bash -lc {shlex.quote(_LOGIN_SHELL)}
+have bash && run login bash -lc {shlex.quote(_login_shell(login_programs))}
 rm -f "$o" "$t"
 sec end
 exit 0
@@ -91,7 +85,13 @@ exit 0
 
 def probe_script() -> str:
     """The whole probe (POSIX sh); it always exits 0 and ends with the ``end`` section."""
-    return _PRELUDE + _SCHEDULERS + _TAIL
+    from hpctrain.submission.schedulers.base import all_schedulers
+
+    backends = all_schedulers()
+    detect = [p for b in backends for p in b.detect_programs]
+    programs = list(dict.fromkeys([*detect, *(p for b in backends for p in b.probe_programs), *LAUNCH_PROGRAMS]))
+    login = list(dict.fromkeys([*detect, "srun", "mpiexec", "aprun"]))
+    return _prelude(programs) + _schedulers(backends) + _tail(login)
 
 
 @dataclass(frozen=True)

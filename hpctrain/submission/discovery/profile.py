@@ -24,7 +24,6 @@ from hpctrain.config.validation import validate_model
 from hpctrain.config.walltime import format_hms
 from hpctrain.config.yamlio import parse_yaml
 from hpctrain.errors import ConfigError, HpctrainError
-from hpctrain.submission.discovery.detect import SCHEDULER_TITLES
 from hpctrain.submission.discovery.facts import (
     NO_LIMIT_S,
     NO_LIMIT_TEXT,
@@ -35,6 +34,7 @@ from hpctrain.submission.discovery.facts import (
     describe_shape,
 )
 from hpctrain.submission.discovery.slurm import QOS_SOURCE
+from hpctrain.submission.schedulers.base import get_scheduler
 
 REMOTE_ROOT = "$HOME/hpctrain-runs"
 _WORD = TypeAdapter(Word)
@@ -165,7 +165,7 @@ def _qos_sources(w: _Writer, path: tuple[str, ...], queue: QueueFacts, source: s
 
 def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dict[str, QueueFacts]:
     """The queues mapping and default_queue; queues whose names cannot reach a script are left out."""
-    facts, title = findings.scheduler, SCHEDULER_TITLES[findings.scheduler.name]
+    facts, title = findings.scheduler, get_scheduler(findings.scheduler.name).title
     queues = {qname: queue for qname, queue in facts.queues.items() if _valid(_QUEUE_NAME, qname)}
     left_out = [qname for qname in facts.queues if qname not in queues]
     if left_out:
@@ -173,7 +173,7 @@ def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dic
         notes.append(f"{len(left_out)} queue(s) left out: their names cannot be written into a batch script as one "
                      f"queue ({shown})")
     if len(queues) > MAX_QUEUES:
-        notes.append(f"{SCHEDULER_TITLES[facts.name]} lists {len(queues)} queues: the profile keeps the first "
+        notes.append(f"{get_scheduler(facts.name).title} lists {len(queues)} queues: the profile keeps the first "
                      f"{MAX_QUEUES}")
         queues = dict(list(queues.items())[:MAX_QUEUES])
     for qname, queue in list(queues.items()):
@@ -181,7 +181,7 @@ def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dic
             kept = [d for d in queue.routes_to.value if d in queues]
             queues[qname] = replace(queue, routes_to=Fact(kept, queue.routes_to.source) if kept else None)
     source = f"{title}'s settings read by `hpctrain sites discover` on {findings.host}, {stamp}"
-    if not queues or facts.name == "local":
+    if not queues or get_scheduler(facts.name).runs_here:
         return {}
     w.section(("queues",), f"{len(queues)} from {title}")
     for qname, queue in queues.items():
@@ -223,7 +223,7 @@ def _accounts(w: _Writer, findings: Findings, notes: list[str]) -> None:
         notes.append(f"you have {len(usable)} accounts ({', '.join(usable)}): set `account:` in the profile or "
                      "resources.account in the job spec")
     w.value(("account_required",), False,
-            f"{SCHEDULER_TITLES[facts.name]} does not say whether jobs must name an account", guessed=True)
+            f"{get_scheduler(facts.name).title} does not say whether jobs must name an account", guessed=True)
 
 
 def _software(w: _Writer, findings: Findings) -> None:
@@ -246,8 +246,8 @@ def _software(w: _Writer, findings: Findings) -> None:
 
 
 def _description(findings: Findings, queues: dict[str, QueueFacts]) -> str:
-    node, title = findings.node, SCHEDULER_TITLES[findings.scheduler.name]
-    if findings.scheduler.name == "local":
+    node, title = findings.node, get_scheduler(findings.scheduler.name).title
+    if get_scheduler(findings.scheduler.name).runs_here:
         return f"{findings.host}, no scheduler ({describe_shape(node.shape())})"
     text = f"{title} cluster" + ("" if node.cores.guessed else f", nodes of {describe_shape(node.shape())}")
     largest = max((q.max_nodes.value for q in queues.values()), default=0)
@@ -272,19 +272,19 @@ def draft_profile(findings: Findings, name: str | None = None, *, now: datetime.
     site_name = profile_name(findings, name)
     w = _Writer()
     notes = list(findings.notes)
-    w.value(("scheduler",), facts.name, f"{SCHEDULER_TITLES[facts.name]} found on {findings.host}"
-            if facts.name != "local" else "no scheduler commands found")
+    w.value(("scheduler",), facts.name, f"{get_scheduler(facts.name).title} found on {findings.host}"
+            if not get_scheduler(facts.name).runs_here else "no scheduler commands found")
     w.fact(("launcher",), findings.launcher)
     if findings.launcher_args.value:
         w.fact(("launcher_args",), findings.launcher_args)
     login = (findings.remote or "").rpartition("@")[2] or findings.host
     w.value(("login_host",), login, "where discovery ran" + (" (over ssh)" if findings.remote else ""))
     w.value(("remote_root",), REMOTE_ROOT, "a default: run directories must be on a file system the compute "
-            "nodes see, with room for checkpoints", guessed=facts.name != "local")
+            "nodes see, with room for checkpoints", guessed=not get_scheduler(facts.name).runs_here)
     _node(w, ("node",), findings.node)
     stamp = (now or datetime.datetime.now(datetime.UTC)).strftime("%Y-%m-%d %H:%M UTC")
     queues = _queues(w, findings, notes, stamp)
-    if facts.name != "local":
+    if not get_scheduler(facts.name).runs_here:
         _accounts(w, findings, notes)
     _software(w, findings)
 

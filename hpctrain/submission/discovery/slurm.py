@@ -28,6 +28,9 @@ from hpctrain.submission.discovery.facts import (
 )
 from hpctrain.submission.discovery.probe import Probe
 
+SINFO_FORMAT = "%R|%a|%l|%D|%c|%z|%m|%G|%P"  # the columns node_from_sinfo reads
+QOS_FORMAT = "Name,MaxWall,MaxTRES,MaxTRESPU,MaxJobsPU,MaxSubmitPU"  # the columns read_qos reads
+
 # `Key=Value` pairs of a `scontrol -o` line; a value runs until the next ` Key=` (values may hold spaces:
 # OS=Linux 6.1 #1 SMP, Reason=...).
 _PAIR = re.compile(r"([A-Za-z][A-Za-z0-9_:/.\[\]]*)=(.*?)(?=\s+[A-Za-z][A-Za-z0-9_:/.\[\]]*=|\s*$)")
@@ -165,7 +168,7 @@ QOS_SOURCE = "sacctmgr show qos"  # how a limit read from a QOS names its source
 
 
 def read_qos(text: str) -> dict[str, QosFacts]:
-    """QOS limits from ``sacctmgr -nP show qos format=SLURM_QOS_FORMAT`` lines (an empty field: no limit)."""
+    """QOS limits from ``sacctmgr -nP show qos format=QOS_FORMAT`` lines (an empty field: no limit)."""
     found = {}
     for line in text.splitlines():
         fields = line.split("|")

@@ -2,18 +2,19 @@
 
 A back-end is one module here (``slurm.py``, ``pbs.py``, ``cobalt.py``, ``local.py``) holding one ``Scheduler``
 subclass as ``SCHEDULER``, plus its template in ``templates/``. Back-ends only build argv lists and directive
-lines and parse text; nothing here runs a command. ``get_scheduler(name)`` imports the module of that name.
+lines and parse text; nothing here runs a command. ``get_scheduler(name)`` finds a back-end in the registry
+(config/backends.py): the built-ins, and any package's entry point in the group ``hpctrain.schedulers``.
 """
 
 from __future__ import annotations
 
-import importlib
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
+from hpctrain.config.backends import SCHEDULERS
 from hpctrain.config.common import DirectiveValue, FieldProblem
 from hpctrain.config.fit import Placement, check_fit
 from hpctrain.config.job import JobSpec
@@ -23,6 +24,10 @@ from hpctrain.exit_codes import EXIT_REQUEUE
 from hpctrain.submission.launchers import LaunchPlan
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.shell import directive_word, is_home_relative
+
+if TYPE_CHECKING:  # discovery/ imports the registry below: no import of it while this module loads
+    from hpctrain.submission.discovery.facts import Fact, SchedulerFacts
+    from hpctrain.submission.discovery.probe import Probe
 
 # The batch script's own record of how it ended, one JSON line per event, in the run directory: read by status
 # polling when the scheduler no longer lists a job (Cobalt's qstat, PBS without job history) or did not answer.
@@ -53,7 +58,6 @@ def resubmit_action(job_id_variable: str, qsub_line: str) -> list[str]:
 DEPENDENCY_KINDS = ("afterok", "afterany", "afternotok", "after")
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.\[\]-]+$")
 _LINE_BREAKS = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
-_MODULE_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ class Scheduler(ABC):
     """
 
     name: ClassVar[str]
-    template: ClassVar[str]  # file name in schedulers/templates/
+    template: ClassVar[str] = "job.tmpl"  # file name in schedulers/templates/: the one script layout
     job_id_variable: ClassVar[str]  # set in the batch shell, for the log line and the exit record
     directive_prefix: ClassVar[str] = ""
     needs_signal_timer: ClassVar[bool] = False  # True when the scheduler sends no warning before the walltime
@@ -133,12 +137,34 @@ class Scheduler(ABC):
     mpiexec_launcher: ClassVar[str] = "mpiexec-hydra"  # the registered launcher a site's `mpiexec` means here
     # Pending reasons (as JobStatus.reason_text) that only mean "held briefly after a requeue".
     requeue_hold_reasons: ClassVar[frozenset[str]] = frozenset()
+    title: ClassVar[str] = ""  # in messages ("Slurm"); the name where empty
+    script_note: ClassVar[str] = ""  # comment lines of the script on how the walltime warning comes (template)
+    runs_here: ClassVar[bool] = False  # no scheduler: jobs run on the machine they are submitted from
+    has_qos: ClassVar[bool] = False  # a queue may name a QOS beside its partition
+    # Directive rules (config/scheduler_rules.py asks them): options hpctrain writes from the job, the allow-list
+    # (None: any option), options only the site's trusted environment.directives may set, and options that
+    # are keys of a job's resources.
+    reserved_directives: ClassVar[frozenset[str]] = frozenset()
+    allowed_directives: ClassVar[frozenset[str] | None] = None
+    trusted_only_directives: ClassVar[frozenset[str]] = frozenset()
+    job_key_directives: ClassVar[frozenset[str]] = frozenset()
+    # Discovery (discovery/detect.py): the programs whose presence on a login node tells this scheduler is there,
+    # more programs whose path the probe reports, and the order in which back-ends are asked (lowest first).
+    detect_programs: ClassVar[tuple[str, ...]] = ()
+    probe_programs: ClassVar[tuple[str, ...]] = ()
+    detect_order: ClassVar[int] = 100
+    # Transport error hints: a missing command of this scheduler is reported as "<title> is not on PATH".
+    commands: ClassVar[tuple[str, ...]] = ()
+    # Variables set in an array task: the array job's id and the task's index (the submitit plug-in reads them).
+    array_job_variable: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        missing = [a for a in ("name", "template", "job_id_variable") if not getattr(cls, a, "")]
+        missing = [a for a in ("name", "job_id_variable") if not getattr(cls, a, "")]
         if missing:
             raise TypeError(f"scheduler back-end {cls.__name__} does not set {', '.join(missing)}")
+        if not cls.title:
+            cls.title = cls.name
 
     # -- rendering --------------------------------------------------------------------------------------
     @abstractmethod
@@ -201,6 +227,43 @@ class Scheduler(ABC):
         ``script_path`` is the quoted path of this script in the run directory. Default: none (the
         job ends with status 75 and ``hpctrain resume`` continues it).
         """
+        return []
+
+    # -- directive rules (config/scheduler_rules.py) ---------------------------------------------------------
+    def directive_allowed(self, key: str) -> bool:
+        """Whether a profile, a queue or a job may set option ``key`` (the site's trusted directives may set more)."""
+        return self.allowed_directives is None or key in self.allowed_directives
+
+    def directive_value_problem(self, key: str, value: DirectiveValue) -> str | None:
+        """What is wrong with ``value`` for option ``key`` beyond the common checks, or None."""
+        return None
+
+    # -- discovery (discovery/detect.py) --------------------------------------------------------------------
+    def detects(self, probe: Probe) -> bool:
+        """Whether the probed login node runs this scheduler (default: one of ``detect_programs`` is there)."""
+        return any(program in probe.programs for program in self.detect_programs)
+
+    def probe_lines(self) -> list[str]:
+        """Shell lines of the discovery probe, run when one of ``detect_programs`` exists (``run NAME CMD...``
+        records a command's output as section NAME; ``have CMD`` tests for a program)."""
+        return []
+
+    def read_discovery(self, probe: Probe) -> SchedulerFacts:
+        """What the probe's answers say about this scheduler's queues and nodes."""
+        from hpctrain.submission.discovery.facts import SchedulerFacts
+
+        return SchedulerFacts(name=self.name, answered=True)
+
+    def discovered_launcher(self, probe: Probe, mpi: Fact[str] | None) -> Fact[str] | None:
+        """The profile's launcher under this scheduler; None: the choice for a machine without scheduler."""
+        return None
+
+    def discovered_launcher_args(self, facts: SchedulerFacts, mpi: Fact[str] | None) -> Fact[list[str]] | None:
+        """Extra launcher options the discovered MPI needs under this scheduler; None: none."""
+        return None
+
+    def discovery_notes(self, probe: Probe, launcher: Fact[str], mpi: Fact[str] | None) -> list[str]:
+        """What the person reading a discovered profile should check by hand."""
         return []
 
     # -- what fits ---------------------------------------------------------------------------------------
@@ -328,29 +391,22 @@ def requeue_block(restart_variable: str, max_requeues: int, action: list[str]) -
 
 
 def get_scheduler(name: str) -> Scheduler:
-    """The back-end for a site's ``scheduler:`` value: ``SCHEDULER`` of the module of that name here."""
-    module = None
-    if _MODULE_NAME.match(name):
-        try:
-            module = importlib.import_module(f"{__package__}.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"{__package__}.{name}":
-                raise
-    scheduler = getattr(module, "SCHEDULER", None)
+    """The back-end for a site's ``scheduler:`` value, from the registry (config/backends.py)."""
+    scheduler = SCHEDULERS.get(name)
     if not isinstance(scheduler, Scheduler):
-        raise ConfigError(f"no scheduler back-end named {name!r}", key="scheduler",
-                          hint="known: " + ", ".join(known_schedulers()))
+        raise ConfigError(f"scheduler back-end {name!r} ({SCHEDULERS.targets().get(name)}) is not a Scheduler",
+                          key="scheduler", hint="an entry point in hpctrain.schedulers names a Scheduler instance")
     return scheduler
 
 
 def known_schedulers() -> list[str]:
-    """The names of the back-end modules in this package (those defining ``SCHEDULER``)."""
-    import pkgutil
+    """The names of the registered back-ends (built-in and installed)."""
+    return SCHEDULERS.names()
 
-    package = importlib.import_module(__package__)
-    return sorted(info.name for info in pkgutil.iter_modules(package.__path__)
-                  if isinstance(getattr(importlib.import_module(f"{__package__}.{info.name}"), "SCHEDULER", None),
-                                Scheduler))
+
+def all_schedulers() -> list[Scheduler]:
+    """Every registered back-end, in the order discovery asks them."""
+    return sorted((get_scheduler(name) for name in known_schedulers()), key=lambda s: (s.detect_order, s.name))
 
 
 def place(job: JobSpec, site: SiteProfile) -> Placement:

@@ -7,6 +7,7 @@ Cobalt takes the walltime in minutes (``-t``), node attributes through ``--attrs
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from hpctrain.config.common import walltime_seconds
 from hpctrain.config.fit import Placement
@@ -30,16 +31,34 @@ from hpctrain.submission.schedulers.base import (
 )
 from hpctrain.submission.shell import directive_word
 
+if TYPE_CHECKING:
+    from hpctrain.submission.discovery.facts import Fact, SchedulerFacts
+    from hpctrain.submission.discovery.probe import Probe
+
 
 class Cobalt(Scheduler):
     name = "cobalt"
     directive_prefix = "#COBALT"
-    template = "cobalt.tmpl"
     job_id_variable = "COBALT_JOBID"
     needs_signal_timer = True
     launchers = ("aprun", "mpiexec", "local")  # ALPS on Theta, MPICH's hydra elsewhere, one node; no srun
     dependency_kinds = ("afterok", "afterany")  # --dependencies: the job starts after the others succeeded
     supports_hold = True
+    title = "Cobalt"
+    script_note = ("# Cobalt sends no warning before the walltime: a timer in this shell raises SIG${signal} "
+                   "${signal_lead_s} s\n# before it, and the launch section forwards the signal to the ranks so "
+                   "they checkpoint.")
+    commands = ("qsub", "qstat", "qdel", "qalter", "qrls", "qhold")
+    detect_programs = ("partlist", "cqsub")
+    probe_programs = ("nodelist",)
+    detect_order = 20  # before PBS: both answer qstat, only Cobalt's qstat -Q prints its own table
+    # Options hpctrain writes itself; options a profile or job may set; options that choose the job's kernel,
+    # mode or environment (trusted only).
+    reserved_directives = frozenset({
+        "n", "nodecount", "t", "time", "q", "queue", "A", "project", "O", "outputprefix", "o", "output", "e",
+        "error", "jobname", "dependencies", "env"})
+    allowed_directives = frozenset({"attrs", "M", "notify"})
+    trusted_only_directives = frozenset({"kernel", "mode", "user_list", "env"})
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
@@ -97,6 +116,26 @@ class Cobalt(Scheduler):
 
     def log_names(self, job_id: str) -> list[str]:
         return ["cobalt.output"]
+
+
+    # -- discovery ---------------------------------------------------------------------------------------
+    def detects(self, probe: Probe) -> bool:
+        from hpctrain.submission.discovery.cobalt import is_cobalt_queue_table
+
+        return super().detects(probe) or is_cobalt_queue_table(probe.out("qstat_queues"))
+
+    def probe_lines(self) -> list[str]:
+        return ["have qstat && run qstat_queues qstat -Q", "run cobalt_partlist partlist"]
+
+    def read_discovery(self, probe: Probe) -> SchedulerFacts:
+        from hpctrain.submission.discovery.cobalt import read_cobalt
+
+        return read_cobalt(probe)
+
+    def discovered_launcher(self, probe: Probe, mpi: Fact[str] | None) -> Fact[str] | None:
+        from hpctrain.submission.discovery.environment import batch_launcher
+
+        return batch_launcher(probe, mpi, prefer_aprun=True)
 
 
 SCHEDULER = Cobalt()

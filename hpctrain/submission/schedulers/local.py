@@ -58,12 +58,22 @@ def parse_controller_status(text: str) -> dict[str, JobStatus]:
 class Local(Scheduler):
     name = "local"
     directive_prefix = "#LOCAL"
-    template = "local.tmpl"
     job_id_variable = "HPCTRAIN_LOCAL_JOB_ID"
     submits_over_ssh = False
     max_nodes = 1
     launchers = ("local", "mpiexec")
     job_options = frozenset()  # this machine: no reservations, nothing to share, no scheduler options
+    title = "no scheduler"
+    script_note = ("# No scheduler: hpctrain's local controller runs this script on this machine (`hpctrain submit "
+                   "--site local`,\n# or by hand: python -m hpctrain.submission.schedulers.local_controller submit "
+                   "job.sh, in the run directory),\n# reading the #LOCAL lines above. It sends SIG${signal} before "
+                   "the walltime; the launch section forwards it\n# to the ranks so they checkpoint, and the "
+                   "controller runs the script again when they stopped for it.")
+    runs_here = True
+    detect_order = 1000  # last: a login node where no other back-end's commands answer is a machine of its own
+
+    def detects(self, probe: object) -> bool:
+        return True
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:

@@ -7,7 +7,9 @@ PBS cannot requeue a running job from inside it, so after a checkpoint the scrip
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
+from hpctrain.config.common import DirectiveValue
 from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
@@ -28,6 +30,10 @@ from hpctrain.submission.schedulers.base import (
     resubmit_action,
 )
 from hpctrain.submission.shell import directive_word
+
+if TYPE_CHECKING:
+    from hpctrain.submission.discovery.facts import Fact, SchedulerFacts
+    from hpctrain.submission.discovery.probe import Probe
 
 # PBS Pro allows job names up to 236 characters (qsub(1B), -N).
 MAX_NAME = 236
@@ -56,7 +62,6 @@ def count_queued(text: str, queue: str) -> int:
 class PBSPro(Scheduler):
     name = "pbs"
     directive_prefix = "#PBS"
-    template = "pbs.tmpl"
     job_id_variable = "PBS_JOBID"
     needs_signal_timer = True
     array_index_variable = "PBS_ARRAY_INDEX"
@@ -66,6 +71,23 @@ class PBSPro(Scheduler):
     launchers = ("mpiexec", "aprun", "local")
     dependency_kinds = ("afterok", "afterany", "afternotok", "after")
     supports_hold = True
+    title = "PBS"
+    script_note = ("# PBS Pro sends no warning before the walltime: a timer in this shell raises SIG${signal} "
+                   "${signal_lead_s} s\n# before it, and the launch section forwards the signal to the ranks so "
+                   "they checkpoint.")
+    array_job_variable = "PBS_ARRAY_ID"
+    commands = ("qsub", "qstat", "qdel", "qalter", "qrls", "qhold", "pbsnodes")
+    detect_programs = ("qstat", "pbsnodes")
+    probe_programs = ("qsub",)
+    detect_order = 30  # after Cobalt, whose qstat -Q table tells it from PBS
+    # Options hpctrain writes itself (one-letter options and -l resources alike); the one-letter options a
+    # profile or job may set (longer ones are -l resources, any name a site defines, none choosing code); the
+    # options that choose the job's shell, interpreter or environment (trusted only).
+    reserved_directives = frozenset({
+        "N", "q", "A", "o", "e", "j", "J", "l", "W", "select", "walltime", "place", "filesystems", "nodes",
+        "ncpus", "mem", "ngpus", "mpiprocs", "ompthreads"})
+    allowed_directives = frozenset({"a", "c", "h", "k", "m", "M", "p", "P", "r"})
+    trusted_only_directives = frozenset({"S", "v", "V", "u", "C", "I", "X", "T", "G"})
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
@@ -150,6 +172,38 @@ class PBSPro(Scheduler):
     def log_names(self, job_id: str) -> list[str]:
         # A server that ignores `#PBS -o` (the torque wrappers over Slurm) writes its default job.sh.o<seq>.
         return ["pbs.out", f"job.sh.o{job_id.split('.')[0]}"]
+
+
+    def directive_allowed(self, key: str) -> bool:
+        return len(key) > 1 or super().directive_allowed(key)
+
+    def directive_value_problem(self, key: str, value: DirectiveValue) -> str | None:
+        if len(key) > 1 and isinstance(value, str) and "," in value:
+            return f"PBS resource {key!r}: a ',' in the value would add another resource to the -l list"
+        return None
+
+    # -- discovery ---------------------------------------------------------------------------------------
+    def probe_lines(self) -> list[str]:
+        return ["have qstat && run qstat_queues qstat -Q",
+                "have qstat && { run pbs_queues_json qstat -Q -f -F json || run pbs_queues qstat -Q -f; }",
+                "have qstat && run pbs_server qstat -B -f",
+                "have pbsnodes && { run pbs_nodes_json pbsnodes -a -F json || run pbs_nodes pbsnodes -a; }"]
+
+    def read_discovery(self, probe: Probe) -> SchedulerFacts:
+        from hpctrain.submission.discovery.pbs import read_pbs
+
+        return read_pbs(probe)
+
+    def discovered_launcher(self, probe: Probe, mpi: Fact[str] | None) -> Fact[str] | None:
+        from hpctrain.submission.discovery.environment import batch_launcher
+
+        return batch_launcher(probe, mpi, prefer_aprun=False)
+
+    def discovery_notes(self, probe: Probe, launcher: Fact[str], mpi: Fact[str] | None) -> list[str]:
+        if launcher.value == "mpiexec" and (mpi is None or mpi.value != "CRAY MPICH"):
+            return ["under PBS, launcher mpiexec is rendered with HPE PALS's options (--ppn, --depth, --cpu-bind); "
+                    f"check that {probe.programs.get('mpiexec', 'mpiexec')} is PALS's or accepts them"]
+        return []
 
 
 SCHEDULER = PBSPro()

@@ -7,6 +7,7 @@ Status polling falls back along sacct (slurmdbd) then ``sacct -c`` (job-completi
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
@@ -29,11 +30,14 @@ from hpctrain.submission.schedulers.base import (
 )
 from hpctrain.submission.shell import directive_word
 
+if TYPE_CHECKING:
+    from hpctrain.submission.discovery.facts import Fact, SchedulerFacts
+    from hpctrain.submission.discovery.probe import Probe
+
 
 class Slurm(Scheduler):
     name = "slurm"
     directive_prefix = "#SBATCH"
-    template = "slurm.tmpl"
     job_id_variable = "SLURM_JOB_ID"
     array_index_variable = "SLURM_ARRAY_TASK_ID"
     launchers = ("srun", "mpiexec", "local")  # or MPICH's hydra (proxies started through Slurm), one node
@@ -41,6 +45,38 @@ class Slurm(Scheduler):
     supports_hold = True
     # A requeued job is held until its BeginTime (about cred_expire seconds): not a start time anyone asked for.
     requeue_hold_reasons = frozenset({sp.slurm_reason("BeginTime")})
+    title = "Slurm"
+    script_note = ("# Slurm sends SIG${signal} to this batch shell ${signal_lead_s} s before the walltime "
+                   "(--signal=B:...); the\n# launch section below forwards it to the ranks so they checkpoint; the "
+                   "script's end requeues the job\n# (--requeue) where the queue allows it.")
+    has_qos = True
+    array_job_variable = "SLURM_ARRAY_JOB_ID"
+    commands = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "salloc")
+    detect_programs = ("sinfo", "scontrol")
+    probe_programs = ("sacctmgr", "srun", "sbatch", "squeue")
+    detect_order = 10  # first: sites often install PBS-style qstat wrappers beside Slurm
+    # Options hpctrain writes itself from the checked job; a site directive with the same name would override
+    # what the fit check passed. Allowed: resources, placement, accounting, mail and timing options; trusted
+    # only: what chooses the job's shell, interpreter, container or exported environment.
+    reserved_directives = frozenset({
+        "J", "job-name", "N", "nodes", "n", "ntasks", "ntasks-per-node", "c", "cpus-per-task", "gpus-per-task",
+        "mem", "t", "time", "p", "partition", "q", "qos", "A", "account", "o", "output", "e", "error",
+        "signal", "requeue", "no-requeue", "open-mode", "a", "array", "d", "dependency", "H", "hold", "wrap",
+        "D", "chdir", "threads-per-core"})
+    allowed_directives = frozenset({
+        "constraint", "C", "gres", "gres-flags", "gpus", "G", "gpus-per-node", "gpus-per-socket", "gpu-bind",
+        "gpu-freq", "cpus-per-gpu", "mem-per-cpu", "mem-per-gpu", "mem-bind", "ntasks-per-socket",
+        "ntasks-per-core", "ntasks-per-gpu", "sockets-per-node", "cores-per-socket", "B", "extra-node-info",
+        "mincpus", "tmp", "tres-per-task", "exclusive", "oversubscribe", "s", "overcommit", "O", "contiguous",
+        "spread-job", "use-min-nodes", "switches", "network", "hint", "distribution", "m", "cpu-freq", "S",
+        "core-spec", "thread-spec", "prefer", "exclude", "x", "nodelist", "w", "reservation", "licenses", "L",
+        "bb", "segment", "delay-boot", "mail-type", "mail-user", "comment", "wckey", "mcs-label", "profile",
+        "acctg-freq", "power", "nice", "priority", "begin", "b", "deadline", "kill-on-invalid-dep", "k",
+        "no-kill", "M", "clusters", "cluster-constraint"})
+    trusted_only_directives = frozenset({
+        "export", "export-file", "container", "container-id", "get-user-env", "propagate", "uid", "gid", "x11",
+        "bbf", "nodefile", "F"})
+    job_key_directives = frozenset({"exclusive", "reservation"})
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
@@ -150,6 +186,32 @@ class Slurm(Scheduler):
         # The job keeps its id; Slurm counts restarts in SLURM_RESTART_COUNT (the job has --requeue).
         return requeue_block("SLURM_RESTART_COUNT", max_requeues,
                              ['scontrol requeue "${SLURM_JOB_ID}" && exit 0'])
+
+
+    # -- discovery ---------------------------------------------------------------------------------------
+    def probe_lines(self) -> list[str]:
+        from hpctrain.submission.discovery.slurm import QOS_FORMAT, SINFO_FORMAT
+
+        return ["run slurm_partitions scontrol show partition -o", "run slurm_nodes scontrol show node -o",
+                f"run slurm_sinfo sinfo -h -o '{SINFO_FORMAT}'", "run slurm_config scontrol show config",
+                'have sacctmgr && run slurm_assoc sacctmgr -nP show assoc "user=$u" format=Account,Partition,QOS',
+                f"have sacctmgr && run slurm_qos sacctmgr -nP show qos format={QOS_FORMAT}",
+                "have srun && run slurm_mpi srun --mpi=list"]
+
+    def read_discovery(self, probe: Probe) -> SchedulerFacts:
+        from hpctrain.submission.discovery.slurm import read_slurm
+
+        return read_slurm(probe)
+
+    def discovered_launcher(self, probe: Probe, mpi: Fact[str] | None) -> Fact[str] | None:
+        from hpctrain.submission.discovery.facts import learned
+
+        return learned("srun", "Slurm's own launcher" + (" (found)" if "srun" in probe.programs else ""))
+
+    def discovered_launcher_args(self, facts: SchedulerFacts, mpi: Fact[str] | None) -> Fact[list[str]] | None:
+        from hpctrain.submission.discovery.environment import srun_mpi_args
+
+        return srun_mpi_args(facts, mpi)
 
 
 SCHEDULER = Slurm()

@@ -1,0 +1,70 @@
+"""Everything hpctrain finds by name (scheduler back-ends, launchers, gradient combiners, models) is found through
+one kind of registry: the built-ins listed by import path, plus the entry points any installed package declares in
+the registry's group, so a site can ship a back-end hpctrain does not know (``[project.entry-points.
+"hpctrain.schedulers"] flux = "site_flux.backend:SCHEDULER"``). Nothing is imported until it is asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from hpctrain.errors import ConfigError
+
+
+class Registry:
+    """Names of one kind of plug-in and the ``module:attribute`` each names; ``get`` imports on first use."""
+
+    def __init__(self, what: str, group: str, builtin: Mapping[str, str], *, key: str) -> None:
+        self.what, self.group, self.key = what, group, key
+        self.builtin = dict(builtin)
+        self.loaded: dict[str, Any] = {}
+
+    def _entry_points(self) -> dict[str, str]:
+        return {ep.name: ep.value for ep in entry_points(group=self.group)}
+
+    def targets(self) -> dict[str, str]:
+        """Every known name and its ``module:attribute`` (an installed package's entry point cannot replace a
+        built-in of the same name)."""
+        return {**self._entry_points(), **self.builtin}
+
+    def names(self) -> list[str]:
+        """The known names, sorted."""
+        return sorted(set(self.targets()) | set(self.loaded))
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (name in self.loaded or name in self.targets())
+
+    def get(self, name: str) -> Any:
+        """The plug-in called ``name``; a ConfigError listing the known names when there is none."""
+        if name in self.loaded:
+            return self.loaded[name]
+        target = self.targets().get(name)
+        if target is None:
+            raise self.unknown(name)
+        module_name, _, attribute = target.partition(":")
+        try:
+            found = getattr(importlib.import_module(module_name), attribute) if attribute else \
+                importlib.import_module(module_name)
+        except (ImportError, AttributeError) as exc:
+            raise ConfigError(f"{self.what} {name!r} ({target}) cannot be loaded: {exc}", key=self.key,
+                              hint="check that the package that provides it is installed here") from None
+        self.loaded[name] = found
+        return found
+
+    def unknown(self, name: str) -> ConfigError:
+        """The error for a name nothing provides."""
+        return ConfigError(f"no {self.what} named {name!r}", key=self.key, hint="known: " + ", ".join(self.names()))
+
+    def check(self, name: str) -> str:
+        """``name`` when it is known; a ValueError listing the known names (for a pydantic validator)."""
+        if name not in self:
+            raise ValueError(f"no {self.what} named {name!r}; known: {', '.join(self.names())}")
+        return name
+
+
+SCHEDULERS = Registry("scheduler back-end", "hpctrain.schedulers", {
+    name: f"hpctrain.submission.schedulers.{name}:SCHEDULER" for name in ("cobalt", "local", "pbs", "slurm")},
+    key="scheduler")
