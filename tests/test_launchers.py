@@ -43,7 +43,7 @@ CMD = ["python3", "-m", "hpctrain", "run", "spec.yaml"]
 
 def test_registry_has_every_launcher_and_rejects_unknown_names() -> None:
     assert {"srun", "aprun", "mpiexec-pals", "mpiexec-hydra", "local"} <= set(LAUNCHERS)
-    with pytest.raises(ConfigError, match="known launchers"):
+    with pytest.raises(ConfigError, match="no launcher named"):
         get_launcher("mpirun-typo")
 
 

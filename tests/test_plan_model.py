@@ -406,3 +406,13 @@ def test_set_parses_and_refuses_with_the_valid_keys() -> None:
     p = apply_sets(params(), ["compute_s=2", "backend=gloo"])
     assert p["compute_s"].value == 2.0 and p["compute_s"].source == "set" and p.value("backend") == "gloo"
     assert set(BASE) <= set(SPECS)
+
+
+def test_a_combiner_without_a_cost_model_is_refused_not_costed_as_a_mean() -> None:
+    from hpctrain.config.backends import COMBINERS
+
+    assert SPECS["combiner"].kind == tuple(COMBINERS)  # the planner's choices are the registry's
+    for name in COMBINERS:  # every built-in has a cost
+        assert step_cost(one_bucket(params(combiner=name)), 2, 1).terms["reduction"] > 0
+    with pytest.raises(ConfigError, match="no cost model for combiner 'topk'"):
+        step_cost(one_bucket(params(combiner="topk")), 2, 1)  # a plug-in's, registered but not modelled

@@ -7,15 +7,16 @@ the registry's group, so a site can ship a back-end hpctrain does not know (``[p
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from importlib.metadata import entry_points
 from typing import Any
 
 from hpctrain.errors import ConfigError
 
 
-class Registry:
-    """Names of one kind of plug-in and the ``module:attribute`` each names; ``get`` imports on first use."""
+class Registry(Mapping[str, Any]):
+    """Names of one kind of plug-in and the ``module:attribute`` each names; ``load`` (or ``registry[name]``)
+    imports on first use. Iterating gives the known names, sorted."""
 
     def __init__(self, what: str, group: str, builtin: Mapping[str, str], *, key: str) -> None:
         self.what, self.group, self.key = what, group, key
@@ -37,7 +38,18 @@ class Registry:
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in self.loaded or name in self.targets())
 
-    def get(self, name: str) -> Any:
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self:
+            raise KeyError(name)
+        return self.load(name)
+
+    def load(self, name: str) -> Any:
         """The plug-in called ``name``; a ConfigError listing the known names when there is none."""
         if name in self.loaded:
             return self.loaded[name]
@@ -65,6 +77,17 @@ class Registry:
         return name
 
 
+# The combiners' cost models are in planning/model.py: the planner refuses one it has none for.
+COMBINERS = Registry("gradient combiner", "hpctrain.combiners", {
+    "mean": "hpctrain.runtime.combiners.mean:MeanCombiner",
+    "adasum": "hpctrain.runtime.combiners.adasum:AdasumCombiner",
+    "adacomp": "hpctrain.runtime.combiners.adacomp:AdaCompCombiner",
+    "dasgd": "hpctrain.runtime.combiners.dasgd:DaSGDCombiner",
+}, key="train.combiner.name")
+LAUNCHERS = Registry("launcher", "hpctrain.launchers", {
+    name: f"hpctrain.submission.launchers:{function}" for name, function in (
+        ("srun", "srun"), ("aprun", "aprun"), ("mpiexec-pals", "mpiexec_pals"), ("mpiexec-hydra", "mpiexec_hydra"),
+        ("local", "local"))}, key="launcher")
 SCHEDULERS = Registry("scheduler back-end", "hpctrain.schedulers", {
     name: f"hpctrain.submission.schedulers.{name}:SCHEDULER" for name in ("cobalt", "local", "pbs", "slurm")},
     key="scheduler")

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, PrivateAttr, model_validator
 
+from hpctrain.config.backends import COMBINERS
 from hpctrain.config.common import (
     MAX_COUNT,
     EnvVars,
@@ -132,7 +133,9 @@ class DecayConfig(Strict):
 
 
 class CombinerConfig(Strict):
-    name: Literal["mean", "adasum", "adacomp", "dasgd"] = "mean"
+    name: Annotated[str, AfterValidator(COMBINERS.check)] = Field("mean", description=(
+        "A registered gradient combiner: " + ", ".join(COMBINERS.builtin) + ", or one an installed package adds "
+        "(entry point group hpctrain.combiners)"), json_schema_extra={"examples": list(COMBINERS.builtin)})
     compression: Literal["none", "fp16", "bf16"] = "none"
     bucket_mb: float = Field(4.0, ge=MIN_BUCKET_MB, le=MAX_BUCKET_MB, description="Fused bucket size in MB")
     adasum_on: Literal["gradient", "delta"] = Field(

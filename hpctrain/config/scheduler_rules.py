@@ -37,5 +37,5 @@ class SchedulerRules(Protocol):
 
 def scheduler_rules(name: str) -> SchedulerRules:
     """The back-end called ``name`` (a ConfigError listing the known ones when there is none)."""
-    rules: SchedulerRules = SCHEDULERS.get(name)
+    rules: SchedulerRules = SCHEDULERS.load(name)
     return rules

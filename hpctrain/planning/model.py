@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpctrain.errors import ConfigError
 from hpctrain.planning import collectives
 from hpctrain.planning.collectives import Link
 from hpctrain.planning.parameters import Parameters
@@ -222,6 +223,9 @@ def _bucket_cost(p: Parameters, nodes: int, ranks_per_node: int, nbytes: float) 
         sent = nbytes * p.num("adacomp_ratio")
         decode = ranks * sent * link.gamma  # every rank scatters every rank's selected elements back
         return collectives.allgather(ranks, sent, link) + decode + launch, "allgather (variable length)"
+    if combiner != "mean":  # a registered combiner this model has no cost for is not costed as a mean
+        raise ConfigError(f"hpctrain plan has no cost model for combiner {combiner!r}", key="combiner",
+                          hint="plan with --set combiner=mean for a bound, or add its cost to planning/model.py")
     if p.value("compression") in ("fp16", "bf16"):
         seconds, algorithm = _allreduce(p, nodes, ranks_per_node, nbytes / 2, True)
         convert = 2 * nbytes * _gamma(p, False)  # to half precision and back

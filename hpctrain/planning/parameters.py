@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
+from hpctrain.config.backends import COMBINERS
 from hpctrain.errors import ConfigError
 
 SOURCES = ("measured", "job", "site", "assumed", "fitted", "set", "study")
@@ -59,7 +60,7 @@ SPECS: dict[str, Spec] = {
     "fusion_cycle_s": Spec("s", float, "Horovod's cycle: each cycle fuses every gradient ready (up to bucket_mb) "
                            "into one all-reduce; 0: fixed buckets of bucket_mb (torch DDP, hpctrain)",
                            at_most=SECONDS),
-    "combiner": Spec("", ("mean", "adasum", "adacomp", "dasgd"), "how gradients are combined"),
+    "combiner": Spec("", tuple(COMBINERS), "how gradients are combined"),
     "compression": Spec("", ("none", "fp16", "bf16"), "wire precision of the mean"),
     "dasgd_period": Spec("steps", int, "DaSGD: steps between model averages", at_most=1e6, positive=True, at_least=1),
     "dasgd_delay": Spec("steps", int, "DaSGD: steps an average stays in flight", at_most=1e6),

@@ -71,7 +71,7 @@ def _scheduler_of(program: str) -> str | None:
     from hpctrain.config.backends import SCHEDULERS
 
     titles = sorted({backend.title for name in SCHEDULERS.names()
-                     if program in getattr(backend := SCHEDULERS.get(name), "commands", ())})
+                     if program in getattr(backend := SCHEDULERS.load(name), "commands", ())})
     return " or ".join(titles) or None
 
 def _missing_program_message(prog: str, where: str) -> str:

@@ -1,7 +1,9 @@
 """Gradient combiners as strategies (base.py holds the contract), registered by the name a job spec uses.
 
-Adding a combiner: one module with a ``Combiner`` subclass, its name in ``COMBINERS`` below, and the same
-name in ``CombinerConfig.name`` (config/job.py) so that job specs may ask for it.
+Adding a combiner: one module with a ``Combiner`` subclass, registered by name in the combiner registry
+(``COMBINERS``, config/backends.py: a built-in's import path there, or an installed package's entry point in the
+group ``hpctrain.combiners``); job specs may then ask for it, and ``hpctrain plan`` refuses it until
+planning/model.py has a cost model for it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hpctrain.config.backends import COMBINERS
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.combiners.adacomp import AdaCompCombiner
 from hpctrain.runtime.combiners.adasum import AdasumCombiner
@@ -22,20 +25,16 @@ from hpctrain.runtime.comm import Communicator
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig
 
-COMBINERS: dict[str, type[Combiner]] = {
-    c.name: c for c in (MeanCombiner, AdasumCombiner, AdaCompCombiner, DaSGDCombiner)
-}
-
 __all__ = ["COMBINERS", "AdaCompCombiner", "AdasumCombiner", "Combiner", "DaSGDCombiner", "GradBucket",
            "MeanCombiner", "Peerless", "build_combiner"]
 
 
 def build_combiner(config: CombinerConfig, comm: Communicator, params: Sequence[torch.Tensor]) -> Combiner:
     """The combiner ``train.combiner`` names, for this rank's ``params`` (model order)."""
-    cls = COMBINERS.get(config.name)
-    if cls is None:
+    if config.name not in COMBINERS:
         raise ConfigError(f"unknown combiner {config.name!r}", key="train.combiner.name",
                           hint=f"use one of {', '.join(COMBINERS)}")
+    cls: type[Combiner] = COMBINERS.load(config.name)
     if config.compression not in cls.wires:
         raise ConfigError(f"compression {config.compression!r} does not apply to the {config.name} combiner",
                           key="train.combiner.compression",

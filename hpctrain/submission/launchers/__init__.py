@@ -1,4 +1,5 @@
-"""Launchers: small pure functions, registered by name, that wrap a command in the parallel launch argv.
+"""Launchers: small pure functions, registered by name (config/backends.py), that wrap a command in the parallel
+launch argv.
 
 Each is ``(command, plan) -> argv`` (Parsl/ReFrame style) and returns a list, never a shell string;
 ``render.py`` quotes the list once when it writes the script.
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from hpctrain.config.backends import LAUNCHERS
 from hpctrain.errors import ConfigError
 from hpctrain.submission.launchers.binding import RankSets, device_map, pals_cpu_list
 
@@ -52,26 +54,13 @@ class LaunchPlan:
 
 
 Launcher = Callable[[list[str], LaunchPlan], list[str]]
-LAUNCHERS: dict[str, Launcher] = {}
-
-
-def register(name: str) -> Callable[[Launcher], Launcher]:
-    """Decorator: make a launcher available under ``name``."""
-
-    def add(fn: Launcher) -> Launcher:
-        LAUNCHERS[name] = fn
-        return fn
-
-    return add
 
 
 def get_launcher(name: str) -> Launcher:
-    """The launcher registered as ``name``; unknown names are a ConfigError listing the known ones."""
-    try:
-        return LAUNCHERS[name]
-    except KeyError:
-        raise ConfigError(f"no launcher named {name!r}", key="launcher",
-                          hint="known launchers: " + ", ".join(sorted(LAUNCHERS))) from None
+    """The launcher registered as ``name`` (config/backends.py: the functions below, or an installed package's
+    entry point in the group ``hpctrain.launchers``); unknown names are a ConfigError listing the known ones."""
+    launcher: Launcher = LAUNCHERS.load(name)
+    return launcher
 
 
 # A site's ``cpu_bind: list`` asks hpctrain to write each rank's CPUs itself (binding.py); only PALS takes such a list.
@@ -97,7 +86,6 @@ def gpu_wrapper(command: list[str], plan: LaunchPlan) -> list[str]:
             *chosen, "--", *command]
 
 
-@register("srun")
 def srun(command: list[str], plan: LaunchPlan) -> list[str]:
     """Slurm's srun; GPUs per rank through ``--gpus-per-task`` and ``--gpu-bind=closest``."""
     _no_list_binding(plan, "srun")
@@ -114,7 +102,6 @@ def srun(command: list[str], plan: LaunchPlan) -> list[str]:
     return [*argv, *plan.extra_args, *command]
 
 
-@register("aprun")
 def aprun(command: list[str], plan: LaunchPlan) -> list[str]:
     """Cray ALPS aprun (Theta): ``-d`` hardware threads per PE, ``-j`` hardware threads used per core."""
     _no_list_binding(plan, "aprun")
@@ -124,7 +111,6 @@ def aprun(command: list[str], plan: LaunchPlan) -> list[str]:
     return [*argv, *plan.extra_args, *command]
 
 
-@register("mpiexec-pals")
 def mpiexec_pals(command: list[str], plan: LaunchPlan) -> list[str]:
     """HPE Cray PALS mpiexec under PBS Pro (Polaris, Aurora); GPUs through the gpu_affinity wrapper.
 
@@ -142,7 +128,6 @@ def mpiexec_pals(command: list[str], plan: LaunchPlan) -> list[str]:
     return [*argv, *plan.extra_args, *gpu_wrapper(command, plan)]
 
 
-@register("mpiexec-hydra")
 def mpiexec_hydra(command: list[str], plan: LaunchPlan) -> list[str]:
     """MPICH's hydra mpiexec (also the mpich wheel's): ``-n`` ranks, ``-ppn`` per node."""
     _no_list_binding(plan, "hydra mpiexec")
@@ -152,7 +137,6 @@ def mpiexec_hydra(command: list[str], plan: LaunchPlan) -> list[str]:
     return [*argv, *plan.extra_args, *gpu_wrapper(command, plan)]
 
 
-@register("local")
 def local(command: list[str], plan: LaunchPlan) -> list[str]:
     """hpctrain's own launcher for a machine without scheduler (one node, a process per rank)."""
     if plan.nodes != 1:

@@ -392,7 +392,7 @@ def requeue_block(restart_variable: str, max_requeues: int, action: list[str]) -
 
 def get_scheduler(name: str) -> Scheduler:
     """The back-end for a site's ``scheduler:`` value, from the registry (config/backends.py)."""
-    scheduler = SCHEDULERS.get(name)
+    scheduler = SCHEDULERS.load(name)
     if not isinstance(scheduler, Scheduler):
         raise ConfigError(f"scheduler back-end {name!r} ({SCHEDULERS.targets().get(name)}) is not a Scheduler",
                           key="scheduler", hint="an entry point in hpctrain.schedulers names a Scheduler instance")
