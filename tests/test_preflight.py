@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.config.catalog import BUILTIN, find_schema
+from hpctrain.config.catalog import MODELS, find_schema
 from hpctrain.config.fit import check_fit
 from hpctrain.config.job import JobSpec, load_job
 from hpctrain.config.plugins.digits import DIGITS_IMAGES
@@ -300,7 +300,8 @@ def test_schemas_match_what_the_ranks_build() -> None:
     defaults = StreamConfig()
     for key, field in STREAM_FIELDS.items():
         assert FFNModelArgs.model_fields[key].default == getattr(defaults, field), key
-    for name, builtin in BUILTIN.items():
+    assert list(MODELS) == ["ffn", "lstm", "resnet"]
+    for name, builtin in MODELS.items():
         module, _, attr = builtin.task.partition(":")
         assert hasattr(__import__(module, fromlist=[attr]), attr), name
         assert find_schema(name) == (builtin.schema, None)

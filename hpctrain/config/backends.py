@@ -15,10 +15,10 @@ from hpctrain.errors import ConfigError
 
 
 class Registry(Mapping[str, Any]):
-    """Names of one kind of plug-in and the ``module:attribute`` each names; ``load`` (or ``registry[name]``)
-    imports on first use. Iterating gives the known names, sorted."""
+    """Names of one kind of plug-in and the ``module:attribute`` each names (a built-in may be the object itself);
+    ``load`` (or ``registry[name]``) imports on first use. Iterating gives the known names, sorted."""
 
-    def __init__(self, what: str, group: str, builtin: Mapping[str, str], *, key: str) -> None:
+    def __init__(self, what: str, group: str, builtin: Mapping[str, Any], *, key: str) -> None:
         self.what, self.group, self.key = what, group, key
         self.builtin = dict(builtin)
         self.loaded: dict[str, Any] = {}
@@ -26,7 +26,7 @@ class Registry(Mapping[str, Any]):
     def _entry_points(self) -> dict[str, str]:
         return {ep.name: ep.value for ep in entry_points(group=self.group)}
 
-    def targets(self) -> dict[str, str]:
+    def targets(self) -> dict[str, Any]:
         """Every known name and its ``module:attribute`` (an installed package's entry point cannot replace a
         built-in of the same name)."""
         return {**self._entry_points(), **self.builtin}
@@ -56,6 +56,8 @@ class Registry(Mapping[str, Any]):
         target = self.targets().get(name)
         if target is None:
             raise self.unknown(name)
+        if not isinstance(target, str):
+            return target
         module_name, _, attribute = target.partition(":")
         try:
             found = getattr(importlib.import_module(module_name), attribute) if attribute else \

@@ -11,6 +11,7 @@ import difflib
 import importlib
 from dataclasses import dataclass
 
+from hpctrain.config.backends import Registry
 from hpctrain.config.plugin import ModelSchema
 from hpctrain.errors import ConfigError
 
@@ -30,17 +31,19 @@ class Builtin:
         return importlib.import_module(self.schema_module).SCHEMA
 
 
-BUILTIN: dict[str, Builtin] = {
+# The model registry: the built-ins, and any installed package's entry point in the group ``hpctrain.models``
+# naming a ``Builtin`` (a spec may also name ``package.module:factory`` directly).
+MODELS = Registry("model", "hpctrain.models", {
     "ffn": Builtin("hpctrain.ffn.task:FFNTask", "hpctrain.config.plugins.ffn"),
     "resnet": Builtin("hpctrain.models.digits:DigitsTask", "hpctrain.config.plugins.digits"),
     "lstm": Builtin("hpctrain.models.charlm:CharLMTask", "hpctrain.config.plugins.charlm"),
-}
+}, key="model")
 
 
 def unknown_model(model: str) -> ConfigError:
     """The error for a ``model`` that is neither a built-in name nor ``package.module:factory``."""
-    guess = difflib.get_close_matches(model, sorted(BUILTIN), n=1, cutoff=0.6)
-    known = "use one of " + ", ".join(sorted(BUILTIN)) + " or package.module:factory"
+    guess = difflib.get_close_matches(model, list(MODELS), n=1, cutoff=0.6)
+    known = "use one of " + ", ".join(MODELS) + " or package.module:factory"
     return ConfigError(f"unknown model {model!r}", key="model",
                        hint=f"did you mean {guess[0]!r}? {known}" if guess else known)
 
@@ -55,8 +58,8 @@ def find_schema(model: str) -> tuple[ModelSchema | None, str | None]:
 
     Raises a ConfigError for an unknown name and for a schema module that exists but is broken.
     """
-    if model in BUILTIN:
-        return BUILTIN[model].schema, None
+    if model in MODELS:
+        return MODELS.load(model).schema, None
     if ":" not in model:
         raise unknown_model(model)
     name = schema_module_name(model)

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from hpctrain.config.catalog import BUILTIN
+from hpctrain.config.catalog import MODELS
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 
@@ -71,7 +71,7 @@ def reference_markdown() -> str:
                 out += _section(name, sub, defs)
     out += ["## Model plug-ins (`model_args` and `data` of jobs/*.yaml)", "",
             "Checked on the laptop by `hpctrain jobs validate`, `render` and `submit`, and by the ranks at start.", ""]
-    for name, builtin in sorted(BUILTIN.items()):
+    for name, builtin in MODELS.items():
         out += [f"**`model: {name}`**", ""]
         for model in (builtin.schema.model_args, builtin.schema.data):
             schema = json_schema(model)

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpctrain.config.catalog import BUILTIN, unknown_model
+from hpctrain.config.catalog import MODELS, unknown_model
 from hpctrain.errors import ConfigError
 from hpctrain.models.task import ShardedIndexStream, TaskContext, TrainingTask
 
@@ -35,8 +35,8 @@ def _import(target: str) -> Callable[..., Any]:
 
 def build_task(model: str, ctx: TaskContext) -> TrainingTask:
     """The training task for a spec's ``model`` value."""
-    if model in BUILTIN:
-        return _import(BUILTIN[model].task)(ctx)
+    if model in MODELS:
+        return _import(MODELS.load(model).task)(ctx)
     if ":" not in model:
         raise unknown_model(model)
     factory = _import(model)
