@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpctrain.submission.registry import Registry  # noqa: E402
+from hpctrain.submission.schedulers import slurm as slurm_backend
 from hpctrain.submission.schedulers import status_parsers as sp  # noqa: E402
 from hpctrain.submission.transport import Completed  # noqa: E402
 
@@ -86,10 +87,10 @@ class CountingTransport:
 def poll(transport: CountingTransport, ids: list[str], command: str) -> dict[str, sp.JobStatus]:
     """One batched poll for all ids: one scheduler call, then parse and merge."""
     if command == "sacct":
-        out = transport.run(sp.sacct_argv(ids), timeout=60).stdout
-        return sp.merge_status(ids, sp.parse_sacct(out))
-    out = transport.run(sp.squeue_argv(ids), timeout=60).stdout
-    return sp.merge_status(ids, sp.parse_squeue(out))
+        out = transport.run(slurm_backend.sacct_argv(ids), timeout=60).stdout
+        return sp.merge_status(ids, slurm_backend.parse_sacct(out))
+    out = transport.run(slurm_backend.squeue_argv(ids), timeout=60).stdout
+    return sp.merge_status(ids, slurm_backend.parse_squeue(out))
 
 
 def main() -> None:

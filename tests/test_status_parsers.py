@@ -12,16 +12,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from hpctrain.submission.schedulers import cobalt as cobalt_backend
+from hpctrain.submission.schedulers import pbs as pbs_backend
+from hpctrain.submission.schedulers import slurm as slurm_backend
 from hpctrain.submission.schedulers import status_parsers as sp
-from hpctrain.submission.schedulers.state import (
-    COBALT_STATES,
-    PBS_STATES,
-    SLURM_STATES,
-    JobState,
-    pbs_exit_state,
-    slurm_reason,
-    slurm_state,
-)
+from hpctrain.submission.schedulers.cobalt import COBALT_STATES
+from hpctrain.submission.schedulers.pbs import PBS_STATES, pbs_exit_state
+from hpctrain.submission.schedulers.slurm import SLURM_STATES, slurm_reason, slurm_state
+from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 
 if TYPE_CHECKING:
@@ -102,7 +100,7 @@ def test_pbs_exit_status(status: int | None, comment: str, state: JobState) -> N
 
 
 def test_squeue_real() -> None:
-    got = sp.parse_squeue(read("slurm_squeue.txt"))
+    got = slurm_backend.parse_squeue(read("slurm_squeue.txt"))
     assert got["1"].state is JobState.COMPLETED
     assert got["2"].state is JobState.FAILED and "non-zero" in got["2"].reason_text
     assert got["3"].state is JobState.TIMEOUT and "walltime" in got["3"].reason_text
@@ -117,12 +115,12 @@ def test_squeue_real() -> None:
 
 
 def test_squeue_pending_array_range() -> None:
-    got = sp.parse_squeue(read("slurm_squeue_array_pending.txt"))
+    got = slurm_backend.parse_squeue(read("slurm_squeue_array_pending.txt"))
     assert list(got) == ["15_[0-3]"] and got["15_[0-3]"].state is JobState.PENDING
 
 
 def test_scontrol_real() -> None:
-    got = sp.parse_scontrol_job(read("slurm_scontrol.txt"))
+    got = slurm_backend.parse_scontrol_job(read("slurm_scontrol.txt"))
     assert got["2"].exit_code == 3 and got["2"].state is JobState.FAILED
     assert got["3"].state is JobState.TIMEOUT
     assert got["10"].signal == 9 and "signal 9" in got["10"].reason_text
@@ -134,7 +132,7 @@ def test_scontrol_real() -> None:
 
 
 def test_scontrol_values_with_spaces() -> None:
-    kv = sp.parse_key_values("JobId=10 JobName=st name|pipe UserId=root(0) CPUs/Task=1 AllocNode:Sid=h:1 "
+    kv = slurm_backend.parse_key_values("JobId=10 JobName=st name|pipe UserId=root(0) CPUs/Task=1 AllocNode:Sid=h:1 "
                              "TRES=cpu=1,mem=1M")
     assert kv["JobName"] == "st name|pipe"
     assert kv["CPUs/Task"] == "1" and kv["AllocNode:Sid"] == "h:1" and kv["TRES"] == "cpu=1,mem=1M"
@@ -143,11 +141,11 @@ def test_scontrol_values_with_spaces() -> None:
 def test_scontrol_pending_array_range() -> None:
     line = ("JobId=15 ArrayJobId=15 ArrayTaskId=0-3 JobName=x JobState=PENDING Reason=JobHeldUser "
             "Restarts=0 ExitCode=0:0")
-    assert list(sp.parse_scontrol_job(line)) == ["15_[0-3]"]
+    assert list(slurm_backend.parse_scontrol_job(line)) == ["15_[0-3]"]
 
 
 def test_sacct_completion_real() -> None:
-    got = sp.parse_sacct_completion(read("slurm_sacct_completion.txt"))
+    got = slurm_backend.parse_sacct_completion(read("slurm_sacct_completion.txt"))
     assert got["1"].state is JobState.COMPLETED and got["1"].exit_code == 0
     assert got["2"].exit_code == 3
     assert got["3"].state is JobState.TIMEOUT
@@ -169,7 +167,7 @@ def test_unknown_job_errors_real() -> None:
 
 
 def test_sacct_synthetic() -> None:
-    got = sp.parse_sacct(read("slurm_sacct.txt"))
+    got = slurm_backend.parse_sacct(read("slurm_sacct.txt"))
     assert not any("." in k for k in got)  # steps ignored
     assert got["101"].state is JobState.COMPLETED
     assert got["103"].state is JobState.TIMEOUT  # the step's CANCELLED must not override the job
@@ -185,7 +183,7 @@ def test_sacct_synthetic() -> None:
 
 
 def test_pbs_json() -> None:
-    got = sp.parse_pbs_qstat_json(read("pbs_qstat_x_f.json"))
+    got = pbs_backend.parse_pbs_qstat_json(read("pbs_qstat_x_f.json"))
     assert got["1001.polaris-pbs-01"].state is JobState.COMPLETED
     t = got["1002.polaris-pbs-01"]
     assert t.state is JobState.TIMEOUT and "WALLTIME" in t.reason_text and t.exit_code == -29
@@ -200,13 +198,13 @@ def test_pbs_json() -> None:
     assert got["1008[1].polaris-pbs-01"].state is JobState.FAILED
     assert got["1009.polaris-pbs-01"].state is JobState.CANCELLED
     assert got["1010.polaris-pbs-01"].state is JobState.RUNNING
-    assert sp.parse_pbs_qstat_json("") == {}
+    assert pbs_backend.parse_pbs_qstat_json("") == {}
     with pytest.raises(ValueError, match="not JSON"):
-        sp.parse_pbs_qstat_json("qstat: Unknown Job Id 1.x")
+        pbs_backend.parse_pbs_qstat_json("qstat: Unknown Job Id 1.x")
 
 
 def test_cobalt() -> None:
-    got = sp.parse_cobalt_qstat(read("cobalt_qstat_lf.txt"))
+    got = cobalt_backend.parse_cobalt_qstat(read("cobalt_qstat_lf.txt"))
     assert list(got) == ["512301", "512302", "512303", "512304", "512305", "512306"]
     assert got["512301"].state is JobState.RUNNING
     assert got["512302"].state is JobState.PENDING
@@ -228,9 +226,9 @@ def test_merge_status_marks_missing_and_prefers_first() -> None:
 
 
 def test_argv_builders_are_lists() -> None:
-    argv = sp.sacct_argv(["1", "2"])
+    argv = slurm_backend.sacct_argv(["1", "2"])
     assert argv[-2:] == ["-j", "1,2"] and "JobID,JobName,State" in argv[5]
-    assert sp.squeue_argv(["5"])[-1] == "5" and sp.pbs_qstat_argv(["1.s"])[-1] == "1.s"
+    assert slurm_backend.squeue_argv(["5"])[-1] == "5" and pbs_backend.pbs_qstat_argv(["1.s"])[-1] == "1.s"
 
 
 # --- live Slurm -------------------------------------------------------------------------------------------
@@ -245,15 +243,15 @@ def test_live_slurm_exit_code_and_missing(slurm: SlurmCluster, tmp_path: Path) -
     try:
         slurm.wait_for_state(fail, ["FAILED"])
         ids = [fail, held, "999999"]
-        out = subprocess.run(sp.squeue_argv(ids), capture_output=True, text=True, timeout=30)
-        got = sp.merge_status(ids, sp.parse_squeue(out.stdout))
+        out = subprocess.run(slurm_backend.squeue_argv(ids), capture_output=True, text=True, timeout=30)
+        got = sp.merge_status(ids, slurm_backend.parse_squeue(out.stdout))
         assert got[fail].state is JobState.FAILED
         assert got[held].state is JobState.PENDING and "held" in got[held].reason_text
         assert got["999999"].state is JobState.MISSING
-        sc = sp.parse_scontrol_job(subprocess.run(sp.scontrol_argv(fail), capture_output=True, text=True,
-                                                  timeout=30).stdout)
+        answer = subprocess.run(slurm_backend.scontrol_argv(fail), capture_output=True, text=True, timeout=30)
+        sc = slurm_backend.parse_scontrol_job(answer.stdout)
         assert sc[fail].exit_code == 7
-        comp = subprocess.run(sp.sacct_completion_argv([fail]), capture_output=True, text=True, timeout=30)
-        assert sp.parse_sacct_completion(comp.stdout)[fail].exit_code == 7
+        comp = subprocess.run(slurm_backend.sacct_completion_argv([fail]), capture_output=True, text=True, timeout=30)
+        assert slurm_backend.parse_sacct_completion(comp.stdout)[fail].exit_code == 7
     finally:
         subprocess.run(["scancel", held], capture_output=True, timeout=30)

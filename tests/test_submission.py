@@ -99,7 +99,7 @@ def _completion_records(job: str, runs: list[tuple[str, str]]) -> str:
 ])
 def test_restarts_from_the_completion_file_never_count_a_winding_down_run(
         squeue_state: str, records: list, restarts: int) -> None:
-    from hpctrain.submission.schedulers.status_parsers import parse_sacct_completion, parse_squeue
+    from hpctrain.submission.schedulers.slurm import parse_sacct_completion, parse_squeue
 
     live = parse_squeue(f"7|{squeue_state}|None|0:01|localhost|ffn\n")
     acc = parse_sacct_completion(_completion_records("7", records))
@@ -117,7 +117,7 @@ def test_restarts_from_the_completion_file_never_count_a_winding_down_run(
 ])
 def test_restarts_from_slurmdbd_are_kept_while_the_job_is_active(
         squeue_state: str, records: list[str], restarts: int) -> None:
-    from hpctrain.submission.schedulers.status_parsers import parse_sacct, parse_squeue
+    from hpctrain.submission.schedulers.slurm import parse_sacct, parse_squeue
 
     live = parse_squeue(f"7|{squeue_state}|None|0:01|localhost|ffn\n")
     acc = parse_sacct("".join(f"7|ffn|{state}|0:0|None|00:00:05|t0|t1|localhost\n" for state in records))

@@ -6,16 +6,16 @@ Cobalt takes the walltime in minutes (``-t``), node attributes through ``--attrs
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from hpctrain.config.common import walltime_seconds
+from hpctrain.config.common import DirectiveValue, walltime_seconds
 from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.config.walltime import format_minutes
 from hpctrain.errors import SchedulerError
-from hpctrain.submission.schedulers import status_parsers as sp
 from hpctrain.submission.schedulers.base import (
     RenderOptions,
     Scheduler,
@@ -29,11 +29,79 @@ from hpctrain.submission.schedulers.base import (
     requeue_block,
     resubmit_action,
 )
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.shell import directive_word
 
 if TYPE_CHECKING:
     from hpctrain.submission.discovery.facts import Fact, SchedulerFacts
     from hpctrain.submission.discovery.probe import Probe
+
+# --attrs: name=value pairs joined by ':' (values may hold ',' lists, never another ':').
+_ATTRS = re.compile(r"[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+(?::[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+)*")
+
+
+# --- status: the state map (codes to JobState) and the parsers of the status commands ----------------
+# Source: Cobalt's qstat states.
+# Cobalt's qstat only knows live jobs: a finished job disappears (→ MISSING); its exit code lives in the
+# <jobid>.cobaltlog. "exiting" and "killing" are therefore still active.
+COBALT_STATES: dict[str, JobState] = {
+    "queued": JobState.PENDING,
+    "user_hold": JobState.PENDING,
+    "admin_hold": JobState.PENDING,
+    "dep_hold": JobState.PENDING,
+    "maxrun_hold": JobState.PENDING,
+    "user_hold:dep_hold": JobState.PENDING,
+    "dep_fail": JobState.FAILED,  # a dependency failed: the job will never run
+    "starting": JobState.RUNNING,
+    "running": JobState.RUNNING,
+    "exiting": JobState.RUNNING,
+    "killing": JobState.RUNNING,
+    "done": JobState.COMPLETED,
+}
+
+
+COBALT_REASONS: dict[str, str] = {
+    "user_hold": "held by the user (qrls ID)",
+    "admin_hold": "held by an administrator",
+    "dep_hold": "waiting for a job it depends on to finish",
+    "maxrun_hold": "you have the maximum number of running jobs allowed",
+    "dep_fail": "will never start: a job it depends on failed",
+    "killing": "being killed",
+}
+
+
+def cobalt_qstat_argv(job_ids: Iterable[str]) -> list[str]:
+    """Cobalt ``qstat -l -f``: one ``Key: value`` block per live job."""
+    return ["qstat", "-l", "-f", *job_ids]
+
+
+def parse_cobalt_qstat(text: str) -> dict[str, JobStatus]:
+    """Parse Cobalt ``qstat -l -f``: blocks starting ``JobID: N`` followed by ``Key : value`` lines."""
+    blocks: list[dict[str, str]] = []
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key, value = key.strip(), value.strip()
+        if key == "JobID":
+            blocks.append({"JobID": value})
+        elif blocks and key:
+            blocks[-1].setdefault(key, value)
+    out: dict[str, JobStatus] = {}
+    for b in blocks:
+        job_id = b["JobID"]
+        raw = b.get("State", "")
+        state = COBALT_STATES.get(raw)
+        reason = COBALT_REASONS.get(raw, "")
+        if state is None:
+            # Combined holds read "user_hold:dep_hold"; anything with "hold" is still pending.
+            state = JobState.PENDING if "hold" in raw else JobState.FAILED
+            reason = reason or (raw.replace("_", " ") if "hold" in raw else f"unknown Cobalt state {raw!r}")
+        exit_text = b.get("ExitStatus") or b.get("exit_status") or ""
+        exit_code = int(exit_text) if exit_text.lstrip("-").isdigit() else None
+        out[job_id] = JobStatus(job_id, state, reason, exit_code, 0, raw)
+    return out
 
 
 class Cobalt(Scheduler):
@@ -108,8 +176,8 @@ class Cobalt(Scheduler):
         raise SchedulerError(f"no job id in Cobalt qsub output {stdout.strip()[:200]!r}")
 
     def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
-        argv = sp.cobalt_qstat_argv([check_job_id(j) for j in jobs])
-        return [[StatusProbe("qstat", "live", argv, sp.parse_cobalt_qstat)]]
+        argv = cobalt_qstat_argv([check_job_id(j) for j in jobs])
+        return [[StatusProbe("qstat", "live", argv, parse_cobalt_qstat)]]
 
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["qdel", check_job_id(job_id)]
@@ -117,6 +185,12 @@ class Cobalt(Scheduler):
     def log_names(self, job_id: str) -> list[str]:
         return ["cobalt.output"]
 
+
+    def directive_value_problem(self, key: str, value: DirectiveValue) -> str | None:
+        if key == "attrs" and not (isinstance(value, str) and _ATTRS.fullmatch(value)):
+            return (f"directive 'attrs': {value!r} is not Cobalt's name=value[:name=value...] "
+                    "(e.g. mcdram=cache:numa=quad)")
+        return None
 
     # -- discovery ---------------------------------------------------------------------------------------
     def detects(self, probe: Probe) -> bool:

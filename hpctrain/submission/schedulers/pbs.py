@@ -6,7 +6,8 @@ PBS cannot requeue a running job from inside it, so after a checkpoint the scrip
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
 from hpctrain.config.common import DirectiveValue
@@ -14,7 +15,6 @@ from hpctrain.config.fit import Placement
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import SchedulerError
-from hpctrain.submission.schedulers import status_parsers as sp
 from hpctrain.submission.schedulers.base import (
     QueuedJobsProbe,
     RenderOptions,
@@ -29,6 +29,8 @@ from hpctrain.submission.schedulers.base import (
     requeue_block,
     resubmit_action,
 )
+from hpctrain.submission.schedulers.state import JobState
+from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.shell import directive_word
 
 if TYPE_CHECKING:
@@ -57,6 +59,121 @@ def count_queued(text: str, queue: str) -> int:
         if words[2] == shown and words[-2] not in _ENDED_STATES:
             count += 1
     return count
+
+
+# --- status: the state map (codes to JobState) and the parsers of the status commands ----------------
+# Sources: the PBS Pro Reference Guide, "Job States" and the JOB_EXEC_* exit statuses.
+# job_state letters. F (finished) and X (finished sub-job) need Exit_status to say how it ended.
+PBS_STATES: dict[str, JobState] = {
+    "Q": JobState.PENDING,  # queued
+    "H": JobState.PENDING,  # held
+    "W": JobState.PENDING,  # waiting for its Execution_Time
+    "T": JobState.PENDING,  # transiting between servers
+    "M": JobState.PENDING,  # moved to another server (query that server)
+    "B": JobState.RUNNING,  # array job has begun
+    "R": JobState.RUNNING,
+    "E": JobState.RUNNING,  # exiting after having run
+    "S": JobState.RUNNING,  # suspended by the server
+    "U": JobState.RUNNING,  # suspended: workstation busy
+    "F": JobState.COMPLETED,  # finished; refined by Exit_status
+    "X": JobState.COMPLETED,  # finished sub-job; refined by Exit_status
+}
+
+
+# Negative Exit_status values are PBS's own JOB_EXEC_* codes (PBS Pro job.h); 256+N means killed by signal N.
+PBS_EXEC_CODES: dict[int, tuple[str, JobState]] = {
+    -1: ("JOB_EXEC_FAIL1: job exec failed before files, no retry", JobState.FAILED),
+    -2: ("JOB_EXEC_FAIL2: job exec failed after files, no retry", JobState.FAILED),
+    -3: ("JOB_EXEC_RETRY: job exec failed, will be retried", JobState.REQUEUED),
+    -4: ("JOB_EXEC_INITABT: job aborted on MoM initialization", JobState.FAILED),
+    -5: ("JOB_EXEC_INITRST: job aborted on MoM init, checkpoint, no migrate", JobState.FAILED),
+    -6: ("JOB_EXEC_INITRMG: job aborted on MoM init, checkpoint, ok migrate", JobState.FAILED),
+    -7: ("JOB_EXEC_BADRESRT: job restart failed", JobState.FAILED),
+    -10: ("JOB_EXEC_FAILUID: invalid uid/gid for job", JobState.FAILED),
+    -11: ("JOB_EXEC_RERUN: job was rerun", JobState.REQUEUED),
+    -12: ("JOB_EXEC_CHKP: job was checkpointed and killed", JobState.REQUEUED),
+    -13: ("JOB_EXEC_FAIL_PASSWORD: job failed due to a bad password", JobState.FAILED),
+    -14: ("JOB_EXEC_RERUN_ON_SIS_FAIL: job requeued after a sister MoM failed", JobState.REQUEUED),
+    -15: ("JOB_EXEC_QUERST: requeue job for restart from checkpoint", JobState.REQUEUED),
+    -16: ("JOB_EXEC_FAILHOOK_RERUN: a hook failed; job requeued", JobState.REQUEUED),
+    -17: ("JOB_EXEC_FAILHOOK_DELETE: a hook failed; job deleted", JobState.FAILED),
+    -18: ("JOB_EXEC_HOOK_RERUN: a hook requested a rerun", JobState.REQUEUED),
+    -19: ("JOB_EXEC_HOOK_DELETE: a hook requested deletion", JobState.CANCELLED),
+    -20: ("JOB_EXEC_RERUN_MS_FAIL: mother superior connection lost; job requeued", JobState.REQUEUED),
+    -21: ("JOB_EXEC_FAIL_SECURITY: security setup failed", JobState.FAILED),
+    -22: ("JOB_EXEC_HOOKERROR: a hook errored", JobState.FAILED),
+    -23: ("JOB_EXEC_FAIL_KRB5: Kerberos credentials failed", JobState.FAILED),
+    -24: ("JOB_EXEC_KILL_NCPUS_BURST: killed for using too many CPUs (burst)", JobState.FAILED),
+    -25: ("JOB_EXEC_KILL_NCPUS_SUM: killed for using too many CPUs", JobState.FAILED),
+    -26: ("JOB_EXEC_KILL_VMEM: killed for exceeding its vmem", JobState.FAILED),
+    -27: ("JOB_EXEC_KILL_MEM: killed for exceeding its memory", JobState.FAILED),
+    -28: ("JOB_EXEC_KILL_CPUT: killed for exceeding its CPU time", JobState.TIMEOUT),
+    -29: ("JOB_EXEC_KILL_WALLTIME: killed for exceeding its walltime", JobState.TIMEOUT),
+}
+
+
+def pbs_exit_state(exit_status: int | None, comment: str = "") -> tuple[JobState, str]:
+    """Interpret a finished PBS job's Exit_status (and comment) as a state plus a readable reason."""
+    if exit_status is None:
+        # Deleted before it ran: PBS leaves Exit_status unset and says so in the comment.
+        if "delet" in comment.lower():
+            return JobState.CANCELLED, "deleted before it ran"
+        return JobState.COMPLETED, ""
+    if exit_status == 0:
+        return JobState.COMPLETED, ""
+    if exit_status in PBS_EXEC_CODES:
+        text, state = PBS_EXEC_CODES[exit_status]
+        return state, text
+    if exit_status < 0:
+        return JobState.FAILED, f"PBS exec failure code {exit_status}"
+    if exit_status > 256:
+        signal = exit_status - 256
+        # MoM kills an over-walltime job with SIGTERM then SIGKILL and says so in the comment; a plain
+        # SIGTERM/SIGKILL is what qdel sends.
+        if "walltime" in comment.lower():
+            return JobState.TIMEOUT, f"killed by signal {signal} after exceeding its walltime"
+        if signal in (9, 15):
+            return JobState.CANCELLED, f"killed by signal {signal} (qdel)"
+        return JobState.FAILED, f"killed by signal {signal}"
+    return JobState.FAILED, f"exited with status {exit_status}"
+
+
+def pbs_qstat_argv(job_ids: Iterable[str]) -> list[str]:
+    """PBS Pro ``qstat`` including finished jobs (-x), full (-f), as JSON."""
+    return ["qstat", "-x", "-f", "-F", "json", *job_ids]
+
+
+def parse_pbs_qstat_json(text: str) -> dict[str, JobStatus]:
+    """Parse PBS Pro ``qstat -x -f -F json``: ``{"Jobs": {"123.server": {"job_state": ...}}}``."""
+    try:
+        doc = json.loads(text) if text.strip() else {}
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"qstat -F json output is not JSON: {exc}") from None
+    jobs: Mapping[str, Mapping[str, object]] = doc.get("Jobs", {}) or {}
+    out: dict[str, JobStatus] = {}
+    for job_id, attrs in jobs.items():
+        raw = str(attrs.get("job_state", ""))
+        comment = str(attrs.get("comment", ""))
+        exit_status = attrs.get("Exit_status")
+        exit_code = int(exit_status) if isinstance(exit_status, int | str) and str(exit_status) else None
+        restarts = max(int(attrs.get("run_count", 0) or 0) - 1, 0)
+        state = PBS_STATES.get(raw)
+        if state is None:
+            out[job_id] = JobStatus(job_id, JobState.FAILED, f"unknown PBS job_state {raw!r}", exit_code,
+                                    restarts, raw)
+            continue
+        reason = ""
+        signal = None
+        if raw in ("F", "X"):
+            state, reason = pbs_exit_state(exit_code, comment)
+            if exit_code is not None and exit_code > 256:
+                signal = exit_code - 256
+        elif raw == "H":
+            reason = "held" + (f": {comment}" if comment else "")
+        elif state is JobState.PENDING and comment:
+            reason = comment
+        out[job_id] = JobStatus(job_id, state, reason, exit_code, restarts, raw, signal)
+    return out
 
 
 class PBSPro(Scheduler):
@@ -153,8 +270,8 @@ class PBSPro(Scheduler):
         return master.replace("[]", f"[{index}]", 1) if "[]" in master else f"{master}[{index}]"
 
     def status_probes(self, jobs: Mapping[str, str]) -> list[list[StatusProbe]]:
-        argv = sp.pbs_qstat_argv([check_job_id(j) for j in jobs])
-        return [[StatusProbe("qstat", "live", argv, sp.parse_pbs_qstat_json)]]
+        argv = pbs_qstat_argv([check_job_id(j) for j in jobs])
+        return [[StatusProbe("qstat", "live", argv, parse_pbs_qstat_json)]]
 
     def queued_jobs_probe(self, site: SiteProfile, queue_key: str) -> QueuedJobsProbe | None:
         # qselect would list exactly these jobs, but Torque-style qstat is what every PBS flavour answers; the
