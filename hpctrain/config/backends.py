@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
-from importlib.metadata import entry_points
+from functools import cache
+from importlib.metadata import EntryPoints, entry_points
 from typing import Any
 
 from hpctrain.errors import ConfigError
+
+
+@cache
+def _installed() -> EntryPoints:
+    """Every installed package's entry points, read once per process (reading them scans every distribution)."""
+    return entry_points()
 
 
 class Registry(Mapping[str, Any]):
@@ -24,7 +31,7 @@ class Registry(Mapping[str, Any]):
         self.loaded: dict[str, Any] = {}
 
     def _entry_points(self) -> dict[str, str]:
-        return {ep.name: ep.value for ep in entry_points(group=self.group)}
+        return {ep.name: ep.value for ep in _installed().select(group=self.group)}
 
     def targets(self) -> dict[str, Any]:
         """Every known name and its ``module:attribute`` (an installed package's entry point cannot replace a

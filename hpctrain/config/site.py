@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from hpctrain.config.backends import SCHEDULERS
+from hpctrain.config.backends import LAUNCHERS, SCHEDULERS
 from hpctrain.config.common import (
     MAX_COUNT,
     DirectiveValue,
@@ -36,15 +36,21 @@ from hpctrain.errors import ConfigError, ConfigErrors
 
 # A registered scheduler back-end (config/backends.py): the built-ins or an installed package's entry point.
 SchedulerName = Annotated[str, AfterValidator(SCHEDULERS.check)]
-LauncherName = Literal["srun", "aprun", "mpiexec", "local"]
+MPIEXEC = "mpiexec"  # the profile's word for the scheduler's own mpiexec (its back-end's mpiexec_launcher)
+
+
+def _launcher_name(name: str) -> str:
+    return name if name == MPIEXEC else LAUNCHERS.check(name)
+
+
+# A registered launcher (config/backends.py), or ``mpiexec``: the one the scheduler's machines run.
+LauncherName = Annotated[str, AfterValidator(_launcher_name)]
 BackendName = Literal["mpi", "gloo", "nccl", "xccl"]
 # The collective library each GPU kind reduces with through torch.distributed: NCCL on NVIDIA, RCCL on AMD (torch's
 # ROCm build names it nccl), oneCCL on Intel (torch.xpu's xccl).
 DEVICE_BACKENDS: dict[str, str] = {"nvidia": "nccl", "amd": "nccl", "intel": "xccl"}
 _DIRECTIVE_KEY = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 _DIRECTIVE_VALUE = re.compile(r"[A-Za-z0-9_./+:@=,%*-]+")
-# Cobalt's --attrs: name=value pairs joined by ':' (values may hold ',' lists, never another ':').
-_COBALT_ATTRS = re.compile(r"[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+(?::[A-Za-z0-9_-]+=[A-Za-z0-9_.,/-]+)*")
 def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, DirectiveValue]:
     for key, value in directives.items():
         if not _DIRECTIVE_KEY.fullmatch(key):
@@ -53,9 +59,6 @@ def _check_directives(directives: dict[str, DirectiveValue]) -> dict[str, Direct
             raise ValueError(
                 f"directive {key!r}: value {value!r} may hold only letters, digits and _ . / + : @ = , % * -"
             )
-        if key == "attrs" and not (isinstance(value, str) and _COBALT_ATTRS.fullmatch(value)):
-            raise ValueError(f"directive 'attrs': {value!r} is not Cobalt's name=value[:name=value...] "
-                             "(e.g. mcdram=cache:numa=quad)")
     return directives
 
 
@@ -379,7 +382,10 @@ class SiteProfile(Strict):
         "A registered scheduler back-end: " + ", ".join(sorted(SCHEDULERS.builtin)) + ", or one an installed "
         "package adds (entry point group hpctrain.schedulers)"), json_schema_extra={"examples": sorted(
             SCHEDULERS.builtin)})
-    launcher: LauncherName
+    launcher: LauncherName = Field(description=(
+        "How ranks start: " + ", ".join(sorted({MPIEXEC, *LAUNCHERS.builtin} - {"mpiexec-hydra", "mpiexec-pals"}))
+        + " (mpiexec: the scheduler's own, PALS under PBS Pro, else MPICH's hydra), or a launcher an installed "
+        "package adds (entry point group hpctrain.launchers)"))
     launcher_args: list[Word] = Field(default_factory=list)
     cpu_bind: Word | None = Field(None, description="CPU binding for the launcher (srun --cpu-bind, mpiexec)")
     login_host: str | None = None

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from hpctrain.errors import TransportError
+from hpctrain.files import write_atomic
 from hpctrain.submission.transport import Transport
 
 FETCH_TIMEOUT_S = 120.0
@@ -28,12 +29,7 @@ _SCRIPT = (f'lim=$1; shift; i=0; for f do if [ -f "$f" ]; then s=$(wc -c < "$f")
 
 def _write_atomic(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.fetch{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_atomic(path, data)
 
 
 def fetch_files(transport: Transport, files: Sequence[tuple[str, Path]], *, exact: bool = True,

@@ -18,7 +18,7 @@ from hpctrain.config.backends import SCHEDULERS
 from hpctrain.config.common import DirectiveValue, FieldProblem
 from hpctrain.config.fit import Placement, check_fit
 from hpctrain.config.job import JobSpec
-from hpctrain.config.site import SiteProfile, directive_problems
+from hpctrain.config.site import MPIEXEC, SiteProfile, directive_problems
 from hpctrain.errors import ConfigError, FitError, SchedulerError
 from hpctrain.exit_codes import EXIT_REQUEUE
 from hpctrain.submission.launchers import LaunchPlan
@@ -269,7 +269,7 @@ class Scheduler(ABC):
     # -- what fits ---------------------------------------------------------------------------------------
     def launcher_for(self, site: SiteProfile) -> str:
         """The registered launcher (launchers/) that starts the ranks of ``site``."""
-        return self.mpiexec_launcher if site.launcher == "mpiexec" else site.launcher
+        return self.mpiexec_launcher if site.launcher == MPIEXEC else site.launcher
 
     def check_site(self, site: SiteProfile) -> None:
         """Refuse a site profile this scheduler cannot run (its launcher)."""
