@@ -1,8 +1,9 @@
 """The contract every batch-scheduler back-end fills in (PSI/J style): its facts, directives, submit, status, cancel.
 
-A back-end is one module here (``slurm.py``, ``pbs.py``, ``cobalt.py``, ``local.py``) holding one ``Scheduler``
-subclass as ``SCHEDULER``, plus its template in ``templates/``. Back-ends only build argv lists and directive
-lines and parse text; nothing here runs a command. ``get_scheduler(name)`` finds a back-end in the registry
+A back-end is one module (here: ``slurm.py``, ``pbs.py``, ``cobalt.py``, ``local.py``) holding one ``Scheduler``
+subclass as ``SCHEDULER``: its directives, commands, status parsers and state map, directive rules and discovery.
+Every back-end's script is ``templates/job.tmpl`` with its ``script_note``. Back-ends only build argv lists and
+directive lines and parse text; nothing here runs a command. ``get_scheduler(name)`` finds a back-end in the registry
 (config/backends.py): the built-ins, and any package's entry point in the group ``hpctrain.schedulers``.
 """
 
@@ -153,7 +154,7 @@ class Scheduler(ABC):
     detect_programs: ClassVar[tuple[str, ...]] = ()
     probe_programs: ClassVar[tuple[str, ...]] = ()
     detect_order: ClassVar[int] = 100
-    # Transport error hints: a missing command of this scheduler is reported as "<title> is not on PATH".
+    # Its command names: a missing one is reported as "load the <title> module" (transport.py).
     commands: ClassVar[tuple[str, ...]] = ()
     # Variables set in an array task: the array job's id and the task's index (the submitit plug-in reads them).
     array_job_variable: ClassVar[str | None] = None
