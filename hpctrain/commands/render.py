@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import sys
 from pathlib import Path
 
@@ -41,10 +40,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 def write_script(out: Path, text: str) -> None:
     """Write an executable script atomically (temp file beside it, then rename); a clean error, and no
     temp file left behind, when ``out`` is a directory or cannot be written."""
-    import os
-    import tempfile
-
     from hpctrain.errors import HpctrainError
+    from hpctrain.files import write_atomic
 
     parent = out.parent
     shown = printable(str(out))  # a line break in the name is escaped: the message stays one line
@@ -56,19 +53,7 @@ def write_script(out: Path, text: str) -> None:
                                 hint=f"create it: mkdir -p {printable(str(parent))}")
     except OSError as exc:  # a name too long, a loop of links: is_dir() raises for more than a missing path
         raise HpctrainError(f"-o {shown}: {exc.strerror or exc}") from None
-    tmp: str | None = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, out)
-        tmp = None
+        write_atomic(out, text, mode=0o755)
     except OSError as exc:
         raise HpctrainError(f"-o {shown}: cannot write the script: {exc.strerror or exc}") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)

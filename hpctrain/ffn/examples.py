@@ -7,7 +7,6 @@ coordinates here are (z, y, x) voxel indices of the full volume.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import numpy as np
 from scipy import ndimage
 
 from hpctrain.errors import DataError
+from hpctrain.files import write_atomic
 
 #: google/ffn README thresholds for FIB-25 (14 partitions: 0 = background, 1..13 by active fraction).
 DEFAULT_THRESHOLDS: tuple[float, ...] = (0.025, 0.05, 0.075, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
@@ -150,10 +150,7 @@ def write_coordinates(path: str | Path, coords: np.ndarray, **meta: object) -> P
     if coords.ndim != 2 or coords.shape[1] != 3:
         raise ValueError(f"coords must be (K, 3), got {coords.shape}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, coords=coords, **{k: np.asarray(v) for k, v in meta.items()})
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: np.savez(f, coords=coords, **{k: np.asarray(v) for k, v in meta.items()}))
     return path
 
 

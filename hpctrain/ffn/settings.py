@@ -28,6 +28,7 @@ from hpctrain.config.plugins.ffn_inference import (
     zyx,
 )
 from hpctrain.errors import CheckpointError
+from hpctrain.files import write_atomic
 
 __all__ = ["PACKAGE_FILE", "PACKAGE_SCHEMA", "STAGES", "STAGE_OF", "ExecutionSettings", "FillSettings",
            "FloodSettings", "InferenceConfig", "JoinSettings", "SeedSettings", "checkpoint_settings",
@@ -105,7 +106,5 @@ def write_package(checkpoint: str | Path, settings: InferenceConfig, *, model_na
                "checkpoint": os.path.relpath(checkpoint, where), "settings": settings.flat(),
                "chosen": dict(chosen or {}), "record": dict(record or {})}
     path = where / PACKAGE_FILE
-    tmp = path.with_name(f".{PACKAGE_FILE}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(package, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(package, indent=2, default=str) + "\n")
     return path

@@ -18,6 +18,7 @@ import numpy as np
 
 from hpctrain.errors import DataError
 from hpctrain.ffn.examples import read_coordinates
+from hpctrain.files import write_atomic
 from hpctrain.models.shuffle import IndexPermutation, derive_key
 from hpctrain.runtime import work_counts
 
@@ -43,10 +44,7 @@ def write_table(coordinates: str | os.PathLike[str], out_dir: Path) -> Path:
         return path
     coords = read_coordinates(coordinates)
     order = np.random.default_rng(ONCE_SEED).permutation(len(coords))
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, np.ascontiguousarray(coords[order], dtype="<i8"))
-    os.replace(tmp, path)
+    write_atomic(path, lambda f: np.save(f, np.ascontiguousarray(coords[order], dtype="<i8")))
     return path
 
 

@@ -9,7 +9,6 @@ laptop checks a job against before it is submitted.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from hpctrain.ffn.training import (
     fov_loss,
 )
 from hpctrain.ffn.volume import load_image_and_labels
+from hpctrain.files import write_atomic
 from hpctrain.models.task import TaskContext, TrainingTask
 from hpctrain.runtime import work_counts
 
@@ -140,9 +140,7 @@ def prepare_and_hold(data: Mapping[str, Any] | FFNData, fov: Sequence[int], delt
     finally:
         image_vol.close()
         labels_vol.close()
-    tmp = manifest.with_suffix(".tmp")
-    tmp.write_text(json.dumps(prepared, indent=2))
-    os.replace(tmp, manifest)
+    write_atomic(manifest, json.dumps(prepared, indent=2))
     return prepared, held
 
 

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hpctrain.files import write_atomic
 from hpctrain.report.collect import PROFILE_FILE, ReportData, collect
 from hpctrain.report.efficiency import try_compare
 from hpctrain.report.html import page
@@ -48,11 +49,9 @@ def report_data(source: RunSource, extra_dirs: tuple[Path, ...] = ()) -> ReportD
     return data
 
 
-def write_atomic(path: Path, text: str) -> Path:
+def write_page(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, text)
     return path
 
 
@@ -61,7 +60,7 @@ def build_report(source: RunSource, out: Path | None = None, *, extra_dirs: tupl
     """Write the report of ``source`` to ``out`` (default: report.html in the run's local directory)."""
     data = report_data(source, extra_dirs)
     target = out or source.directory / DEFAULT_NAME
-    return write_atomic(target, page(data, refresh_s)), data
+    return write_page(target, page(data, refresh_s)), data
 
 
 def report_of(run_ref: str | os.PathLike[str], out: str | os.PathLike[str] | None = None, *,
