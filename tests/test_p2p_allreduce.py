@@ -1,0 +1,179 @@
+"""Tests of runtime/p2p_allreduce.py: the schedules in one process (every rank a thread, messages through queues)
+against float64 references and the O(log N) bound, then over real gloo groups under mpiexec (tests further down).
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+from collections import defaultdict
+
+import pytest
+import torch
+
+from hpctrain.runtime import p2p_allreduce as p2p
+
+
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
+class _Recv:
+    def __init__(self, box: queue.Queue[torch.Tensor], into: torch.Tensor) -> None:
+        self._box, self._into = box, into
+
+    def wait(self) -> None:
+        got = self._box.get(timeout=30)
+        assert got.shape == self._into.shape, (got.shape, self._into.shape)
+        self._into.copy_(got)
+
+
+class Mailboxes:
+    """One FIFO per (sender, receiver, tag): a message is matched by its peer and tag, in order."""
+
+    def __init__(self) -> None:
+        self._boxes: dict[tuple[int, int, int], queue.Queue[torch.Tensor]] = defaultdict(queue.Queue)
+        self._lock = threading.Lock()
+
+    def box(self, src: int, dst: int, tag: int) -> queue.Queue[torch.Tensor]:
+        with self._lock:
+            return self._boxes[(src, dst, tag)]
+
+    def transport(self, rank: int) -> p2p.Transport:
+        boxes = self
+
+        class _T:
+            def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> _Done:
+                boxes.box(rank, peer, tag).put(tensor.clone())
+                return _Done()
+
+            def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> _Recv:
+                return _Recv(boxes.box(peer, rank, tag), tensor)
+
+        return _T()
+
+
+def allreduce_threads(inputs: list[torch.Tensor], op: str, kind: str | None = None,
+                      ) -> tuple[list[torch.Tensor], list[p2p.Tally]]:
+    n = len(inputs)
+    boxes = Mailboxes()
+    outs = [t.clone() for t in inputs]
+    tallies = [p2p.Tally() for _ in range(n)]
+    errors: list[BaseException] = []
+
+    def rank_main(r: int) -> None:
+        try:
+            rounds = None if kind is None else p2p.schedule(r, n, outs[r].numel(), kind)
+            p2p.run(outs[r], op, r, n, boxes.transport(r), tag=7, tally=tallies[r], rounds=rounds)
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return outs, tallies
+
+
+def _inputs(n: int, count: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(count, generator=g, dtype=torch.float64) * 10 ** torch.randint(-3, 4, (count,),
+                                                                                       generator=g)).to(dtype)
+            for _ in range(n)]
+
+
+@pytest.mark.parametrize("kind", ["recursive doubling", "rabenseifner"])
+@pytest.mark.parametrize("n", list(range(1, 18)) + [31, 32, 33])
+def test_every_rank_ends_with_the_same_bits_close_to_the_float64_sum(n: int, kind: str) -> None:
+    for count in (1, 5, n, 3 * n + 1, 1000):
+        inputs = _inputs(n, count, torch.float32, seed=n * 1000 + count)
+        outs, _ = allreduce_threads(inputs, "sum", kind)
+        reference = torch.stack([t.double() for t in inputs]).sum(0)
+        scale = torch.stack([t.double().abs() for t in inputs]).sum(0)
+        for r in range(n):
+            assert torch.equal(outs[r], outs[0]), (n, count, r)  # bit-identical on every rank
+        assert torch.all((outs[0].double() - reference).abs() <= 1e-6 * scale + 1e-30), (n, count)
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+@pytest.mark.parametrize("n", [2, 3, 5, 6, 8, 13])
+def test_max_and_min_are_exact(n: int, op: str) -> None:
+    inputs = _inputs(n, 700, torch.float64, seed=n)
+    outs, _ = allreduce_threads(inputs, op)
+    want = torch.stack(inputs).amax(0) if op == "max" else torch.stack(inputs).amin(0)
+    assert all(torch.equal(o, want) for o in outs)
+
+
+def test_integers_and_half_precision() -> None:
+    ints = [torch.arange(10, dtype=torch.int64) * (r + 1) for r in range(6)]
+    outs, _ = allreduce_threads(ints, "sum")
+    assert all(torch.equal(o, torch.arange(10, dtype=torch.int64) * 21) for o in outs)
+    halves = [torch.full((3000,), 0.5, dtype=torch.bfloat16) for _ in range(5)]
+    outs, _ = allreduce_threads(halves, "sum")
+    assert all(torch.equal(o, torch.full((3000,), 2.5, dtype=torch.bfloat16)) for o in outs)
+
+
+@pytest.mark.parametrize("n", list(range(2, 18)) + [31, 32, 33, 100])
+def test_messages_and_peers_per_rank_are_logarithmic(n: int) -> None:
+    for count, item in ((4, 8), (100_000, 4)):
+        kind = p2p.algorithm(count, item, n)
+        assert kind == ("recursive doubling" if count == 4 else "rabenseifner")
+        for r in range(n):
+            rounds = p2p.schedule(r, n, count, kind)
+            sent = sum(x.sends for x in rounds)
+            received = sum(x.receives for x in rounds)
+            assert sent <= p2p.message_bound(n) and received <= p2p.message_bound(n), (n, r, rounds)
+            assert len({x.peer for x in rounds}) <= math.ceil(math.log2(n)) + 1
+            assert r not in {x.peer for x in rounds}
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8, 12, 16, 17])
+def test_schedules_pair_up(n: int) -> None:
+    """What a rank sends to a peer in its k-th round with that peer is what the peer receives from it in its
+    k-th round with this rank: same length, in the same order."""
+    for count in (3, 1000):
+        kind = p2p.algorithm(count, 4, n)
+        sent: dict[tuple[int, int], list[int]] = defaultdict(list)
+        received: dict[tuple[int, int], list[int]] = defaultdict(list)
+        for r in range(n):
+            for x in p2p.schedule(r, n, count, kind):
+                if x.sends:
+                    sent[(r, x.peer)].append(x.send[1] - x.send[0])
+                if x.receives:
+                    received[(x.peer, r)].append(x.recv[1] - x.recv[0])
+        assert sent == received
+
+
+def test_rabenseifner_sends_2_p_minus_1_over_p_of_the_buffer_plus_the_fold() -> None:
+    """A power of two: 2 (N-1)/N of the buffer per rank. Otherwise the ranks that fold send the whole buffer
+    once more (the result back to their partner)."""
+    count = 4096
+    for n in (2, 4, 8, 16, 6, 12):
+        p = 1 << (n.bit_length() - 1)
+        for r in range(n):
+            rounds = p2p.schedule(r, n, count, "rabenseifner")
+            sent = sum(x.send[1] - x.send[0] for x in rounds)
+            folds = r < 2 * (n - p)
+            assert sent == (count if folds and r % 2 == 0 else 2 * count * (p - 1) // p + count * folds), (n, r)
+
+
+def test_the_tally_counts_what_the_schedule_says() -> None:
+    outs, tallies = allreduce_threads(_inputs(6, 2000, torch.float32), "sum")
+    for r, t in enumerate(tallies):
+        rounds = p2p.schedule(r, 6, 2000, "rabenseifner")
+        assert t.calls == 1 and t.sent_messages == sum(x.sends for x in rounds)
+        assert t.sent_bytes == 4 * sum(x.send[1] - x.send[0] for x in rounds)
+    assert sum(t.sent_messages for t in tallies) == sum(t.received_messages for t in tallies)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="op"):
+        p2p.run(torch.ones(3), "prod", 0, 2, Mailboxes().transport(0), 0)
+    with pytest.raises(ValueError, match="1-D"):
+        p2p.run(torch.ones(3, 2), "sum", 0, 2, Mailboxes().transport(0), 0)
+    with pytest.raises(ValueError, match="algorithm"):
+        p2p.schedule(0, 4, 10, "ring")
