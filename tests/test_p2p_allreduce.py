@@ -4,15 +4,22 @@ against float64 references and the O(log N) bound, then over real gloo groups un
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import queue
+import subprocess
+import sys
 import threading
 from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from hpctrain.runtime import p2p_allreduce as p2p
+from hpctrain.runtime import wire_counts
 
 
 class _Done:
@@ -177,3 +184,81 @@ def test_bad_arguments() -> None:
         p2p.run(torch.ones(3, 2), "sum", 0, 2, Mailboxes().transport(0), 0)
     with pytest.raises(ValueError, match="algorithm"):
         p2p.schedule(0, 4, 10, "ring")
+
+
+# ------------------------------------------------------------------------- real gloo groups under mpiexec
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
+WORKER = str(ROOT / "tests" / "mp_helpers" / "p2p_worker.py")
+K = 5  # all-reduces of each size in the counted window
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return wire_counts.build(tmp_path_factory.mktemp("wire"))
+
+
+def _gloo_ranks(n: int, out: Path, **extra: str) -> list[dict[str, Any]]:
+    drop = ("PMI_", "MPI_LOCAL", "SLURM_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC",
+            "HPCTRAIN_", "MPIR_CVAR_", "LD_PRELOAD", "TORCH_GLOO_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(OMP_NUM_THREADS="1", **extra)
+    done = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, WORKER, str(K), str(out)], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(n)]
+    assert [x["rank"] for x in reports] == list(range(n))
+    return reports
+
+
+def _expected(n: int, r: int, count: int) -> tuple[int, int]:
+    rounds = p2p.schedule(r, n, count, p2p.algorithm(count, 4, n))
+    return sum(x.sends for x in rounds), sum(x.receives for x in rounds)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("n", [3, 5, 6, 8])
+def test_gloo_ranks_end_with_the_same_bits_in_log_n_messages(tmp_path: Path, n: int) -> None:
+    reports = _gloo_ranks(n, tmp_path)
+    for case, first in reports[0]["results"].items():
+        assert all(x["results"][case]["digest"] == first["digest"] for x in reports), case  # the same bits
+        assert all(x["results"][case]["error"] <= (0 if case == "max" else 2e-6) for x in reports), case
+    bound = p2p.message_bound(n)
+    for r, x in enumerate(reports):
+        for name, count in (("small", 16), ("large", 100_000)):
+            sent, received = x["window"][name]["sent_messages"], x["window"][name]["received_messages"]
+            assert (sent, received) == tuple(K * e for e in _expected(n, r, count)), (r, name)
+            assert sent <= K * bound and received <= K * bound
+        assert len(x["peers"]) <= math.ceil(math.log2(n)) + 1
+        # gloo connects a pair when it first carries a message: only the peers of the schedule
+        assert x["connections_at_start"] == 0 and x["connections"] == len(x["peers"]), x
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_gloo_messages_at_the_socket_are_the_schedules(tmp_path: Path, library: Path, n: int) -> None:
+    """The interposer counts every send on the rank's TCP sockets (MPI stays on shared memory here, so every
+    connection is gloo's): per message it sends, gloo's transport writes 2 (a notice and the data), per message
+    it receives 1 (that it is ready), nothing else in the window."""
+    env = {**wire_counts.environment(library, environ={}), "MPIR_CVAR_NOLOCAL": "0"}
+    reports = _gloo_ranks(n, tmp_path, **env)
+    per_call = {}
+    for r, x in enumerate(reports):
+        for name in ("small", "large"):
+            w = x["window"][name]
+            assert w["wire"] is not None
+            assert w["wire"]["sent_messages"] == 2 * w["sent_messages"] + w["received_messages"], (r, name, w)
+            per_call[(r, name)] = w["wire"]["sent_messages"] / K
+    assert max(per_call.values()) <= 3 * p2p.message_bound(n)
+    assert max(x["connections"] for x in reports) == max(1, int(math.log2(n)))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(400)
+def test_without_lazy_pairs_gloo_connects_the_full_mesh(tmp_path: Path) -> None:
+    """The connection count above can fail: with TORCH_GLOO_LAZY_INIT=0 every rank holds N - 1 at start-up."""
+    reports = _gloo_ranks(6, tmp_path, TORCH_GLOO_LAZY_INIT="0")
+    assert [x["connections_at_start"] for x in reports] == [5] * 6

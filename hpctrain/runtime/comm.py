@@ -16,7 +16,8 @@ import threading
 import zlib
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,7 @@ from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, 
 from hpctrain.runtime import store_counts
 from hpctrain.runtime.devices import DEVICE_TYPE, make_current, on_device, pick_device, require_device_backend
 from hpctrain.runtime.exchange_store import ExchangeStore, mpi_exchange, store_exchange
+from hpctrain.runtime.gloo_allreduce import GlooAllreduce, Job
 from hpctrain.runtime.liveness import MPIQueries, StoreQueries, grace_s
 from hpctrain.runtime.mpi_env import import_mpi
 from hpctrain.runtime.watchdog import Pending, Watchdog
@@ -469,6 +471,9 @@ def _restore(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 SIDE_STORE_TIMEOUT_S = 10.0  # a late rank's store calls end within this; Watchdog.close waits longer
 STORE_CLOSE_WAIT_S = 60.0  # at close, how long the store's host waits for every rank to be done with it
 RENDEZVOUS_MIN_S = 60.0  # start-up skew between ranks (imports, MPI_Init) is not a collective's lateness
+# "gloo": gloo's own ring all-reduce instead of hpctrain's point-to-point one (a benchmark's baseline).
+GLOO_ALLREDUCE_ENV = "HPCTRAIN_GLOO_ALLREDUCE"
+GLOO_LAZY_ENV = "TORCH_GLOO_LAZY_INIT"  # torch's switch, read when the group's device is made
 PROCESS_GROUP_MARGIN_S = 60.0  # past the watchdog's deadline: its tick + grace (<= 11 s) + the abort itself
 
 
@@ -562,12 +567,18 @@ class TorchDistCommunicator(_WatchedCommunicator):
         import torch.distributed.nn.functional  # noqa: F401
 
         # Our watchdog must fire before the back-end's own timeout so the message names the missing rank.
-        dist.init_process_group(
-            backend, store=dist.PrefixStore("pg/", pg_store), rank=self.rank, world_size=self.size,
-            timeout=timedelta(seconds=self.timeouts.process_group_s),
-        )
+        with _gloo_lazy_pairs(backend):
+            dist.init_process_group(
+                backend, store=dist.PrefixStore("pg/", pg_store), rank=self.rank, world_size=self.size,
+                timeout=timedelta(seconds=self.timeouts.process_group_s),
+            )
         if counts is not None and self._exchange_store is not None:
             counts.local_calls = self._exchange_store.local_calls
+        # gloo's own all-reduce is a ring over a full mesh (O(N) messages per rank): CPU tensors are all-reduced
+        # by point-to-point messages instead, O(log N) of them (runtime/gloo_allreduce.py).
+        self.p2p: GlooAllreduce | None = None
+        if backend == "gloo" and self.size > 1 and environ.get(GLOO_ALLREDUCE_ENV, "p2p") != "gloo":
+            self.p2p = GlooAllreduce(dist, self.rank, self.size)
         self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                      "min": dist.ReduceOp.MIN}
         self._queries: MPIQueries | StoreQueries
@@ -610,6 +621,8 @@ class TorchDistCommunicator(_WatchedCommunicator):
     def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
         _check_op(op)
         work = self._dev(tensor)
+        if self.p2p is not None:
+            return self._p2p_async(work, tensor, op, label)
         holder: list[Any] = []
         pending = self._begin("allreduce", label, lambda: bool(holder) and holder[0].is_completed())
         holder.append(self._dist.all_reduce(work, op=self._ops[op], async_op=True))
@@ -627,11 +640,33 @@ class TorchDistCommunicator(_WatchedCommunicator):
 
         return Handle(wait)
 
+    def _p2p_async(self, work: torch.Tensor, tensor: torch.Tensor, op: str, label: str) -> Handle:
+        assert self.p2p is not None
+        holder: list[Job] = []
+        pending = self._begin("allreduce", label, lambda: bool(holder) and holder[0].done)
+        holder.append(self.p2p.start(work, "sum" if op == "mean" else op))
+
+        def wait() -> None:
+            try:
+                holder[0].wait()
+            finally:
+                self._watchdog.disarm(pending)
+            if op == "mean":
+                work.div_(self.size)
+            if work is not tensor:
+                tensor.copy_(work)
+
+        return Handle(wait)
+
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> torch.Tensor:
         _check_op(op)
         work = self._dev(tensor)
-        self._run("allreduce", label,
-                  lambda: self._dist.all_reduce(work, op=self._ops[op], async_op=False))
+        if self.p2p is not None:
+            p2p = self.p2p
+            self._run("allreduce", label, lambda: p2p.allreduce_(work, "sum" if op == "mean" else op))
+        else:
+            self._run("allreduce", label,
+                      lambda: self._dist.all_reduce(work, op=self._ops[op], async_op=False))
         if op == "mean":
             work.div_(self.size)
         if work is not tensor:
@@ -680,6 +715,8 @@ class TorchDistCommunicator(_WatchedCommunicator):
             return
         self._closed = True
         self._watchdog.close()
+        if self.p2p is not None:  # its helper may wait on a departed peer: not joined
+            self.p2p.close(timeout_s=0)
         try:
             self._dist.destroy_process_group()
         except Exception as exc:  # already broken by a departed peer: nothing more to let go
@@ -694,6 +731,8 @@ class TorchDistCommunicator(_WatchedCommunicator):
             return
         self._closed = True
         self._watchdog.close()
+        if self.p2p is not None:
+            self.p2p.close()
         self._dist.barrier()
         # The process group owns native threads (gloo's work loops and its transport loop) and, through its
         # store, rank 0's TCPStore server thread. They stop only when the last reference to the group goes.
@@ -713,6 +752,21 @@ class TorchDistCommunicator(_WatchedCommunicator):
         else:
             self._queries.close(self._store, serving=self._serving, timeout_s=STORE_CLOSE_WAIT_S)
         self._store = self._exchange_store = None  # the last references: rank 0's server thread stops here
+
+
+@contextmanager
+def _gloo_lazy_pairs(backend: str) -> Iterator[None]:
+    """gloo connects a pair of ranks when it first carries a message, not all N - 1 pairs at start-up: with the
+    point-to-point all-reduce a rank then holds O(log N) connections. A ``TORCH_GLOO_LAZY_INIT`` the user set
+    is kept (0: the full mesh)."""
+    if backend != "gloo" or GLOO_LAZY_ENV in os.environ:
+        yield
+        return
+    os.environ[GLOO_LAZY_ENV] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop(GLOO_LAZY_ENV, None)
 
 
 def _mpi_bootstrap(env: LaunchEnv, timeout_s: float) -> Any:

@@ -1,0 +1,127 @@
+"""The gloo (CPU) path's all-reduce: runtime/p2p_allreduce.py over torch.distributed's isend/irecv, so each rank
+sends O(log N) messages to O(log N) peers per all-reduce instead of gloo's ring (2 (N-1) messages to its two
+neighbours) over a full mesh.
+
+Blocking all-reduces run on the caller's thread. Asynchronous ones run in order on one helper thread: gloo's
+point-to-point works report completion only through ``wait()``, so nothing else could advance them while backward
+runs. Every all-reduce gets the next number of a sequence every rank counts alike; its messages carry it as their
+tag, so all-reduces in flight at once (a blocking one beside the helper's) never take each other's messages.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hpctrain.runtime import p2p_allreduce as p2p
+
+TAG_SPACE = 1 << 30  # gloo tags are C ints; the sequence wraps long after any all-reduce in flight has ended
+
+
+class _DistTransport:
+    def __init__(self, dist: Any) -> None:
+        self._dist = dist
+
+    def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Any:
+        return self._dist.isend(tensor, peer, tag=tag)
+
+    def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Any:
+        return self._dist.irecv(tensor, peer, tag=tag)
+
+
+class Job:
+    """One asynchronous all-reduce on the helper thread."""
+
+    __slots__ = ("run", "done", "error", "event")
+
+    def __init__(self, run: Callable[[], None]) -> None:
+        self.run = run
+        self.done = False
+        self.error: BaseException | None = None
+        self.event = threading.Event()
+
+    def wait(self) -> None:
+        self.event.wait()
+        if self.error is not None:
+            raise self.error
+
+
+class GlooAllreduce:
+    """All-reduces of CPU tensors of one torch.distributed group (the default one) by point-to-point messages."""
+
+    def __init__(self, dist: Any, rank: int, size: int, transport: p2p.Transport | None = None) -> None:
+        self.rank, self.size = rank, size
+        self._transport = transport or _DistTransport(dist)
+        self._sequence = 0
+        self.tally = p2p.Tally()
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # the tally, updated from both threads
+
+    def _next_tag(self) -> int:
+        self._sequence += 1
+        return self._sequence % TAG_SPACE
+
+    def _reduce(self, flat: torch.Tensor, op: str, tag: int) -> None:
+        tally = p2p.Tally()
+        p2p.run(flat, op, self.rank, self.size, self._transport, tag, tally)
+        with self._lock:
+            t = self.tally
+            t.calls += tally.calls
+            t.sent_messages += tally.sent_messages
+            t.received_messages += tally.received_messages
+            t.sent_bytes += tally.sent_bytes
+            t.received_bytes += tally.received_bytes
+            t.peers |= tally.peers
+
+    def allreduce_(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """``tensor`` (CPU, any shape) reduced in place with ``op`` (sum, max, min) on this thread."""
+        flat, finish = _flat(tensor)
+        self._reduce(flat, op, self._next_tag())
+        finish()
+        return tensor
+
+    def start(self, tensor: torch.Tensor, op: str) -> Job:
+        """Queue ``tensor``'s all-reduce on the helper thread; the returned job's ``wait()`` ends it."""
+        flat, finish = _flat(tensor)
+        tag = self._next_tag()
+
+        def run() -> None:
+            self._reduce(flat, op, tag)
+            finish()
+
+        job = Job(run)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="hpctrain-p2p-allreduce", daemon=True)
+            self._thread.start()
+        self._jobs.put(job)
+        return job
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            try:
+                job.run()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller's wait()
+                job.error = exc
+            job.done = True
+            job.event.set()
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Stop the helper thread after the jobs queued before this call (it holds no reference to the group
+        afterwards)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._jobs.put(None)
+            thread.join(timeout_s)
+
+
+def _flat(tensor: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+    """A contiguous 1-D view of ``tensor``, or a copy and what writes it back."""
+    if tensor.is_contiguous():
+        return tensor.view(-1), lambda: None
+    work = tensor.contiguous().view(-1)
+    return work, lambda: tensor.copy_(work.view(tensor.shape))

@@ -1,0 +1,106 @@
+"""Worker for tests/test_p2p_allreduce.py, started by the MPICH wheel's mpiexec: gloo ranks (MPI bootstrap).
+
+``python p2p_worker.py K OUT_DIR``: through ``make_communicator("gloo")``, all-reduces of known inputs (sizes on both
+sides of the algorithm switch, float32 and float64, sum and max, blocking and asynchronous), then a window of K
+small and K large all-reduces; writes ``OUT_DIR/rank-R.json`` with a digest of every result, its largest error
+against the float64 sum of every rank's inputs, the point-to-point module's own counts and the interposer's
+(runtime/wire_counts.py, where it is preloaded) in the window, and the rank's established TCP connections.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+
+from hpctrain.runtime import wire_counts  # noqa: E402
+from hpctrain.runtime.comm import make_communicator  # noqa: E402
+
+SIZES = (1, 7, 300, 5000, 100_000)
+SMALL, LARGE = 16, 100_000  # float32 elements: recursive doubling, Rabenseifner
+
+
+def established_tcp_connections() -> int:
+    """TCP connections of this process in state ESTABLISHED (its socket inodes in /proc/net/tcp{,6})."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    count = 0
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            count += fields[3] == "01" and fields[9] in inodes
+    return count
+
+
+def inputs(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(rank * 1_000_003 + count)
+    return (torch.randn(count, generator=g, dtype=torch.float64)
+            * 10.0 ** torch.randint(-3, 4, (count,), generator=g)).to(dtype)
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
+
+
+def main(k: int, out_dir: str) -> None:
+    comm = make_communicator("gloo", timeout_s=120)
+    r, n = comm.rank, comm.size
+    p2p = comm.p2p
+    assert p2p is not None, "the gloo communicator all-reduces by point-to-point messages"
+    connections_at_start = established_tcp_connections()
+    results: dict[str, dict[str, object]] = {}
+    for dtype in (torch.float32, torch.float64):
+        for count in SIZES:
+            every = [inputs(q, count, dtype) for q in range(n)]
+            reference = torch.stack([t.double() for t in every]).sum(0)
+            scale = torch.stack([t.double().abs() for t in every]).sum(0)
+            t = every[r].clone()
+            comm.allreduce_(t, "sum", f"{dtype} {count}")
+            error = float(((t.double() - reference).abs() / scale.clamp_min(1e-300)).max())
+            results[f"sum {dtype} {count}"] = {"digest": digest(t), "error": error}
+    handles = [(comm.allreduce_async_(t, "sum", f"bucket {i}"), t, i)
+               for i, t in enumerate(inputs(r, 5000 + i, torch.float32) for i in range(3))]
+    for h, t, i in handles:
+        h.wait()
+        every = torch.stack([inputs(q, 5000 + i, torch.float32).double() for q in range(n)])
+        error = float(((t.double() - every.sum(0)).abs() / every.abs().sum(0).clamp_min(1e-300)).max())
+        results[f"async {i}"] = {"digest": digest(t), "error": error}
+    mx = inputs(r, 777, torch.float64)
+    comm.allreduce_(mx, "max", "max")
+    results["max"] = {"digest": digest(mx),
+                      "error": float((mx - torch.stack([inputs(q, 777, torch.float64) for q in range(n)])
+                                      .amax(0)).abs().max())}
+
+    window: dict[str, dict[str, object]] = {}
+    for name, count in (("small", SMALL), ("large", LARGE)):
+        before, tally = wire_counts.snapshot(), (p2p.tally.sent_messages, p2p.tally.received_messages)
+        for i in range(k):
+            t = torch.full((count,), float(r))
+            comm.allreduce_(t, "sum", f"{name} {i}")
+            assert torch.equal(t, torch.full((count,), float(n * (n - 1) // 2))), t
+        after = wire_counts.snapshot()
+        window[name] = {"sent_messages": p2p.tally.sent_messages - tally[0],
+                        "received_messages": p2p.tally.received_messages - tally[1],
+                        "wire": None if after is None else wire_counts.totals(wire_counts.difference(after, before))}
+    connections = established_tcp_connections()
+    report = {"rank": r, "size": n, "results": results, "window": window, "k": k,
+              "peers": sorted(p2p.tally.peers), "connections_at_start": connections_at_start,
+              "connections": connections}
+    comm.close()
+    (Path(out_dir) / f"rank-{r}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), sys.argv[2])
