@@ -8,15 +8,20 @@ writes its counter record (runtime/counters.py, runtime/work_counts.py) and this
 N, measured, with the model of runtime/comm_counts.py on the line below where it models the same count, the ratio
 between the largest and the smallest N, the count extrapolated to 2048 x 8 ranks, and the target the measured
 count is held to. Counts do not depend on how busy the machine is; the time to the first step does (a ratio, no
-target). All ranks share one node here: per-node figures (the volume read, the per-node checkpoint file) are those
-of a node holding N ranks. docs/scaling.md, "What is measured, and how", shows a run.
+target). ``--ranks-per-node K`` groups the ranks into stand-in nodes of K (rank r on node r // K): each node has
+its own node-local directory (``$HPCTRAIN_NODE_LOCAL``) and its ranks their node's local rank and size
+(``MPI_LOCALRANKID``/``MPI_LOCALNRANKS``), which is what tells hpctrain which ranks share a node; the per-node
+rows (the volume read, the node files and the mkdir + fsync of a save's step directory) are checked against the
+number of nodes. docs/scaling.md, "What is measured, and how", shows a run.
 
-Run: .venv/bin/python benchmarks/scale.py [--ranks 2 4 8 16 32 64] [--staged] [--plot FILE.png] [--json FILE]
+Run: .venv/bin/python benchmarks/scale.py [--ranks 2 4 8 16 32 64] [--ranks-per-node K] [--staged]
+[--plot FILE.png] [--json FILE]
 ``--staged`` runs each N a second time from a copy of the environment unpacked once into node-local storage
 (what ``staging.environment: archive`` does on a cluster) and counts the shared-path opens left at start-up.
 ``--backend gloo`` runs the ranks over torch.distributed gloo instead of MPI, with the rendezvous store's rows
 (runtime/store_counts.py): the ranks bootstrap over MPI (no store); ``--store`` makes them meet at a TCPStore
-on rank 0 instead (MASTER_ADDR/MASTER_PORT, as torchrun or a launcher without MPI would).
+on rank 0 instead (MASTER_ADDR/MASTER_PORT, as torchrun or a launcher without MPI would). ``--gloo-ring`` (with
+gloo) measures gloo's own ring all-reduce over its full mesh instead of hpctrain's point-to-point one.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hpctrain.runtime import counters, syscall_trace, wire_counts  # noqa: E402
+from hpctrain.runtime import counters, mpi_env, syscall_trace, wire_counts  # noqa: E402
 
 SPEC = REPO / "jobs" / "ffn-local.yaml"
 STEPS, LOG_EVERY, CKPT_EVERY = 7, 3, 3  # saves at steps 3 and 6 and the final one at 7
@@ -57,6 +62,7 @@ LAUNCH_PREFIXES = ("PMI_", "MPI_LOCAL", "SLURM_", "OMPI_", "MASTER_", "TORCHELAS
 @dataclass
 class Run:
     ranks: int
+    nodes: int
     records: list[dict[str, Any]]
     first_step_s: float
     wall_s: float
@@ -64,6 +70,7 @@ class Run:
     files_per_save: int
     traces: list[dict[str, Any]]  # per rank: syscall_trace.count windows (opens, stats, readdirs, bytes read)
     wire: dict[str, list[dict[str, Any]]]  # window -> per rank: MPI calls and socket traffic (wire_counts)
+    step_dir_ops: dict[str, int]  # mkdir and fsync calls on the first save's step directory, all ranks
 
 
 def _environment(python_env: dict[str, str] | None) -> dict[str, str]:
@@ -89,22 +96,46 @@ def _watch_memory(stop: threading.Event, low: list[float]) -> None:
                 low[0] = min(low[0], int(line.split()[1]) / 1024)
 
 
+def stand_in_nodes(n: int, per_node: int, root: Path) -> tuple[list[Path], list[str]]:
+    """``ceil(n / per_node)`` node-local directories under ``root``, and the argv prefix that starts a rank of
+    Hydra's mpiexec (``PMI_RANK``) as a rank of its stand-in node: local rank, local size, node directory."""
+    nodes = [root / f"node-{i:03d}" for i in range(-(-n // per_node))]
+    for d in nodes:
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(parents=True)
+    script = (f'node=$((PMI_RANK / {per_node})); size=$(({n} - node * {per_node})); '
+              f'[ "$size" -gt {per_node} ] && size={per_node}; '
+              f'export MPI_LOCALRANKID=$((PMI_RANK % {per_node})) MPI_LOCALNRANKS=$size '
+              f'{counters.NODE_LOCAL_ENV}="$0/node-$(printf %03d "$node")"; exec "$@"')
+    return nodes, ["sh", "-c", script, str(root)]
+
+
 def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None = None, backend: str = "mpi",
-             store: bool = False, wire_library: Path | None = None) -> Run:
+             store: bool = False, wire_library: Path | None = None, ranks_per_node: int = 1,
+             extra_env: dict[str, str] | None = None) -> Run:
     run_dir = out / f"n{n:03d}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
+    per_node = min(ranks_per_node, n)
+    nodes, as_node = stand_in_nodes(n, per_node, out / f"n{n:03d}-nodes")
     spec = run_dir / "spec.yaml"
     shutil.copy(SPEC, spec)  # in the run directory: the shared files a rank reads by design are all in there
     trace_dir = out / f"n{n:03d}-strace"  # beside the run directory: the traces are not the ranks' reads
     shutil.rmtree(trace_dir, ignore_errors=True)
     trace_dir.mkdir(parents=True)
     mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    argv = [mpiexec, "-n", str(n), *syscall_trace.per_rank_command(trace_dir), python, "-m", "hpctrain", "run",
-            str(spec), "--run-dir", str(run_dir), "--backend", backend,
-            *[a for s in SETS + (f"resources.ranks_per_node={n}",) for a in ("--set", s)]]
+    argv = [mpiexec, "-n", str(n), *as_node, *syscall_trace.per_rank_command(trace_dir), python, "-m", "hpctrain",
+            "run", str(spec), "--run-dir", str(run_dir), "--backend", backend,
+            *[a for s in SETS + (f"resources.ranks_per_node={per_node}",) for a in ("--set", s)]]
+    # Every node's directory is node-local storage for the counters (a staged environment's copy too).
+    python_env = {**(python_env or {}), **(extra_env or {})}
+    local = [p for p in (python_env.pop(counters.NODE_LOCAL_ENV, ""), str(out / f"n{n:03d}-nodes")) if p]
+    python_env[counters.EXTRA_LOCAL_ENV] = os.pathsep.join(local)
+    # The stand-in nodes share one machine: MPI starts as hpctrain starts it on one node (loopback TCP), not with
+    # the network netmod a rank on a real second node would get.
+    python_env = {**mpi_env.ONE_NODE_WHEEL, **python_env}
     if wire_library is not None:
-        python_env = {**(python_env or {}), **wire_counts.environment(wire_library)}
+        python_env.update(wire_counts.environment(wire_library))
     low, stop = [math.inf], threading.Event()
     watcher = threading.Thread(target=_watch_memory, args=(stop, low), daemon=True)
     watcher.start()
@@ -127,9 +158,13 @@ def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None =
     first = max(r["work"]["first_step_end"] for r in records) - start
     step_dir = run_dir / "checkpoints" / f"step-{CKPT_EVERY:08d}"
     files = len([p for p in step_dir.iterdir() if p.name != "complete.json"])
-    local = counters.node_local_prefixes(python_env or {})
+    local = counters.node_local_prefixes(python_env)
     traces = [syscall_trace.count(trace_dir / f"rank-{r}.strace", str(run_dir), local) for r in range(n)]
-    return Run(n, records, first, wall, low[0], files, traces, _wire_windows(records))
+    ops = {"mkdir": 0, "fsync": 0}
+    for r in range(n):
+        for k, v in syscall_trace.directory_ops(trace_dir / f"rank-{r}.strace", step_dir, str(run_dir)).items():
+            ops[k] += v
+    return Run(n, len(nodes), records, first, wall, low[0], files, traces, _wire_windows(records), ops)
 
 
 def _wire_windows(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -262,6 +297,11 @@ def _payload_ratio(run: Run) -> float:
     return sent / _per_step(run.records[0], "payload_bytes")
 
 
+def _connections(run: Run) -> float:
+    """The most TCP connections one rank opened or accepted over the whole run (the interposer's count)."""
+    return float(max(len(r["marks"]["exit"]["wire"]["connections"]) for r in run.records))
+
+
 def _whole_run_unseen(run: Run) -> float:
     """Rank 0's MPI communication calls the Python counter (runtime/comm_counts.py) did not see."""
     record = run.records[0]
@@ -309,7 +349,8 @@ ROWS = [
     Row("input: coordinate bytes read per epoch, per rank (median)", _median(lambda r: _input(r, "coordinates", "0")),
         "1/N"),
     Row("input: coordinate read calls per rank (max)", lambda run: max(_input_reads(r) for r in run.records), "flat"),
-    Row("input: volume bytes read from the shared path, per node", _total(lambda r: _input(r, "volume")), "flat"),
+    Row("input: volume bytes read from the shared path, per node",
+        lambda run: _total(lambda r: _input(r, "volume"))(run) / run.nodes, "flat"),
     Row("input: volume bytes read, max rank", lambda run: max(_input(r, "volume") for r in run.records), "flat"),
     Row("start-up: MPI communication calls, rank 0", _measured("startup", "communication_calls", "rank 0"), "flat"),
     Row("start-up: messages sent, rank 0", _measured("startup", "sent_messages", "rank 0"), "log2 N",
@@ -340,10 +381,13 @@ ROWS = [
     Row("close: messages sent, rank 0", _measured("close", "sent_messages", "rank 0"), "log2 N"),
     Row("per save: record bytes received, rank 0", _rank0(lambda r: _ckpt(r, "record_bytes")), "flat"),
     Row("per save: shared files written, rank 0", _rank0(lambda r: _ckpt(r, "files")), "flat"),
-    Row("per save: shared files written, other ranks (max)", _others_max(lambda r: _ckpt(r, "files")), "flat"),
+    Row("per save: shared files written, all ranks", _total(lambda r: _ckpt(r, "files")), "<= nodes + 2"),
     Row("per save: rank state handed over node-locally, bytes per rank (max)",
         lambda run: max(_ckpt(r, "node_local_bytes") for r in run.records), "flat"),
-    Row("per save: files in the step directory", lambda run: float(run.files_per_save), "flat"),
+    Row("per save: files in the step directory", lambda run: float(run.files_per_save), "<= nodes + 2"),
+    Row("per save: mkdir + fsync of the step directory, all ranks (strace)",
+        lambda run: float(sum(run.step_dir_ops.values())), "<= nodes + 2"),
+    Row("whole run: TCP connections, max rank", _connections, "log2 N"),
     Row("time to the first step, s (all ranks)", lambda run: run.first_step_s, ""),
 ]
 
@@ -413,8 +457,9 @@ def log2_fit(values: dict[int, float]) -> tuple[float, float, float]:
     return a, b, miss
 
 
-def verdict(row: Row, values: dict[int, float]) -> tuple[str, str, str]:
-    """(ratio text, target text, 'ok' / 'MISSED' / '') of a row against its target."""
+def verdict(row: Row, values: dict[int, float], nodes: dict[int, int] | None = None) -> tuple[str, str, str]:
+    """(ratio text, target text, 'ok' / 'MISSED' / '') of a row against its target; ``nodes``: the stand-in
+    nodes of each N (default: one rank per node)."""
     ns = sorted(values)
     lo, hi = values[ns[0]], values[ns[-1]]
     ratio = hi / lo if lo else (1.0 if hi == 0 else math.inf)
@@ -437,6 +482,9 @@ def verdict(row: Row, values: dict[int, float]) -> tuple[str, str, str]:
         return text, fit, "ok" if steps[-1] <= 1.1 * max(steps[:-1]) + 1 else "MISSED"
     if row.target == "0":
         return text, "0", "ok" if max(values.values()) == 0 else "MISSED"
+    if row.target == "<= nodes + 2":
+        nodes = nodes or {n: n for n in values}
+        return text, row.target, "ok" if all(v <= nodes[n] + 2 for n, v in values.items()) else "MISSED"
     if row.target == "<= 2":
         return text, "<= 2 (2 (N-1)/N)", "ok" if max(values.values()) <= 2 else "MISSED"
     if row.target.endswith(" N") or row.target == "<= N/64":  # a bound proportional to N, at every N
@@ -445,13 +493,23 @@ def verdict(row: Row, values: dict[int, float]) -> tuple[str, str, str]:
     return text, "timing", ""
 
 
-TARGET_RANKS = 2048 * 8  # 2048 nodes of 8 ranks
+TARGET_NODES, TARGET_PER_NODE = 2048, 8
+TARGET_RANKS = TARGET_NODES * TARGET_PER_NODE
 
 
-def extrapolate(row: Row, values: dict[int, float], ranks: int = TARGET_RANKS) -> float | None:
+def extrapolate(row: Row, values: dict[int, float], ranks: int = TARGET_RANKS,
+                nodes: dict[int, int] | None = None) -> float | None:
     """The count at ``ranks`` from the fit its target names: flat (the largest N's value), 1/N (scaled), log2 N
-    (a + b log2 N through the counts); None for a timing."""
+    (a + b log2 N through the counts), per node (a straight line in the nodes through the two largest N, at
+    ``ranks / 8`` nodes); None for a timing."""
     ns = sorted(values)
+    if row.target == "<= nodes + 2":
+        nodes = nodes or {n: n for n in values}
+        far_nodes = ranks // TARGET_PER_NODE
+        if len(ns) < 2 or nodes[ns[-1]] == nodes[ns[-2]]:
+            return values[ns[-1]]
+        slope = (values[ns[-1]] - values[ns[-2]]) / (nodes[ns[-1]] - nodes[ns[-2]])
+        return values[ns[-1]] + slope * (far_nodes - nodes[ns[-1]])
     if row.target in ("flat", "0", "<= 2"):
         return values[ns[-1]]
     if row.target == "1/N":
@@ -466,23 +524,24 @@ def table(rows: list[Row], runs: list[Run]) -> tuple[str, list[dict[str, Any]]]:
     """Each row measured, its target checked against the measured values; where runtime/comm_counts.py models
     the same count, a second line shows the model's values (no verdict)."""
     ns = [r.ranks for r in runs]
-    head = (f"| count | how | {' | '.join(f'N={n}' for n in ns)} | N={ns[-1]}/N={ns[0]} | "
+    nodes = {r.ranks: r.nodes for r in runs}
+    head = (f"| count | how | {' | '.join(f'N={n} ({nodes[n]} nodes)' for n in ns)} | N={ns[-1]}/N={ns[0]} | "
             f"N={TARGET_RANKS} (fit) | target | |")
     lines = [head, "|---|---|" + "---:|" * len(ns) + "---:|---:|---|---|"]
     data = []
     for row in rows:
         values = {run.ranks: row.value(run) for run in runs}
-        ratio, target, ok = verdict(row, values)
-        far = extrapolate(row, values)
+        ratio, target, ok = verdict(row, values, nodes)
+        far = extrapolate(row, values, nodes=nodes)
         cells = " | ".join(f"{values[n]:.4g}" for n in ns)
         lines.append(f"| {row.name} | {row.how} | {cells} | {ratio} | {'' if far is None else f'{far:.4g}'} | "
                      f"{target} | {ok} |")
-        entry = {"count": row.name, "how": row.how, "values": values, "ratio": ratio, "target": row.target,
-                 "verdict": ok, f"at_{TARGET_RANKS}": far}
+        entry = {"count": row.name, "how": row.how, "values": values, "nodes": nodes, "ratio": ratio,
+                 "target": row.target, "verdict": ok, f"at_{TARGET_RANKS}": far}
         if row.model is not None:
             model = {run.ranks: row.model(run) for run in runs}
-            model_ratio, _, _ = verdict(row, model)
-            model_far = extrapolate(row, model)
+            model_ratio, _, _ = verdict(row, model, nodes)
+            model_far = extrapolate(row, model, nodes=nodes)
             cells = " | ".join(f"{model[n]:.4g}" for n in ns)
             lines.append(f"| ↳ the same, modelled (runtime/comm_counts.py) | model | {cells} | {model_ratio} | "
                          f"{'' if model_far is None else f'{model_far:.4g}'} | | |")
@@ -552,13 +611,17 @@ def main() -> int:
     parser.add_argument("--backend", choices=["mpi", "gloo"], default="mpi", help="the ranks' communication backend")
     parser.add_argument("--store", action="store_true",
                         help="gloo: meet at a TCPStore on rank 0 (MASTER_ADDR) instead of bootstrapping over MPI")
+    parser.add_argument("--gloo-ring", action="store_true",
+                        help="gloo: gloo's own ring all-reduce over a full mesh (the baseline of hpctrain's own)")
+    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks per stand-in node (default 1)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="hpctrain-scale-"))
     library = wire_counts.build(out / "wire")
+    extra = {"HPCTRAIN_GLOO_ALLREDUCE": "gloo", "TORCH_GLOO_LAZY_INIT": "0"} if args.gloo_ring else {}
     runs = []
     for n in args.ranks:
         run = run_once(n, out / "shared-env", sys.executable, backend=args.backend, store=args.store,
-                       wire_library=library)
+                       wire_library=library, ranks_per_node=args.ranks_per_node, extra_env=extra)
         print(f"N={n}: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s, "
               f"lowest MemAvailable {run.min_available_mb:.0f} MB", file=sys.stderr, flush=True)
         runs.append(run)
@@ -569,7 +632,8 @@ def main() -> int:
         for n in args.ranks:
             # Not preloaded here: the interposer and the MPI library it links lie on the shared path, and the
             # staged rows count what a rank opens there.
-            run = run_once(n, out / "staged-env", python, env, backend=args.backend, store=args.store)
+            run = run_once(n, out / "staged-env", python, env, backend=args.backend, store=args.store,
+                           ranks_per_node=args.ranks_per_node, extra_env=extra)
             print(f"N={n} staged: {run.wall_s:.0f} s, first step after {run.first_step_s:.1f} s", file=sys.stderr,
                   flush=True)
             staged.append(run)

@@ -51,7 +51,12 @@ def test_binomial_trees_for_broadcast_and_gather() -> None:
     assert gather[0][2:] == (3, 70)  # the root receives log2(8) messages carrying everyone else's share
     # gloo's gather is linear: the root receives from every rank
     assert _sent("gloo", "gather", 10, 0, 8)[2:] == (7, 70)
-    assert _sent("gloo", "allreduce", 800, 3, 8)[:2] == (14, 2 * 800 * 7 // 8)
+    assert _sent("gloo", "allreduce", 800, 3, 8)[:2] == (14, 2 * 800 * 7 // 8)  # gloo's own ring
+    # hpctrain's all-reduce over gloo: recursive doubling (small), Rabenseifner (large), one fold at N = 6
+    assert _sent("p2p", "allreduce", 800, 3, 8)[:2] == (3, 3 * 800)
+    assert _sent("p2p", "allreduce", 8000, 3, 8)[:2] == (6, 2 * 8000 * 7 // 8)
+    assert _sent("p2p", "allreduce", 8000, 0, 6)[:2] == (1, 8000)
+    assert _sent("p2p", "allreduce", 8000, 1, 6)[:2] == (5, 2 * 8000 * 3 // 4 + 8000)
 
 
 def test_counting_is_off_without_the_switch() -> None:
@@ -84,8 +89,9 @@ def test_counts_are_exact_for_known_collectives_on_real_ranks(tmp_path: Path, ba
         work = record["work"]
         assert work["steps"] == 1
         startup, train = work["traffic"]["startup"], work["traffic"]["train"]
+        reduced_as = "p2p" if backend == "gloo" else backend  # gloo's all-reduces are hpctrain's own
         for label, k in ALLREDUCES:
-            cat = comm_counts.traffic(backend, "allreduce", 4 * k, r, n)[0]
+            cat = comm_counts.traffic(reduced_as, "allreduce", 4 * k, r, n, element_size=4)[0]
             got = startup["gradients" if label.startswith("bucket") else label]
             assert got["calls"] == REPEATS and got["payload_bytes"] == REPEATS * 4 * k
             assert got["sent_messages"] == REPEATS * cat.sent_messages
@@ -95,8 +101,9 @@ def test_counts_are_exact_for_known_collectives_on_real_ranks(tmp_path: Path, ba
         ckpt = train["checkpoint"]
         assert ckpt["calls"] == 4
         assert ckpt["payload_bytes"] == 16 + 8 + (8 + 8 * n) + 0
-        expected = [comm_counts.traffic(backend, kind, b, r, n)[0] for kind, b in
-                    (("gather", 16), ("allreduce", 8), ("gather", 8 + 8 * n), ("barrier", 0))]
+        expected = [comm_counts.traffic(reduced_as if kind == "allreduce" else backend, kind, b, r, n,
+                                        element_size=8)[0]
+                    for kind, b in (("gather", 16), ("allreduce", 8), ("gather", 8 + 8 * n), ("barrier", 0))]
         assert ckpt["sent_messages"] == sum(t.sent_messages for t in expected)
         assert ckpt["received_messages"] == sum(t.received_messages for t in expected)
         assert set(startup) | set(train) <= {"gradients", "stop flag", "checkpoint"}

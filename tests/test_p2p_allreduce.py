@@ -8,6 +8,7 @@ import json
 import math
 import os
 import queue
+import re
 import subprocess
 import sys
 import threading
@@ -262,3 +263,40 @@ def test_without_lazy_pairs_gloo_connects_the_full_mesh(tmp_path: Path) -> None:
     """The connection count above can fail: with TORCH_GLOO_LAZY_INIT=0 every rank holds N - 1 at start-up."""
     reports = _gloo_ranks(6, tmp_path, TORCH_GLOO_LAZY_INIT="0")
     assert [x["connections_at_start"] for x in reports] == [5] * 6
+
+
+def _lose_a_rank(how: str, n: int, victim: int, timeout_s: int) -> subprocess.CompletedProcess[str]:
+    drop = ("PMI_", "MPI_LOCAL", "SLURM_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC",
+            "HPCTRAIN_", "MPIR_CVAR_", "LD_PRELOAD", "TORCH_GLOO_")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(OMP_NUM_THREADS="1")
+    # A killed rank: the others are left running by Hydra, to see what they do. A hang is the subprocess
+    # timeout, far beyond the collective timeout and the watchdog's grace.
+    keep = ["-disable-auto-cleanup"] if how == "kill" else []
+    return subprocess.run([MPIEXEC, *keep, "-n", str(n), sys.executable, WORKER, how, str(victim), str(timeout_s)],
+                          capture_output=True, text=True, timeout=200, cwd=ROOT, env=env)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_a_stuck_rank_is_named_by_the_watchdog_during_a_p2p_allreduce() -> None:
+    """Rank 2 of 6 stops before the asynchronous all-reduces (run on the helper thread): the others' watchdog
+    names it and aborts the job, as for gloo's own collectives."""
+    out = _lose_a_rank("sleep", 6, 2, 6)
+    assert out.returncode != 0
+    said = out.stdout + out.stderr
+    assert "rank 2 did not arrive at collective #4 (allreduce, bucket 0) within 6 s" in said, said[-3000:]
+    assert "unexpected" not in said
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_a_killed_rank_ends_its_peers_p2p_allreduces() -> None:
+    """Rank 2 of 6 is killed: a rank that receives from it fails with a peer's failure (the run's failure note
+    then names the killed rank, tests/test_failure_reason.py), none completes an all-reduce, none hangs."""
+    out = _lose_a_rank("kill", 6, 2, 30)
+    assert out.returncode != 0
+    said = out.stdout + out.stderr
+    failed = re.findall(r"rank (\d) of 6: peer failure (True|False)", said)
+    assert failed and all(peer == "True" for _, peer in failed), said[-3000:]
+    assert "unexpected" not in said

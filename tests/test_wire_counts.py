@@ -177,3 +177,18 @@ def test_a_directory_listing_counts_once_whatever_the_directory_size(tmp_path: P
     ]) + "\n")
     counts = syscall_trace.count(log, "/run", node_local=("/nvme/",))["end"]["readdirs"]
     assert counts == {"node_local": 1, "shared": 3, "system": 0}
+
+
+def test_mkdir_and_fsync_of_one_directory_are_counted_apart_from_the_rest(tmp_path: Path) -> None:
+    log = tmp_path / "rank-0.strace"
+    log.write_text("\n".join([
+        '7 mkdir("/lus/run/ckpt/step-3", 0777) = 0',
+        '7 mkdirat(AT_FDCWD</lus/run>, "ckpt/step-3", 0777) = -1 EEXIST (File exists)',
+        '7 mkdir("/lus/run/ckpt/step-3/sub", 0777) = 0',
+        '8 fsync(5</lus/run/ckpt/step-3>) = 0',
+        '8 fdatasync(6</lus/run/ckpt/step-3/node-0.pt>) = 0',
+        '8 fsync(7</lus/run/ckpt>) = 0',
+    ]) + "\n")
+    assert syscall_trace.directory_ops(log, "/lus/run/ckpt/step-3", cwd="/lus/run") == {"mkdir": 2, "fsync": 1}
+    windows = syscall_trace.count(log, "/lus/run")
+    assert sum(windows["end"]["stats"].values()) == 0 and sum(windows["end"]["opens"].values()) == 0

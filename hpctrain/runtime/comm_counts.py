@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from hpctrain.runtime import p2p_allreduce
 from hpctrain.runtime.comm import Communicator, Handle
 from hpctrain.runtime.work_counts import Traffic, WorkCounts, active
 
@@ -97,12 +98,24 @@ def _gather_binomial(m: int, rank: int, size: int, root: int) -> tuple[Traffic, 
                    received_messages=children, received_bytes=(below - 1) * m), "binomial tree"
 
 
-def traffic(backend: str, kind: str, nbytes: int, rank: int, size: int, root: int = 0) -> tuple[Traffic, str]:
+def _p2p_allreduce(nbytes: int, element_size: int, rank: int, size: int) -> tuple[Traffic, str]:
+    count = nbytes // element_size
+    name = p2p_allreduce.algorithm(count, element_size, size)
+    rounds = p2p_allreduce.schedule(rank, size, count, name)
+    return Traffic(sent_messages=sum(r.sends for r in rounds),
+                   sent_bytes=element_size * sum(r.send[1] - r.send[0] for r in rounds),
+                   received_messages=sum(r.receives for r in rounds),
+                   received_bytes=element_size * sum(r.recv[1] - r.recv[0] for r in rounds)), f"p2p {name}"
+
+
+def traffic(backend: str, kind: str, nbytes: int, rank: int, size: int, root: int = 0,
+            element_size: int = 1) -> tuple[Traffic, str]:
     """What one call costs ``rank`` of ``size``: messages and bytes sent and received, and the algorithm assumed.
 
     ``nbytes``: the payload this rank passes (for allgather and gather, one rank's contribution). MPI: MPICH's
-    defaults by size. gloo: the ring torch asks gloo for (all-reduce, allgather), a binomial broadcast, a linear
-    gather (every rank sends to the root). nccl and xccl are counted as rings.
+    defaults by size. ``p2p``: gloo's all-reduce as hpctrain makes it (runtime/p2p_allreduce.py's schedule for
+    elements of ``element_size`` bytes). gloo: the ring torch asks gloo for (all-reduce, allgather), a binomial
+    broadcast, a linear gather (every rank sends to the root). nccl and xccl are counted as rings.
     """
     t = Traffic(calls=1, payload_bytes=nbytes)
     if size <= 1:
@@ -114,7 +127,9 @@ def traffic(backend: str, kind: str, nbytes: int, rank: int, size: int, root: in
         k = _log2_ceil(size)
         t.add(Traffic(sent_messages=k, received_messages=k))
         return t, "dissemination"
-    if backend == "mpi":
+    if backend == "p2p" and kind == "allreduce":
+        more, name = _p2p_allreduce(nbytes, element_size, rank, size)
+    elif backend == "mpi":
         if kind == "allreduce":
             more, name = _mpich_allreduce(nbytes, rank, size)
         elif kind == "broadcast":
@@ -169,16 +184,19 @@ class CountingCommunicator(Communicator):
     def __getattr__(self, name: str) -> Any:  # anything else a back-end offers (device_type, ...)
         return getattr(self._inner, name)
 
-    def _count(self, kind: str, label: str, nbytes: int, root: int = 0) -> None:
-        t, algorithm = traffic(self.backend, kind, nbytes, self.rank, self.size, root)
+    def _count(self, kind: str, label: str, nbytes: int, root: int = 0, element_size: int = 1) -> None:
+        backend = self.backend
+        if kind == "allreduce" and getattr(self._inner, "p2p", None) is not None:
+            backend = "p2p"
+        t, algorithm = traffic(backend, kind, nbytes, self.rank, self.size, root, element_size)
         self._counts.add_traffic(label, t, algorithm, kind)
 
     def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
-        self._count("allreduce", label, _nbytes(tensor))
+        self._count("allreduce", label, _nbytes(tensor), element_size=tensor.element_size())
         return self._inner.allreduce_async_(tensor, op, label)
 
     def allreduce_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> torch.Tensor:
-        self._count("allreduce", label, _nbytes(tensor))
+        self._count("allreduce", label, _nbytes(tensor), element_size=tensor.element_size())
         return self._inner.allreduce_(tensor, op, label)
 
     def progress(self) -> None:

@@ -21,7 +21,8 @@ OPENS = ("open", "openat", "openat2", "creat")
 STATS = ("stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat")
 READDIRS = ("getdents64", "getdents")
 READS = ("read", "pread64")
-TRACED = OPENS + STATS + READDIRS + READS
+DIRECTORY_OPS = ("mkdir", "mkdirat", "fsync", "fdatasync")  # counted on one directory (``directory_ops``)
+TRACED = OPENS + STATS + READDIRS + READS + DIRECTORY_OPS
 KINDS = ("opens", "stats", "readdirs", "read_bytes")
 
 _CALL = re.compile(r"^(?:\[pid\s+)?(\d+)\]?\s+(\w+)\((.*)$")
@@ -91,6 +92,8 @@ def count(log: str | os.PathLike[str], cwd: str, node_local: tuple[str, ...] = (
         if m is None:
             continue  # a "<... resumed>" line: the call was counted where it started
         name, args = m.group(2), m.group(3)
+        if name in DIRECTORY_OPS:
+            continue
         if name in READS:
             fd, result = _FD.match(args), _RESULT.search(args)
             if fd and fd.group(2).startswith("/") and result and int(result.group(1)) > 0:
@@ -130,3 +133,22 @@ def between(windows: dict[str, Any], start: str | None, end: str) -> dict[str, d
             for where, n in by_location.items():
                 total[kind][where] += n
     return total
+
+
+def directory_ops(log: str | os.PathLike[str], directory: str | os.PathLike[str], cwd: str = "/",
+                  ) -> dict[str, int]:
+    """mkdir and fsync (fdatasync) calls on ``directory`` itself in the log (``-y`` names a descriptor's path;
+    a relative mkdir is taken from ``cwd``)."""
+    target = os.path.abspath(directory)
+    ops = {"mkdir": 0, "fsync": 0}
+    for line in Path(log).read_text(errors="replace").splitlines():
+        m = _CALL.match(line)
+        if m is None or m.group(2) not in DIRECTORY_OPS:
+            continue
+        if m.group(2).startswith("mkdir"):
+            path = _path(m.group(2), m.group(3), cwd)
+            ops["mkdir"] += path is not None and os.path.normpath(path) == target
+        else:
+            fd = _FD.match(m.group(3))
+            ops["fsync"] += fd is not None and fd.group(2) == target
+    return ops

@@ -1,5 +1,9 @@
 """Worker for tests/test_p2p_allreduce.py, started by the MPICH wheel's mpiexec: gloo ranks (MPI bootstrap).
 
+``python p2p_worker.py kill|sleep D TIMEOUT_S``: rank D is killed (SIGKILL), or sleeps, between two all-reduces;
+every other rank prints how its next all-reduces (asynchronous, then blocking) ended: a peer's failure, or the
+watchdog's message naming D.
+
 ``python p2p_worker.py K OUT_DIR``: through ``make_communicator("gloo")``, all-reduces of known inputs (sizes on both
 sides of the algorithm switch, float32 and float64, sum and max, blocking and asynchronous), then a window of K
 small and K large all-reduces; writes ``OUT_DIR/rank-R.json`` with a digest of every result, its largest error
@@ -13,6 +17,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -102,5 +107,33 @@ def main(k: int, out_dir: str) -> None:
     (Path(out_dir) / f"rank-{r}.json").write_text(json.dumps(report))
 
 
+def lose(how: str, victim: int, timeout_s: float) -> None:
+    import signal
+
+    from hpctrain.runtime.comm import is_peer_failure
+
+    comm = make_communicator("gloo", timeout_s=timeout_s)
+    r, n = comm.rank, comm.size
+    for i in range(3):  # every pair of the schedules is connected by now
+        comm.allreduce_(torch.full((1000,), float(r)), "sum", f"warm-up {i}")
+    if r == victim and how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if r == victim:
+        time.sleep(3600)
+    try:
+        handles = [comm.allreduce_async_(torch.full((5000,), float(r)), "sum", f"bucket {i}") for i in range(2)]
+        for h in handles:
+            h.wait()
+        comm.allreduce_(torch.ones(2), "sum", "stop flag")
+    except Exception as exc:  # noqa: BLE001 - what the rank saw is the test's subject
+        print(f"rank {r} of {n}: peer failure {is_peer_failure(exc)}: {type(exc).__name__}: {exc}", flush=True)
+        comm.abandon()
+        sys.exit(1)
+    print(f"rank {r}: all-reduces completed without rank {victim} (unexpected)", flush=True)
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] in ("kill", "sleep"):
+        lose(sys.argv[1], int(sys.argv[2]), float(sys.argv[3]))
+    else:
+        main(int(sys.argv[1]), sys.argv[2])
