@@ -22,13 +22,14 @@ DROP = ("PMI_", "MPI_LOCAL", "SLURM_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE",
         "HPCTRAIN_")
 
 
-def _env() -> dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(DROP)}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), **extra)
     return env
 
 
-def _run(launcher: str, n: int, steps: int, pause_s: float, out: Path, venv_bin: Path) -> list[dict[str, Any]]:
+def _run(launcher: str, n: int, steps: int, pause_s: float, out: Path, venv_bin: Path,
+         **extra: str) -> list[dict[str, Any]]:
     """``n`` gloo ranks (rank 0 hosting the TCPStore under the local launcher; no store under mpiexec): one
     all-reduce at start-up, ``steps`` more ``pause_s`` apart, close; each rank's store counts."""
     out.mkdir(parents=True)
@@ -36,7 +37,7 @@ def _run(launcher: str, n: int, steps: int, pause_s: float, out: Path, venv_bin:
     work = [python, WORKER, "store", str(steps), str(pause_s), str(out)]
     argv = ([str(venv_bin / "mpiexec"), "-n", str(n), *work] if launcher == "mpiexec" else
             [python, "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", str(n), "--", *work])
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env(), cwd=REPO)
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=_env(**extra), cwd=REPO)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     records = sorted((json.loads(p.read_text()) for p in out.glob("rank-*.json")), key=lambda r: r["rank"])
     assert [r["rank"] for r in records] == list(range(n))
@@ -58,10 +59,20 @@ def test_startup_store_calls_per_rank_do_not_grow_with_ranks(tmp_path: Path, ven
         assert {r["server"] for r in records} == {"rank 0"} and {r["rendezvous"] for r in records} == {"store"}
         per_rank[n] = _served(records, "startup") / n
         assert sum(r["connections"] for r in records) == 2 * n
-        # gloo's 2 N + 1 reads of the addresses were answered in the rank, from the one exchange
-        assert all(r["local_calls"] == 2 * n + 1 for r in records), [r["local_calls"] for r in records]
+        # gloo's group connects its pairs lazily: at start-up only the exchange itself (its reads of a peer's
+        # address come when the pair first carries a message, answered in the rank too: no store call in
+        # training, test_training_sends_no_store_request_per_watchdog_tick)
+        assert all(r["local_calls"] == 1 for r in records), [r["local_calls"] for r in records]
     assert per_rank[2] >= per_rank[4] >= per_rank[8], per_rank
     assert per_rank[8] <= 6, per_rank
+
+
+def test_a_full_mesh_reads_every_address_in_the_rank(tmp_path: Path, venv_bin: Path) -> None:
+    """With lazy pairs off (TORCH_GLOO_LAZY_INIT=0) gloo connects the full mesh at start-up: its 2 N + 1 reads of
+    the addresses are answered in the rank, from the one exchange, and rank 0 serves the same 5 N + 1 calls."""
+    records = _run("local", 4, 1, 0.0, tmp_path / "mesh", venv_bin, TORCH_GLOO_LAZY_INIT="0")
+    assert all(r["local_calls"] == 2 * 4 + 1 for r in records), [r["local_calls"] for r in records]
+    assert _served(records, "startup") <= 6 * 4
 
 
 def test_training_sends_no_store_request_per_watchdog_tick(tmp_path: Path, venv_bin: Path) -> None:
@@ -80,7 +91,7 @@ def test_gloo_under_mpiexec_bootstraps_over_mpi_without_a_store(tmp_path: Path, 
     records = _run("mpiexec", 4, 3, 0.5, tmp_path / "mpi", venv_bin)
     for r in records:
         assert (r["server"], r["rendezvous"], r["connections"], r["calls"]) == ("none", "mpi", 0, {}), r
-        assert r["local_calls"] == 2 * 4 + 1, r
+        assert r["local_calls"] == 1, r  # the exchange; pairs connect lazily
 
 
 def _free_port() -> int:
