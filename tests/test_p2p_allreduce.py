@@ -178,6 +178,14 @@ def test_the_tally_counts_what_the_schedule_says() -> None:
     assert sum(t.sent_messages for t in tallies) == sum(t.received_messages for t in tallies)
 
 
+def test_an_unknown_choice_of_gloo_all_reduce_is_a_config_error() -> None:
+    from hpctrain.errors import ConfigError
+    from hpctrain.runtime.comm import make_communicator
+
+    with pytest.raises(ConfigError, match="HPCTRAIN_GLOO_ALLREDUCE='ring' is not p2p or gloo"):
+        make_communicator("gloo", 10, environ={"HPCTRAIN_GLOO_ALLREDUCE": "ring"})
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="op"):
         p2p.run(torch.ones(3), "prod", 0, 2, Mailboxes().transport(0), 0)

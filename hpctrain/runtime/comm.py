@@ -523,6 +523,10 @@ class TorchDistCommunicator(_WatchedCommunicator):
         import torch.distributed as dist
 
         environ = os.environ if environ is None else environ
+        allreduce = environ.get(GLOO_ALLREDUCE_ENV, "p2p")
+        if allreduce not in ("p2p", "gloo"):
+            raise ConfigError(f"{GLOO_ALLREDUCE_ENV}={allreduce!r} is not p2p or gloo", key=GLOO_ALLREDUCE_ENV,
+                              hint="unset it (hpctrain's point-to-point all-reduce) or set gloo (gloo's ring)")
         env = env or detect_launch_env(environ)
         self._dist = dist
         self.rank, self.size, self.local_rank = env.rank, env.size, env.local_rank
@@ -577,7 +581,7 @@ class TorchDistCommunicator(_WatchedCommunicator):
         # gloo's own all-reduce is a ring over a full mesh (O(N) messages per rank): CPU tensors are all-reduced
         # by point-to-point messages instead, O(log N) of them (runtime/gloo_allreduce.py).
         self.p2p: GlooAllreduce | None = None
-        if backend == "gloo" and self.size > 1 and environ.get(GLOO_ALLREDUCE_ENV, "p2p") != "gloo":
+        if backend == "gloo" and self.size > 1 and allreduce == "p2p":
             self.p2p = GlooAllreduce(dist, self.rank, self.size)
         self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                      "min": dist.ReduceOp.MIN}
