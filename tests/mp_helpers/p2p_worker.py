@@ -8,7 +8,8 @@ watchdog's message naming D.
 sides of the algorithm switch, float32 and float64, sum and max, blocking and asynchronous), then a window of K
 small and K large all-reduces; writes ``OUT_DIR/rank-R.json`` with a digest of every result, its largest error
 against the float64 sum of every rank's inputs, the point-to-point module's own counts and the interposer's
-(runtime/wire_counts.py, where it is preloaded) in the window, and the rank's established TCP connections.
+(runtime/wire_counts.py, where it is preloaded) in the window, and the rank's established TCP connections
+(their ports) after init and at the end.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ SIZES = (1, 7, 300, 5000, 100_000)
 SMALL, LARGE = 16, 100_000  # float32 elements: recursive doubling, Rabenseifner
 
 
-def established_tcp_connections() -> int:
-    """TCP connections of this process in state ESTABLISHED (its socket inodes in /proc/net/tcp{,6})."""
+def established_tcp_connections() -> list[tuple[int, int]]:
+    """(local port, remote port) of this process's TCP connections in state ESTABLISHED (its socket inodes in
+    /proc/net/tcp{,6})."""
     inodes = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
@@ -41,12 +43,13 @@ def established_tcp_connections() -> int:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    count = 0
+    out = []
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
-            count += fields[3] == "01" and fields[9] in inodes
-    return count
+            if fields[3] == "01" and fields[9] in inodes:
+                out.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)))
+    return out
 
 
 def inputs(rank: int, count: int, dtype: torch.dtype) -> torch.Tensor:
@@ -101,8 +104,7 @@ def main(k: int, out_dir: str) -> None:
                         "wire": None if after is None else wire_counts.totals(wire_counts.difference(after, before))}
     connections = established_tcp_connections()
     report = {"rank": r, "size": n, "results": results, "window": window, "k": k,
-              "peers": sorted(p2p.tally.peers), "connections_at_start": connections_at_start,
-              "connections": connections}
+              "peers": sorted(p2p.tally.peers), "sockets_at_start": connections_at_start, "sockets": connections}
     comm.close()
     (Path(out_dir) / f"rank-{r}.json").write_text(json.dumps(report))
 
