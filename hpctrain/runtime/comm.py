@@ -474,6 +474,9 @@ RENDEZVOUS_MIN_S = 60.0  # start-up skew between ranks (imports, MPI_Init) is no
 # "gloo": gloo's own ring all-reduce instead of hpctrain's point-to-point one (a benchmark's baseline).
 GLOO_ALLREDUCE_ENV = "HPCTRAIN_GLOO_ALLREDUCE"
 GLOO_LAZY_ENV = "TORCH_GLOO_LAZY_INIT"  # torch's switch, read when the group's device is made
+# On abandon, how long the p2p all-reduce's helper may take to leave gloo (a receive from a departed peer fails at
+# once) before the group is destroyed under it.
+P2P_ABANDON_WAIT_S = 5.0
 PROCESS_GROUP_MARGIN_S = 60.0  # past the watchdog's deadline: its tick + grace (<= 11 s) + the abort itself
 
 
@@ -719,8 +722,8 @@ class TorchDistCommunicator(_WatchedCommunicator):
             return
         self._closed = True
         self._watchdog.close()
-        if self.p2p is not None:  # its helper may wait on a departed peer: not joined
-            self.p2p.close(timeout_s=0)
+        if self.p2p is not None:  # its helper may wait on a departed peer: not for long
+            self.p2p.close(timeout_s=P2P_ABANDON_WAIT_S)
         try:
             self._dist.destroy_process_group()
         except Exception as exc:  # already broken by a departed peer: nothing more to let go

@@ -102,11 +102,15 @@ class GlooAllreduce:
         return job
 
     def _serve(self) -> None:
+        failed: BaseException | None = None
         while (job := self._jobs.get()) is not None:
-            try:
-                job.run()
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller's wait()
-                job.error = exc
+            if failed is not None:  # the group is broken (a peer gone): the jobs queued after it are not started
+                job.error = failed
+            else:
+                try:
+                    job.run()
+                except BaseException as exc:  # noqa: BLE001 - handed to the caller's wait()
+                    job.error = failed = exc
             job.done = True
             job.event.set()
 
