@@ -244,13 +244,16 @@ def _agree(comm: Communicator, error: BaseException | None, label: str) -> None:
         return
     line = b"" if error is None else failure_text(comm.rank, error).encode()[:AGREE_MAX_BYTES]
     code = 0 if error is None else failure_exit_code(error)
-    outcome = torch.tensor([int(error is not None), len(line), code], dtype=torch.int64)
-    outcomes = comm.allgather(outcome, f"{label} outcome".strip())
-    failed = [r for r, o in enumerate(outcomes) if int(o[0])]
-    if not failed:
+    # One all-reduce finds the lowest failing rank (O(log N) messages; every rank picks the same one); only when
+    # one failed does it broadcast its line's length, exit code and text.
+    lowest = torch.tensor([comm.rank if error is not None else comm.size], dtype=torch.int64)
+    comm.allreduce_(lowest, "min", f"{label} outcome".strip())
+    origin = int(lowest[0])
+    if origin == comm.size:
         return
-    origin = failed[0]  # the lowest failing rank: every rank picks the same one
-    length = int(outcomes[origin][1])
+    meta = torch.tensor([len(line), code], dtype=torch.int64)
+    comm.broadcast_(meta, origin, f"{label} outcome".strip())
+    length = int(meta[0])
     text = torch.zeros(max(1, length), dtype=torch.uint8)
     if comm.rank == origin:
         text[:length] = torch.frombuffer(bytearray(line), dtype=torch.uint8)
@@ -259,7 +262,7 @@ def _agree(comm: Communicator, error: BaseException | None, label: str) -> None:
         assert error is not None
         raise error
     received = bytes(text[:length].tolist()).decode("utf-8", "replace")
-    raise RankFailure(origin, received, int(outcomes[origin][2])) from error
+    raise RankFailure(origin, received, int(meta[1])) from error
 
 
 # ----------------------------------------------------------------------------------------------- MPI
