@@ -67,7 +67,13 @@ def main(k: int, out_dir: str) -> None:
     r, n = comm.rank, comm.size
     p2p = comm.p2p
     assert p2p is not None, "the gloo communicator all-reduces by point-to-point messages"
+    # Between two MPI barriers (shared memory, no socket): no rank has started an all-reduce, so no peer can have
+    # connected to this one yet.
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()
     connections_at_start = established_tcp_connections()
+    MPI.COMM_WORLD.Barrier()
     results: dict[str, dict[str, object]] = {}
     for dtype in (torch.float32, torch.float64):
         for count in SIZES:
