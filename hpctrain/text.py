@@ -1,10 +1,14 @@
 """Values echoed to a terminal: control characters escaped, long lists of errors cut.
 
 Every message and table that repeats a value (a path, a key, a registry field) passes it through
-``printable``, so a value cannot clear the screen, move the cursor or forge a line of its own.
+``printable``, so a value cannot clear the screen, move the cursor or forge a line of its own. ``json_lines``
+reads back the JSON-lines files that runs append to (metrics, records), tolerating a line torn mid-append.
 """
 
 from __future__ import annotations
+
+import json
+from typing import Any
 
 # Errors printed per file before "and N more": enough to fix a file, not a screen of noise.
 MAX_ERRORS_SHOWN = 20
@@ -33,3 +37,17 @@ def writable_text(text: str) -> bool:
     """Whether ``text`` can be written to a UTF-8 script or file name: no NUL, no undecodable bytes (which
     arrive from the command line as lone surrogates)."""
     return "\x00" not in text and not any("\ud800" <= c <= "\udfff" for c in text)
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """The JSON objects of a JSON-lines file, one per line; a torn last line (a writer mid-append) and lines that
+    are not objects are skipped."""
+    out = []
+    for line in text.splitlines():
+        try:
+            value = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            out.append(value)
+    return out

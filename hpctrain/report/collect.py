@@ -14,6 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hpctrain.text import json_lines
+
 METRICS_FILE = "metrics.jsonl"
 ATTEMPTS_FILE = "attempts.jsonl"
 PROFILE_FILE = "profile.json"
@@ -137,19 +139,6 @@ def _read(path: Path, problems: list[str]) -> str | None:
         return None
 
 
-def parse_jsonl(text: str) -> list[dict[str, Any]]:
-    """One object per line; a torn last line (a writer mid-append) and foreign lines are skipped."""
-    out = []
-    for line in text.splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
-    return out
-
-
 @dataclass(frozen=True)
 class AttemptStart:
     """When an attempt began training, from which step (None: not known), and what started it."""
@@ -210,9 +199,9 @@ def read_metrics(directory: Path, attempts: tuple[Attempt, ...], problems: list[
     text = _read(directory / METRICS_FILE, problems)
     if text is None:
         return [], None, []
-    rows = parse_jsonl(text)
+    rows = json_lines(text)
     finals = [r for r in rows if r.get("final")]
-    starts = attempt_starts(parse_jsonl(_read(directory / ATTEMPTS_FILE, problems) or ""), attempts)
+    starts = attempt_starts(json_lines(_read(directory / ATTEMPTS_FILE, problems) or ""), attempts)
     records, marks = split_attempts([r for r in rows if not r.get("final")], starts)
     return records, (finals[-1] if finals else None), marks
 
@@ -297,7 +286,7 @@ def collect(directory: Path, facts: RunFacts, *, extra_dirs: tuple[Path, ...] = 
     per_node = int((data.profile or {}).get("ranks_per_node") or 1)
     text = _read(directory / RANK_TIMES_FILE, problems)
     if text is not None:
-        data.ranks = rank_times(parse_jsonl(text), per_node, read_hosts(directory))
+        data.ranks = rank_times(json_lines(text), per_node, read_hosts(directory))
     data.checkpoints = read_checkpoints(directory, problems)
     note = _read(directory / FAILURE_FILE, problems)
     data.failure = (note or "").strip().splitlines()[0] if (note or "").strip() else ""

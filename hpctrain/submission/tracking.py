@@ -8,7 +8,6 @@ round trip. Nothing here knows a scheduler by name: the back-end declares its pr
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -25,6 +24,7 @@ from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus, is_unknown_job_error
 from hpctrain.submission.transport import Transport, TransportPool
 from hpctrain.submission.views import RunView, latest_job_id, progress_from_record, view_of
+from hpctrain.text import json_lines
 
 METRICS_FILE = "metrics.jsonl"
 STATUS_TIMEOUT_S = 60.0
@@ -206,26 +206,14 @@ def poll_scheduler(transport: Transport, scheduler: Scheduler, jobs: Mapping[str
                for i, path in enumerate(metrics_paths)}
     error = "" if statuses is not None or not jobs else (f"no status command answered on {transport.host}: "
                                                          + "; ".join(errors))
-    records = {path: _json_lines(sections.get(f"rec{i}", {}).get("out", "")) for i, path in enumerate(record_paths)}
+    records = {path: json_lines(sections.get(f"rec{i}", {}).get("out", "")) for i, path in enumerate(record_paths)}
     notes = {path: read_failure(sections.get(f"note{i}", {}).get("out", "")) for i, path in enumerate(note_paths)}
     return GroupPoll(statuses, metrics, error, tuple(sources), records, notes, EXIT_SCHEDULER if error else 0)
 
 
-def _json_lines(text: str) -> list[dict[str, Any]]:
-    out = []
-    for line in text.splitlines():
-        try:
-            value = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(value, dict):
-            out.append(value)
-    return out
-
-
 def last_json_record(text: str) -> dict[str, Any] | None:
     """The last line of ``text`` that is a JSON object (other lines, a cut or half-written one, are skipped)."""
-    records = _json_lines(text)
+    records = json_lines(text)
     return records[-1] if records else None
 
 
