@@ -20,6 +20,7 @@ from pydantic import AfterValidator, Field, model_validator
 
 from hpctrain.config.common import FieldProblem, Strict, Word
 from hpctrain.errors import ConfigError
+from hpctrain.launch_env import NODE_LOCAL_ENV
 
 EnvironmentStaging = Literal["none", "archive", "container"]
 ContainerRuntime = Literal["apptainer", "podman-hpc", "shifter"]
@@ -33,8 +34,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 _HOME = re.compile(r"(?:~|\$HOME|\$\{HOME\})(?:/.*)?", re.DOTALL)
 MAX_PATH = 4096
 
-# Environment variables the rendered script sets for the ranks (read by ``hpctrain run`` and runtime/counters.py).
-NODE_LOCAL_ENV = "HPCTRAIN_NODE_LOCAL"  # this job's directory on the node-local storage
+# Environment variables the rendered script sets for the ranks (read by ``hpctrain run``); NODE_LOCAL_ENV, this
+# job's directory on the node-local storage, is launch_env's.
 DATA_MAP_ENV = "HPCTRAIN_STAGED_DATA"  # JSON {shared path: path relative to $HPCTRAIN_NODE_LOCAL}
 ENV_DIR = "env"  # the unpacked environment, under $HPCTRAIN_NODE_LOCAL
 DATA_DIR = "data"  # staged input files, under $HPCTRAIN_NODE_LOCAL

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.files import write_atomic
+from hpctrain.launch_env import NODE_LOCAL_ENV
+
 # HPCTRAIN_COUNTERS=1 in a rank's environment turns counting on at the first ``import hpctrain``.
 ENV_FLAG = "HPCTRAIN_COUNTERS"
-# Set by a rendered script that stages to node-local storage: the node-local copy's root.
-NODE_LOCAL_ENV = "HPCTRAIN_NODE_LOCAL"
 # More node-local prefixes, os.pathsep-separated (a node image's /usr, a test's temporary directory).
 EXTRA_LOCAL_ENV = "HPCTRAIN_COUNTERS_LOCAL"
 # Pseudo and node-image file systems: on every node, never on the shared file system.
@@ -190,9 +191,7 @@ def write_record(run_dir: str | os.PathLike[str], rank: int, size: int, **sectio
               "shared_opens_outside_run_dir": outside, "shared_examples": examples, **sections}
     path = record_path(run_dir, rank)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return path
 
 
