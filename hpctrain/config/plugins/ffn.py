@@ -209,7 +209,7 @@ class SyntheticVolume(Strict):
     membrane_width: int | None = Field(None, ge=2, multiple_of=2, description="Membrane thickness in voxels (2)")
     membrane_on_neighbours: bool | None = Field(None, description="Membranes darker than the objects they "
                                                 "separate by the contrast (default false: every membrane voxel "
-                                                "starts from one random brightness, docs/ffn.md)")
+                                                "starts from one random brightness; measured in docs/ffn_log.md)")
 
     def options(self) -> dict[str, Any]:
         """The knobs that were set (keyword arguments of make_synthetic_volume besides shape and seed)."""
