@@ -476,6 +476,7 @@ STORE_CLOSE_WAIT_S = 60.0  # at close, how long the store's host waits for every
 RENDEZVOUS_MIN_S = 60.0  # start-up skew between ranks (imports, MPI_Init) is not a collective's lateness
 # "gloo": gloo's own ring all-reduce instead of hpctrain's point-to-point one (a benchmark's baseline).
 GLOO_ALLREDUCE_ENV = "HPCTRAIN_GLOO_ALLREDUCE"
+GLOO_ALLGATHER_ENV = "HPCTRAIN_GLOO_ALLGATHER"
 GLOO_LAZY_ENV = "TORCH_GLOO_LAZY_INIT"  # torch's switch, read when the group's device is made
 # On abandon, how long the p2p all-reduce's helper may take to leave gloo (a receive from a departed peer fails at
 # once) before the group is destroyed under it.
@@ -533,6 +534,10 @@ class TorchDistCommunicator(_WatchedCommunicator):
         if allreduce not in ("p2p", "gloo"):
             raise ConfigError(f"{GLOO_ALLREDUCE_ENV}={allreduce!r} is not p2p or gloo", key=GLOO_ALLREDUCE_ENV,
                               hint="unset it (hpctrain's point-to-point all-reduce) or set gloo (gloo's ring)")
+        allgather = environ.get(GLOO_ALLGATHER_ENV, "p2p")
+        if allgather not in ("p2p", "gloo"):
+            raise ConfigError(f"{GLOO_ALLGATHER_ENV}={allgather!r} is not p2p or gloo", key=GLOO_ALLGATHER_ENV,
+                              hint="unset it (hpctrain's point-to-point all-gather) or set gloo (torch's ring)")
         env = env or detect_launch_env(environ)
         self._dist = dist
         self.rank, self.size, self.local_rank = env.rank, env.size, env.local_rank
@@ -584,11 +589,15 @@ class TorchDistCommunicator(_WatchedCommunicator):
             )
         if counts is not None and self._exchange_store is not None:
             counts.local_calls = self._exchange_store.local_calls
-        # gloo's own all-reduce is a ring over a full mesh (O(N) messages per rank): CPU tensors are all-reduced
-        # by point-to-point messages instead, O(log N) of them (runtime/gloo_allreduce.py).
+        # gloo's own all-reduce and torch's all-gather over gloo are rings over a full mesh (O(N) messages per
+        # rank): CPU tensors are all-reduced and all-gathered by point-to-point messages instead, O(log N) of them
+        # (runtime/gloo_allreduce.py).
         self.p2p: GlooAllreduce | None = None
-        if backend == "gloo" and self.size > 1 and allreduce == "p2p":
-            self.p2p = GlooAllreduce(dist, self.rank, self.size)
+        self.p2p_gather: GlooAllreduce | None = None
+        if backend == "gloo" and self.size > 1 and "p2p" in (allreduce, allgather):
+            messages = GlooAllreduce(dist, self.rank, self.size)
+            self.p2p = messages if allreduce == "p2p" else None
+            self.p2p_gather = messages if allgather == "p2p" else None
         self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                      "min": dist.ReduceOp.MIN}
         self._queries: MPIQueries | StoreQueries
@@ -692,9 +701,26 @@ class TorchDistCommunicator(_WatchedCommunicator):
 
     def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
         work = self._dev(tensor)
+        if self.p2p_gather is not None:
+            messages = self.p2p_gather
+            got: list[list[torch.Tensor]] = []
+            self._run("allgather", label, lambda: got.append(messages.allgather(work)))
+            return [t.to(tensor.device) for t in got[0]]
         out = [torch.empty_like(work) for _ in range(self.size)]
         self._run("allgather", label, lambda: self._dist.all_gather(out, work))
         return [t.to(tensor.device) for t in out]
+
+    def allgather_varlen(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
+        if self.p2p_gather is None:
+            return super().allgather_varlen(tensor, label)
+        # the lengths first (one int64 per rank), then the blocks as they are: nothing padded to the longest
+        n = torch.tensor([tensor.numel()], dtype=torch.int64)
+        lengths = [int(t) for t in self.allgather(n, label=f"{label} lengths".strip())]
+        work = self._dev(tensor).reshape(-1)
+        messages = self.p2p_gather
+        got: list[list[torch.Tensor]] = []
+        self._run("allgather", label, lambda: got.append(messages.allgather_varlen(work, lengths)))
+        return [t.to(tensor.device) for t in got[0]]
 
     def gather(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> list[torch.Tensor] | None:
         work = self._dev(tensor)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from hpctrain.runtime import p2p_allreduce
+from hpctrain.runtime import p2p_allgather, p2p_allreduce
 from hpctrain.runtime.comm import Communicator, Handle
 from hpctrain.runtime.work_counts import Traffic, WorkCounts, active
 
@@ -108,14 +108,22 @@ def _p2p_allreduce(nbytes: int, element_size: int, rank: int, size: int) -> tupl
                    received_bytes=element_size * sum(r.recv[1] - r.recv[0] for r in rounds)), f"p2p {name}"
 
 
+def _p2p_allgather(nbytes: int, rank: int, size: int) -> tuple[Traffic, str]:
+    rounds = p2p_allgather.schedule(rank, [nbytes] * size)
+    return Traffic(sent_messages=sum(r.sends for r in rounds), sent_bytes=sum(r.send[1] - r.send[0] for r in rounds),
+                   received_messages=sum(r.receives for r in rounds),
+                   received_bytes=sum(r.recv[1] - r.recv[0] for r in rounds)), "p2p recursive doubling"
+
+
 def traffic(backend: str, kind: str, nbytes: int, rank: int, size: int, root: int = 0,
             element_size: int = 1) -> tuple[Traffic, str]:
     """What one call costs ``rank`` of ``size``: messages and bytes sent and received, and the algorithm assumed.
 
     ``nbytes``: the payload this rank passes (for allgather and gather, one rank's contribution). MPI: MPICH's
-    defaults by size. ``p2p``: gloo's all-reduce as hpctrain makes it (runtime/p2p_allreduce.py's schedule for
-    elements of ``element_size`` bytes). gloo: the ring torch asks gloo for (all-reduce, allgather), a binomial
-    broadcast, a linear gather (every rank sends to the root). nccl and xccl are counted as rings.
+    defaults by size. ``p2p``: gloo's all-reduce and all-gather as hpctrain makes them (the schedules of
+    runtime/p2p_allreduce.py, for elements of ``element_size`` bytes, and runtime/p2p_allgather.py). gloo: the
+    ring torch asks gloo for (all-reduce, allgather), a binomial broadcast, a linear gather (every rank sends to
+    the root). nccl and xccl are counted as rings.
     """
     t = Traffic(calls=1, payload_bytes=nbytes)
     if size <= 1:
@@ -129,6 +137,8 @@ def traffic(backend: str, kind: str, nbytes: int, rank: int, size: int, root: in
         return t, "dissemination"
     if backend == "p2p" and kind == "allreduce":
         more, name = _p2p_allreduce(nbytes, element_size, rank, size)
+    elif backend == "p2p" and kind == "allgather":
+        more, name = _p2p_allgather(nbytes, rank, size)
     elif backend == "mpi":
         if kind == "allreduce":
             more, name = _mpich_allreduce(nbytes, rank, size)
@@ -187,6 +197,8 @@ class CountingCommunicator(Communicator):
     def _count(self, kind: str, label: str, nbytes: int, root: int = 0, element_size: int = 1) -> None:
         backend = self.backend
         if kind == "allreduce" and getattr(self._inner, "p2p", None) is not None:
+            backend = "p2p"
+        if kind == "allgather" and getattr(self._inner, "p2p_gather", None) is not None:
             backend = "p2p"
         t, algorithm = traffic(backend, kind, nbytes, self.rank, self.size, root, element_size)
         self._counts.add_traffic(label, t, algorithm, kind)

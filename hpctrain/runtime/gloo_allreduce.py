@@ -1,11 +1,12 @@
-"""The gloo (CPU) path's all-reduce: runtime/p2p_allreduce.py over torch.distributed's isend/irecv, so each rank
-sends O(log N) messages to O(log N) peers per all-reduce instead of gloo's ring (2 (N-1) messages to its two
-neighbours) over a full mesh.
+"""The gloo (CPU) path's all-reduce and all-gather: runtime/p2p_allreduce.py and runtime/p2p_allgather.py over
+torch.distributed's isend/irecv, so each rank sends O(log N) messages to O(log N) peers per call instead of gloo's
+rings (2 (N-1) and N - 1 messages to its two neighbours) over a full mesh.
 
 Blocking all-reduces run on the caller's thread. Asynchronous ones run in order on one helper thread: gloo's
 point-to-point works report completion only through ``wait()``, so nothing else could advance them while backward
-runs. Every all-reduce gets the next number of a sequence every rank counts alike; its messages carry it as their
-tag, so all-reduces in flight at once (a blocking one beside the helper's) never take each other's messages.
+runs. Every all-reduce and all-gather gets the next number of a sequence every rank counts alike; its messages carry
+it as their tag, so collectives in flight at once (a blocking one beside the helper's) never take each other's
+messages. Each thread keeps its own receive buffer for the reducing rounds (``p2p_allreduce.Scratch``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 import torch
 
+from hpctrain.runtime import p2p_allgather
 from hpctrain.runtime import p2p_allreduce as p2p
 
 TAG_SPACE = 1 << 30  # gloo tags are C ints; the sequence wraps long after any all-reduce in flight has ended
@@ -51,13 +53,16 @@ class Job:
 
 
 class GlooAllreduce:
-    """All-reduces of CPU tensors of one torch.distributed group (the default one) by point-to-point messages."""
+    """All-reduces and all-gathers of CPU tensors of one torch.distributed group (the default one) by point-to-point
+    messages."""
 
     def __init__(self, dist: Any, rank: int, size: int, transport: p2p.Transport | None = None) -> None:
         self.rank, self.size = rank, size
         self._transport = transport or _DistTransport(dist)
         self._sequence = 0
         self.tally = p2p.Tally()
+        self.allgather_tally = p2p.Tally()
+        self._scratch = threading.local()
         self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()  # the tally, updated from both threads
@@ -66,11 +71,19 @@ class GlooAllreduce:
         self._sequence += 1
         return self._sequence % TAG_SPACE
 
+    def _scratch_here(self) -> p2p.Scratch:
+        scratch = getattr(self._scratch, "buffer", None)
+        if scratch is None:
+            scratch = self._scratch.buffer = p2p.Scratch()
+        return scratch
+
     def _reduce(self, flat: torch.Tensor, op: str, tag: int) -> None:
         tally = p2p.Tally()
-        p2p.run(flat, op, self.rank, self.size, self._transport, tag, tally)
+        p2p.run(flat, op, self.rank, self.size, self._transport, tag, tally, scratch=self._scratch_here())
+        self._add(self.tally, tally)
+
+    def _add(self, t: p2p.Tally, tally: p2p.Tally) -> None:
         with self._lock:
-            t = self.tally
             t.calls += tally.calls
             t.sent_messages += tally.sent_messages
             t.received_messages += tally.received_messages
@@ -84,6 +97,19 @@ class GlooAllreduce:
         self._reduce(flat, op, self._next_tag())
         finish()
         return tensor
+
+    def allgather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        """Every rank's ``tensor`` (CPU, the same shape and dtype on every rank), in rank order, on this thread."""
+        got = self.allgather_varlen(tensor.reshape(-1), [tensor.numel()] * self.size)
+        return [g.view(tensor.shape) for g in got]
+
+    def allgather_varlen(self, flat: torch.Tensor, counts: list[int]) -> list[torch.Tensor]:
+        """Every rank's 1-D ``flat`` (``counts[r]`` elements on rank r, one dtype), in rank order, on this
+        thread."""
+        tally = p2p.Tally()
+        got = p2p_allgather.allgather(flat, counts, self.rank, self._transport, self._next_tag(), tally)
+        self._add(self.allgather_tally, tally)
+        return got
 
     def start(self, tensor: torch.Tensor, op: str) -> Job:
         """Queue ``tensor``'s all-reduce on the helper thread; the returned job's ``wait()`` ends it."""

@@ -145,16 +145,38 @@ _COMBINE: dict[str, Callable[..., torch.Tensor]] = {"sum": torch.add, "max": tor
 
 
 def run(flat: torch.Tensor, op: str, rank: int, size: int, transport: Transport, tag: int,
-        tally: Tally | None = None, rounds: Sequence[Round] | None = None) -> torch.Tensor:
+        tally: Tally | None = None, rounds: Sequence[Round] | None = None,
+        scratch: Scratch | None = None) -> torch.Tensor:
     """All-reduce the contiguous 1-D ``flat`` in place with ``op`` over ``transport``; ``tag`` tells this
-    all-reduce's messages from any other in flight between the same ranks (every rank passes the same)."""
+    all-reduce's messages from any other in flight between the same ranks (every rank passes the same).
+    ``scratch``: where reduced rounds receive (kept between calls by the caller, so a large buffer's pages are not
+    allocated and faulted in again on every call)."""
     if op not in OPS:
         raise ValueError(f"unknown reduction op {op!r}: use one of {', '.join(OPS)}")
     if flat.dim() != 1 or not flat.is_contiguous():
         raise ValueError("the p2p all-reduce takes a contiguous 1-D tensor")
     if rounds is None:
         rounds = schedule(rank, size, flat.numel(), algorithm(flat.numel(), flat.element_size(), size))
-    combine = _COMBINE[op]
+    return execute(flat, rounds, transport, tag, tally, _COMBINE[op], scratch)
+
+
+class Scratch:
+    """A receive buffer reused across calls by one thread: grown to the largest round it has served."""
+
+    def __init__(self) -> None:
+        self._buffer = torch.empty(0, dtype=torch.uint8)
+
+    def take(self, count: int, dtype: torch.dtype) -> torch.Tensor:
+        nbytes = count * torch.empty(0, dtype=dtype).element_size()
+        if self._buffer.numel() < nbytes:
+            self._buffer = torch.empty(nbytes, dtype=torch.uint8)
+        return self._buffer[:nbytes].view(dtype)
+
+
+def execute(flat: torch.Tensor, rounds: Sequence[Round], transport: Transport, tag: int, tally: Tally | None,
+            combine: Callable[..., torch.Tensor] | None, scratch: Scratch | None = None) -> torch.Tensor:
+    """Carry ``rounds`` out on ``flat``: a round that copies receives straight into its range of ``flat`` (a
+    round never sends from the range it receives into); one that reduces receives beside it and combines."""
     item = flat.element_size()
     if tally is not None:
         tally.calls += 1
@@ -162,8 +184,12 @@ def run(flat: torch.Tensor, op: str, rank: int, size: int, transport: Transport,
         works = []
         got = None
         if r.receives:
-            got = torch.empty(r.recv[1] - r.recv[0], dtype=flat.dtype)
-            works.append(transport.irecv(got, r.peer, tag))
+            n = r.recv[1] - r.recv[0]
+            if r.reduce:
+                got = scratch.take(n, flat.dtype) if scratch is not None else torch.empty(n, dtype=flat.dtype)
+                works.append(transport.irecv(got, r.peer, tag))
+            else:
+                works.append(transport.irecv(flat[r.recv[0]:r.recv[1]], r.peer, tag))
         if r.sends:
             works.append(transport.isend(flat[r.send[0]:r.send[1]], r.peer, tag))
         for w in works:
@@ -176,10 +202,10 @@ def run(flat: torch.Tensor, op: str, rank: int, size: int, transport: Transport,
             tally.received_bytes += (r.recv[1] - r.recv[0]) * item
         if got is None:
             continue
+        if combine is None:
+            raise ValueError("a round that reduces needs an op")
         mine = flat[r.recv[0]:r.recv[1]]
-        if not r.reduce:
-            mine.copy_(got)
-        elif r.mine_first:
+        if r.mine_first:
             combine(mine, got, out=mine)
         else:
             combine(got, mine, out=mine)
