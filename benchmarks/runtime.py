@@ -280,6 +280,62 @@ def report(r: dict[str, list[float]], info: dict, timelines: dict, reps: int) ->
         print(line)
 
 
+# Collectives section: hpctrain's point-to-point all-reduce and all-gather over gloo against gloo's ring all-reduce
+# and torch's ring all-gather, on the same group in the same run.
+COLLECTIVE_KB = (1, 16, 256, 1024, 16384)
+
+
+def collectives_worker(reps: int) -> None:
+    """p2p / ring time ratios per size: all-reduce blocking (caller's thread) and asynchronous (helper thread),
+    all-gather of that many bytes per rank; interleaved, each timing ``CALLS`` calls back to back."""
+    import torch
+    import torch.distributed as dist
+
+    from hpctrain.runtime.comm import TorchDistCommunicator
+    from hpctrain.runtime.mpi_env import import_mpi
+
+    MPI = import_mpi()
+    torch.set_num_threads(1)
+    gloo = TorchDistCommunicator("gloo", timeout_s=300)
+    assert gloo.p2p is not None and gloo.p2p_gather is not None
+    p2p, size = gloo.p2p, gloo.size
+    out: dict[str, list[float]] = {}
+    for kb in COLLECTIVE_KB:
+        flat = torch.ones(kb * 256)
+        outs = [torch.empty_like(flat) for _ in range(size)]
+        variants = {
+            f"ar_p2p_{kb}": _repeat(lambda f=flat: p2p.allreduce_(f, "sum")),
+            f"ar_async_{kb}": _repeat(lambda f=flat: p2p.start(f, "sum").wait()),
+            f"ar_ring_{kb}": _repeat(lambda f=flat: dist.all_reduce(f)),
+            f"ag_p2p_{kb}": _repeat(lambda f=flat: p2p.allgather(f)),
+            f"ag_ring_{kb}": _repeat(lambda f=flat, o=outs: dist.all_gather(o, f)),
+        }
+        # the sums overflow to inf after a few hundred calls: an x86 add takes as long on inf as on a number
+        out.update(interleaved(variants, reps, dist.barrier, prime=True))
+    gathered = MPI.COMM_WORLD.gather(out, root=0)
+    if gloo.rank == 0:
+        merged = {k: [max(g[k][i] for g in gathered) for i in range(len(out[k]))] for k in out}
+        collectives_report(merged, size, reps)
+    gloo.close()
+
+
+def collectives_report(r: dict[str, list[float]], size: int, reps: int) -> None:
+    print(f"{size} ranks x 1 intra-op thread; {reps} interleaved rounds, {CALLS} calls back to back per timing, "
+          "each timed warm; a round's time is the slowest rank's; ratio = median of per-round ratios [IQR]")
+    print(f"{'per rank':>9} | {'ring all-reduce ms':>18} | {'p2p / ring':>19} | {'p2p async / ring':>19} | "
+          f"{'ring all-gather ms':>18} | {'p2p / ring':>19}")
+    for kb in COLLECTIVE_KB:
+        cells = [f"{statistics.median(r[f'ar_ring_{kb}']) * 1e3 / CALLS:18.3f}"]
+        for num in ("ar_p2p", "ar_async"):
+            q1, m, q3 = _ratio(r, f"{num}_{kb}", f"ar_ring_{kb}")
+            cells.append(f"{m:5.2f} [{q1:4.2f},{q3:5.2f}]")
+        cells.append(f"{statistics.median(r[f'ag_ring_{kb}']) * 1e3 / CALLS:18.3f}")
+        q1, m, q3 = _ratio(r, f"ag_p2p_{kb}", f"ag_ring_{kb}")
+        cells.append(f"{m:5.2f} [{q1:4.2f},{q3:5.2f}]")
+        label = f"{kb} kB" if kb < 1024 else f"{kb // 1024} MB"
+        print(f"{label:>9} | " + " | ".join(f"{c:>19}" if i != 0 and i != 3 else c for i, c in enumerate(cells)))
+
+
 # Device section: a larger input than the CPU section's (a GPU finishes the small one in microseconds).
 DEVICE_BATCH, DEVICE_EDGE = 4, 33
 BUS_MB = (1, 16, 256)
@@ -394,15 +450,25 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=12, help="interleaved rounds of training steps")
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None,
                     help="run only the device section (cpu: its code over gloo, as a check)")
+    ap.add_argument("--collectives", type=int, default=0, metavar="RANKS",
+                    help="run only the collectives section on RANKS ranks: hpctrain's p2p all-reduce and all-gather "
+                         "over gloo against gloo's and torch's rings")
     args = ap.parse_args()
     if "PMI_RANK" in os.environ:
-        if args.device:
+        if args.collectives:
+            collectives_worker(args.reps)
+        elif args.device:
             device_worker(args.reps, args.device)
         else:
             worker(args.reps)
         return
     if args.device:
         sys.exit(_device_section(args.reps, args.device, 2 if args.device == "cpu" else _gpus()))
+    if args.collectives:
+        env = dict(os.environ, OMP_NUM_THREADS="1", MPICH_ASYNC_PROGRESS="0")
+        cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(args.collectives), sys.executable, __file__, "--reps",
+               str(args.reps), "--collectives", str(args.collectives)]
+        sys.exit(subprocess.run(cmd, env=env).returncode)
     cores = os.cpu_count() or 1
     if _load("start") > 0.5 * cores:
         print(f"WARNING: the machine is busy before the benchmark starts (load > {0.5 * cores:g}): the 2 ranks "

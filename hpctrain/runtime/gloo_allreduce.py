@@ -25,14 +25,18 @@ TAG_SPACE = 1 << 30  # gloo tags are C ints; the sequence wraps long after any a
 
 
 class _DistTransport:
+    """The default group's own send and recv: ``dist.isend``'s checks and dispatch cost more than the call itself
+    for a small message, and the rounds only pass contiguous real tensors of this group. The group is looked up
+    per call, never kept, so ``destroy_process_group`` still lets its threads go."""
+
     def __init__(self, dist: Any) -> None:
         self._dist = dist
 
     def isend(self, tensor: torch.Tensor, peer: int, tag: int) -> Any:
-        return self._dist.isend(tensor, peer, tag=tag)
+        return self._dist.group.WORLD.send([tensor], peer, tag)
 
     def irecv(self, tensor: torch.Tensor, peer: int, tag: int) -> Any:
-        return self._dist.irecv(tensor, peer, tag=tag)
+        return self._dist.group.WORLD.recv([tensor], peer, tag)
 
 
 class Job:

@@ -9,6 +9,7 @@ blocks it does not hold, once, straight into their place, so every rank ends wit
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -88,7 +89,12 @@ def run(blocks_out: torch.Tensor, counts: Sequence[int], rank: int, transport: T
         raise ValueError("the p2p all-gather fills a contiguous 1-D tensor")
     if blocks_out.numel() != sum(counts):
         raise ValueError(f"the output holds {blocks_out.numel()} elements, the blocks {sum(counts)}")
-    return execute(blocks_out, schedule(rank, counts), transport, tag, tally, None)
+    return execute(blocks_out, _planned(rank, tuple(counts)), transport, tag, tally, None)
+
+
+@functools.lru_cache(maxsize=256)
+def _planned(rank: int, counts: tuple[int, ...]) -> tuple[Round, ...]:
+    return tuple(schedule(rank, counts))
 
 
 def allgather(mine: torch.Tensor, counts: Sequence[int], rank: int, transport: Transport, tag: int,

@@ -10,6 +10,7 @@ the all-gather copies, so every rank ends with the same bits.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -59,6 +60,16 @@ def algorithm(count: int, element_size: int, size: int) -> str:
 def schedule(rank: int, size: int, count: int, kind: str) -> list[Round]:
     """The rounds ``rank`` of ``size`` takes, in order, to all-reduce ``count`` elements with ``kind``
     (``recursive doubling`` or ``rabenseifner``)."""
+    return list(planned(rank, size, count, kind))
+
+
+@functools.lru_cache(maxsize=1024)
+def planned(rank: int, size: int, count: int, kind: str) -> tuple[Round, ...]:
+    """``schedule``, made once per shape: a training step all-reduces the same few bucket sizes every time."""
+    return tuple(_schedule(rank, size, count, kind))
+
+
+def _schedule(rank: int, size: int, count: int, kind: str) -> list[Round]:
     if not 0 <= rank < size:
         raise ValueError(f"rank {rank} outside 0..{size - 1}")
     if size == 1 or count == 0:
@@ -156,7 +167,7 @@ def run(flat: torch.Tensor, op: str, rank: int, size: int, transport: Transport,
     if flat.dim() != 1 or not flat.is_contiguous():
         raise ValueError("the p2p all-reduce takes a contiguous 1-D tensor")
     if rounds is None:
-        rounds = schedule(rank, size, flat.numel(), algorithm(flat.numel(), flat.element_size(), size))
+        rounds = planned(rank, size, flat.numel(), algorithm(flat.numel(), flat.element_size(), size))
     return execute(flat, rounds, transport, tag, tally, _COMBINE[op], scratch)
 
 
