@@ -612,12 +612,14 @@ def main() -> int:
     parser.add_argument("--store", action="store_true",
                         help="gloo: meet at a TCPStore on rank 0 (MASTER_ADDR) instead of bootstrapping over MPI")
     parser.add_argument("--gloo-ring", action="store_true",
-                        help="gloo: gloo's own ring all-reduce over a full mesh (the baseline of hpctrain's own)")
+                        help="gloo: gloo's own ring all-reduce and torch's ring all-gather over a full mesh (the "
+                             "baseline of hpctrain's own)")
     parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks per stand-in node (default 1)")
     args = parser.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="hpctrain-scale-"))
     library = wire_counts.build(out / "wire")
-    extra = {"HPCTRAIN_GLOO_ALLREDUCE": "gloo", "TORCH_GLOO_LAZY_INIT": "0"} if args.gloo_ring else {}
+    extra = ({"HPCTRAIN_GLOO_ALLREDUCE": "gloo", "HPCTRAIN_GLOO_ALLGATHER": "gloo", "TORCH_GLOO_LAZY_INIT": "0"}
+             if args.gloo_ring else {})
     runs = []
     for n in args.ranks:
         run = run_once(n, out / "shared-env", sys.executable, backend=args.backend, store=args.store,
