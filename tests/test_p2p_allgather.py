@@ -223,12 +223,13 @@ def test_gloo_all_gather_messages_at_the_socket_are_the_schedules(tmp_path: Path
 @pytest.mark.mpi
 @pytest.mark.timeout(600)
 def test_torchs_ring_all_gather_breaks_the_bound(tmp_path: Path, library: Path) -> None:
-    """The bound above can fail: torch's ring all-gather over gloo (HPCTRAIN_GLOO_ALLGATHER=gloo) sends N - 1
-    messages per rank, at the socket more than 3 (log2 N + 2) per call at N = 8."""
+    """The bound above can fail: torch's ring all-gather over gloo (HPCTRAIN_GLOO_ALLGATHER=gloo) sends and
+    receives at least N - 1 messages per rank, at the socket at least 3 (N - 1) per call, more than the p2p bound
+    3 (log2 N + 2) at N = 8."""
     n = 8
     env = {**wire_counts.environment(library, environ={}), "MPIR_CVAR_NOLOCAL": "0",
            "HPCTRAIN_GLOO_ALLGATHER": "gloo"}
     reports = _gloo_ranks(n, tmp_path, **env)
     assert all(all(x["results"][c]["equal"] for c in x["results"]) for x in reports)
     per_call = _socket_messages_per_call(reports)
-    assert min(per_call.values()) >= 2 * (n - 1) > 3 * ag.message_bound(n), per_call
+    assert min(per_call.values()) >= 3 * (n - 1) > 3 * ag.message_bound(n), per_call
