@@ -473,7 +473,9 @@ def _restore(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 SIDE_STORE_TIMEOUT_S = 10.0  # a late rank's store calls end within this; Watchdog.close waits longer
 STORE_CLOSE_WAIT_S = 60.0  # at close, how long the store's host waits for every rank to be done with it
-RENDEZVOUS_MIN_S = 60.0  # start-up skew between ranks (imports, MPI_Init) is not a collective's lateness
+# Start-up skew between ranks (imports from a shared file system, MPI_Init) is not a collective's lateness: a
+# loaded node or a cold file-system cache makes one rank minutes late (torchrun waits 600 s for its rendezvous).
+RENDEZVOUS_MIN_S = 300.0
 # "gloo": gloo's own ring all-reduce instead of hpctrain's point-to-point one (a benchmark's baseline).
 GLOO_ALLREDUCE_ENV = "HPCTRAIN_GLOO_ALLREDUCE"
 GLOO_ALLGATHER_ENV = "HPCTRAIN_GLOO_ALLGATHER"
