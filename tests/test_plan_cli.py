@@ -75,7 +75,7 @@ def test_json_shape(tmp_path: Path) -> None:
     assert set(pred["terms_s"]) == {"compute", "oversubscription", "reduction", "straggler", "overhead", "input",
                                     "checkpoint", "startup"}
     assert pred["dominant_loss"] in (*pred["losses"], "none")
-    assert pred["reduction"]["algorithm"] == "ring"  # the local site's gloo
+    assert pred["reduction"]["algorithm"] == "reduce-scatter + allgather"  # the local site's gloo: hpctrain's p2p
     assert pred["reduction"]["hidden_fraction"] == 0.0  # one bucket: reduced after backward
     assert set(pred["advice"]) == {"lr_scaling", "batch_per_rank"} and isinstance(pred["warnings"], list)
     assert 0 < pred["efficiency"] < 1

@@ -74,7 +74,9 @@ def test_recursive_doubling_and_tree_by_hand() -> None:
 def test_backends_choose_as_their_libraries_do() -> None:
     assert c.allreduce("mpi", 4, 2048, LINK)[1] == "recursive doubling"  # MPICH: <= 2048 bytes
     assert c.allreduce("mpi", 4, 2049, LINK)[1] == "reduce-scatter + allgather"
-    assert c.allreduce("gloo", 4, 10, LINK)[1] == "ring"
+    assert c.allreduce("gloo", 4, 10, LINK)[1] == "recursive doubling"  # hpctrain's p2p all-reduce
+    assert c.allreduce("gloo", 4, 2048, LINK)[1] == "reduce-scatter + allgather"  # from 2048 bytes on
+    assert c.allreduce("gloo", 4, 2048, LINK, "ring")[1] == "ring"  # gloo's own ring, forced
     slow_latency = c.Link(alpha=1e-3, beta=1e-9, gamma=0.0)
     assert c.allreduce("nccl", 64, 1000, slow_latency)[1] == "tree"  # latency-bound: 12 vs 126 alpha
     assert c.allreduce("nccl", 4, 1e9, LINK)[1] == "ring"  # bandwidth-bound: 1.5 n beta < 2 n beta
@@ -147,11 +149,14 @@ def test_a_busier_node_computes_slower_per_thread() -> None:
 
 
 def test_ranks_sharing_cores_wait_for_them_in_every_message() -> None:
-    # 4 ranks on 2 hardware threads (share 2): each message step of the ring pays 1 x 500 us more
+    # 4 ranks on 2 hardware threads (share 2): each message step (of hpctrain's p2p all-reduce, or of gloo's
+    # ring) pays 1 x 500 us more
     p = params(node_threads=2, backend="gloo", shared_core_latency_us=500.0, reduction_overlap=False)
     shared = c.Link(1e-6 + 500e-6, 1e-9, 1e-10)
-    assert reduction_time(one_bucket(p), 1, 4, 1.0)[0] == pytest.approx(c.ring_allreduce(4, 1e6, shared))
-    assert reduction_time(one_bucket(p), 1, 2, 1.0)[0] == pytest.approx(c.ring_allreduce(2, 1e6, LINK))
+    assert reduction_time(one_bucket(p), 1, 4, 1.0)[0] == pytest.approx(c.rabenseifner_allreduce(4, 1e6, shared))
+    assert reduction_time(one_bucket(p), 1, 2, 1.0)[0] == pytest.approx(c.rabenseifner_allreduce(2, 1e6, LINK))
+    ring = p.set_value("allreduce_algorithm", "ring", "set", "t")
+    assert reduction_time(one_bucket(ring), 1, 4, 1.0)[0] == pytest.approx(c.ring_allreduce(4, 1e6, shared))
 
 
 def test_the_ranks_own_speed_spread_adds_to_the_straggler_wait() -> None:

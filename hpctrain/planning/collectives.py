@@ -4,7 +4,9 @@ A message of n bytes between two ranks costs alpha + n*beta; reducing n bytes lo
 formulas are the textbook ones (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
 communication operations in MPICH"); the choice by size follows each library: MPICH takes recursive doubling
 up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 bytes) and reduce-scatter + allgather (Rabenseifner) above;
-torch's gloo backend always asks gloo for its ring; NCCL predicts ring and tree times and takes the faster
+hpctrain's gloo path runs its own point-to-point all-reduce over every rank (runtime/p2p_allreduce.py: recursive
+doubling below 2048 bytes, Rabenseifner above, the same fold), costed round by round (``p2p_allreduce``), with
+gloo's own ring (torch's choice) selectable; NCCL predicts ring and tree times and takes the faster
 (oneCCL, torch's xccl on Intel GPUs, is modelled the same way), with the latencies of NCCL's own cost model
 (``nccl_allreduce``). With several ranks per node every backend reduces hierarchically: within the node
 first, then across nodes (``hierarchical_allreduce``); ``--set
@@ -17,6 +19,11 @@ import math
 from dataclasses import dataclass
 
 MPICH_SHORT_MSG_BYTES = 2048
+# hpctrain's point-to-point all-reduce over gloo (runtime/p2p_allreduce.py, RABENSEIFNER_MIN_BYTES): recursive
+# doubling below this many bytes or for fewer elements than the power of two below the rank count, Rabenseifner's
+# reduce-scatter + allgather otherwise. Kept here as a number: the planner imports no torch.
+P2P_RABENSEIFNER_MIN_BYTES = 2048
+FLOAT32_BYTES = 4
 
 # NCCL's own cost model of an all-reduce (src/graph/tuning.cc of NCCL 2.6-2.7, the Simple protocol that carries
 # gradient-sized messages): a fixed launch latency per collective (8.4 us for the ring), a latency per step that
@@ -104,8 +111,10 @@ def allreduce(backend: str, p: int, n: float, link: Link, algorithm: str = "auto
         if n <= MPICH_SHORT_MSG_BYTES:
             return recursive_doubling_allreduce(p, n, link), "recursive doubling"
         return rabenseifner_allreduce(p, n, link), "reduce-scatter + allgather"
-    if backend == "gloo":
-        return ring_allreduce(p, n, link), "ring"
+    if backend == "gloo":  # hpctrain's point-to-point all-reduce, all ranks on one kind of link
+        if p2p_algorithm(p, n) == "rabenseifner":
+            return rabenseifner_allreduce(p, n, link), "reduce-scatter + allgather"
+        return recursive_doubling_allreduce(p, n, link), "recursive doubling"
     if backend in ("nccl", "xccl"):  # oneCCL (torch's xccl) also picks its algorithm by predicted cost
         ring, tree = ring_allreduce(p, n, link), tree_allreduce(p, n, link)
         return (tree, "tree") if tree < ring else (ring, "ring")
@@ -148,18 +157,86 @@ def ring_reduce_scatter(p: int, n: float, link: Link) -> float:
     return (p - 1) * (link.alpha + n / p * link.beta) + (p - 1) / p * n * link.gamma
 
 
+def p2p_algorithm(p: int, n: float, element_size: int = FLOAT32_BYTES) -> str:
+    """The algorithm hpctrain's point-to-point all-reduce takes for ``n`` bytes of ``element_size``-byte elements
+    on ``p`` ranks: ``recursive doubling`` or ``rabenseifner`` (runtime/p2p_allreduce.py's ``algorithm``)."""
+    if n < P2P_RABENSEIFNER_MIN_BYTES or n / element_size < _pof2_below(max(1, p)):
+        return "recursive doubling"
+    return "rabenseifner"
+
+
+def p2p_allreduce(nodes: int, per_node: int, n: float, intra: Link, inter: Link,
+                  element_size: int = FLOAT32_BYTES) -> tuple[float, str]:
+    """hpctrain's gloo all-reduce (runtime/p2p_allreduce.py) of ``n`` bytes over ``nodes`` x ``per_node`` ranks,
+    placed node by node as the launchers place them, costed round by round.
+
+    Every rank takes the same rounds at once, each with one partner ``mask`` virtual ranks away. Recursive
+    doubling: log2(p') rounds of the whole vector (p' the power of two below p). Rabenseifner: a reduce-scatter
+    by recursive halving (the partner p'/2 away first, half the vector, then a quarter ...) and an allgather by
+    recursive doubling back. The ranks beyond p' fold into their neighbour first and get the result back
+    (2 (alpha + n beta) + n gamma). A round leaves the node when the partner's real distance (mask p / p') is at
+    least the ranks per node; then all of the node's ranks cross the network at once and share its bandwidth,
+    so a node with several ranks sends the vector over its network several times (no hierarchy)."""
+    ranks = nodes * per_node
+    if ranks <= 1:
+        return 0.0, "none"
+    name = p2p_algorithm(ranks, n, element_size)
+    pof2 = _pof2_below(ranks)
+    shared = Link(inter.alpha, inter.beta * per_node, inter.gamma)
+
+    def link(mask: int) -> Link:
+        return intra if nodes <= 1 or mask * ranks / pof2 < per_node else shared
+
+    seconds = 0.0
+    if pof2 != ranks:
+        fold = link(1)
+        seconds += 2 * (fold.alpha + n * fold.beta) + n * fold.gamma
+    masks = [1 << k for k in range(pof2.bit_length() - 1)]
+    if name == "recursive doubling":
+        for mask in masks:
+            lk = link(mask)
+            seconds += lk.alpha + n * (lk.beta + lk.gamma)
+        return seconds, "recursive doubling"
+    for mask in masks:  # the reduce-scatter's round at mask m and the allgather's both move n m / p' bytes
+        lk = link(mask)
+        piece = n * mask / pof2
+        seconds += 2 * (lk.alpha + piece * lk.beta) + piece * lk.gamma
+    return seconds, "reduce-scatter + allgather"
+
+
+def gloo_ring_allreduce(nodes: int, per_node: int, n: float, intra: Link, inter: Link) -> tuple[float, str]:
+    """gloo's own ring (torch's choice for an all-reduce) through all ``nodes`` x ``per_node`` ranks: 2(p-1)
+    steps of n/p bytes; every step moves a piece over every edge of the ring at once, so across nodes each step
+    is as slow as the slower of the node's internal link and its network (one rank per node sends out)."""
+    ranks = nodes * per_node
+    if ranks <= 1:
+        return 0.0, "none"
+    if nodes <= 1:
+        return ring_allreduce(ranks, n, intra), "ring"
+    if per_node <= 1:
+        return ring_allreduce(ranks, n, inter), "ring"
+    slowest = Link(max(intra.alpha, inter.alpha), max(intra.beta, inter.beta), inter.gamma)
+    return ring_allreduce(ranks, n, slowest), "ring"
+
+
 def hierarchical_allreduce(backend: str, nodes: int, per_node: int, n: float, intra: Link, inter: Link,
-                           algorithm: str = "auto") -> tuple[float, str]:
+                           algorithm: str = "auto", element_size: int = FLOAT32_BYTES) -> tuple[float, str]:
     """An all-reduce of ``n`` bytes over ``nodes`` x ``per_node`` ranks that crosses each node's network once.
 
-    MPI (Cray MPICH's SMP-aware allreduce) and gloo (as Goyal et al. 2017 ran it) go in three phases: a
+    MPI (Cray MPICH's SMP-aware allreduce), and gloo with a recursive algorithm forced (as Goyal et al. 2017 ran
+    it: an intra-server reduce, recursive halving and doubling between servers, a broadcast) go in three phases: a
     reduce-scatter within each node (each rank then holds the node's sum of its 1/per_node share), an
     all-reduce of each share across the nodes (the node's ranks in parallel, sharing its network bandwidth:
     ``inter`` is one node's link, so its beta is scaled by per_node), an allgather within the node. NCCL (and
     xccl) run a ring through every rank or a tree of nodes (``nccl_allreduce``). A node's network therefore
-    carries the gradient once, not once per rank."""
+    carries the gradient once, not once per rank. hpctrain's gloo path is not hierarchical: its point-to-point
+    all-reduce (``p2p_allreduce``) or gloo's ring (``gloo_ring_allreduce``) runs over all ranks."""
     if backend in ("nccl", "xccl") and algorithm in ("auto", "ring", "tree"):
         return nccl_allreduce(nodes, per_node, n, intra, inter, algorithm)
+    if backend == "gloo" and algorithm == "auto":
+        return p2p_allreduce(nodes, per_node, n, intra, inter, element_size)
+    if backend == "gloo" and algorithm == "ring":
+        return gloo_ring_allreduce(nodes, per_node, n, intra, inter)
     if nodes <= 1:
         return allreduce(backend, per_node, n, intra, algorithm)
     if per_node <= 1:

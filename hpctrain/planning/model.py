@@ -208,7 +208,8 @@ def _busy_slowdown(p: Parameters, ranks_per_node: float) -> float:
 def _allreduce(p: Parameters, nodes: int, ranks_per_node: int, nbytes: float, half: bool) -> tuple[float, str]:
     return collectives.hierarchical_allreduce(
         str(p.value("backend")), nodes, ranks_per_node, nbytes, intra_link(p, ranks_per_node, half),
-        inter_link(p, nodes, ranks_per_node, half), str(p.value("allreduce_algorithm")))
+        inter_link(p, nodes, ranks_per_node, half), str(p.value("allreduce_algorithm")),
+        element_size=2 if half else collectives.FLOAT32_BYTES)
 
 
 def _bucket_cost(p: Parameters, nodes: int, ranks_per_node: int, nbytes: float) -> tuple[float, str]:
