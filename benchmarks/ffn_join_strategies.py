@@ -94,8 +94,8 @@ def score(data: Path, store: Path, strategy: str) -> dict[str, Any]:
         image, labels = volumes[key[0]]
         found, x, _, _ = pairs(key)
         scores = dict(zip(found, model.probability(x).tolist(), strict=True)) if found else {}
-        seg = join_and_fill(image, cached[key]["pieces"], scores,
-                            cfg.replace(agglomerate_threshold=threshold))
+        chosen = cfg.replace(agglomerate_threshold=threshold)
+        seg = join_and_fill(image, cached[key]["pieces"], scores, chosen.joins, chosen.fill)
         m = evaluate_segmentation(seg, labels)
         return m["voi_split"] + m["voi_merge"], m["voi_merge"], m["adapted_rand_error"]
 

@@ -134,9 +134,9 @@ def test_a_synthetic_validation_volume_is_written_and_chosen_on(tmp_path: Path) 
     assert tuning_volume(inference_tuning(job["data"]), volumes)[2] == "training volume"
 
 
-def test_reseed_passes_and_expand_labels_of_the_demo_settings() -> None:
-    """The two inference settings the demo adds to the reference: reseeding the unsegmented voxels with the
-    peaks policy, and growing the objects into unsegmented voxels (as the baseline grows its components)."""
+def test_reseed_passes_and_watershed_fill_of_the_demo_settings() -> None:
+    """Two inference settings the demo adds to the reference: reseeding the unsegmented voxels with the peaks
+    policy, and giving every voxel left unsegmented to the object whose intensity watershed reaches it."""
     import numpy as np
     import torch
     from test_ffn_inference import OracleModel, cubes_volume
@@ -155,11 +155,7 @@ def test_reseed_passes_and_expand_labels_of_the_demo_settings() -> None:
                               seeds=one_seed)
     assert reseeded.max() == 8 and not np.any(reseeded[labels > 0] == 0)
 
-    grown = segment_volume(OracleModel(), image,
-                           cfg.replace(reseed_passes=1, expand_labels=2),
-                           seeds=one_seed)
-    assert np.array_equal(grown[labels > 0], reseeded[labels > 0])  # objects keep their voxels
-    from scipy import ndimage
-
-    near = ndimage.distance_transform_edt(labels == 0) <= 2  # membrane voxels within 2 of a cube
-    assert np.all(grown[near] > 0) and not np.any(grown[~near & (labels == 0)])
+    filled = segment_volume(OracleModel(), image, cfg.replace(reseed_passes=1, watershed_fill=True),
+                            seeds=one_seed)
+    assert np.array_equal(filled[labels > 0], reseeded[labels > 0])  # objects keep their voxels
+    assert np.all(filled > 0) and not np.all(reseeded > 0)  # the voxels the floods left now belong to one

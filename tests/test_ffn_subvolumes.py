@@ -145,7 +145,7 @@ def in_pieces(tmp_path: Path, image: np.ndarray, cfg: InferenceConfig) -> tuple[
 def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -> None:
     image, labels = painted_volume()
     # a grid of seeds: the peaks policy finds few peaks in a flat painted image
-    cfg = InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=50, expand_labels=1, seed_policy="grid",
+    cfg = InferenceConfig(fov=(9, 9, 9), deltas=(3, 3, 3), min_segment_size=50, watershed_fill=True, seed_policy="grid",
                           seed_args={"step": 6, "offsets": (0, 3)})
     whole = segment_volume(OracleModel(), image, cfg)
     plan, plan_path, summary, pieces = in_pieces(tmp_path, image, cfg)

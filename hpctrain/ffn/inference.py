@@ -78,8 +78,8 @@ def pair_scores(image: np.ndarray, pieces: np.ndarray, claims: Mapping[tuple[int
 
 def join_and_fill(image: np.ndarray, pieces: np.ndarray, scores: Mapping[tuple[int, int], float],
                   joins: JoinSettings, fill: FillSettings, counters: dict[str, int] | None = None) -> np.ndarray:
-    """``pieces`` joined where their score reaches ``joins.agglomerate_threshold``, then watershed-filled and
-    grown by ``expand_labels`` as ``fill`` says."""
+    """``pieces`` joined where their score reaches ``joins.agglomerate_threshold``, then watershed-filled where
+    ``fill`` says."""
     labels = pieces
     if joins.agglomerate_threshold > 0:
         joined = agglomerate(pieces, scores, joins.agglomerate_threshold, joins.linkage)
@@ -89,10 +89,6 @@ def join_and_fill(image: np.ndarray, pieces: np.ndarray, scores: Mapping[tuple[i
         labels = make_labels_contiguous(joined)
     if fill.watershed_fill:
         labels = watershed_fill(image, labels)
-    if fill.expand_labels > 0:
-        from skimage.segmentation import expand_labels
-
-        labels = expand_labels(labels, distance=fill.expand_labels)
     return labels
 
 

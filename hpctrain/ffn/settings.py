@@ -55,7 +55,7 @@ def checkpoint_settings(model_args: Mapping[str, Any], ckpt: Mapping[str, Any]) 
 def flood_only(config: InferenceConfig) -> InferenceConfig:
     """``config`` without the stages that run after the floods of a volume cut into pieces are reconciled: no
     joins, no fill (``subvolume_finish``)."""
-    return config.replace(agglomerate_threshold=0.0, watershed_fill=False, expand_labels=0)
+    return config.replace(agglomerate_threshold=0.0, watershed_fill=False)
 
 
 def finishes(config: InferenceConfig) -> bool:

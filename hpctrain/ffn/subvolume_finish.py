@@ -9,7 +9,7 @@ its subvolumes, the finishing steps run over that one segmentation, split the sa
    the voxel pairs of touching objects whose first voxel it holds, so every contact is counted exactly once;
    a pair with ``min_contact`` or more is scored by the piece holding most of its contact (``pairs.json``).
 2. ``finish_parts`` (the ranks, one piece at a time): the FFN's mutual claims of the piece's pairs from bare
-   seeds inside its box (``agglomeration.mutual_claims``), and the watershed fill (and ``expand_labels``) of
+   seeds inside its box (``agglomeration.mutual_claims``), and the watershed fill of
    the piece's box, of which the core is kept. Neither depends on the join: a watershed from markers gives
    each unsegmented voxel the marker that reaches it first, whatever the markers are called.
 3. ``assemble`` (one process): the pairs scoring at least the threshold are joined (transitively) and the

@@ -229,7 +229,7 @@ def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, thread
                   model: Any = None, config: Any = None, together: int = 4) -> list[str]:
     """Segment this rank's pieces of the plan, each read from the volume on its own; returns the files written.
 
-    The pieces flood only: agglomeration, fill and ``expand_labels`` run once after reconciling
+    The pieces flood only: agglomeration and fill run once after reconciling
     (``subvolume_finish.py``). ``together`` pieces at a time are flooded in lock step, their FOVs batched into
     one model call (the same segmentation as one at a time, fewer and larger model calls). The plan's
     checkpoint and settings are used unless ``model`` and ``config`` (an InferenceConfig) are given. A piece

@@ -156,8 +156,6 @@ class FillSettings(_Group):
 
     watershed_fill: bool = Field(False, description="every unsegmented voxel goes to the object whose intensity "
                                  "watershed reaches it")
-    expand_labels: int = Field(0, ge=0, description="objects grown by up to this many voxels into unsegmented "
-                               "ones, nearest object first")
 
 
 class ExecutionSettings(_Group):
