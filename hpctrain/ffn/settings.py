@@ -35,7 +35,7 @@ __all__ = ["PACKAGE_FILE", "PACKAGE_SCHEMA", "STAGES", "STAGE_OF", "ExecutionSet
            "find_package", "finishes", "flood_only", "read_package", "write_package", "zyx"]
 
 PACKAGE_FILE = "inference.json"
-PACKAGE_SCHEMA = "hpctrain.ffn.inference/1"
+PACKAGE_SCHEMA = "hpctrain.ffn.inference/2"
 
 
 def checkpoint_settings(model_args: Mapping[str, Any], ckpt: Mapping[str, Any]) -> dict[str, Any]:
