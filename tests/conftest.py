@@ -194,22 +194,27 @@ def write_standin_site(directory: Path, name: str, scheduler: str) -> Path:
 
 
 # ------------------------------------------------------------------------------ parallel runs (pytest-xdist)
-_SLURM_WORDS = ("sbatch", "squeue", "scontrol", "srun", "ci-slurm", "slurm: Any", "slurm: SlurmCluster", "mark.slurm")
-_module_groups: dict[Path, str] = {}
+def _uses_slurm(item: pytest.Item) -> bool:
+    """The test asks for the ``slurm`` fixture (itself or through another fixture) or carries the ``slurm``
+    marker: a module that only names sbatch or srun (a rendered script, a parser's input) does not count."""
+    return "slurm" in getattr(item, "fixturenames", ()) or item.get_closest_marker("slurm") is not None
 
 
-def _group_of(path: Path) -> str:
+def group_modules(items: Iterable[pytest.Item]) -> dict[Path, str]:
     """Every test of a module runs on one worker (module-level caches and fixtures stay shared), and every module
-    that touches the one real Slurm runs on the same worker, one test at a time: their jobs would otherwise
-    queue behind each other's on its few CPUs and miss the deadlines their walltime tests are built on."""
-    if path not in _module_groups:
-        text = path.read_text(encoding="utf-8")
-        _module_groups[path] = "slurm" if any(w in text for w in _SLURM_WORDS) else path.stem
-    return _module_groups[path]
+    with a test that uses the one real Slurm runs on the same worker, one test at a time: their jobs would
+    otherwise queue behind each other's on its few CPUs and miss the deadlines their walltime tests are built on."""
+    groups: dict[Path, str] = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        if groups.get(path) != "slurm":
+            groups[path] = "slurm" if _uses_slurm(item) else path.stem
+    return groups
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    groups = group_modules(items)
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group_of(Path(str(item.fspath)))))
+        item.add_marker(pytest.mark.xdist_group(groups[Path(str(item.fspath))]))
