@@ -164,15 +164,15 @@ def test_per_save_step_directory_work_is_per_node_not_per_rank(tmp_path: Path, p
 
 @pytest.mark.timeout(900)
 def test_checkpoint_shared_work_grows_with_nodes_not_ranks(tmp_path: Path) -> None:
-    """2, 4, 8 ranks on stand-in nodes of 2, every rank traced (benchmarks/checkpoint_scale.py): per save one mkdir
-    of the step directory and one fsync per node; rank 0 receives the same bytes of records at every size (one
-    fixed-size all-reduce, no gather); manifest and marker do not grow; at resume the node's reader alone reads
-    the manifest and shared.pt, once each, the other ranks none of it, and every rank reads its own member of
-    its node file, not the whole file and no other node's."""
+    """2 and 6 ranks on stand-in nodes of 2 (a middle node too), every rank traced (benchmarks/checkpoint_scale.py):
+    per save one mkdir of the step directory and one fsync per node; rank 0 receives the same bytes of records at
+    every size (one fixed-size all-reduce, no gather); manifest and marker do not grow; at resume the node's
+    reader alone reads the manifest and shared.pt, once each, the other ranks none of it, and every rank reads
+    its own member of its node file, not the whole file and no other node's."""
     assert shutil.which("strace"), "strace counts the ranks' system calls: run bash scripts/install.sh"
     bench = _benchmark()
     found = []
-    for n_nodes in (1, 2, 4):
+    for n_nodes in (1, 3):
         m = bench.measure(n_nodes, 2, tmp_path / f"n{n_nodes}")
         for ops in m["step_dir_ops"]:
             assert ops == {"mkdir": 1, "fsync": n_nodes} and sum(ops.values()) <= n_nodes + 2, (n_nodes, ops)
@@ -186,7 +186,7 @@ def test_checkpoint_shared_work_grows_with_nodes_not_ranks(tmp_path: Path) -> No
             assert list(got["node_files"]) == [own], (n_nodes, r, got)
             assert 0 < got["node_files"][own] < m["node_file_bytes"][own], (n_nodes, r, got)
         found.append((m["rank0_record_bytes"], manifest_bytes, len(m["marker"].encode())))
-    assert found[0][0][0] > 0 and found == [found[0]] * 3, found  # the same at 2, 4 and 8 ranks
+    assert found[0][0][0] > 0 and found == [found[0]] * 2, found  # the same at 2 and 6 ranks
 
 
 class _Threads:

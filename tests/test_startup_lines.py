@@ -39,7 +39,7 @@ def _run(tmp_path: Path, nodes: int, per_node: int) -> tuple[list[str], Path]:
 
 def test_start_up_lines_grow_with_nodes_and_the_pids_are_in_the_run_directory(tmp_path: Path) -> None:
     counts: dict[tuple[int, int], int] = {}
-    for nodes, per_node in ((1, 2), (2, 2), (4, 2), (1, 4)):
+    for nodes, per_node in ((1, 2), (3, 2), (1, 4)):
         lines, run_dir = _run(tmp_path, nodes, per_node)
         startup = [line for line in lines if STARTUP.search(line)]
         assert len(startup) == nodes, startup
@@ -51,5 +51,5 @@ def test_start_up_lines_grow_with_nodes_and_the_pids_are_in_the_run_directory(tm
         assert sorted(int(r["rank"]) for r in recorded) == list(range(nodes * per_node))
         assert len({r["pid"] for r in recorded}) == nodes * per_node
     # one more line per node, none per rank: 2 ranks on a node or 4 print as much
-    assert counts[2, 2] - counts[1, 2] == 1 and counts[4, 2] - counts[1, 2] == 3, counts
+    assert counts[3, 2] - counts[1, 2] == 2, counts
     assert counts[1, 4] == counts[1, 2], counts
