@@ -18,8 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hpctrain.submission.registry import Registry  # noqa: E402
-from hpctrain.submission.schedulers import slurm as slurm_backend  # noqa: E402
 from hpctrain.submission.schedulers import status_parsers as sp  # noqa: E402
+from hpctrain.submission.schedulers.slurm import status as slurm_backend  # noqa: E402
 from hpctrain.submission.transport import Completed  # noqa: E402
 
 # (sacct State, ExitCode, Reason, squeue reason) drawn with these weights

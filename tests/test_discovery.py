@@ -25,11 +25,11 @@ import pytest
 from hpctrain.config.site import load_site_file
 from hpctrain.errors import ConfigError, SchedulerError, TransportError
 from hpctrain.submission.discovery import compare_profile, discover, draft_profile, findings_from, write_profile
-from hpctrain.submission.discovery.cobalt import nodes_per_queue, table
 from hpctrain.submission.discovery.detect import which_scheduler
 from hpctrain.submission.discovery.facts import NO_LIMIT_S, gpu_kind_of, size_gb
 from hpctrain.submission.discovery.probe import MARK, Probe, Section, probe_script, run_probe, split_sections
-from hpctrain.submission.discovery.slurm import gres_gpus, key_values, slurm_seconds
+from hpctrain.submission.schedulers.cobalt.discovery import nodes_per_queue, table
+from hpctrain.submission.schedulers.slurm.discovery import gres_gpus, key_values, slurm_seconds
 from hpctrain.submission.transport import Completed, LocalTransport, SSHTransport
 
 REPO = Path(__file__).resolve().parent.parent

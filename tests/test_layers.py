@@ -146,6 +146,22 @@ def test_no_import_circle_in_submission() -> None:
     assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
 
 
+def test_discovery_imports_no_concrete_backend() -> None:
+    """Generic discovery asks the back-ends through the contract (schedulers/base.py): a back-end's reader lives in
+    its own module or package, and nothing in submission/discovery/ imports one (function-level imports too)."""
+    allowed = {"hpctrain.submission.schedulers.base", "hpctrain.submission.schedulers.state",
+               "hpctrain.submission.schedulers.status_parsers"}
+    imports = _imports()
+    discovery = [m for m in imports if m.startswith("hpctrain.submission.discovery")]
+    assert len(discovery) >= 7
+    bad = [f"{m} -> {d}" for m in discovery for d in imports[m]
+           if d.startswith("hpctrain.submission.schedulers") and d not in allowed]
+    assert not bad, "\n".join(sorted(bad))
+    readers = [m for m in imports if m.startswith("hpctrain.submission.schedulers.") and m.endswith(".discovery")]
+    assert {"hpctrain.submission.schedulers.slurm.discovery", "hpctrain.submission.schedulers.pbs.discovery",
+            "hpctrain.submission.schedulers.cobalt.discovery"} <= set(readers)
+
+
 def test_config_imports_only_config_and_the_lowest_layer() -> None:
     bad = [f"{m} -> {d}" for m, deps in _imports().items() if _part(m) == "config"
            for d in deps if _part(d) not in ("config", "errors", "exit_codes", "text", "files", "launch_env", "")]

@@ -19,7 +19,7 @@ from hpctrain.config.site import load_site, load_site_file
 from hpctrain.errors import FitError
 from hpctrain.submission.discovery import compare_profile, discover, draft_profile, findings_from, write_profile
 from hpctrain.submission.discovery.probe import Probe, Section
-from hpctrain.submission.discovery.slurm import read_qos
+from hpctrain.submission.schedulers.slurm.discovery import read_qos
 from hpctrain.submission.transport import LocalTransport
 
 TINY = """name: tiny-policy

@@ -14,11 +14,11 @@ import pytest
 
 from hpctrain.submission.schedulers import cobalt as cobalt_backend
 from hpctrain.submission.schedulers import pbs as pbs_backend
-from hpctrain.submission.schedulers import slurm as slurm_backend
 from hpctrain.submission.schedulers import status_parsers as sp
 from hpctrain.submission.schedulers.cobalt import COBALT_STATES
 from hpctrain.submission.schedulers.pbs import PBS_STATES, pbs_exit_state
-from hpctrain.submission.schedulers.slurm import SLURM_STATES, slurm_reason, slurm_state
+from hpctrain.submission.schedulers.slurm import status as slurm_backend
+from hpctrain.submission.schedulers.slurm.status import SLURM_STATES, slurm_reason, slurm_state
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 

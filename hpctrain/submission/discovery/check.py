@@ -2,9 +2,10 @@
 
 A difference is something the profile states that the scheduler now contradicts: a queue gone or renamed,
 a node or walltime limit changed, a queue policy the scheduler enforces that the profile lacks or states
-otherwise (minimum walltime, routing destinations, per-user limits, a Slurm QOS's MaxWall and per-user limits
-for a queue that submits with it), a different node shape or default queue. Values the machine did not report
-are not compared; partitions the profile does not mention are notes, not differences.
+otherwise (minimum walltime, routing destinations, per-user limits, a QOS's walltime and per-user limits for a
+queue that submits with it, as the back-end's ``with_qos`` combines them), a different node shape or default
+queue. Values the machine did not report are not compared; partitions the profile does not mention are notes,
+not differences.
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ from hpctrain.config.site import NodeShape, Queue, SiteProfile
 from hpctrain.config.walltime import format_hms
 from hpctrain.errors import SchedulerError
 from hpctrain.submission.discovery.facts import NO_LIMIT_S, NO_LIMIT_TEXT, Findings, NodeFacts, QosFacts, QueueFacts
-from hpctrain.submission.discovery.slurm import with_qos
 from hpctrain.submission.schedulers.base import get_scheduler
 
-MEMORY_TOLERANCE = 0.10  # schedulers report usable memory (Slurm RealMemory), a bit below what sites publish
+MEMORY_TOLERANCE = 0.10  # schedulers report usable memory, a bit below what sites publish
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,7 @@ def _limits(queue: QueueFacts) -> tuple[int, int, int]:
 class _Checker:
     def __init__(self, profile: SiteProfile, findings: Findings) -> None:
         self.profile, self.findings = profile, findings
+        self.scheduler = get_scheduler(findings.scheduler.name)
         self.result = CheckResult()
 
     def differ(self, key: str, profile: object, machine: object, source: str) -> None:
@@ -109,7 +110,7 @@ class _Checker:
                 self.differ(f"queues.{key}.{rule}", shown, theirs_shown, fact.source)
 
     def qos(self, key: str, mine: Queue, theirs: QosFacts) -> None:
-        """A queue that is a Slurm QOS (queue_option: qos): its walltime and per-user limits."""
+        """A queue that is a QOS (queue_option: qos): its walltime and per-user limits."""
         wall = theirs.max_walltime_s
         if wall is not None and walltime_seconds(mine.max_walltime) != wall.value:
             self.differ(f"queues.{key}.max_walltime", _profile_walltime(mine.max_walltime), _walltime(wall.value),
@@ -122,7 +123,7 @@ class _Checker:
     def queue(self, key: str, theirs: QueueFacts) -> None:
         mine = self.profile.queues[key]
         if mine.qos and mine.qos in self.findings.scheduler.qos:
-            theirs = with_qos(theirs, self.findings.scheduler.qos[mine.qos])
+            theirs = self.scheduler.with_qos(theirs, self.findings.scheduler.qos[mine.qos])
         if not theirs.max_nodes.guessed and mine.max_nodes != theirs.max_nodes.value:
             self.differ(f"queues.{key}.max_nodes", mine.max_nodes, theirs.max_nodes.value, theirs.max_nodes.source)
         if theirs.min_nodes is not None and mine.min_nodes != theirs.min_nodes.value:
@@ -147,8 +148,9 @@ class _Checker:
                 if (mine.submit_as or key) in qos:
                     self.qos(key, mine, qos[mine.submit_as or key])
             if not qos:
-                self.result.notes.append("the profile's queues are QOS values (queue_option: qos) and sacctmgr "
-                                         "did not list QOS limits, so queues were not compared")
+                self.result.notes.append(f"the profile's queues are QOS values (queue_option: qos) and "
+                                         f"{self.scheduler.title} did not list QOS limits, so queues were not "
+                                         "compared")
             return
         name_of = {key: q.submit_as or key for key, q in profile.queues.items()}
         unmentioned = [m for m in machine if m not in name_of.values()]

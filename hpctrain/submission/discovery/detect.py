@@ -1,8 +1,7 @@
 """Which scheduler the login node has, and everything learned from one probe of it (``discover``).
 
-Every registered back-end is asked in its ``detect_order`` whether the probe shows it (Slurm first: sites often
-install PBS-style ``qstat`` wrappers beside it; Cobalt before PBS, told apart by its ``qstat -Q`` table); the
-local back-end, last, takes a machine where no other answers.
+Every registered back-end is asked in its ``detect_order`` whether the probe shows it (each back-end's order says
+why it comes where it does); the one without scheduler, last, takes a machine where no other answers.
 """
 
 from __future__ import annotations

@@ -80,23 +80,6 @@ def unscheduled_launcher(probe: Probe, mpi: Fact[str] | None) -> Fact[str]:
     return learned("local", "no scheduler and no MPI: hpctrain's own launcher")
 
 
-def srun_mpi_args(facts: SchedulerFacts, mpi: Fact[str] | None) -> Fact[list[str]]:
-    """``--mpi=PLUGIN`` for srun when Slurm's default would not start this MPI's ranks as one job."""
-    plugins, default = facts.mpi_plugins, (facts.mpi_default or "none")
-    if mpi is None:
-        return learned([], f"srun's MpiDefault={default}; no MPI found to choose a plug-in for")
-    wanted = {"CRAY MPICH": ["cray_shasta", "pmi2"], "Open MPI": ["pmix"], "MPICH": ["pmi2", "pmix"],
-              "MVAPICH": ["pmi2"], "Intel(R) MPI": ["pmi2"]}.get(mpi.value, [])
-    if default in wanted:
-        return learned([], f"MpiDefault={default} already suits {mpi.value}")
-    for plugin in wanted:
-        if plugin in plugins or any(p.startswith(plugin + "_") for p in plugins):
-            return learned([f"--mpi={plugin}"], f"srun --mpi=list offers {plugin} for {mpi.value} "
-                                                f"(MpiDefault={default})")
-    return learned([], f"srun --mpi=list offers none of {', '.join(wanted) or 'the usual plug-ins'} for "
-                       f"{mpi.value}; MpiDefault={default}")
-
-
 def comm_backend(node: NodeFacts, mpi: Fact[str] | None) -> Fact[str]:
     """NCCL (RCCL on AMD) where nodes have NVIDIA/AMD GPUs, MPI where an MPI exists, else gloo."""
     kind = node.gpu_kind.value
@@ -108,7 +91,8 @@ def comm_backend(node: NodeFacts, mpi: Fact[str] | None) -> Fact[str]:
 
 
 def scratch(probe: Probe, facts: SchedulerFacts) -> Fact[str] | None:
-    """A node-local scratch path: the scheduler's (Slurm TmpFS), a variable that names one, a known directory."""
+    """A node-local scratch path: the scheduler's (its reader's ``scratch``), a variable that names one, a known
+    directory."""
     variables = probe.variables
     for name in _SCRATCH_VARIABLES:
         if variables.get(name, "").startswith("/"):

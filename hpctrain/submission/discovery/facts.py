@@ -1,6 +1,6 @@
 """What discovery learned about a machine: every value with the command it came from, or marked as a guess.
 
-The scheduler readers (slurm.py, pbs.py, cobalt.py) and environment.py fill these in; profile.py writes them
+Each back-end's reader (``Scheduler.read_discovery``) and environment.py fill these in; profile.py writes them
 as a site profile with each source as a YAML comment, check.py compares them with an existing profile.
 """
 
@@ -82,7 +82,8 @@ class QueueFacts:
 
 @dataclass(frozen=True)
 class QosFacts:
-    """A Slurm QOS's limits (``sacctmgr show qos``): None where the QOS sets none."""
+    """A QOS's limits (a named set of limits a queue may submit under, where the scheduler has them: the back-end's
+    ``has_qos``): None where the QOS sets none."""
 
     name: str
     max_walltime_s: Fact[int] | None = None
@@ -94,19 +95,19 @@ class QosFacts:
 
 @dataclass
 class SchedulerFacts:
-    """What one scheduler's commands said. ``answered`` is False when its commands exist but all failed."""
+    """What one scheduler's commands said. ``answered`` is False when its commands exist but all failed.
+
+    A back-end's reader may return a subclass holding what only that back-end's own hooks read."""
 
     name: str
     answered: bool
     queues: dict[str, QueueFacts] = field(default_factory=dict)
-    qos: dict[str, QosFacts] = field(default_factory=dict)  # Slurm's QOS limits, where sacctmgr answers
+    qos: dict[str, QosFacts] = field(default_factory=dict)  # the QOS limits, where the scheduler lists them
     default_queue: Fact[str] | None = None
     node: NodeFacts | None = None
     accounts: Fact[list[str]] | None = None
     cluster_name: str | None = None
     scratch: Fact[str] | None = None
-    mpi_plugins: list[str] = field(default_factory=list)  # Slurm's `srun --mpi=list`
-    mpi_default: str | None = None  # Slurm's MpiDefault
     notes: list[str] = field(default_factory=list)  # what did not answer, in words
 
 

@@ -23,15 +23,25 @@ PROBE_TIMEOUT_S = 180.0
 COMMAND_TIMEOUT_S = 40
 # Launcher and MPI programs whose presence (and path) the probe reports, after the scheduler back-ends' own.
 LAUNCH_PROGRAMS = ("aprun", "mpiexec", "mpirun")
-# Environment variables read on the login node: node-local scratch, module systems, scheduler and MPI hints.
+# Launchers looked for in a login shell too, after the back-ends' own (``launch_programs``).
+LOGIN_LAUNCH_PROGRAMS = ("mpiexec", "aprun")
+# Environment variables read on the login node: node-local scratch, module systems, MPI hints; the back-ends'
+# own (``probe_variables``) follow.
 VARIABLES = ("TMPDIR", "LOCAL_SCRATCH", "LOCALSCRATCH", "SCRATCH_LOCAL", "NODE_LOCAL_SCRATCH", "LOCAL_TMPDIR",
              "LOADEDMODULES", "LMOD_VERSION", "LMOD_CMD", "MODULESHOME", "MODULES_CMD", "PE_ENV",
-             "CRAY_MPICH_VERSION", "SLURM_CONF", "PBS_EXEC")
+             "CRAY_MPICH_VERSION")
 # Directories that sites document as node-local scratch (Polaris /local/scratch, ThetaGPU /raid/scratch,
 # Frontier's NVMe /mnt/bb); seen on the login node they are only a hint for the compute nodes.
 SCRATCH_DIRS = ("/local/scratch", "/lscratch", "/scratch/local", "/raid/scratch", "/mnt/bb")
 
-def _prelude(programs: list[str]) -> str:
+def probe_variables() -> list[str]:
+    """The environment variables the probe reads: the common ones, then every back-end's own."""
+    from hpctrain.submission.schedulers.base import all_schedulers
+
+    return list(dict.fromkeys([*VARIABLES, *(v for b in all_schedulers() for v in b.probe_variables)]))
+
+
+def _prelude(programs: list[str], variables: list[str]) -> str:
     return f"""\
 o=$(mktemp 2>/dev/null) || o="${{TMPDIR:-/tmp}}/hpctrain-discover-out.$$"
 t=$(mktemp 2>/dev/null) || t="${{TMPDIR:-/tmp}}/hpctrain-discover-err.$$"
@@ -48,7 +58,7 @@ sec memory out; while read -r k v rest; do [ "$k" = MemTotal: ] && printf '%s\\n
 sec programs out
 for c in {" ".join(programs)}; do p=$(command -v "$c" 2>/dev/null) && printf '%s %s\\n' "$c" "$p"; done
 sec variables out
-for v in {" ".join(VARIABLES)}; do eval "x=\\${{$v-}}"; [ -n "$x" ] && printf '%s=%s\\n' "$v" "$x"; done
+for v in {" ".join(variables)}; do eval "x=\\${{$v-}}"; [ -n "$x" ] && printf '%s=%s\\n' "$v" "$x"; done
 sec dirs out
 for d in {" ".join(SCRATCH_DIRS)}; do [ -d "$d" ] && printf '%s\\n' "$d"; done
 """
@@ -90,8 +100,8 @@ def probe_script() -> str:
     backends = all_schedulers()
     detect = [p for b in backends for p in b.detect_programs]
     programs = list(dict.fromkeys([*detect, *(p for b in backends for p in b.probe_programs), *LAUNCH_PROGRAMS]))
-    login = list(dict.fromkeys([*detect, "srun", "mpiexec", "aprun"]))
-    return _prelude(programs) + _schedulers(backends) + _tail(login)
+    login = list(dict.fromkeys([*detect, *(p for b in backends for p in b.launch_programs), *LOGIN_LAUNCH_PROGRAMS]))
+    return _prelude(programs, probe_variables()) + _schedulers(backends) + _tail(login)
 
 
 @dataclass(frozen=True)
@@ -149,9 +159,10 @@ class Probe:
     @property
     def variables(self) -> dict[str, str]:
         found = {}
+        known = set(probe_variables())
         for line in self.out("variables").splitlines():
             name, sep, value = line.partition("=")
-            if sep and name in VARIABLES:
+            if sep and name in known:
                 found[name] = value
         return found
 

@@ -33,8 +33,7 @@ from hpctrain.submission.discovery.facts import (
     QueueFacts,
     describe_shape,
 )
-from hpctrain.submission.discovery.slurm import QOS_SOURCE
-from hpctrain.submission.schedulers.base import get_scheduler
+from hpctrain.submission.schedulers.base import Scheduler, get_scheduler
 
 REMOTE_ROOT = "$HOME/hpctrain-runs"
 _WORD = TypeAdapter(Word)
@@ -151,11 +150,11 @@ def _policies(w: _Writer, path: tuple[str, ...], queue: QueueFacts) -> None:
         w.fact((*path, key), fact, _walltime_text(fact.value) if key == "min_walltime" else None)
 
 
-def _qos_sources(w: _Writer, path: tuple[str, ...], queue: QueueFacts, source: str) -> None:
-    """The rules a partition's QOS sets are cited with that QOS's limit (a refusal names MaxWall, not only the
-    partition)."""
+def _qos_sources(w: _Writer, path: tuple[str, ...], queue: QueueFacts, source: str, scheduler: Scheduler) -> None:
+    """The rules a partition's QOS sets are cited with that QOS's limit (a refusal names the QOS's limit, not only
+    the partition)."""
     rules = {"max_nodes": queue.max_nodes, "max_walltime": queue.max_walltime_s, **queue.policies()}
-    from_qos = {key: fact for key, fact in rules.items() if fact.source.startswith(QOS_SOURCE + " ")}
+    from_qos = {key: fact for key, fact in rules.items() if scheduler.is_qos_limit(fact)}
     if not from_qos:
         return
     w.section((*path, "sources"), "the rules the partition's QOS sets")
@@ -195,7 +194,7 @@ def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dic
         w.fact((*path, "max_walltime"), queue.max_walltime_s, _walltime_text(queue.max_walltime_s.value))
         _policies(w, path, queue)
         w.value((*path, "source"), source, "what a job refused by these limits is told they come from")
-        _qos_sources(w, path, queue, source)
+        _qos_sources(w, path, queue, source, get_scheduler(facts.name))
         if queue.node is not None:
             _node(w, (*path, "node"), queue.node, base=findings.node)
     direct = [n for n, q in queues.items() if q.direct_submit is None or q.direct_submit.value]
@@ -209,7 +208,7 @@ def _queues(w: _Writer, findings: Findings, notes: list[str], stamp: str) -> dic
         limits = [f.source.partition(": ")[2] for f in (qos.max_walltime_s, qos.max_nodes, qos.max_nodes_per_user,
                                                          qos.max_running_per_user, qos.max_queued_per_user) if f]
         if limits:
-            notes.append(f"Slurm QOS {name!r} sets {', '.join(limits)}: a queue that submits with it names it "
+            notes.append(f"{title} QOS {name!r} sets {', '.join(limits)}: a queue that submits with it names it "
                          f"(qos: {name}) and states these limits")
     return queues
 

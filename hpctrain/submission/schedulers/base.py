@@ -1,7 +1,8 @@
 """The contract every batch-scheduler back-end fills in (PSI/J style): its facts, directives, submit, status, cancel.
 
-A back-end is one module (here: ``slurm.py``, ``pbs.py``, ``cobalt.py``, ``local.py``) holding one ``Scheduler``
-subclass as ``SCHEDULER``: its directives, commands, status parsers and state map, directive rules and discovery.
+A back-end is one module or package (here: ``slurm/``, ``pbs/``, ``cobalt/``, ``local.py``) holding one
+``Scheduler`` subclass as ``SCHEDULER``: its directives, commands, status parsers and state map, directive rules and
+discovery (a package keeps its discovery reader in ``discovery.py``, loaded only when discovery asks).
 Every back-end's script is ``templates/job.tmpl`` with its ``script_note``. Back-ends only build argv lists and
 directive lines and parse text; nothing here runs a command. ``get_scheduler(name)`` finds a back-end in the registry
 (config/backends.py): the built-ins, and any package's entry point in the group ``hpctrain.schedulers``.
@@ -13,7 +14,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from hpctrain.config.backends import SCHEDULERS
 from hpctrain.config.common import DirectiveValue, FieldProblem
@@ -27,7 +28,7 @@ from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.shell import directive_word, is_home_relative
 
 if TYPE_CHECKING:  # discovery/ imports the registry below: no import of it while this module loads
-    from hpctrain.submission.discovery.facts import Fact, SchedulerFacts
+    from hpctrain.submission.discovery.facts import Fact, QosFacts, QueueFacts, SchedulerFacts
     from hpctrain.submission.discovery.probe import Probe
 
 # The batch script's own record of how it ended, one JSON line per event, in the run directory: read by status
@@ -150,9 +151,12 @@ class Scheduler(ABC):
     trusted_only_directives: ClassVar[frozenset[str]] = frozenset()
     job_key_directives: ClassVar[frozenset[str]] = frozenset()
     # Discovery (discovery/detect.py): the programs whose presence on a login node tells this scheduler is there,
-    # more programs whose path the probe reports, and the order in which back-ends are asked (lowest first).
+    # more programs whose path the probe reports, its own launcher programs (looked for in a login shell too),
+    # and the order in which back-ends are asked (lowest first).
     detect_programs: ClassVar[tuple[str, ...]] = ()
     probe_programs: ClassVar[tuple[str, ...]] = ()
+    launch_programs: ClassVar[tuple[str, ...]] = ()
+    probe_variables: ClassVar[tuple[str, ...]] = ()  # environment variables the probe records (SLURM_CONF)
     detect_order: ClassVar[int] = 100
     # Its command names: a missing one is reported as "load the <title> module" (transport.py).
     commands: ClassVar[tuple[str, ...]] = ()
@@ -266,6 +270,14 @@ class Scheduler(ABC):
     def discovery_notes(self, probe: Probe, launcher: Fact[str], mpi: Fact[str] | None) -> list[str]:
         """What the person reading a discovered profile should check by hand."""
         return []
+
+    def with_qos(self, queue: QueueFacts, qos: QosFacts) -> QueueFacts:
+        """A discovered queue's limits as a job submitted under ``qos`` meets them (``has_qos`` back-ends)."""
+        return queue
+
+    def is_qos_limit(self, fact: Fact[Any]) -> bool:
+        """Whether a discovered queue limit was set by a QOS (the profile cites that QOS beside the queue)."""
+        return False
 
     # -- what fits ---------------------------------------------------------------------------------------
     def launcher_for(self, site: SiteProfile) -> str:

@@ -2,14 +2,16 @@
 MaxTime, the partition's QoS), QOS limits (``sacctmgr show qos``: MaxWall, MaxTRES, MaxTRESPU, MaxJobsPU,
 MaxSubmitPU; where accounting runs), node shapes (``scontrol show node -o``, or ``sinfo`` when scontrol is
 refused), accounts (``sacctmgr show assoc``), the MPI plug-ins of ``srun --mpi=list`` and ``scontrol show config``
-(MpiDefault, TmpFS, ClusterName).
+(MpiDefault, TmpFS, ClusterName); what a partition's QOS does to its limits, and the ``--mpi`` plug-in srun needs
+for the MPI found.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from hpctrain.config.numbers import plain_count
 from hpctrain.config.walltime import parse_walltime
@@ -27,6 +29,14 @@ from hpctrain.submission.discovery.facts import (
     node_kinds_note,
 )
 from hpctrain.submission.discovery.probe import Probe
+
+
+@dataclass
+class SlurmFacts(SchedulerFacts):
+    """Slurm's answers, with the MPI plug-ins srun offers (``srun --mpi=list``) and its ``MpiDefault``."""
+
+    mpi_plugins: list[str] = field(default_factory=list)
+    mpi_default: str | None = None
 
 SINFO_FORMAT = "%R|%a|%l|%D|%c|%z|%m|%G|%P"  # the columns node_from_sinfo reads
 QOS_FORMAT = "Name,MaxWall,MaxTRES,MaxTRESPU,MaxJobsPU,MaxSubmitPU"  # the columns read_qos reads
@@ -195,6 +205,11 @@ def read_qos(text: str) -> dict[str, QosFacts]:
     return found
 
 
+def is_qos_limit(fact: Fact[Any]) -> bool:
+    """Whether a discovered limit is a QOS's (its source is ``sacctmgr show qos NAME: ...``)."""
+    return fact.source.startswith(QOS_SOURCE + " ")
+
+
 def with_qos(queue: QueueFacts, qos: QosFacts) -> QueueFacts:
     """A partition's limits as a job under ``qos`` meets them: the tighter walltime and node limit, the QOS's
     per-user limits."""
@@ -216,9 +231,9 @@ def _sinfo_rows(text: str) -> Iterable[list[str]]:
             yield fields
 
 
-def read_slurm(probe: Probe) -> SchedulerFacts:
+def read_slurm(probe: Probe) -> SlurmFacts:
     """Partitions, node shapes, accounts and MPI plug-ins from the probe's Slurm sections."""
-    facts = SchedulerFacts(name="slurm", answered=False)
+    facts = SlurmFacts(name="slurm", answered=False)
     partitions = probe.answered("slurm_partitions")
     nodes_text = probe.answered("slurm_nodes")
     sinfo_text = probe.answered("slurm_sinfo")
@@ -295,7 +310,7 @@ def config_values(text: str) -> dict[str, str]:
     return values
 
 
-def _read_config(probe: Probe, facts: SchedulerFacts) -> None:
+def _read_config(probe: Probe, facts: SlurmFacts) -> None:
     config = config_values(probe.answered("slurm_config") or "")
     name = config.get("ClusterName")
     facts.cluster_name = name if name and name != "(null)" else None
@@ -325,3 +340,21 @@ def mpi_plugins(text: str) -> list[str]:
         if word and " " not in word and not word.endswith(":"):
             names.append(word)
     return names
+
+
+def srun_mpi_args(facts: SchedulerFacts, mpi: Fact[str] | None) -> Fact[list[str]]:
+    """``--mpi=PLUGIN`` for srun when Slurm's default would not start this MPI's ranks as one job."""
+    plugins = facts.mpi_plugins if isinstance(facts, SlurmFacts) else []
+    default = (facts.mpi_default if isinstance(facts, SlurmFacts) else None) or "none"
+    if mpi is None:
+        return learned([], f"srun's MpiDefault={default}; no MPI found to choose a plug-in for")
+    wanted = {"CRAY MPICH": ["cray_shasta", "pmi2"], "Open MPI": ["pmix"], "MPICH": ["pmi2", "pmix"],
+              "MVAPICH": ["pmi2"], "Intel(R) MPI": ["pmi2"]}.get(mpi.value, [])
+    if default in wanted:
+        return learned([], f"MpiDefault={default} already suits {mpi.value}")
+    for plugin in wanted:
+        if plugin in plugins or any(p.startswith(plugin + "_") for p in plugins):
+            return learned([f"--mpi={plugin}"], f"srun --mpi=list offers {plugin} for {mpi.value} "
+                                                f"(MpiDefault={default})")
+    return learned([], f"srun --mpi=list offers none of {', '.join(wanted) or 'the usual plug-ins'} for "
+                       f"{mpi.value}; MpiDefault={default}")

@@ -196,6 +196,7 @@ class PBSPro(Scheduler):
     commands = ("qsub", "qstat", "qdel", "qalter", "qrls", "qhold", "pbsnodes")
     detect_programs = ("qstat", "pbsnodes")
     probe_programs = ("qsub",)
+    probe_variables = ("PBS_EXEC",)
     detect_order = 30  # after Cobalt, whose qstat -Q table tells it from PBS
     # Options hpctrain writes itself (one-letter options and -l resources alike); the one-letter options a
     # profile or job may set (longer ones are -l resources, any name a site defines, none choosing code); the
@@ -307,7 +308,7 @@ class PBSPro(Scheduler):
                 "have pbsnodes && { run pbs_nodes_json pbsnodes -a -F json || run pbs_nodes pbsnodes -a; }"]
 
     def read_discovery(self, probe: Probe) -> SchedulerFacts:
-        from hpctrain.submission.discovery.pbs import read_pbs
+        from hpctrain.submission.schedulers.pbs.discovery import read_pbs
 
         return read_pbs(probe)
 

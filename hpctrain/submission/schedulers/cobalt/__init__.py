@@ -194,7 +194,7 @@ class Cobalt(Scheduler):
 
     # -- discovery ---------------------------------------------------------------------------------------
     def detects(self, probe: Probe) -> bool:
-        from hpctrain.submission.discovery.cobalt import is_cobalt_queue_table
+        from hpctrain.submission.schedulers.cobalt.discovery import is_cobalt_queue_table
 
         return super().detects(probe) or is_cobalt_queue_table(probe.out("qstat_queues"))
 
@@ -202,7 +202,7 @@ class Cobalt(Scheduler):
         return ["have qstat && run qstat_queues qstat -Q", "run cobalt_partlist partlist"]
 
     def read_discovery(self, probe: Probe) -> SchedulerFacts:
-        from hpctrain.submission.discovery.cobalt import read_cobalt
+        from hpctrain.submission.schedulers.cobalt.discovery import read_cobalt
 
         return read_cobalt(probe)
 
