@@ -1,5 +1,6 @@
 """Opening the files hpctrain reads (job specs, profiles, manifests, checkpoints, the registry) only when they
-are regular files, and writing the files it keeps whole or not at all (``write_atomic``).
+are regular files, and writing the files it keeps whole or not at all: ``atomic_path`` (the one rule: a temporary
+name beside the file, fsync, rename) and ``write_atomic`` (bytes, text or a writer through it).
 
 A FIFO blocks ``open`` until a writer comes; a device reads forever or has effects of its own. Both are
 refused before any byte is read: the path is checked with ``stat`` first (a device is never opened), then
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -79,8 +82,9 @@ def within(path: Path, root: Path) -> bool:
 
 
 def temp_name(final: Path) -> Path:
-    """The name a file is written under before it is renamed to ``final`` (hidden, one per process)."""
-    return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+    """A fresh name to write a file under before it is renamed to ``final``: hidden, beside it, unique (ranks on
+    different nodes may share a pid), and ending in no suffix a reader's pattern (``*.h5``, ``*.yaml``) matches."""
+    return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -92,30 +96,69 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def write_atomic(path: str | os.PathLike[str], content: bytes | str | Callable[[BinaryIO], object], *,
-                 mode: int | None = None, sync_dir: bool = False) -> None:
-    """Write ``path`` whole or not at all: into a temporary name beside it, fsync, rename (a reader never sees
-    half a file, a crash leaves the old file or none).
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Make a written file's content durable (by its path: for writers that closed it themselves)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
-    ``content`` is the bytes, UTF-8 text, or a callable that writes to the open binary file. ``mode`` sets the
-    file's permission bits; ``sync_dir`` fsyncs the directory too, so that the rename itself survives a crash.
-    On any failure the temporary file is removed, ``path`` is untouched and the error is raised.
+
+def _publish(tmp: Path, final: Path, exclusive: bool) -> None:
+    if not exclusive:
+        os.replace(tmp, final)
+        return
+    try:
+        os.link(tmp, final)  # refuses an existing name atomically: a file made meanwhile is not replaced either
+    except FileExistsError:
+        raise
+    except OSError as exc:
+        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        if final.exists():  # a file system without hard links: check, then rename (a race window only there)
+            raise FileExistsError(errno.EEXIST, "file exists", str(final)) from None
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def atomic_path(dest: str | os.PathLike[str], *, durable: bool = True, sync_dir: bool = False,
+                mode: int | None = None, exclusive: bool = False) -> Iterator[Path]:
+    """A temporary path beside ``dest`` for a writer that needs a path (HDF5, ``savefig``, ``torch.save``, a
+    download, a compiler's ``-o``); when the block ends without an exception it becomes ``dest`` whole (a reader
+    never sees half a file), on any exception it is removed and ``dest`` is untouched.
+
+    ``durable`` fsyncs the file before the rename, so that a crash leaves the old file or the new one, never an
+    empty one; ``sync_dir`` fsyncs the directory after it, so that the rename itself survives a crash. ``mode``
+    sets the file's permission bits. ``exclusive`` never replaces an existing ``dest``: FileExistsError instead.
     """
-    final = Path(path)
+    final = Path(dest)
     tmp = temp_name(final)
     try:
-        with open(tmp, "wb") as f:
-            if callable(content):
-                content(f)
-            else:
-                f.write(content.encode("utf-8") if isinstance(content, str) else content)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         if mode is not None:
             tmp.chmod(mode)
-        os.replace(tmp, final)
+        if durable:
+            fsync_file(tmp)
+        _publish(tmp, final, exclusive)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
     if sync_dir:
         fsync_dir(final.parent)
+
+
+def write_atomic(path: str | os.PathLike[str], content: bytes | str | Callable[[BinaryIO], object], *,
+                 mode: int | None = None, sync_dir: bool = False, durable: bool = True) -> None:
+    """Write ``path`` whole or not at all through ``atomic_path`` (its ``durable``, ``sync_dir`` and ``mode``).
+
+    ``content`` is the bytes, UTF-8 text, or a callable that writes to the open binary file. On any failure the
+    temporary file is removed, ``path`` is untouched and the error is raised.
+    """
+    with atomic_path(path, durable=durable, sync_dir=sync_dir, mode=mode) as tmp, open(tmp, "wb") as f:
+        if callable(content):
+            content(f)
+        else:
+            f.write(content.encode("utf-8") if isinstance(content, str) else content)

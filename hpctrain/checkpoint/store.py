@@ -496,11 +496,10 @@ class CheckpointStore:
             (scratch / f"rank-{self.rank:05d}.none").touch()
             return
         final = scratch / rank_filename(self.rank)
-        tmp = final.with_name(f".{final.name}.tmp")
         buffer = io.BytesIO()
         torch.save(per_rank, buffer)
-        tmp.write_bytes(buffer.getbuffer())
-        os.replace(tmp, final)  # node-local and transient: no fsync, the node file is what is made durable
+        # node-local and transient: no fsync, the node file is what is made durable
+        files.write_atomic(final, lambda f: f.write(buffer.getbuffer()), durable=False)
         counts = self.tally
         if counts is not None:
             counts.add_checkpoint_file(step, buffer.getbuffer().nbytes, node_local=True)
@@ -740,9 +739,7 @@ class CheckpointStore:
             text = json.dumps({"entries": [c.to_json() for c in entries], "problems": problems})
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = files.temp_name(path)
-                tmp.write_text(text)
-                os.replace(tmp, path)
+                files.write_atomic(path, text, durable=False)  # node-local, read once by this resume
             except OSError as e:
                 log.warning("rank %d: cannot leave the checkpoint list in node-local %s (%s): every rank reads it",
                             self.rank, path.parent, e.strerror or e)
@@ -862,19 +859,13 @@ def _copy_hashing(src: Path, dst: Path, checksum: str | None) -> tuple[int, str]
     """Copy ``src`` to ``dst`` (temp name, then rename) reading it once; (size, digest, "" without ``checksum``)."""
     h = hashlib.new(checksum) if checksum else None
     size = 0
-    tmp = files.temp_name(dst)
-    try:
-        with open(src, "rb", buffering=0) as f, open(tmp, "wb") as out:
-            while chunk := f.read(COPY_CHUNK):
-                if h is not None:
-                    h.update(chunk)
-                out.write(chunk)
-                size += len(chunk)
-        os.replace(tmp, dst)
-    except BaseException:
-        with suppress(OSError):
-            tmp.unlink()
-        raise
+    # node-local and read once by this resume: no fsync
+    with files.atomic_path(dst, durable=False) as tmp, open(src, "rb", buffering=0) as f, open(tmp, "wb") as out:
+        while chunk := f.read(COPY_CHUNK):
+            if h is not None:
+                h.update(chunk)
+            out.write(chunk)
+            size += len(chunk)
     return size, h.hexdigest() if h is not None else ""
 
 

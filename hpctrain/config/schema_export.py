@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from hpctrain.config.catalog import MODELS
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
+from hpctrain.files import write_atomic
 
 
 def json_schema(model: type[BaseModel]) -> dict[str, Any]:
@@ -94,8 +95,6 @@ def export(directory: str | Path) -> list[Path]:
         ("reference.md", reference_markdown()),
     ):
         path = out / filename
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(content, encoding="utf-8")
-        tmp.replace(path)
+        write_atomic(path, content)
         written.append(path)
     return written

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpctrain.files import atomic_path
 from hpctrain.submission.module_probe import import_location
 
 # Bumped when the archive's layout changes: an old cache entry is then never reused.
@@ -240,13 +241,10 @@ def pack(cache: str | os.PathLike[str], name: str) -> Packed:
     archive = directory / f"{name}-{digest}.tar"
     reused = archive.is_file()
     if not reused:
-        tmp = directory / f".{archive.name}.{os.getpid()}.tmp"
-        try:
+        with atomic_path(archive) as tmp:
             write_archive(plan, tmp)
-            os.replace(tmp, archive)
-        finally:
-            tmp.unlink(missing_ok=True)
     pointer = directory / f"{name}.tar"
+    # A symbolic link is swapped, not written: os.symlink cannot replace a name and a link has no content to fsync.
     link_tmp = directory / f".{name}.tar.{os.getpid()}.link"
     link_tmp.unlink(missing_ok=True)
     os.symlink(archive.name, link_tmp)

@@ -15,7 +15,7 @@ all), then publishes the highest claim as ``failure.txt`` by an atomic rename, a
 appeared meanwhile: whatever the order of the writers, the note ends as the highest claim, and no reader sees a
 half-written one. Status polling fetches ``failure.txt`` in the same batched call as metrics and exit records
 and shows it as the reason; a continuation removes every file of ``NOTE_FILES`` before its job starts.
-Plain standard library: both sides import this module.
+Plain standard library (and hpctrain.files): both sides import this module.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+
+from hpctrain.files import write_atomic
 
 FAILURE_FILE = "failure.txt"
 MAX_CHARS = 400  # one line: what a status table and a registry row can hold
@@ -100,12 +102,7 @@ def _publish(directory: Path) -> None:
         if highest is None or highest[0] == published:
             return
         level, text = highest
-        tmp = _tmp(directory, "note")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, directory / FAILURE_FILE)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomic(directory / FAILURE_FILE, text)
         published = level
 
 

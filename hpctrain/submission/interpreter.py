@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.config.staging import effective
 from hpctrain.errors import ConfigError
+from hpctrain.files import write_atomic
 from hpctrain.submission.module_probe import MARKER, parse_answer, probe_argv
 from hpctrain.submission.shell import quote, quote_path
 
@@ -102,9 +103,7 @@ def _remember(key: str, now: float, host: str, python: str) -> None:
     entries[key] = {"checked_at": now, "host": host, "python": python}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(entries, indent=1, sort_keys=True))
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(entries, indent=1, sort_keys=True))
     except OSError:
         pass  # no cache here: the next submission asks again
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from hpctrain.errors import HpctrainError, UnknownRun
-from hpctrain.files import kind_of
+from hpctrain.files import atomic_path, kind_of
 from hpctrain.submission.schedulers.state import JobState
 
 if TYPE_CHECKING:
@@ -307,18 +307,15 @@ def create_database(path: Path) -> None:
 def _create_atomically(path: Path) -> None:
     """Create the registry file complete or not at all: built beside it, then hard-linked into place (a link
     never replaces a file another process created meanwhile). So a zero-length registry is always damage."""
-    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{secrets.token_hex(3)}")
+    made: list[Path] = []
     try:
-        create_database(tmp)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            pass  # another process made it first: use theirs
-        except OSError:  # a file system without hard links
-            if not path.exists():
-                os.replace(tmp, path)
+        with atomic_path(path, exclusive=True) as tmp:
+            made.append(tmp)
+            create_database(tmp)
+    except FileExistsError:
+        pass  # another process made it first: use theirs
     finally:
-        for leftover in (tmp, Path(f"{tmp}-wal"), Path(f"{tmp}-shm")):
+        for leftover in (Path(f"{tmp}-{kind}") for tmp in made for kind in ("wal", "shm")):
             with suppress(OSError):
                 leftover.unlink()
 

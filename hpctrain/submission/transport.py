@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from hpctrain.errors import TransportError
+from hpctrain.files import atomic_path
 
 # Unix socket paths are limited to ~104-108 bytes; %C expands to 40 hex characters.
 _MAX_SOCKET_PATH = 100
@@ -139,12 +140,10 @@ class LocalTransport:
         """Copy a file (atomically: write beside, then rename)."""
         dest = Path(remote_path)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(f".{dest.name}.tmp{os.getpid()}")
         try:
-            shutil.copyfile(local_path, tmp)
-            os.replace(tmp, dest)
+            with atomic_path(dest) as tmp:
+                shutil.copyfile(local_path, tmp)
         except OSError as exc:
-            tmp.unlink(missing_ok=True)
             raise TransportError(f"cannot write {remote_path} on this machine: {exc.strerror}") from None
 
     def get(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:

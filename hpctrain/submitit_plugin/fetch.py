@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import base64
 import binascii
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 from hpctrain.errors import TransportError
-from hpctrain.files import write_atomic
+from hpctrain.files import atomic_path, write_atomic
 from hpctrain.submission.transport import Transport
 
 FETCH_TIMEOUT_S = 120.0
@@ -80,11 +79,7 @@ def fetch_files(transport: Transport, files: Sequence[tuple[str, Path]], *, exac
             chunks.append(line.strip())
     for remote, local in large:
         local.parent.mkdir(parents=True, exist_ok=True)
-        tmp = local.with_name(f".{local.name}.fetch{os.getpid()}")
-        try:
+        with atomic_path(local) as tmp:
             transport.get(remote, tmp)
-            os.replace(tmp, local)
-        finally:
-            tmp.unlink(missing_ok=True)
         written.add(local)
     return written

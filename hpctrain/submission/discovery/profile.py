@@ -7,10 +7,8 @@ give under ``guessed:`` and in a to-do list, validated by the same schema as eve
 from __future__ import annotations
 
 import datetime
-import errno
 import os
 import re
-import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from hpctrain.config.validation import validate_model
 from hpctrain.config.walltime import format_hms
 from hpctrain.config.yamlio import parse_yaml
 from hpctrain.errors import ConfigError, HpctrainError
+from hpctrain.files import atomic_path
 from hpctrain.submission.discovery.facts import (
     NO_LIMIT_S,
     NO_LIMIT_TEXT,
@@ -316,38 +315,20 @@ def write_profile(text: str, path: str | os.PathLike[str], force: bool = False) 
     directory = dest.parent if str(dest.parent) else Path(".")
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=directory)
     except OSError as exc:
         raise ConfigError(f"cannot write here: {exc.strerror}", path=str(dest)) from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            out.flush()
-            os.fsync(out.fileno())
-        _publish(tmp, dest, force)
+        # exclusive: a file created meanwhile is not replaced either (without --force); readable by its owner only,
+        # as it names the user's accounts and login node
+        with atomic_path(dest, exclusive=not force, mode=0o600) as tmp:
+            try:
+                out = open(tmp, "x", encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"cannot write here: {exc.strerror}", path=str(dest)) from None
+            with out:
+                out.write(text)
     except FileExistsError:
         raise ConfigError("file exists; not replaced", path=str(dest), hint="pass --force to replace it") from None
     except OSError as exc:
         raise ConfigError(f"cannot write the profile: {exc.strerror}", path=str(dest)) from None
-    finally:
-        Path(tmp).unlink(missing_ok=True)
     return dest
-
-
-def _publish(tmp: str, dest: Path, force: bool) -> None:
-    """Give the finished temp file its name: replace with ``force``, else refuse an existing name."""
-    if force:
-        os.replace(tmp, dest)
-        return
-    try:
-        # link() refuses an existing name atomically: a file created meanwhile is not overwritten either.
-        os.link(tmp, dest)
-    except FileExistsError:
-        raise
-    except OSError as exc:
-        if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
-            raise
-        # File systems without hard links: check, then rename (a race window only there).
-        if dest.exists():
-            raise FileExistsError(str(dest)) from None
-        os.replace(tmp, dest)
