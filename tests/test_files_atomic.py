@@ -1,17 +1,22 @@
 """``files.atomic_path``, the one rule for a file written whole or not at all, and ``write_atomic`` through it:
 what a failed writer leaves (nothing new), what a finished one leaves (the new file, no temporary), how many
-fsyncs each durability asks for.
+fsyncs each durability asks for, and that no module of hpctrain renames a written file by hand.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+import hpctrain
+from hpctrain import files
 from hpctrain.files import atomic_path, write_atomic
+
+PACKAGE = Path(hpctrain.__file__).resolve().parent
 
 
 def _names(directory: Path) -> list[str]:
@@ -106,3 +111,28 @@ def test_exclusive_without_hard_links_checks_then_renames(tmp_path: Path, monkey
     with pytest.raises(FileExistsError), atomic_path(dest, exclusive=True) as tmp:
         tmp.write_text("second")
     assert dest.read_text() == "first" and _names(tmp_path) == ["registry.db"]
+
+
+# Renames that are not "a written file published whole": each keeps its own with a reason in the code.
+OWN_RENAMES = {
+    "files.py": 2,  # the rule itself: os.replace in _publish, twice (rename, or after a refused link)
+    "submission/envpack.py": 1,  # a symbolic link swapped into place
+    "submission/stage_tree.py": 1,  # carried as text into the batch script: the standard library only
+}
+
+
+def _renames(path: Path) -> int:
+    """``os.replace``/``os.rename``, a ``Path.rename``, and a ``.replace`` of a temporary path in one module."""
+    count = 0
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner, attr = ast.unparse(node.func.value), node.func.attr
+            if attr == "rename" or (attr == "replace" and (owner == "os" or "tmp" in owner or "partial" in owner)):
+                count += 1
+    return count
+
+
+def test_no_module_renames_a_written_file_by_hand() -> None:
+    found = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := _renames(p))}
+    assert found == OWN_RENAMES, "use files.atomic_path (or write_atomic) for a file written whole or not at all"
+    assert files.temp_name(Path("a/b.h5")).parent == Path("a")

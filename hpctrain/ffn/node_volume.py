@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +23,7 @@ from hpctrain.config.plugins.ffn import parse_volume_spec
 from hpctrain.config.staging import node_local_root
 from hpctrain.errors import DataError
 from hpctrain.ffn.volume import Volume, VolumeSpec, load_image_and_labels
+from hpctrain.files import atomic_path, write_atomic
 from hpctrain.runtime import work_counts
 
 log = logging.getLogger("hpctrain.ffn")
@@ -48,15 +48,14 @@ def copy_key(run_dir: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec) -> 
 
 def _copy(volume: Volume | np.ndarray, final: Path) -> int:
     """``volume`` into ``final`` (.npy) slab by slab; returns its bytes (read from the shared path when a Volume)."""
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=volume.dtype, shape=volume.shape)
-    plane = max(1, int(np.prod(volume.shape[1:])) * volume.dtype.itemsize)
-    step = max(1, SLAB_BYTES // plane)
-    for z in range(0, volume.shape[0], step):
-        out[z:z + step] = volume[z:z + step]
-    out.flush()
-    del out
-    os.replace(tmp, final)
+    with atomic_path(final, durable=False) as tmp:  # node-local and rebuilt by any later run: no fsync
+        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=volume.dtype, shape=volume.shape)
+        plane = max(1, int(np.prod(volume.shape[1:])) * volume.dtype.itemsize)
+        step = max(1, SLAB_BYTES // plane)
+        for z in range(0, volume.shape[0], step):
+            out[z:z + step] = volume[z:z + step]
+        out.flush()
+        del out
     return int(np.prod(volume.shape)) * volume.dtype.itemsize
 
 
@@ -107,9 +106,8 @@ def _write_copy(directory: Path, image_spec: VolumeSpec, labels_spec: VolumeSpec
     finally:
         image.close()
         labels.close()
-    tmp = directory / f".{PLAN}.tmp"
-    tmp.write_text(json.dumps(plan))
-    os.replace(tmp, directory / PLAN)  # written last: its presence means the copy is whole
+    # written last: its presence means the copy is whole
+    write_atomic(directory / PLAN, json.dumps(plan), durable=False)
     return plan
 
 

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import numpy as np
 
 from hpctrain.config.plugins.ffn import parse_volume_spec
 from hpctrain.errors import DataError
+from hpctrain.files import atomic_path
 
 
 def clear_dust(seg: np.ndarray, min_size: int) -> np.ndarray:
@@ -90,14 +90,11 @@ def write_segmentation_hdf5(
 
     file, name = h5_target(path, dataset)
     file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
     try:
-        with h5py.File(tmp, "w") as f:
+        with atomic_path(file) as tmp, h5py.File(tmp, "w") as f:
             ds = f.create_dataset(name, data=seg, chunks=True, compression="gzip", compression_opts=1)
             for key, value in (attrs or {}).items():
                 ds.attrs[key] = _attr_value(value)
-        os.replace(tmp, file)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise DataError(f"could not write segmentation to {file}: {e}", hint="check the output path") from e
     return file

@@ -19,7 +19,6 @@ its subvolumes, the finishing steps run over that one segmentation, split the sa
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, join_groups, mu
 from hpctrain.ffn.inference import join_and_fill
 from hpctrain.ffn.settings import InferenceConfig
 from hpctrain.ffn.subvolumes import Subvolume, mine, read_plan, renumbering, write_cores
+from hpctrain.files import write_atomic
 
 OVERSEGMENTATION = "oversegmentation.h5"
 PAIRS = "pairs.json"
@@ -53,9 +53,7 @@ def _read(path: Path, box: tuple[slice, ...]) -> np.ndarray:
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data))
 
 
 # ---------------------------------------------------------------------------------------- 1. the contacts

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ import numpy as np
 from hpctrain.config.plugins.ffn_inference import zyx
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.agglomeration import UnionFind
+from hpctrain.files import atomic_path, write_atomic
 
 Zyx = tuple[int, int, int]
 
@@ -76,9 +76,7 @@ def plan_subvolumes(shape: Sequence[int], counts: int | Sequence[int], overlap: 
 def write_plan(path: Path, plan: list[Subvolume], **settings: Any) -> Path:
     """The plan and the run's settings as JSON, for the ranks that segment the pieces (written atomically)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps({"subvolumes": [asdict(s) for s in plan], **settings}, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps({"subvolumes": [asdict(s) for s in plan], **settings}, indent=1))
     return path
 
 
@@ -170,18 +168,15 @@ def write_cores(out_path: str | Path, shape: Sequence[int], plan: Sequence[Subvo
 
     file, name = h5_target(out_path, "segmentation")
     file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = file.with_name(f".{file.name}.tmp{os.getpid()}")
     try:
-        with h5py.File(tmp, "w") as f:
+        with atomic_path(file) as tmp, h5py.File(tmp, "w") as f:
             ds = f.create_dataset(name, shape=tuple(int(s) for s in shape), dtype=np.uint32, chunks=True,
                                   compression="gzip", compression_opts=1)
             for sub in plan:
                 ds[tuple(slice(a, b) for a, b in zip(sub.core_start, sub.core_stop, strict=True))] = core_labels(sub)
             for key, value in (attrs or {}).items():
                 ds.attrs[key] = json.dumps(value, default=str) if not isinstance(value, (str, int, float)) else value
-        os.replace(tmp, file)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise DataError(f"could not write the segmentation to {file}: {e}") from e
     return file
 

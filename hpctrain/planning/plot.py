@@ -5,10 +5,10 @@ matplotlib (with numpy) is imported here only, when a plot is asked for; it is t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
+from hpctrain.files import atomic_path
 from hpctrain.planning.model import LOSS_TERMS, Prediction
 
 COLOURS = {"oversubscription": "#8c564b", "reduction": "#1f77b4", "straggler": "#ff7f0e", "overhead": "#9467bd",
@@ -44,12 +44,10 @@ def plot(predictions: list[Prediction], path: str, title: str) -> Path:
     ax.legend(loc="lower left", fontsize=8, ncol=4)
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}.png")
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, out)
+        with atomic_path(out) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise ConfigError(f"--plot {path}: cannot write it ({exc.strerror})", key="--plot") from None
     finally:
         plt.close(fig)

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpctrain.files import write_atomic
+
 PROFILE_FILE = "profile.json"
 VERSION = 1
 SKIP_STEPS = 3  # first steps pay one-off costs (oneDNN kernel selection, allocator warm-up, page faults)
@@ -204,12 +206,11 @@ class StepProfiler:
         if self.path is None or self.stats["compute_s"].count == 0:
             return
         self.node_load.mark()
-        tmp = self.path.with_name(f".{self.path.name}.tmp{os.getpid()}")
         try:
-            tmp.write_text(json.dumps(self.as_dict(), indent=1), encoding="utf-8")
-            os.replace(tmp, self.path)
+            # advisory and rewritten every few seconds while training: not worth an fsync each time
+            write_atomic(self.path, json.dumps(self.as_dict(), indent=1), durable=False)
         except OSError:
-            tmp.unlink(missing_ok=True)  # a full disk must not stop training: the profile is advisory
+            pass  # a full disk must not stop training: the profile is advisory
         self._written = time.monotonic()
 
 

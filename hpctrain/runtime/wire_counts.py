@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from hpctrain.files import atomic_path
+
 SOURCE = Path(__file__).with_name("wire") / "wire_count.c"
 LIBRARY_NAME = "libhpctrain_wire.so"
 # The switch a benchmark sets: the library to preload. Off (unset), nothing of this module runs in a rank.
@@ -137,14 +139,13 @@ def build(directory: str | os.PathLike[str], mpicc: str | None = None) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     c_file = out.with_suffix(".c")
     c_file.write_text(source, encoding="utf-8")
-    tmp = out.with_name(f".{out.name}.{os.getpid()}")
     # mpicc links libmpi (and its directory as the run path): preloaded, the library brings the MPI library with
     # it, and mpi4py, which looks for MPI in the process before it loads one, finds that one.
-    done = subprocess.run([mpicc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(tmp), str(c_file), "-ldl"],
-                          capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"{mpicc} could not build {c_file}:\n{done.stderr[-3000:]}")
-    os.replace(tmp, out)
+    with atomic_path(out) as tmp:
+        done = subprocess.run([mpicc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(tmp), str(c_file), "-ldl"],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{mpicc} could not build {c_file}:\n{done.stderr[-3000:]}")
     return out
 
 
