@@ -87,15 +87,6 @@ def temp_name(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
 
 
-def fsync_dir(path: str | os.PathLike[str]) -> None:
-    """Make the renames inside directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def fsync_file(path: str | os.PathLike[str]) -> None:
     """Make a written file's content durable (by its path: for writers that closed it themselves)."""
     fd = os.open(path, os.O_RDONLY)
@@ -103,6 +94,12 @@ def fsync_file(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """Make the renames inside directory ``path`` durable (a directory is fsynced through a read-only descriptor,
+    as a file is)."""
+    fsync_file(path)
 
 
 def _publish(tmp: Path, final: Path, exclusive: bool) -> None:
@@ -157,8 +154,12 @@ def write_atomic(path: str | os.PathLike[str], content: bytes | str | Callable[[
     ``content`` is the bytes, UTF-8 text, or a callable that writes to the open binary file. On any failure the
     temporary file is removed, ``path`` is untouched and the error is raised.
     """
-    with atomic_path(path, durable=durable, sync_dir=sync_dir, mode=mode) as tmp, open(tmp, "wb") as f:
+    # The file is fsynced through the descriptor that wrote it, not reopened by its path: one open per file.
+    with atomic_path(path, durable=False, sync_dir=sync_dir, mode=mode) as tmp, open(tmp, "wb") as f:
         if callable(content):
             content(f)
         else:
             f.write(content.encode("utf-8") if isinstance(content, str) else content)
+        if durable:
+            f.flush()
+            os.fsync(f.fileno())

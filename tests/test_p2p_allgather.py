@@ -6,12 +6,8 @@ and torch's ring measured the same way (so the bound can fail).
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import random
-import subprocess
-import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
@@ -23,6 +19,7 @@ import torch
 from hpctrain.runtime import p2p_allgather as ag
 from hpctrain.runtime import p2p_allreduce as p2p
 from hpctrain.runtime import wire_counts
+from tests.mp_helpers.gloo_ranks import run_gloo_ranks
 from tests.test_p2p_allreduce import Mailboxes
 
 
@@ -146,7 +143,6 @@ def test_an_unknown_choice_of_gloo_all_gather_is_a_config_error() -> None:
 # ------------------------------------------------------------------------- real gloo groups under mpiexec
 
 ROOT = Path(__file__).resolve().parents[1]
-MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
 WORKER = str(ROOT / "tests" / "mp_helpers" / "p2p_allgather_worker.py")
 K = 5  # all-gathers of each size in the counted window
 SMALL, LARGE = 16, 100_000
@@ -158,16 +154,7 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _gloo_ranks(n: int, out: Path, **extra: str) -> list[dict[str, Any]]:
-    drop = ("PMI_", "MPI_LOCAL", "SLURM_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC",
-            "HPCTRAIN_", "MPIR_CVAR_", "LD_PRELOAD", "TORCH_GLOO_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(OMP_NUM_THREADS="1", **extra)
-    done = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, WORKER, str(K), str(out)], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(n)]
-    assert [x["rank"] for x in reports] == list(range(n))
-    return reports
+    return run_gloo_ranks(WORKER, K, n, out, **extra)
 
 
 def _expected(n: int, r: int, count: int) -> tuple[int, int, int]:

@@ -4,7 +4,6 @@ against float64 references and the O(log N) bound, then over real gloo groups un
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import queue
@@ -20,6 +19,7 @@ import torch
 
 from hpctrain.runtime import p2p_allreduce as p2p
 from hpctrain.runtime import wire_counts
+from tests.mp_helpers.gloo_ranks import run_gloo_ranks
 
 
 class _Done:
@@ -208,16 +208,7 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _gloo_ranks(n: int, out: Path, **extra: str) -> list[dict[str, Any]]:
-    drop = ("PMI_", "MPI_LOCAL", "SLURM_", "OMPI_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC",
-            "HPCTRAIN_", "MPIR_CVAR_", "LD_PRELOAD", "TORCH_GLOO_")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env.update(OMP_NUM_THREADS="1", **extra)
-    done = subprocess.run([MPIEXEC, "-n", str(n), sys.executable, WORKER, str(K), str(out)], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT, env=env)
-    assert done.returncode == 0, done.stderr[-3000:]
-    reports = [json.loads((out / f"rank-{r}.json").read_text()) for r in range(n)]
-    assert [x["rank"] for x in reports] == list(range(n))
-    return reports
+    return run_gloo_ranks(WORKER, K, n, out, **extra)
 
 
 def _connected(reports: list[dict[str, Any]], key: str) -> list[set[int]]:
