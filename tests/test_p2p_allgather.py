@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import random
-import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,7 @@ from hpctrain.runtime import p2p_allgather as ag
 from hpctrain.runtime import p2p_allreduce as p2p
 from hpctrain.runtime import wire_counts
 from tests.mp_helpers.gloo_ranks import run_gloo_ranks
-from tests.test_p2p_allreduce import Mailboxes
+from tests.test_p2p_allreduce import Mailboxes, run_in_threads
 
 
 def allgather_threads(blocks: list[torch.Tensor]) -> tuple[list[list[torch.Tensor]], list[p2p.Tally]]:
@@ -29,20 +28,11 @@ def allgather_threads(blocks: list[torch.Tensor]) -> tuple[list[list[torch.Tenso
     counts = [b.numel() for b in blocks]
     outs: list[list[torch.Tensor]] = [[] for _ in range(n)]
     tallies = [p2p.Tally() for _ in range(n)]
-    errors: list[BaseException] = []
 
     def rank_main(r: int) -> None:
-        try:
-            outs[r] = ag.allgather(blocks[r], counts, r, boxes.transport(r), tag=3, tally=tallies[r])
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            errors.append(exc)
+        outs[r] = ag.allgather(blocks[r], counts, r, boxes.transport(r), tag=3, tally=tallies[r])
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
+    run_in_threads(n, rank_main)
     return outs, tallies
 
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,22 +69,32 @@ def allreduce_threads(inputs: list[torch.Tensor], op: str, kind: str | None = No
     boxes = Mailboxes()
     outs = [t.clone() for t in inputs]
     tallies = [p2p.Tally() for _ in range(n)]
-    errors: list[BaseException] = []
 
     def rank_main(r: int) -> None:
+        rounds = None if kind is None else p2p.schedule(r, n, outs[r].numel(), kind)
+        p2p.run(outs[r], op, r, n, boxes.transport(r), tag=7, tally=tallies[r], rounds=rounds)
+
+    run_in_threads(n, rank_main)
+    return outs, tallies
+
+
+def run_in_threads(n: int, rank_main: Callable[[int], None]) -> None:
+    """``rank_main(r)`` for r = 0 .. n-1, each in its own thread (the ranks exchange through Mailboxes); every
+    rank's exception is the test's failure."""
+    errors: list[BaseException] = []
+
+    def guarded(r: int) -> None:
         try:
-            rounds = None if kind is None else p2p.schedule(r, n, outs[r].numel(), kind)
-            p2p.run(outs[r], op, r, n, boxes.transport(r), tag=7, tally=tallies[r], rounds=rounds)
+            rank_main(r)
         except BaseException as exc:  # noqa: BLE001 - reported by the test
             errors.append(exc)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(n)]
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(60)
     assert not errors, errors
-    return outs, tallies
 
 
 def _inputs(n: int, count: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
