@@ -233,7 +233,7 @@ def test_segment_command_in_pieces_on_two_ranks_equals_one_process(tmp_path: Pat
                                f"{tmp_path}/vol.h5:image", "-o", str(out), "--subvolumes", "2", "2", "2",
                                "--overlap", "4", "--ranks", str(ranks),
                                "--min-segment-size", "10"], cwd=REPO, env=env, capture_output=True, text=True,
-                              timeout=240, stdin=subprocess.DEVNULL)
+                              timeout=500, stdin=subprocess.DEVNULL)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         assert "pieces: 8" in proc.stdout and "Traceback" not in proc.stderr
         if ranks == 2:
@@ -262,7 +262,7 @@ def test_segment_command_agglomerates_and_fills_after_the_ranks_reconcile(tmp_pa
     proc = subprocess.run([sys.executable, "-m", "hpctrain", "ffn", "segment", str(ckpt), f"{tmp_path}/vol.h5:image",
                            "-o", str(out), "--subvolumes", "2", "2", "2", "--overlap", "4", "--ranks", "2",
                            "--job", str(tmp_path / "job.yaml"), "--keep-parts"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=500, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "rank 1 of 2: 4 pieces segmented" in proc.stdout and "rank 1 of 2: 4 pieces finished" in proc.stdout
     with h5py.File(tmp_path / "seg.parts" / OVERSEGMENTATION) as f:

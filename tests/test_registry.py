@@ -208,7 +208,7 @@ def test_eight_processes_at_once(tmp_path: Path) -> None:
     procs = [ctx.Process(target=_worker, args=(path, w, out)) for w in range(WORKERS)]
     for p in procs:
         p.start()
-    results = [out.get(timeout=120) for _ in procs]
+    results = [out.get(timeout=500) for _ in procs]
     for p in procs:
         p.join(timeout=60)
     errors = [r[2] for r in results if r[0] == "error"]
@@ -246,7 +246,7 @@ def _filled(path: Path, n: int = 300) -> list[str]:
 def _runs_cli(path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HPCTRAIN_REGISTRY": str(path)}
     return subprocess.run([sys.executable, "-m", "hpctrain", "runs", *args], capture_output=True, text=True,
-                          cwd=REPO, env=env, timeout=120)
+                          cwd=REPO, env=env, timeout=500)
 
 
 def _flip(path: Path, offsets: list[int]) -> None:
