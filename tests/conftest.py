@@ -212,7 +212,11 @@ def group_modules(items: Iterable[pytest.Item]) -> dict[Path, str]:
     return groups
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks every test with its module's group. First of the hooks: xdist's worker reads the marks in its own
+    ``pytest_collection_modifyitems`` (the group becomes the test id's ``@GROUP`` suffix, which ``--dist
+    loadgroup`` schedules by), and a plugin registered after this conftest is otherwise called before it."""
     if not config.pluginmanager.hasplugin("xdist"):
         return
     groups = group_modules(items)

@@ -155,7 +155,7 @@ def _expected(n: int, r: int, count: int) -> tuple[int, int, int]:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("n", [3, 4, 6])
+@pytest.mark.parametrize("n", [3, 6])
 def test_gloo_all_gathers_are_the_reference_on_every_rank_in_log_n_messages(tmp_path: Path, n: int) -> None:
     reports = _gloo_ranks(n, tmp_path)
     for case, first in reports[0]["results"].items():

@@ -46,10 +46,12 @@ def _executor(places: Places, slurm: Any, **kwargs: Any) -> submitit.AutoExecuto
 
 
 def test_a_function_runs_on_slurm_and_an_error_comes_back(places: Places, slurm: Any) -> None:
+    """result() returns once the result file is there, as submitit's does, which can be while Slurm still shows
+    the job COMPLETING (its processes exiting, the epilog running): the final state is waited for, not raced."""
     ex = _executor(places, slurm)
     job = ex.submit(add, 20, 22)
     assert job.result() == 42
-    assert slurm.state(job.job_id) == "COMPLETED"
+    assert slurm.wait_for_state(job.job_id, ["COMPLETED"], timeout=300) == "COMPLETED"
     assert job.stdout() == "adding 20 and 22\n"
     with Registry() as reg:
         run = reg.get_run(job.run_id)

@@ -173,11 +173,9 @@ def test_round_robin_dealing_matches_one_rank_at_the_concatenated_batch() -> Non
 
 MEAN_CASES = [
     pytest.param("mpi", 2, {}, id="mpi-2"),
-    pytest.param("mpi", 3, {}, id="mpi-3"),
     pytest.param("mpi", 4, {"lr_scaling": "sqrt", "warmup": {"kind": "linear", "steps": 2}}, id="mpi-4-sqrt",
                  marks=pytest.mark.slow),
-    pytest.param("gloo", 2, {}, id="gloo-2-intel"),
-    pytest.param("gloo", 3, {}, id="gloo-3", marks=pytest.mark.slow),
+    pytest.param("gloo", 3, {}, id="gloo-3-intel"),
 ]
 
 
@@ -186,7 +184,7 @@ MEAN_CASES = [
 def test_mean_keeps_ranks_identical_and_equals_one_rank_on_the_concatenated_batch(
     tmp_path: Path, launcher: str, nprocs: int, train: dict[str, Any]
 ) -> None:
-    intel = launcher == "gloo" and nprocs == 2  # the IPEX fallback rides along: it must not change training
+    intel = launcher == "gloo"  # the IPEX fallback rides along: it must not change training
     spec = make_spec(tmp_path / "spec.yaml", tmp_path / "log", **train)
     proc = launch(launcher, nprocs, spec, tmp_path / "run", "--check-sync", "1",
                   env={"HPCTRAIN_INTEL_EXTENSION": "1"} if intel else None)
@@ -323,7 +321,7 @@ def test_dasgd_ranks_differ_between_averages_and_agree_at_the_end(tmp_path: Path
                                                 rel=1e-9)
 
 
-def _wait_for_pid(log: Path, timeout: float = 60) -> int:
+def _wait_for_pid(log: Path, timeout: float = 300) -> int:  # a hang guard
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if log.exists():
@@ -354,8 +352,13 @@ def test_a_killed_rank_ends_the_job_non_zero_naming_it(tmp_path: Path, launcher:
     assert proc.returncode != 0, out[-3000:]
     if launcher == "gloo":
         assert "hpctrain local launcher: rank 1 killed by SIGKILL" in out, out[-3000:]
-    else:  # MPICH's hydra names the process by PID and the signal; the rank's PID is in its own log
-        assert "BAD TERMINATION" in out and f"PID {victim} " in out, out[-3000:]
+    else:
+        # MPICH's hydra names a process by PID and the signal, and hpctrain's start-up line maps PIDs to ranks.
+        # Hydra names the first abnormal exit it reaps: the killed rank, or, when both have exited by the time
+        # it looks (a loaded machine), the survivor it has just killed itself, also with signal 9.
+        named = re.search(r"PID (\d+) RUNNING AT", out)
+        assert "BAD TERMINATION" in out and named, out[-3000:]
+        assert int(named.group(1)) in (victim, _wait_for_pid(tmp_path / "log" / "rank-0.jsonl")), out[-3000:]
         assert "Killed (signal 9)" in out, out[-3000:]
 
 
