@@ -340,6 +340,21 @@ def directive_value(value: DirectiveValue, *, key: str) -> str:
     return directive_word(text, what=f"directive {key!r}:")
 
 
+def directive_options(directives: Mapping[str, DirectiveValue],
+                      long_option: Callable[[str, DirectiveValue], str]) -> list[str]:
+    """The merged extra directives as options, set ones only (None and False are left out): a one-letter key as
+    ``-k`` or ``-k VALUE``, a longer one as the back-end writes it (``long_option(key, value)``)."""
+    opts = []
+    for key, value in directives.items():
+        if value is None or value is False:
+            continue
+        if len(key) == 1:
+            opts.append(f"-{key}" if value is True else f"-{key} {directive_value(value, key=key)}")
+        else:
+            opts.append(long_option(key, value))
+    return opts
+
+
 def check_directive_lines(lines: list[str], prefix: str) -> list[str]:
     """Every line starts with the prefix and holds no line break (a last guard against injection)."""
     for line in lines:

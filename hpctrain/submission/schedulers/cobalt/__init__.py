@@ -23,6 +23,7 @@ from hpctrain.submission.schedulers.base import (
     check_directive_lines,
     check_job_id,
     check_request,
+    directive_options,
     directive_value,
     merged_directives,
     queue_submit_name,
@@ -146,11 +147,8 @@ class Cobalt(Scheduler):
             attrs.append("filesystems=" + ",".join(directive_word(f, what="filesystem") for f in site.filesystems))
         if attrs:
             opts.append(f"--attrs {':'.join(attrs)}")
-        for key, value in directives.items():
-            if value is None or value is False:
-                continue
-            flag = f"-{key}" if len(key) == 1 else f"--{key}"
-            opts.append(flag if value is True else f"{flag} {directive_value(value, key=key)}")
+        opts += directive_options(directives, lambda key, value: (
+            f"--{key}" if value is True else f"--{key} {directive_value(value, key=key)}"))
         return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,

@@ -23,6 +23,7 @@ from hpctrain.submission.schedulers.base import (
     check_directive_lines,
     check_job_id,
     check_request,
+    directive_options,
     directive_value,
     merged_directives,
     queue_submit_name,
@@ -231,13 +232,8 @@ class PBSPro(Scheduler):
         if site.filesystems:
             opts.append(f"-l filesystems={':'.join(directive_word(f, what='filesystem') for f in site.filesystems)}")
         opts += [f"-o {options.log_path('pbs.out')}", "-j oe"]
-        for key, value in merged_directives(site, placement, job).items():
-            if value is None or value is False:
-                continue
-            if len(key) == 1:
-                opts.append(f"-{key}" if value is True else f"-{key} {directive_value(value, key=key)}")
-            else:
-                opts.append(f"-l {key}={directive_value(value, key=key)}")
+        opts += directive_options(merged_directives(site, placement, job),
+                                  lambda key, value: f"-l {key}={directive_value(value, key=key)}")
         return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,

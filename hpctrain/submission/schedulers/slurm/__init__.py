@@ -24,6 +24,7 @@ from hpctrain.submission.schedulers.base import (
     check_job_id,
     check_request,
     count_lines,
+    directive_options,
     directive_value,
     merged_directives,
     queue_submit_name,
@@ -123,13 +124,8 @@ class Slurm(Scheduler):
                  # A queue that forbids chaining gets no --requeue: the job stops at its checkpoint.
                  *(["--requeue"] if placement.requeue else []),
                  "--open-mode=append"]
-        for key, value in merged_directives(site, placement, job).items():
-            if value is None or value is False:
-                continue
-            if len(key) == 1:
-                opts.append(f"-{key}" if value is True else f"-{key} {directive_value(value, key=key)}")
-            else:
-                opts.append(f"--{key}" if value is True else f"--{key}={directive_value(value, key=key)}")
+        opts += directive_options(merged_directives(site, placement, job), lambda key, value: (
+            f"--{key}" if value is True else f"--{key}={directive_value(value, key=key)}"))
         return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
