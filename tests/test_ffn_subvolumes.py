@@ -27,7 +27,14 @@ from hpctrain.ffn.evaluate import evaluate_segmentation
 from hpctrain.ffn.inference import segment_volume
 from hpctrain.ffn.model import ConvStack3D
 from hpctrain.ffn.settings import InferenceConfig
-from hpctrain.ffn.subvolume_finish import OVERSEGMENTATION, assemble, assign_pairs, count_contacts, finish_parts
+from hpctrain.ffn.subvolume_finish import (
+    OVERSEGMENTATION,
+    assemble,
+    assign_pairs,
+    count_contacts,
+    finish_parts,
+    finished_path,
+)
 from hpctrain.ffn.subvolumes import (
     match_segments,
     mine,
@@ -158,6 +165,11 @@ def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -
     with h5py.File(tmp_path / "raw.h5") as f:
         raw = evaluate_segmentation(f["segmentation"][()], labels)
     assert unjoined["joined_pairs"] == 0 and raw["voi_split"] > single["voi_split"] + 0.3
+    # a piece whose finishing is missing is named, with the command that writes it, and nothing is written
+    finished_path(plan_path.parent, plan[3]).unlink()
+    with pytest.raises(DataError, match="subvolume 3 has no finished segmentation.*finish-parts PLAN"):
+        assemble(plan, plan_path.parent, tmp_path / "again.h5", image.shape, cfg.joins.agglomerate_threshold)
+    assert not (tmp_path / "again.h5").exists()
 
 
 @pytest.mark.parametrize("split_pieces", [False, True])

@@ -29,7 +29,7 @@ from hpctrain.errors import DataError
 from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, join_groups, mutual_claims
 from hpctrain.ffn.inference import join_and_fill
 from hpctrain.ffn.settings import InferenceConfig
-from hpctrain.ffn.subvolumes import Subvolume, mine, read_plan, renumbering, write_cores
+from hpctrain.ffn.subvolumes import Subvolume, existing_part_file, mine, read_plan, renumbering, write_cores
 from hpctrain.files import write_atomic
 
 OVERSEGMENTATION = "oversegmentation.h5"
@@ -164,10 +164,7 @@ def assemble(plan: Sequence[Subvolume], parts_dir: Path, out_path: str | Path, s
     scores: dict[tuple[int, int], float] = {}
     present: set[int] = set()
     for sub in plan:
-        path = finished_path(parts_dir, sub)
-        if not path.exists():
-            raise DataError(f"subvolume {sub.index} is not finished: {path} is missing",
-                            hint="run hpctrain ffn finish-parts PLAN on every piece first")
+        path = existing_part_file(finished_path(parts_dir, sub), sub, "finished segmentation", "finish-parts PLAN")
         with h5py.File(path, "r") as f:
             ds = f["segmentation"]
             present.update(np.unique(ds[()]).tolist())

@@ -102,13 +102,18 @@ def mine(plan: list[Subvolume], rank: int, size: int) -> list[Subvolume]:
 # -------------------------------------------------------------------------------------------- reconcile
 
 
+def existing_part_file(path: Path, sub: Subvolume, output: str, command: str) -> Path:
+    """``path`` of one subvolume's ``output``, or an error naming it and the command that writes it."""
+    if not path.exists():
+        raise DataError(f"subvolume {sub.index} has no {output}: {path} is missing",
+                        hint=f"run hpctrain ffn {command} on every piece of the plan first")
+    return path
+
+
 def _read_part(parts_dir: Path, sub: Subvolume, box: tuple[slice, ...] | None = None) -> np.ndarray:
     import h5py
 
-    path = part_path(parts_dir, sub)
-    if not path.exists():
-        raise DataError(f"subvolume {sub.index} has no segmentation at {path}",
-                        hint="segment every piece of the plan (hpctrain ffn segment-parts) before reconciling")
+    path = existing_part_file(part_path(parts_dir, sub), sub, "segmentation", "segment-parts PLAN")
     with h5py.File(path, "r") as f:
         data = f["segmentation"]
         if tuple(data.shape) != sub.shape:
