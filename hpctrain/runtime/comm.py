@@ -573,8 +573,9 @@ class TorchDistCommunicator(_WatchedCommunicator):
             counts.rendezvous = "" if self._exchange_store is None else "mpi" if MPI is not None else "store"
         # Device back-ends reduce tensors where they live: the rank's own GPU is made current first.
         self.device_type = DEVICE_TYPE.get(backend, "cpu")
-        if self.device_type != "cpu":
-            make_current(pick_device(1, backend, env.local_rank))
+        rank_device = pick_device(1, backend, env.local_rank) if self.device_type != "cpu" else None
+        if rank_device is not None:
+            make_current(rank_device)
         # A module that reads the default group when it is imported keeps that group for ever:
         # torch.distributed.nn.functional puts `group.WORLD` into its functions' default arguments, and
         # torch._dynamo imports it, which the first torch.optim optimizer does (lazily: after this group exists).
@@ -588,6 +589,8 @@ class TorchDistCommunicator(_WatchedCommunicator):
             dist.init_process_group(
                 backend, store=dist.PrefixStore("pg/", pg_store), rank=self.rank, world_size=self.size,
                 timeout=timedelta(seconds=self.timeouts.process_group_s),
+                # NCCL told its rank's GPU binds the communicator to it (barrier() need not guess)
+                **({"device_id": rank_device} if rank_device is not None and rank_device.type == "cuda" else {}),
             )
         if counts is not None and self._exchange_store is not None:
             counts.local_calls = self._exchange_store.local_calls
