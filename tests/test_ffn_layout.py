@@ -1,5 +1,6 @@
 """The FFN package reads as modules with one job each: none over 600 lines, no import circle between them
-(function-level imports included), and no block of six lines written twice. Read statically from the source."""
+(function-level imports included), no block of six lines written twice, and the inference settings declared once.
+Read statically from the source."""
 
 from __future__ import annotations
 
@@ -84,3 +85,36 @@ def _repeated(texts: dict[str, str]) -> list[str]:
 def test_no_block_of_six_lines_is_written_twice_in_ffn() -> None:
     repeated = _repeated({name + ".py": path.read_text() for name, path in _modules().items()})
     assert not repeated, "blocks written twice (give them one home):\n" + "\n".join(repeated)
+
+
+def test_the_inference_settings_are_declared_once() -> None:
+    """Every inference setting has one declaration: a field of one stage group of ``InferenceConfig``. The job's
+    flat ``data.eval.inference`` schema is derived from those groups (same keys, same descriptions, unset = the
+    group's default), and no module under ``hpctrain/`` declares a setting's name as a field anywhere else."""
+    from hpctrain.config.plugins.ffn_inference import STAGE_OF, STAGES, InferenceConfig, InferenceSettings
+
+    assert set(InferenceConfig.model_fields) == set(STAGES)
+    assert list(InferenceSettings.model_fields) == list(STAGE_OF)
+    for key, stage in STAGE_OF.items():
+        declared = STAGES[stage].model_fields[key]
+        assert InferenceSettings.model_fields[key].description == declared.description, key
+        assert InferenceSettings.model_fields[key].default is None, key
+    assert InferenceConfig.from_mapping(InferenceSettings().model_dump(exclude_none=True)) == InferenceConfig()
+
+    # Names other schemas own with another meaning: the model's geometry and normalisation (the checkpoint's, which
+    # inference copies), the thresholds a tuning grid lists candidates of, and any runtime's device and precision.
+    shared = {"fov", "deltas", "image_mean", "image_stddev", "move_threshold", "segment_threshold",
+              "agglomerate_threshold", "device", "precision"}
+    settings = set(STAGE_OF) - shared
+    home = Path(hpctrain.__file__).resolve().parent / "config" / "plugins" / "ffn_inference.py"
+    elsewhere = []
+    for path in sorted(Path(hpctrain.__file__).resolve().parent.rglob("*.py")):
+        if path == home:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                fields = {t.target.id for t in node.body
+                          if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)}
+                if len(fields & settings) >= 2:
+                    elsewhere.append(f"{path.name}: class {node.name} declares {sorted(fields & settings)}")
+    assert not elsewhere, "inference settings declared a second time:\n" + "\n".join(elsewhere)
