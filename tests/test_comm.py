@@ -6,6 +6,7 @@ The timeout tests really hang one rank and check that the whole job exits non-ze
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import threading
 import time
@@ -83,6 +84,28 @@ def test_mpich_wheel_on_one_node_starts_without_ucx_unless_the_user_chose(chosen
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 PID_WORKER = str(ROOT / "tests" / "mp_helpers" / "mpi_pid_worker.py")
+SHM = Path("/dev/shm")
+SHM_SEGMENT = re.compile(r"(\d+):\d+:\d+(:\d+)?")  # libfabric's shm provider: <pid>:<uid>:<n>[:<m>]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_dead_ranks_shm_segments() -> None:
+    """libfabric's shm provider leaves its segments in /dev/shm when MPI_Init aborts. A later rank given the same
+    PID (these tests hand out the same PIDs on purpose) then finds the dead rank's segment, and its MPI_Init
+    aborts or hangs at random. The segments of PIDs no process holds are removed."""
+    for path in SHM.iterdir() if SHM.is_dir() else ():
+        match = SHM_SEGMENT.fullmatch(path.name)
+        if match and not _alive(int(match.group(1))):
+            path.unlink(missing_ok=True)
 
 
 def _run_with_pids_across_a_power_of_ten(env_extra: dict[str, str], tmp_path: Path) -> tuple[
@@ -95,6 +118,7 @@ def _run_with_pids_across_a_power_of_ten(env_extra: dict[str, str], tmp_path: Pa
     for attempt in range(12):
         out_dir = tmp_path / f"try-{attempt}"
         out_dir.mkdir(parents=True)
+        _remove_dead_ranks_shm_segments()
         NS_LAST_PID.write_text(str(boundaries[attempt % len(boundaries)] - 4))
         out = subprocess.run([MPIEXEC, "-n", "3", PY, PID_WORKER, str(out_dir)], capture_output=True, text=True,
                              timeout=HANG_GUARD_S, env={**_clean_env(), **env_extra}, cwd=ROOT)
@@ -115,8 +139,11 @@ def test_mpi_init_works_when_the_ranks_pids_have_different_lengths(tmp_path: Pat
     assert out.returncode == 0, (pids, out.stderr[-3000:])
     assert sorted(p.read_text() for p in out_dir.glob("ok-*")) == ["3 tcp"] * 3
 
-    out, pids, _ = _run_with_pids_across_a_power_of_ten({"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"},
-                                                         tmp_path / "shm")
+    try:
+        out, pids, _ = _run_with_pids_across_a_power_of_ten({"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "shm"},
+                                                             tmp_path / "shm")
+    finally:
+        _remove_dead_ranks_shm_segments()
     assert out.returncode != 0 and "truncated" in out.stderr, (pids, out.stderr[-3000:])
 
 
