@@ -355,6 +355,11 @@ def directive_options(directives: Mapping[str, DirectiveValue],
     return opts
 
 
+def double_dash_option(separator: str) -> Callable[[str, DirectiveValue], str]:
+    """``directive_options``' long form ``--key`` (True) or ``--key<separator>VALUE``."""
+    return lambda key, value: f"--{key}" if value is True else f"--{key}{separator}{directive_value(value, key=key)}"
+
+
 def check_directive_lines(lines: list[str], prefix: str) -> list[str]:
     """Every line starts with the prefix and holds no line break (a last guard against injection)."""
     for line in lines:

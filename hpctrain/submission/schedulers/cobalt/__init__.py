@@ -25,6 +25,7 @@ from hpctrain.submission.schedulers.base import (
     check_request,
     directive_options,
     directive_value,
+    double_dash_option,
     merged_directives,
     queue_submit_name,
     requeue_block,
@@ -147,8 +148,7 @@ class Cobalt(Scheduler):
             attrs.append("filesystems=" + ",".join(directive_word(f, what="filesystem") for f in site.filesystems))
         if attrs:
             opts.append(f"--attrs {':'.join(attrs)}")
-        opts += directive_options(directives, lambda key, value: (
-            f"--{key}" if value is True else f"--{key} {directive_value(value, key=key)}"))
+        opts += directive_options(directives, double_dash_option(" "))
         return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,

@@ -25,7 +25,7 @@ from hpctrain.submission.schedulers.base import (
     check_request,
     count_lines,
     directive_options,
-    directive_value,
+    double_dash_option,
     merged_directives,
     queue_submit_name,
     requeue_block,
@@ -124,8 +124,7 @@ class Slurm(Scheduler):
                  # A queue that forbids chaining gets no --requeue: the job stops at its checkpoint.
                  *(["--requeue"] if placement.requeue else []),
                  "--open-mode=append"]
-        opts += directive_options(merged_directives(site, placement, job), lambda key, value: (
-            f"--{key}" if value is True else f"--{key}={directive_value(value, key=key)}"))
+        opts += directive_options(merged_directives(site, placement, job), double_dash_option("="))
         return check_directive_lines([f"{self.directive_prefix} {o}" for o in opts], self.directive_prefix)
 
     def submit_argv(self, script_path: str, *, dependency: tuple[str, str] | None = None,
