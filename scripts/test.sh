@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The one test command (CI runs it through .ci/run): install, start the real Slurm and the loopback sshd,
-# run pytest over tests/ (extra arguments are passed to pytest), then ruff.  Exit status is non-zero when
+# The one test command (CI runs it through .ci/run): install, start the real Slurm with its cluster of namespace
+# nodes (scripts/ci/cluster.sh) and the loopback sshd, run pytest over tests/ (extra arguments are passed to
+# pytest), then ruff.  Exit status is non-zero when
 # pytest or ruff fails.  Daemons this script started are stopped on exit; ones already running are left
 # alone (other work on a dev machine uses them) unless HPCTRAIN_STOP_DAEMONS=1.
 set -uo pipefail
@@ -12,7 +13,7 @@ elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
 bash scripts/install.sh || { echo "[test] install failed after $(elapsed)" >&2; exit 1; }
 
 started=()
-for d in slurm sshd; do
+for d in cluster slurm sshd; do
     if [[ ${HPCTRAIN_STOP_DAEMONS:-0} == 1 ]] || ! bash "scripts/ci/$d.sh" status >/dev/null 2>&1; then
         started+=("$d")
     fi
@@ -25,9 +26,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-bash scripts/ci/slurm.sh start || { echo "[test] Slurm did not start after $(elapsed)" >&2; exit 1; }
+# The cluster's start starts the head's Slurm too; HPCTRAIN_CLUSTER_NODES sets its size (tests/cluster_support.py).
+bash scripts/ci/cluster.sh start --nodes "${HPCTRAIN_CLUSTER_NODES:-5}" \
+    || { echo "[test] the cluster did not start after $(elapsed)" >&2; exit 1; }
 bash scripts/ci/sshd.sh start || { echo "[test] sshd did not start after $(elapsed)" >&2; exit 1; }
 eval "$(bash scripts/ci/slurm.sh env)"
+eval "$(bash scripts/ci/cluster.sh env)"
 eval "$(bash scripts/ci/sshd.sh env)"
 echo "[test] daemons up after $(elapsed)"
 

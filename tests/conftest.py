@@ -6,17 +6,20 @@ fixture FAILS (never skips) and says to run `bash scripts/install.sh`.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from tests.cluster_support import Cluster, start_cluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SLURM_NODE = "localhost"
+SLURM_NODE = "head"
 SSH_HOST = "hpctrain-test-login"
 # Job states after which a job will not change any more (REQUEUED/PENDING can still move on).
 TERMINAL_STATES = frozenset(
@@ -179,6 +182,30 @@ def sshd() -> SshLogin:
     return SshLogin(config=Path(env["HPCTRAIN_SSH_CONFIG"]), host=env["HPCTRAIN_SSH_HOST"],
                     key=Path(env["HPCTRAIN_SSH_KEY"]), known_hosts=Path(env["HPCTRAIN_SSH_KNOWN_HOSTS"]),
                     port=int(env["HPCTRAIN_SSH_PORT"]))
+
+
+@pytest.fixture(scope="session")
+def cluster_session(slurm: SlurmCluster) -> Cluster:
+    """The cluster of namespace nodes (scripts/ci/cluster.sh), served by the same slurmctld as ``slurm``."""
+    return start_cluster()
+
+
+@pytest.fixture
+def cluster(cluster_session: Cluster) -> Iterator[Cluster]:
+    """The cluster; links this test cut or slowed are restored and nodes it killed or drained are back after it."""
+    yield cluster_session
+    cluster_session.restore()
+
+
+@pytest.fixture
+def cluster_tmp(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A directory of this test on the cluster's shared file system (pytest's tmp_path is under /tmp, which each
+    node has of its own); removed after the test."""
+    base = cluster.shared / "tests"
+    base.mkdir(parents=True, exist_ok=True)
+    path = Path(tempfile.mkdtemp(prefix=re.sub(r"\W+", "-", request.node.name)[:60] + "-", dir=base))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def write_standin_site(directory: Path, name: str, scheduler: str) -> Path:

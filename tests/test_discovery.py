@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -104,9 +105,17 @@ def truth_seconds(text: str) -> int:
     return (int(days or 0) * 24 + h) * 3600 + m * 60 + s
 
 
+def machine_node(nodes: list[dict[str, str]]) -> dict[str, str]:
+    """The kind of node discovery calls the machine's: the most common (the cluster's nodes outnumber the head)."""
+    kinds = Counter((n["CPUTot"], n["ThreadsPerCore"], n["RealMemory"]) for n in nodes)
+    cpus, threads, memory = kinds.most_common(1)[0][0]
+    return {"CPUTot": cpus, "ThreadsPerCore": threads, "RealMemory": memory}
+
+
 def assert_matches_local_slurm(findings: Any) -> None:
     parts = scontrol_records("partition")
-    (node,) = scontrol_records("node")
+    nodes = scontrol_records("node")
+    node = machine_node(nodes)
     assert findings.scheduler.name == "slurm" and findings.scheduler.answered
     assert set(findings.scheduler.queues) == {p["PartitionName"] for p in parts} >= {"debug", "long"}
     default = next(p["PartitionName"] for p in parts if p["Default"] == "YES")
@@ -116,6 +125,11 @@ def assert_matches_local_slurm(findings: Any) -> None:
         assert q.max_walltime_s.value == truth_seconds(p["MaxTime"])
         limit = int(p["TotalNodes"]) if p["MaxNodes"] == "UNLIMITED" else min(int(p["MaxNodes"]), int(p["TotalNodes"]))
         assert q.max_nodes.value == limit
+        # each partition's own kind of node: the head's partitions differ from the namespace nodes' one
+        (kind,) = {(n["CPUTot"], n["RealMemory"]) for n in nodes if p["PartitionName"] in n["Partitions"].split(",")}
+        shape = q.node or findings.node
+        assert (shape.cores.value * shape.threads_per_core.value, shape.memory_gb.value) == \
+            (int(kind[0]), round(int(kind[1]) / 1024, 1)), p["PartitionName"]
     shape = findings.node
     assert shape.cores.value * shape.threads_per_core.value == int(node["CPUTot"])
     assert shape.threads_per_core.value == int(node["ThreadsPerCore"])
@@ -481,7 +495,7 @@ def test_pbs_through_the_torque_wrappers(tmp_path: Path, slurm: Any) -> None:
     path = shim(tmp_path / "bin", ["qstat", "qsub", "pbsnodes"])
     findings = discover(EnvTransport(PATH=path))
     parts = {p["PartitionName"] for p in scontrol_records("partition")}
-    (node,) = scontrol_records("node")
+    node = machine_node(scontrol_records("node"))
     assert findings.scheduler.name == "pbs" and set(findings.scheduler.queues) == parts
     assert findings.node.cores.value == int(node["CPUTot"])
     assert findings.node.memory_gb.value == round(int(node["RealMemory"]) / 1024, 1)

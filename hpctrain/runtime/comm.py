@@ -27,7 +27,7 @@ import torch
 from hpctrain.errors import ConfigError, HpctrainError, RuntimeFailure
 from hpctrain.exit_codes import EXIT_ERROR
 from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
-from hpctrain.runtime import store_counts
+from hpctrain.runtime import net_interface, store_counts
 from hpctrain.runtime.devices import DEVICE_TYPE, make_current, on_device, pick_device, require_device_backend
 from hpctrain.runtime.exchange_store import ExchangeStore, mpi_exchange, store_exchange
 from hpctrain.runtime.gloo_allreduce import GlooAllreduce, Job
@@ -584,6 +584,10 @@ class TorchDistCommunicator(_WatchedCommunicator):
         # while no group exists, those defaults are None (docs/runtime.md, "Closing").
         import torch.distributed.nn.functional  # noqa: F401
 
+        if backend == "gloo":
+            choice = net_interface.set_gloo_interface(os.environ, socket.gethostname(), scheduler_nodes(environ))
+            if choice is not None and env.local_rank == 0:
+                _log(net_interface.describe(choice))
         # Our watchdog must fire before the back-end's own timeout so the message names the missing rank.
         with _gloo_lazy_pairs(backend):
             dist.init_process_group(

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
-from hpctrain.submission.queue_limits import check_array_size, check_queued_jobs
+from hpctrain.submission.queue_limits import check_array_size, check_queued_jobs, check_usable_nodes
 from hpctrain.submission.registry import Registry, Run, new_run_id
 from hpctrain.submission.run_record import (
     META_FILE,
@@ -219,6 +219,7 @@ def submit_runs(
         return _dry_run(jobs, site_profile, scheduler, transport, registry, root, base_id, python, command,
                         is_array)
     check_queued_jobs(transport, site_profile, placement, len(jobs))
+    check_usable_nodes(transport, site_profile, placement, job.resources.nodes)
 
     runs = _register(registry, jobs, site_profile, remote, root, base_id, overrides, assignments)
     job_ids = stage_and_submit(registry, transport, site_profile, runs, jobs, kind="submit",

@@ -1,5 +1,6 @@
-"""Per-user queue limits checked at submission: how many jobs one user may have queued in a queue
-(``max_queued_per_user``: Slurm's MaxSubmitPU, PBS's max_queued).
+"""What the scheduler says at submission, before a job is queued: how many jobs one user may have queued in a
+queue (``max_queued_per_user``: Slurm's MaxSubmitPU, PBS's max_queued), and whether the queue has as many usable
+nodes as the job asks for (a job larger than what is not down or drained would wait until someone repairs them).
 
 An array larger than the limit is refused from the profile alone; whether the user's jobs already queued leave
 room is asked of the scheduler (through the transport, so over ssh too) just before submitting, never when a
@@ -62,3 +63,41 @@ def check_queued_jobs(transport: Transport, site: SiteProfile, placement: Placem
                            f"({site.rule_source(name, 'max_queued_per_user')}) and you have {have} {jobs} pending "
                            f"or running there ({probe.name} on {transport.host})", key="resources.queue",
                            hint="wait for one to finish or cancel one: hpctrain cancel RUN")
+
+
+def check_usable_nodes(transport: Transport, site: SiteProfile, placement: Placement, nodes: int) -> None:
+    """Refuse a job of ``nodes`` nodes when fewer of its queue's nodes are usable now (not down, drained or
+    failing): it would wait in the queue until someone repairs them. Allocated nodes count as usable: the job
+    waits for them as for any other. A scheduler that cannot list nodes, or a listing that fails, leaves it to
+    the scheduler (with a warning for the failure)."""
+    from hpctrain.config.preflight import warn
+
+    scheduler = get_scheduler(site.scheduler)
+    name = placement.execution_queue or placement.queue_name
+    if not name or name not in site.queues:
+        return
+    probe = scheduler.nodes_probe(site, name)
+    if probe is None:
+        return
+    try:
+        done = transport.run(probe.argv, timeout=COUNT_TIMEOUT_S, check=False)
+    except HpctrainError as exc:
+        warn([f"could not list the nodes of queue {name!r} ({probe.name}: {exc}); the scheduler will judge"])
+        return
+    listed = probe.parse(done.stdout) if done.returncode == 0 else []
+    if not listed:
+        said = (done.stderr.strip().splitlines() or ["no nodes listed"])[-1]
+        warn([f"could not list the nodes of queue {name!r} ({probe.name} exited {done.returncode}: {said}); "
+              "the scheduler will judge"])
+        return
+    usable = [n for n in listed if n.usable]
+    if nodes <= len(usable):
+        return
+    broken = [n for n in listed if not n.usable]
+    shown = ", ".join(f"{n.name} {n.state}" + (f" ({n.reason})" if n.reason else "") for n in broken[:8])
+    more = f" and {len(broken) - 8} more" if len(broken) > 8 else ""
+    raise FitError(f"the job asks for {nodes} nodes but queue {name!r} of site {site.name!r} has {len(usable)} of "
+                   f"{len(listed)} nodes usable now ({probe.name} on {transport.host}: {shown}{more}); it would "
+                   "wait until they are repaired", key="resources.nodes",
+                   hint=f"ask for at most {len(usable)} nodes (--nodes {len(usable)}), or submit again once "
+                        "the nodes are back")

@@ -18,7 +18,7 @@ from hpctrain.errors import CheckpointError, ConfigError, SchedulerError, Transp
 from hpctrain.exit_codes import EXIT_TRANSPORT
 from hpctrain.submission.api import stage_and_submit
 from hpctrain.submission.failure import NOTE_FILES
-from hpctrain.submission.queue_limits import check_queued_jobs
+from hpctrain.submission.queue_limits import check_queued_jobs, check_usable_nodes
 from hpctrain.submission.registry import Registry, Run
 from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir, run_site
 from hpctrain.submission.schedulers.base import place
@@ -117,7 +117,9 @@ def resume_run(registry: Registry, run_ref: str, *, nodes: int | None = None, wa
                               f"{step} in {where}); nothing to resume",
                               hint="raise train.steps in a new run to train longer")
     # The continuation is one more job in the queue: refused here when the user's queued jobs fill it.
-    check_queued_jobs(transport, site, place(job, site), 1)
+    placement = place(job, site)
+    check_queued_jobs(transport, site, placement, 1)
+    check_usable_nodes(transport, site, placement, job.resources.nodes)
     # The run dir's job.yaml and job.sh are replaced (the runtime and a PBS/Cobalt resubmission read them);
     # the previous job's failure note goes, so that this job's status is not read from it.
     (job_id,) = stage_and_submit(registry, transport, site, [run], [job], kind="resume", submit_dir=run.run_dir,

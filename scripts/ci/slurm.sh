@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# A real single-node Slurm (Debian's 22.05 packages) for tests and demos: munged + MariaDB + slurmdbd +
-# slurmctld + slurmd on this machine, state/logs under $HPCTRAIN_SLURM_DIR (default /tmp/hpctrain-slurm),
-# config at /etc/slurm/slurm.conf where every Slurm client finds it.  Usage: slurm.sh start|stop|status|env
+# A real Slurm (Debian's 22.05 packages) for tests and demos: munged + MariaDB + slurmdbd + slurmctld + one
+# slurmd on this machine (node `head`, partitions debug and long), state/logs under $HPCTRAIN_SLURM_DIR
+# (default /var/tmp/hpctrain-slurm), config at /etc/slurm/slurm.conf where every Slurm client finds it.
+# Usage: slurm.sh start|stop|status|env
+#
+# The same controller serves the namespace nodes of scripts/ci/cluster.sh: when $HPCTRAIN_CLUSTER_DIR/nodes
+# lists them (cluster.sh writes it), slurm.conf declares them and their partition `cluster`, and a start that
+# finds the daemons running with another node list restarts slurmctld with the new one.  Everything the nodes'
+# slurmd must see lies outside /tmp (each node mounts its own /tmp), hence /var/tmp; their spool, pid and log
+# files carry the node's name (%n).  The controller is named by this machine's hostname: the host resolves it
+# itself, each node resolves it to the bridge address through its own hosts file.  The host's node is `head`
+# because Slurm 22.05 treats a node named `localhost` as this host's name and then refuses the other nodes
+# ("Duplicated NodeHostName").
 #
 # Accounting (so that tests can create a QOS with sacctmgr and Slurm enforces it): a private MariaDB
 # (datadir $DIR/mariadb/data, unix socket only, no TCP port; options in $DIR/mariadb/my.cnf) and slurmdbd on
@@ -39,10 +49,11 @@
 # having fewer real cores.  tests/test_infra.py checks all of this.
 set -euo pipefail
 
-DIR=${HPCTRAIN_SLURM_DIR:-/tmp/hpctrain-slurm}
+DIR=${HPCTRAIN_SLURM_DIR:-/var/tmp/hpctrain-slurm}
 CONF=/etc/slurm/slurm.conf
 MARKER="# written by hpctrain scripts/ci/slurm.sh"
-NODE=localhost
+NODE=head
+CLUSTER_NODES=${HPCTRAIN_CLUSTER_DIR:-/var/tmp/hpctrain-cluster}/nodes
 PARTITION=debug
 START_TIMEOUT=${HPCTRAIN_SLURM_START_TIMEOUT:-60}
 CLUSTER=hpctrain
@@ -69,10 +80,13 @@ node_state() {
     timeout 10 sinfo -h -N -n "$NODE" -o %t 2>/dev/null | head -n1 || true
 }
 
-pids_named() {  # pids_named NAME...: pids whose command name is one of NAMEs (no procps needed)
-    local p comm name
+pids_named() {  # pids_named NAME...: pids in this network namespace whose command name is one of NAMEs
+    local p comm name here
+    here=$(readlink /proc/$$/ns/net)
     for p in /proc/[0-9]*; do
         comm=$(cat "$p/comm" 2>/dev/null) || continue
+        # A namespace node's slurmd (scripts/ci/cluster.sh) is not the host's.
+        [[ $(readlink "$p/ns/net" 2>/dev/null) == "$here" ]] || continue
         for name in "$@"; do
             [[ $comm == "$name" ]] && printf '%s ' "${p#/proc/}"
         done
@@ -97,7 +111,7 @@ dbd_ok() {
 }
 
 slurm_up() {
-    pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && munge_ok || return 1
+    pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd-$NODE.pid" && munge_ok || return 1
     local st
     st=$(node_state)
     [[ $st == idle* || $st == mix* || $st == alloc* || $st == comp* ]]
@@ -134,11 +148,36 @@ first_job_id() {  # one past the largest job id in the accounting database and i
     if (( db > comp )); then echo $(( db + 1 )); else echo $(( comp + 1 )); fi
 }
 
+controller_host() {  # this machine's hostname where it resolves here (the nodes need it), else localhost
+    local h
+    h=$(hostname)
+    if [[ -n $h && $h != localhost ]] && getent hosts "$h" >/dev/null 2>&1; then echo "$h"; else echo localhost; fi
+}
+
+cluster_layout() {  # the namespace nodes cluster.sh asked for: lines "NAME ADDRESS CPUS MEMORY_MB" (none: empty)
+    [[ -s $CLUSTER_NODES ]] && grep -E '^node[0-9]+ [0-9.]+ [0-9]+ [0-9]+$' "$CLUSTER_NODES" || true
+}
+
+cluster_conf() {  # slurm.conf lines of the namespace nodes and their partition
+    local layout name addr cpus mem names=()
+    layout=$(cluster_layout)
+    [[ -n $layout ]] || return 0
+    while read -r name addr cpus mem; do
+        echo "NodeName=$name NodeHostname=$name NodeAddr=$addr CPUs=$cpus Boards=1 SocketsPerBoard=1" \
+             "CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem Feature=namespace State=UNKNOWN"
+        names+=("$name")
+    done <<<"$layout"
+    local IFS=,
+    echo "PartitionName=cluster Nodes=${names[*]} Default=NO MaxNodes=${#names[@]} MaxTime=02:00:00" \
+         "DefaultTime=00:30:00 State=UP OverSubscribe=NO"
+}
+
 write_conf() {
-    local cpus mem first
+    local cpus mem first ctl
     cpus=$(declared_cpus)
     mem=$(real_memory_mb)
     first=$(first_job_id)
+    ctl=$(controller_host)
     if [[ -e $CONF ]] && ! grep -qF "$MARKER" "$CONF" && [[ ${HPCTRAIN_SLURM_FORCE:-0} != 1 ]]; then
         die "$CONF exists and was not written by this script; move it away or set HPCTRAIN_SLURM_FORCE=1"
     fi
@@ -146,7 +185,7 @@ write_conf() {
     cat >"$DIR/slurm.conf" <<EOF
 $MARKER (state under $DIR); rewritten on every start
 ClusterName=hpctrain
-SlurmctldHost=$NODE
+SlurmctldHost=$ctl
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
@@ -175,20 +214,28 @@ JobAcctGatherType=jobacct_gather/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$DIR/jobcomp.txt
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/slurmctld.pid
-SlurmdPidFile=$DIR/slurmd.pid
+SlurmdPidFile=$DIR/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
+SlurmdLogFile=$DIR/log/slurmd-%n.log
 SlurmctldDebug=info
 MailProg=/bin/true
 SlurmdDebug=info
-NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN
+# A node whose slurmd stops answering is DOWN after 30 s (default 300): tests kill namespace nodes.
+SlurmdTimeout=30
+NodeName=$NODE NodeHostname=$(hostname) NodeAddr=127.0.0.1 CPUs=$cpus Boards=1 SocketsPerBoard=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=$mem State=UNKNOWN
 PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 PartitionName=long Nodes=$NODE Default=NO MaxTime=INFINITE State=UP OverSubscribe=YES
+$(cluster_conf)
 EOF
+    cluster_layout >"$DIR/cluster-layout"
     cp "$DIR/slurm.conf" "$CONF"
     chmod 0644 "$CONF"
+}
+
+layout_changed() {  # the running daemons were started with another list of namespace nodes
+    [[ "$(cluster_layout)" != "$(cat "$DIR/cluster-layout" 2>/dev/null || true)" ]]
 }
 
 start_munge() {
@@ -291,7 +338,7 @@ start_slurmdbd() {
 
 show_logs() {
     local f
-    for f in "$DIR/log/slurmctld.log" "$DIR/log/slurmd.log" "$DIR/log/slurmctld.stdout" "$DIR/log/slurmd.stdout" \
+    for f in "$DIR/log/slurmctld.log" "$DIR/log/slurmd-$NODE.log" "$DIR/log/slurmctld.stdout" "$DIR/log/slurmd.stdout" \
              "$DIR/log/slurmdbd.log" "$DIR/log/slurmdbd.stdout" "$DIR/log/mariadb.log"; do
         [[ -s $f ]] || continue
         echo "----- tail $f" >&2
@@ -310,15 +357,19 @@ do_start() {
     fi
     local i
     for i in 1 2 3; do
+        if layout_changed; then
+            log "the namespace nodes changed ($CLUSTER_NODES): restarting slurmctld and slurmd with them"
+            break
+        fi
         if healthy; then
             log "already running (node $NODE $(node_state), state in $DIR)"
             return 0
         fi
         # Daemons alive but slow to answer (a loaded box): do not kill everyone's jobs on the first miss.
-        pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd.pid" && (( i < 3 )) || break
+        pid_alive "$DIR/slurmctld.pid" && pid_alive "$DIR/slurmd-$NODE.pid" && (( i < 3 )) || break
         sleep 2
     done
-    if slurm_up && grep -q '^AccountingStorageType=accounting_storage/slurmdbd' "$DIR/slurm.conf" 2>/dev/null; then
+    if ! layout_changed && slurm_up && grep -q '^AccountingStorageType=accounting_storage/slurmdbd' "$DIR/slurm.conf" 2>/dev/null; then
         # Only MariaDB or slurmdbd is down: bring them back under the running slurmctld, whose jobs live on.
         local t1=$EPOCHREALTIME
         write_db_conf
@@ -406,7 +457,7 @@ stop_slurm_daemons() {
             done
         fi
     fi
-    stop_pidfile "$DIR/slurmd.pid" slurmd
+    stop_pidfile "$DIR/slurmd-$NODE.pid" slurmd
     stop_pidfile "$DIR/slurmctld.pid" slurmctld
 }
 
@@ -423,7 +474,7 @@ do_stop() {
 
 do_status() {
     local rc=0 name f
-    for name in slurmctld slurmd; do
+    for name in slurmctld "slurmd-$NODE"; do
         f="$DIR/$name.pid"
         if pid_alive "$f"; then echo "$name: running (pid $(cat "$f"))"; else echo "$name: stopped"; rc=1; fi
     done

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import sys
 import time
 
@@ -80,7 +81,7 @@ def collectives(backend: str) -> None:
         assert GLOO_THREADS & before, before  # the check below sees these threads when they exist
         left = GLOO_THREADS & native_threads()
         assert not left, f"rank {r}: still running after close(): {sorted(left)}"
-    print(f"rank {r}/{n} {backend} collectives OK", flush=True)
+    print(f"rank {r}/{n} {backend} collectives OK on {socket.gethostname()}", flush=True)
 
 
 # gloo's work loops and transport loop, and the TCPStore server (rank 0): a process that reaches interpreter

@@ -111,6 +111,26 @@ class QueuedJobsProbe:
     count: Callable[[str], int]
 
 
+@dataclass(frozen=True)
+class NodeAvailability:
+    """One node of a queue as the scheduler lists it: whether a new job can be placed on it (now or once the jobs
+    on it end), its state as the scheduler writes it, and the reason an administrator or the scheduler gave."""
+
+    name: str
+    usable: bool
+    state: str
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class NodesProbe:
+    """The command that lists the nodes of one queue with their states, and the parser of its output."""
+
+    name: str  # shown in messages: "sinfo"
+    argv: list[str]
+    parse: Callable[[str], list[NodeAvailability]]
+
+
 def count_lines(text: str) -> int:
     """Non-empty lines: one job each (``squeue -h -o %i``)."""
     return sum(1 for line in text.splitlines() if line.strip())
@@ -211,6 +231,11 @@ class Scheduler(ABC):
     def queued_jobs_probe(self, site: SiteProfile, queue_key: str) -> QueuedJobsProbe | None:
         """How to count the user's jobs in queue ``queue_key`` of ``site`` now; None where the scheduler cannot
         say (the check is then left to the scheduler)."""
+        return None
+
+    def nodes_probe(self, site: SiteProfile, queue_key: str) -> NodesProbe | None:
+        """How to list the nodes of queue ``queue_key`` of ``site`` with their states now; None where the scheduler
+        cannot say (a job too large for the usable nodes is then left to wait in the queue)."""
         return None
 
     @abstractmethod

@@ -16,6 +16,7 @@ from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import SchedulerError
 from hpctrain.submission.schedulers.base import (
+    NodesProbe,
     QueuedJobsProbe,
     RenderOptions,
     Scheduler,
@@ -31,9 +32,11 @@ from hpctrain.submission.schedulers.base import (
     requeue_block,
 )
 from hpctrain.submission.schedulers.slurm.status import (
+    SINFO_NODES_FORMAT,
     parse_sacct,
     parse_sacct_completion,
     parse_scontrol_job,
+    parse_sinfo_nodes,
     parse_squeue,
     sacct_argv,
     sacct_completion_argv,
@@ -179,6 +182,13 @@ class Slurm(Scheduler):
         else:
             argv += ["-p", name, *(["-q", queue.qos] if queue.qos else [])]
         return QueuedJobsProbe("squeue", argv, count_lines)
+
+    def nodes_probe(self, site: SiteProfile, queue_key: str) -> NodesProbe | None:
+        if site.queue_option == "qos":  # a QOS spans partitions: no node list to ask for
+            return None
+        queue = site.queues[queue_key]
+        return NodesProbe("sinfo", ["sinfo", "-h", "-N", "-p", queue.submit_as or queue_key, "-o", SINFO_NODES_FORMAT],
+                          parse_sinfo_nodes)
 
     def cancel_argv(self, job_id: str, run_dir: str) -> list[str]:
         return ["scancel", check_job_id(job_id)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from hpctrain.submission.schedulers.base import NodeAvailability
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 
@@ -119,6 +120,22 @@ SLURM_REASONS: dict[str, str] = {
 }
 
 
+def parse_sinfo_nodes(text: str) -> list[NodeAvailability]:
+    """``sinfo -h -N -p PART -o SINFO_NODES_FORMAT``: one NodeAvailability per node (a node listed twice once)."""
+    nodes: dict[str, NodeAvailability] = {}
+    for line in text.splitlines():
+        name, _, rest = line.strip().partition("|")
+        state, _, reason = rest.partition("|")
+        if not name or not state:
+            continue
+        base = state.strip().lower().rstrip("*~#!%$@^-+")
+        words = set(base.split("+"))
+        usable = not (state.strip().endswith("*") or words & UNUSABLE_NODE_STATES)
+        reason = "" if reason.strip() in ("none", "(null)") else reason.strip()
+        nodes.setdefault(name, NodeAvailability(name, usable, state.strip(), reason))
+    return list(nodes.values())
+
+
 def slurm_state(code: str) -> JobState:
     """Map a Slurm state as printed by squeue/sacct/scontrol ("CANCELLED by 0", "RUNNING") to JobState."""
     word = code.strip().split(" ", 1)[0].rstrip("+")
@@ -152,6 +169,12 @@ SACCT_COMPLETION_FIELDS = ("JobID", "JobName", "State", "ExitCode", "Elapsed", "
 
 
 SQUEUE_FORMAT = "%i|%T|%r|%M|%N|%j"  # job name last: it may itself contain '|'
+
+SINFO_NODES_FORMAT = "%N|%T|%E"  # node, long state (suffix * = not responding), reason (may contain '|')
+# Node states (sinfo %T) in which no new job will be placed on the node until someone or something acts: an
+# administrator resumes it, or it answers again. Jobs can still wait for the others (allocated, completing).
+UNUSABLE_NODE_STATES = frozenset({"down", "drained", "draining", "drain", "fail", "failing", "future", "inval",
+                                  "unknown", "not_responding", "blocked"})
 
 
 def sacct_argv(job_ids: Iterable[str]) -> list[str]:

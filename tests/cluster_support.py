@@ -1,0 +1,127 @@
+"""The cluster of namespace nodes (scripts/ci/cluster.sh) as the tests use it: its nodes and partition, a
+directory on its shared file system per test, commands run on one node, and the controls that cut or slow a
+node's link or kill and boot a node, each undone when the test ends (fixtures in tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_SH = REPO / "scripts" / "ci" / "cluster.sh"
+SITE = REPO / "site_configs" / "ci-cluster.yaml"
+_UP = ("idle", "mix", "alloc", "comp")
+
+
+def cluster_sh(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def cluster_env() -> dict[str, str]:
+    out = cluster_sh("env", timeout=30).stdout
+    return dict(line.removeprefix("export ").split("=", 1) for line in out.splitlines() if line.startswith("export "))
+
+
+def node_state(node: str) -> str:
+    out = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], capture_output=True, text=True, timeout=15)
+    return out.stdout.strip().split("\n")[0]
+
+
+@dataclass
+class Cluster:
+    """The running cluster. ``nodes`` in order (node01 ...), ``shared`` a directory every node sees."""
+
+    nodes: tuple[str, ...]
+    partition: str
+    directory: Path
+    shared: Path
+    scratch: str
+    site: Path = SITE
+    _touched: set[str] = field(default_factory=set)
+    _drained: set[str] = field(default_factory=set)
+
+    def run(self, node: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """``argv`` on ``node`` (its network, hostname and mounts), as root."""
+        return cluster_sh("exec", node, *argv, timeout=timeout)
+
+    def local_path(self, node: str, path: str | Path) -> Path:
+        """Where a file of ``node``'s /tmp or scratch lies on this machine's disk (to look without entering it)."""
+        path = Path(path)
+        for mount, backing in (("/tmp", "tmp"), (self.scratch, "scratch")):
+            if path == Path(mount) or Path(mount) in path.parents:
+                return self.directory / node / backing / path.relative_to(mount)
+        raise ValueError(f"{path} is not node-local (not under /tmp or {self.scratch})")
+
+    def link(self, node: str, *args: str) -> None:
+        """``cluster.sh link NODE ARGS`` (rate RATE | cut | restore); undone after the test."""
+        self._touched.add(node)
+        out = cluster_sh("link", node, *args)
+        assert out.returncode == 0, out.stderr
+
+    def kill(self, node: str) -> None:
+        self._touched.add(node)
+        out = cluster_sh("node", node, "kill")
+        assert out.returncode == 0, out.stderr
+
+    def boot(self, node: str) -> None:
+        out = cluster_sh("node", node, "start")
+        assert out.returncode == 0, out.stderr
+
+    def drain(self, node: str, reason: str) -> None:
+        self._drained.add(node)
+        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], check=True,
+                       timeout=15)
+
+    def wait_for_node(self, node: str, prefixes: Iterable[str], timeout: float) -> str:
+        """Poll Slurm until the node's state starts with one of ``prefixes`` (a hang guard, not a speed check)."""
+        wanted = tuple(prefixes)
+        deadline = time.monotonic() + timeout
+        while True:
+            state = node_state(node)
+            if state.startswith(wanted):
+                return state
+            if time.monotonic() > deadline:
+                pytest.fail(f"{node} still '{state}' after {timeout:.0f} s, wanted {wanted}")
+            time.sleep(0.5)
+
+    def restore(self) -> None:
+        """Every link restored and every node this test touched booted and idle again."""
+        for node in sorted(self._touched):
+            cluster_sh("link", node, "restore")
+        for node in sorted(self._touched | self._drained):
+            out = cluster_sh("node", node, "start")  # boots a killed node; resumes a down or drained one
+            assert out.returncode == 0, out.stderr
+        self._touched.clear()
+        self._drained.clear()
+
+
+def start_cluster() -> Cluster:
+    """The running cluster, started (with the head's Slurm) when it is not up; fails, never skips."""
+    status = cluster_sh("status", timeout=60)
+    if status.returncode != 0:
+        started = cluster_sh("start", timeout=300)
+        if started.returncode != 0:
+            pytest.fail("the cluster of namespace nodes could not be started. Run `bash scripts/install.sh` (as root)"
+                        " and then `bash scripts/ci/cluster.sh start` to see the error.\n"
+                        + (started.stdout + started.stderr)[-3000:], pytrace=False)
+    env = cluster_env()
+    return Cluster(nodes=tuple(env["HPCTRAIN_CLUSTER_NODE_NAMES"].strip("'").split()),
+                   partition=env["HPCTRAIN_CLUSTER_PARTITION"], directory=Path(env["HPCTRAIN_CLUSTER_DIR"]),
+                   shared=Path(env["HPCTRAIN_CLUSTER_SHARED"]), scratch=env["HPCTRAIN_CLUSTER_SCRATCH"])
+
+
+def srun(cluster: Cluster, argv: Sequence[str], *, nodes: int, per_node: int = 1, cwd: Path,
+         timeout: float = 300, options: Sequence[str] = (), env: dict[str, str] | None = None,
+         ) -> subprocess.CompletedProcess[str]:
+    """``srun`` of ``argv`` on ``nodes`` x ``per_node`` tasks of the cluster's partition (a job of its own)."""
+    cmd = ["srun", "-p", cluster.partition, "-N", str(nodes), f"--ntasks-per-node={per_node}", "--time=10",
+           "--kill-on-bad-exit=1", *options, *argv]
+    return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+                          stdin=subprocess.DEVNULL)

@@ -1,0 +1,53 @@
+"""Rendezvous and collectives across real nodes (the cluster of namespace nodes, srun): MPI through PMI-2, gloo
+bootstrapped over MPI, and gloo meeting at a store on the first node of Slurm's node list. Each node resolves its
+own name to 127.0.1.1 first, as Debian's /etc/hosts does; gloo left to itself binds to that address and tells the
+other nodes to connect there (the control below shows it failing), so hpctrain's ranks must announce the interface
+that reaches the other nodes instead.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from tests.cluster_support import Cluster, srun
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(900)]
+REPO = Path(__file__).resolve().parent.parent
+WORKER = str(REPO / "tests" / "mp_helpers" / "comm_worker.py")
+# What a torch.distributed script does when nobody chose an interface: gloo takes the hostname's first address.
+PLAIN_GLOO = """
+import datetime, os, torch.distributed as dist
+dist.init_process_group("gloo", init_method="tcp://{master}:{port}", rank=int(os.environ["SLURM_PROCID"]),
+                        world_size=int(os.environ["SLURM_NTASKS"]), timeout=datetime.timedelta(seconds=15))
+print("connected", flush=True)
+"""
+
+
+@pytest.mark.parametrize(("backend", "mpi"), [("mpi", "pmi2"), ("gloo", "pmi2"), ("gloo", "none")],
+                         ids=["mpi", "gloo-over-mpi", "gloo-store-on-first-node"])
+def test_collectives_across_two_nodes(cluster: Cluster, cluster_tmp: Path, backend: str, mpi: str) -> None:
+    out = srun(cluster, [sys.executable, WORKER, "collectives", backend], nodes=2, per_node=2, cwd=cluster_tmp,
+               options=[f"--mpi={mpi}"], timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    placed = sorted(re.findall(rf"rank (\d+)/4 {backend} collectives OK on (\S+)", out.stdout))
+    a, b = cluster.nodes[:2]
+    assert placed == [("0", a), ("1", a), ("2", b), ("3", b)], text[-3000:]
+    if backend == "gloo":
+        # one line per node (its local rank 0): the interface it announces and the address other nodes reach
+        announced = sorted(re.findall(r"gloo uses (\w+) \((\S+)\): (\S+) resolves first to 127\.0\.1\.1", text))
+        assert announced == [("eth0", "10.251.0.11", a), ("eth0", "10.251.0.12", b)], text[-3000:]
+
+
+def test_a_plain_gloo_script_fails_across_these_nodes(cluster: Cluster, cluster_tmp: Path) -> None:
+    """The control: without an interface chosen, rank 1 is told to connect to node01's loopback."""
+    script = cluster_tmp / "plain.py"
+    script.write_text(PLAIN_GLOO.format(master=cluster.nodes[0], port=29517))
+    out = srun(cluster, [sys.executable, str(script)], nodes=2, cwd=cluster_tmp, options=["--mpi=none"],
+               timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode != 0 and "connected" not in out.stdout, text[-3000:]
+    assert "127.0.1.1" in text, text[-3000:]
