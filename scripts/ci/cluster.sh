@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # A Slurm cluster of real nodes on this one machine, for the tests of everything that crosses a node boundary.
-# Each compute node (node01 ... nodeNN) is a network namespace on a Linux bridge with its own address, plus a UTS
-# and mount namespace: its own hostname, its own /tmp and node-local scratch ($SCRATCH), its own /dev/shm, its own
-# hosts file and resolv.conf (bind-mounted on /etc) and its own slurmd.  /tmp and the scratch are directories on this
-# machine's disk ($DIR/NODE/tmp, $DIR/NODE/scratch: node-local disks, not memory, so that a staged environment
-# of gigabytes costs no RAM), mounted inside the node only and emptied when it boots; /dev/shm is a tmpfs.  The
+# Each compute node (node01 ... nodeNN) is a network namespace on a Linux bridge with its own address, plus UTS,
+# IPC and mount namespaces: its own hostname, boot id, System V IPC, /tmp, node-local scratch ($SCRATCH) and
+# /dev/shm, its own hosts file and resolv.conf (bind-mounted on /etc) and its own slurmd.  /tmp and the scratch
+# are directories on this machine's disk ($DIR/NODE/tmp, $DIR/NODE/scratch: node-local disks, not memory, so that
+# a staged environment of gigabytes costs no RAM), mounted inside the node only and emptied when it boots;
+# /dev/shm is a tmpfs.  The nodes share the host's PID space and kernel.  The
 # rest of the host's file system is the cluster's shared file system.  The head node is the host itself:
 # slurmctld, slurmdbd and the loopback sshd of scripts/ci/slurm.sh and sshd.sh, which serve the namespace nodes
 # beside the host's own node `head` (its partitions debug and long keep the host's /tmp, which the rest of the
@@ -142,11 +143,16 @@ boot_node() {  # boot_node NODE: the process that holds its hostname and mounts,
         rm -rf "${DIR:?}/$node/tmp" "${DIR:?}/$node/scratch"
         mkdir -p "$DIR/$node/tmp" "$DIR/$node/scratch"
         chmod 1777 "$DIR/$node/tmp" "$DIR/$node/scratch"
-        # The holder sets the node up inside fresh UTS and mount namespaces (propagation private: nothing
-        # mounted here reaches the host), writes its pid and sleeps; fd 9 (our lock) is not inherited.
-        setsid nsenter --net="/var/run/netns/$ns" unshare --uts --mount --propagation private \
+        # The holder sets the node up inside fresh UTS, IPC and mount namespaces (propagation private: nothing
+        # mounted here reaches the host), writes its pid and sleeps; fd 9 (our lock) is not inherited.  Its own
+        # boot id: UCX (the MPICH wheel's transport) takes processes with one boot id and one PID space for one
+        # machine and would pass messages between nodes through shared memory and process_vm_readv, past the
+        # network that the link controls act on.
+        setsid nsenter --net="/var/run/netns/$ns" unshare --uts --ipc --mount --propagation private \
             bash -c 'set -e
                 hostname "$1"
+                cat /proc/sys/kernel/random/uuid >"$2/boot_id"
+                mount --bind "$2/boot_id" /proc/sys/kernel/random/boot_id
                 mount --bind "$2/tmp" /tmp
                 mount --bind "$2/scratch" "$3"
                 mount -t tmpfs -o "size=${4}m,mode=1777" tmpfs /dev/shm
