@@ -18,7 +18,8 @@
 #        cluster.sh link NODE cut|restore  take the link down | up again with no rate limit
 #        cluster.sh node NODE kill         SIGKILL every process of the node (slurmd included): Slurm sees it
 #                                          stop answering and marks it DOWN after SlurmdTimeout
-#        cluster.sh node NODE start        boot it again (a fresh /tmp and scratch, a new slurmd)
+#        cluster.sh node NODE start        boot it again if it was killed (a fresh /tmp and scratch, a new
+#                                          slurmd); a node Slurm took for dead gets its slurmd restarted
 #        cluster.sh exec NODE CMD...       run CMD on the node (its network, hostname and mounts)
 #
 # Each node's hosts file maps its own name to 127.0.1.1 before its bridge address, as Debian's installer
@@ -168,6 +169,14 @@ boot_node() {  # boot_node NODE: the process that holds its hostname and mounts,
             sleep 0.1
         done
         [[ -n ${pid:-} ]] || { cat "$DIR/log/$node.holder.log" >&2; die "$node: its namespaces did not come up"; }
+    fi
+    local st
+    st=$(slurm_state "$node")
+    if [[ $st == down* || $st == *'*' ]] && slurmd_pid "$node" >/dev/null; then
+        # Up, but Slurm took it for dead (a cut link): slurmctld pings a DOWN node rarely, while a slurmd
+        # registers when it starts, and ReturnToService=2 then brings the node back.
+        kill -TERM "$(slurmd_pid "$node")" 2>/dev/null || true
+        for _ in $(seq 50); do slurmd_pid "$node" >/dev/null || break; sleep 0.1; done
     fi
     if ! slurmd_pid "$node" >/dev/null; then
         # slurmd forks into the background by itself; its pid, log and spool carry the node's name.
@@ -364,7 +373,7 @@ do_node() {  # do_node NODE kill | start
             slurm_env
             boot_node "$node"
             wait_ready "$node"
-            log "$node: booted (fresh /tmp and $SCRATCH) and idle" ;;
+            log "$node: up and idle in Slurm" ;;
         *) die "usage: cluster.sh node NODE kill|start" ;;
     esac
 }
