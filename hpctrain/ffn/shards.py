@@ -1,7 +1,8 @@
 """Each rank reads only its own share of the training coordinates per epoch: input O(K/N) per rank, not O(K).
 
 Rank 0 writes the coordinates once as a coordinate table (``coordinates-table-<hash>.npy`` beside the prepared
-data: a raw (K, 3) int64 .npy, shuffled once so that any stretch of it is a random sample). Per epoch the table
+data: a raw (K, 3) int64 .npy, shuffled once so that any stretch of it is a random sample) and names it in the
+prepared data's manifest, which every rank reads. Per epoch the table
 is cut into chunks after a seeded rotation, the chunks are dealt by a seeded permutation evaluated at this rank's
 slots only (models/shuffle.py), and the rank reads its K // N coordinates as a few contiguous ranges at their
 offsets (``os.pread``), then shuffles them among themselves. Layout and reasoning: docs/scaling.md, "Input".

@@ -135,7 +135,11 @@ def prepare_and_hold(data: Mapping[str, Any] | FFNData, fov: Sequence[int], delt
         if counts is not None:
             counts.add_input("volume", image_array.nbytes)
         sample = image_array.astype(np.float64)
+        # The table every rank reads at its own offsets (ffn/shards.py). Its name goes into the manifest: a rank
+        # on another node sees its own staged copy of the coordinates, whose time differs from this one's.
+        table = write_table(coords_path, out_dir)
         prepared = {"image": image_spec, "labels": labels_spec, "coordinates": str(coords_path),
+                    "coordinates_table": table.name,
                     "image_mean": float(sample.mean()), "image_stddev": float(sample.std() or 1.0)}
     finally:
         image_vol.close()
@@ -160,8 +164,7 @@ class FFNTask(TrainingTask):
         held: dict[str, Any] = {}  # the volumes rank 0 read while preparing: its node's copy is written from them
         if ctx.rank == 0:
             try:
-                first, held = prepare_and_hold(data, self.fov, self.deltas, data_dir, margin=margin)
-                write_table(first["coordinates"], data_dir)  # read by every rank at its own offsets (ffn/shards.py)
+                held = prepare_and_hold(data, self.fov, self.deltas, data_dir, margin=margin)[1]
             except Exception as exc:  # reported to every rank below, which then all raise it
                 error = exc
         ctx.agree(error)  # the others wait here for rank 0: its error (a dataset not found, ...) is theirs too
@@ -187,7 +190,9 @@ class FFNTask(TrainingTask):
                                                in_memory_bytes=IN_MEMORY_BYTES,
                                                held=held if ctx.local_rank == 0 else None)
         del held
-        self.coords = CoordinateTable(table_path(prepared["coordinates"], data_dir))
+        # Runs prepared before the manifest named the table find it by the coordinates' path, size and time.
+        table = prepared.get("coordinates_table") or table_path(prepared["coordinates"], data_dir).name
+        self.coords = CoordinateTable(data_dir / table)
         if self.coords.count < ctx.world_size:
             raise DataError(f"{self.coords.count} training coordinates cannot be shared by {ctx.world_size} ranks")
         self.rank, self.world_size, self.seed = ctx.rank, ctx.world_size, ctx.seed
