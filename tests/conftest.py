@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from tests.cluster_support import Cluster, start_cluster
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from tests.cluster_support import CLUSTER_SH, Cluster, cluster_sh, node_state, srun
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]

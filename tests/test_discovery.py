@@ -32,6 +32,7 @@ from hpctrain.submission.discovery.probe import MARK, Probe, Section, probe_scri
 from hpctrain.submission.schedulers.cobalt.discovery import nodes_per_queue, table
 from hpctrain.submission.schedulers.slurm.discovery import gres_gpus, key_values, slurm_seconds
 from hpctrain.submission.transport import Completed, LocalTransport, SSHTransport
+from tests.cluster_support import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "discovery"
@@ -429,6 +430,53 @@ def test_discover_the_local_slurm_and_submit_with_the_written_profile(
     handle = RunHandle(run.run_id)
     assert handle.wait(timeout=90, poll_s=1).state == "completed"
     assert "discovered site works" in handle.logs()
+
+
+@pytest.mark.slurm
+def test_discover_the_cluster_partition_and_run_on_two_of_its_nodes(
+        cluster: Cluster, cluster_tmp: Path, slurm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The namespace nodes' partition as discovery reads it, and a 2-node job the written profile sends there."""
+    findings = discover(EnvTransport())
+    (truth,) = [p for p in scontrol_records("partition") if p["PartitionName"] == cluster.partition]
+    (node,) = [n for n in scontrol_records("node") if n["NodeName"] == cluster.nodes[0]]
+    queue = findings.scheduler.queues[cluster.partition]
+    assert (truth["MaxNodes"], truth["TotalNodes"]) == ("5", "5") and len(cluster.nodes) == 5
+    assert queue.max_nodes.value == 5 and not queue.max_nodes.guessed
+    assert queue.max_walltime_s.value == truth_seconds(truth["MaxTime"]) == 2 * 3600
+    shape = queue.node or findings.node  # the machine's shape unless the partition's nodes differ from it
+    assert (shape.cores.value * shape.threads_per_core.value, shape.memory_gb.value) == (
+        int(node["CPUTot"]), round(int(node["RealMemory"]) / 1024, 1))
+    assert shape.cores.value * shape.threads_per_core.value == 2
+
+    draft = draft_profile(findings, name="discovered-cluster")
+    site = write_profile(draft.text, cluster_tmp / "discovered-cluster.yaml")
+    profile = load_site_file(site)
+    assert profile.model_dump() == draft.profile.model_dump()
+    written = profile.queues[cluster.partition]
+    assert (written.max_nodes, written.max_walltime) == (5, "02:00:00")
+    assert (written.node or profile.node).cores * (written.node or profile.node).threads_per_core == 2
+    assert f"scontrol show partition {cluster.partition}: MaxTime={truth['MaxTime']}" in draft.text
+
+    from hpctrain.submission.api import RunHandle, submit_runs
+    from hpctrain.submission.registry import Registry
+
+    monkeypatch.setenv("HPCTRAIN_HOME", str(cluster_tmp / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    (cluster_tmp / "tiny.yaml").write_text(TINY)
+    with Registry() as reg:
+        done = submit_runs(cluster_tmp / "tiny.yaml", str(site), nodes=2, queue=cluster.partition,
+                           command=["sh", "-c", 'echo "rank $SLURM_PROCID on $(hostname)"'],
+                           run_root=str(cluster_tmp / "runs"), registry=reg)
+    (run,) = done.runs
+    (job_id,) = done.job_ids
+    slurm.wait_for_state(job_id, ["COMPLETED"], timeout=900)  # may queue behind other developers' jobs
+    handle = RunHandle(run.run_id)
+    assert handle.wait(timeout=120, poll_s=1).state == "completed"
+    log = handle.logs()
+    hosts = dict(re.findall(r"(?m)^rank (\d+) on (\S+)$", log))
+    # Two ranks on two different namespace nodes: one node running both would show its name twice.
+    assert set(hosts) == {"0", "1"} and hosts["0"] != hosts["1"], log
+    assert set(hosts.values()) <= set(cluster.nodes), log
 
 
 @pytest.mark.slurm
