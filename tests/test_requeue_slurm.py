@@ -1,4 +1,5 @@
-"""Walltime signal → checkpoint → ``scontrol requeue`` → resume, on the real single-node Slurm (ci-slurm site).
+"""Walltime signal → checkpoint → ``scontrol requeue`` → resume, on 4 nodes of the cluster of namespace nodes
+(ci-cluster site), and what ends a job on the single node (ci-slurm site) without a requeue.
 
 How the walltime test stays deterministic. slurmctld checks time limits every 30 s (PERIODIC_TIMEOUT) and
 sends ``--signal=B:USR2@LEAD`` at the first check where the remaining time is at most LEAD + 30 s, so with a
@@ -16,7 +17,6 @@ under mpiexec.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -27,10 +27,12 @@ import pytest
 from slurm_support import scontrol, seconds
 
 from hpctrain.checkpoint.session import HOLD_AT_STEP_ENV
+from hpctrain.launch_env import expand_slurm_nodelist
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import Registry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
+from tests.cluster_support import SITE, Cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1200)]
 REPO = Path(__file__).resolve().parent.parent
@@ -41,6 +43,7 @@ train: {{steps: {steps}, batch_per_rank: 8, lr: 0.05, log_every: 50, seed: 3, co
 resources: {{nodes: 1, ranks_per_node: 2, walltime: "00:10:00"}}
 checkpoint: {{every_steps: 100000, keep: 2, max_requeues: 2, signal_lead_s: 90, stop_check_every: 50}}
 {extra}"""
+CLUSTER_SPEC = SPEC.replace("nodes: 1, ranks_per_node: 2", "nodes: 4, ranks_per_node: 1")
 HELD, STEPS = 100, 150
 
 
@@ -83,20 +86,25 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def test_walltime_signal_checkpoints_requeues_and_finishes_bit_exact(env: Path, slurm: Any,
-                                                                      venv_bin: Path) -> None:
-    spec = env / "rq.yaml"
-    spec.write_text(SPEC.format(name="rq-slurm", steps=STEPS, extra=f"env: {{{HOLD_AT_STEP_ENV}: '{HELD}'}}\n"))
-    (env / "ref.yaml").write_text(SPEC.format(name="rq-reference", steps=STEPS, extra=""))
+def test_walltime_signal_checkpoints_requeues_on_other_nodes_and_finishes_bit_exact(
+        cluster: Cluster, cluster_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On 4 real nodes x 1 rank (the cluster of namespace nodes). While the job waits to start again, one node of
+    its first allocation is drained, so the requeued job lands on another set of nodes (the spare one among them),
+    with node-local storage that holds nothing of the first run. The uninterrupted reference runs on the cluster
+    too, as 4 ranks on 4 nodes: the same reduction order, so the final parameters must be equal bit for bit."""
+    monkeypatch.setenv("HPCTRAIN_HOME", str(cluster_tmp / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    spec = cluster_tmp / "rq.yaml"
+    spec.write_text(CLUSTER_SPEC.format(name="rq-cluster", steps=STEPS,
+                                        extra=f"env: {{{HOLD_AT_STEP_ENV}: '{HELD}'}}\n"))
+    (cluster_tmp / "ref.yaml").write_text(CLUSTER_SPEC.format(name="rq-reference", steps=STEPS, extra=""))
+    runs = str(cluster_tmp / "runs")
     with Registry() as reg:
-        done = submit_runs(spec, "ci-slurm", registry=reg)
+        done = submit_runs(spec, str(SITE), registry=reg, run_root=runs)
+        reference = submit_runs(cluster_tmp / "ref.yaml", str(SITE), registry=reg, run_root=runs)
     run, job_id = done.runs[0], done.job_ids[0]
     assert job_id is not None
     run_dir = Path(run.run_dir)
-    reference = subprocess.Popen(
-        [str(venv_bin / "mpiexec"), "-n", "2", str(venv_bin / "python"), "-m", "hpctrain", "run",
-         str(env / "ref.yaml"), "--run-dir", str(env / "reference"), "--backend", "mpi"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         # Hang guards, not speed checks: the job may wait behind other jobs, and each step waits on an event.
         deadline = time.monotonic() + 600
@@ -104,10 +112,12 @@ def test_walltime_signal_checkpoints_requeues_and_finishes_bit_exact(env: Path, 
             assert time.monotonic() < deadline, f"training never reached step {HELD}: {scontrol(job_id)}"
             assert scontrol(job_id).get("JobState") in ("PENDING", "RUNNING"), scontrol(job_id)
             time.sleep(0.5)
+        first_nodes = expand_slurm_nodelist(scontrol(job_id)["NodeList"])
+        assert len(first_nodes) == 4 and set(first_nodes) <= set(cluster.nodes), first_nodes
         # The ranks hold after step HELD now. Shorten the walltime so that 60-120 s remain (see the module docstring).
         elapsed = seconds(scontrol(job_id)["RunTime"])
-        minutes = elapsed // 60 + 2
-        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={minutes}"], check=True, timeout=15)
+        subprocess.run(["scontrol", "update", f"JobId={job_id}", f"TimeLimit={elapsed // 60 + 2}"], check=True,
+                       timeout=15)
         pool = TransportPool()
         deadline = time.monotonic() + 300
         with Registry() as reg:
@@ -116,17 +126,17 @@ def test_walltime_signal_checkpoints_requeues_and_finishes_bit_exact(env: Path, 
                 assert last_step(run_dir / "metrics.jsonl") < STEPS, "training finished before the signal came"
                 poll_runs(reg, [reg.get_run(run.run_id)], pool)
                 time.sleep(0.5)
-        # Back in the queue (held ~12 s): give it its 10 minutes back so the second run is not signalled.
+        # Back in the queue (held ~12 s): one of its nodes leaves, and it gets its 10 minutes back.
+        cluster.drain(first_nodes[0], "test: the requeued job must land elsewhere")
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "TimeLimit=10"], check=True, timeout=15)
         view = RunHandle(run.run_id, pool=pool).wait(timeout=600, poll_s=1, max_poll_s=3)
-        assert reference.wait(timeout=600) == 0, reference.stderr.read() if reference.stderr else ""
+        ref_view = RunHandle(reference.runs[0].run_id, pool=pool).wait(timeout=600, poll_s=1, max_poll_s=3)
     finally:
-        if reference.poll() is None:
-            reference.kill()
-        subprocess.run(["scancel", job_id], timeout=15)
+        subprocess.run(["scancel", job_id, *(j for j in reference.job_ids if j)], timeout=15)
 
     log = (run_dir / f"slurm-{job_id}.out").read_text()
     assert view.state == "completed", log[-3000:]
+    assert ref_view.state == "completed", ref_view
     assert f"holding after step {HELD} until a stop signal" in log
     assert "SIGUSR2 received, forwarding it to the launcher" in log
     assert set(re.findall(r"stopped at step (\d+) after a checkpoint", log)) == {str(HELD)}, log[-3000:]
@@ -134,13 +144,18 @@ def test_walltime_signal_checkpoints_requeues_and_finishes_bit_exact(env: Path, 
     assert "putting the job back in the queue (restart 1 of 2)" in log
     assert f"(step {HELD})" in log and "resumed from" in log
     assert f"training finished at step {STEPS}" in log
+    # The second run's ranks on another set of nodes: the drained one is gone, the spare one came in.
+    second_nodes = expand_slurm_nodelist(scontrol(job_id)["NodeList"])
+    last_attempt = log.rsplit("hpctrain: job ", 1)[-1]
+    assert sorted(set(re.findall(r"hpctrain: node \d+ \((\S+)\)", last_attempt))) == sorted(second_nodes)
+    assert first_nodes[0] not in second_nodes and set(second_nodes) - set(first_nodes), (first_nodes, second_nodes)
     # Training that finished is not requeued again; the registry holds the whole chain.
     assert scontrol(job_id)["Restarts"] == "1" and scontrol(job_id)["JobState"] == "COMPLETED"
     with Registry() as reg:
         chain = reg.chain(run.run_id)
     assert [(s.kind, s.job_id) for s in chain] == [("submit", job_id), ("requeue", job_id)]
     assert chain[-1].state == "completed" and chain[-1].restart_count == 1 and chain[-1].exit_code == 0
-    assert_same_parameters(final_state(run_dir), final_state(env / "reference"))
+    assert_same_parameters(final_state(run_dir), final_state(Path(reference.runs[0].run_dir)))
 
 
 def test_code_error_fails_without_requeue(env: Path, slurm: Any) -> None:
