@@ -50,6 +50,7 @@ class Cluster:
     site: Path = SITE
     _touched: set[str] = field(default_factory=set)
     _drained: set[str] = field(default_factory=set)
+    _cut: set[str] = field(default_factory=set)
 
     def run(self, node: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """``argv`` on ``node`` (its network, hostname and mounts), as root."""
@@ -66,6 +67,8 @@ class Cluster:
     def link(self, node: str, *args: str) -> None:
         """``cluster.sh link NODE ARGS`` (rate RATE | cut | restore); undone after the test."""
         self._touched.add(node)
+        if args[:1] == ("cut",):
+            self._cut.add(node)
         out = cluster_sh("link", node, *args)
         assert out.returncode == 0, out.stderr
 
@@ -78,9 +81,10 @@ class Cluster:
         out = cluster_sh("node", node, "start")
         assert out.returncode == 0, out.stderr
 
-    def drain(self, node: str, reason: str) -> None:
+    def drain(self, node: str, reason: str, state: str = "DRAIN") -> None:
+        """Take the node out as an administrator would (DRAIN: no new jobs; DOWN: none at all); undone after."""
         self._drained.add(node)
-        subprocess.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"], check=True,
+        subprocess.run(["scontrol", "update", f"NodeName={node}", f"State={state}", f"Reason={reason}"], check=True,
                        timeout=15)
 
     def wait_for_node(self, node: str, prefixes: Iterable[str], timeout: float) -> str:
@@ -99,11 +103,14 @@ class Cluster:
         """Every link restored and every node this test touched booted and idle again."""
         for node in sorted(self._touched):
             cluster_sh("link", node, "restore")
+        for node in sorted(self._cut):  # what ran there behind the cut link is orphaned: the node is rebooted
+            cluster_sh("node", node, "kill")
         for node in sorted(self._touched | self._drained):
             out = cluster_sh("node", node, "start")  # boots a killed node; resumes a down or drained one
             assert out.returncode == 0, out.stderr
         self._touched.clear()
         self._drained.clear()
+        self._cut.clear()
 
 
 def start_cluster() -> Cluster:

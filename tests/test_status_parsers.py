@@ -255,3 +255,48 @@ def test_live_slurm_exit_code_and_missing(slurm: SlurmCluster, tmp_path: Path) -
         assert slurm_backend.parse_sacct_completion(comp.stdout)[fail].exit_code == 7
     finally:
         subprocess.run(["scancel", held], capture_output=True, timeout=30)
+
+
+# --- node failures and node availability (Slurm) ---------------------------------------------------------------
+
+
+def test_sacct_runs_of_a_requeued_job_keep_how_each_ended() -> None:
+    text = ("327|wrap|NODE_FAIL|0:0|None|00:00:40|t|t|node[01-02]\n"
+            "327|wrap|REQUEUED|0:0|None|00:00:40|t|t|node[03-04]\n"
+            "327|wrap|RUNNING|0:0|None|00:00:03|t|Unknown|node[03,05]\n")
+    (status,) = slurm_backend.parse_sacct(text).values()
+    assert status.state is JobState.RUNNING and status.restart_count == 2
+    assert status.earlier_runs == (sp.PastRun("NODE_FAIL", "node[01-02]"), sp.PastRun("REQUEUED", "node[03-04]"))
+
+
+def test_an_active_job_counts_the_failed_run_accounting_still_shows_last() -> None:
+    """sacct may list only the run that ended with its node while squeue already shows the job again."""
+    from hpctrain.submission.tracking import combine
+
+    accounting = slurm_backend.parse_sacct("327|wrap|NODE_FAIL|0:0|None|00:00:40|t|t|node[01-02]\n")
+    live = slurm_backend.parse_squeue("327|PENDING|BeginTime|0:00||wrap\n")
+    (status,) = combine(["327"], accounting, live).values()
+    assert status.state is JobState.PENDING and status.restart_count == 1
+    assert status.earlier_runs == (sp.PastRun("NODE_FAIL", "node[01-02]"),)
+
+
+def test_srun_names_the_node_it_lost() -> None:
+    from hpctrain.submission.schedulers.slurm import SCHEDULER
+
+    log = ("hpctrain: node 1 (node02): 1 ranks 1\nsrun: error: Node failure on node02\n"
+           "slurmstepd-node01: error: *** JOB 299 ON node01 CANCELLED AT 2026 DUE TO NODE FAILURE ***\n"
+           "srun: error: Node failure on node02\nsrun: error: Node failure on node05\n")
+    assert SCHEDULER.parse_lost_nodes(log) == ["node02", "node05"]
+    argv = SCHEDULER.lost_nodes_argv("/runs/r 1", "299")
+    assert argv is not None and argv[-1] == "/runs/r 1/slurm-299.out"  # a path is an argument, never script text
+    with pytest.raises(Exception, match="job id"):
+        SCHEDULER.lost_nodes_argv("/runs/r", "299; rm -rf /")
+
+
+def test_sinfo_node_states_tell_usable_from_broken() -> None:
+    text = ("node01|idle|none\nnode02|down*|Not responding\nnode03|allocated|none\nnode04|drained|maintenance\n"
+            "node05|mixed|none\nnode06|idle*|none\nnode07|draining|bad dimm\nnode08|idle~|none\nnode01|idle|none\n")
+    nodes = {n.name: n for n in slurm_backend.parse_sinfo_nodes(text)}
+    assert sorted(n for n, v in nodes.items() if v.usable) == ["node01", "node03", "node05", "node08"]
+    assert nodes["node02"].reason == "Not responding" and nodes["node02"].state == "down*"
+    assert nodes["node01"].reason == "" and len(nodes) == 8

@@ -21,7 +21,7 @@ from hpctrain.submission.registry import Registry, Run
 from hpctrain.submission.run_record import PROGRESS_FILE, RunMeta, read_meta, record_dir, save_progress
 from hpctrain.submission.schedulers.base import EXIT_LOG, Scheduler, StatusProbe, get_scheduler
 from hpctrain.submission.schedulers.state import JobState
-from hpctrain.submission.schedulers.status_parsers import JobStatus, is_unknown_job_error
+from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun, is_unknown_job_error
 from hpctrain.submission.transport import Transport, TransportPool
 from hpctrain.submission.views import RunView, latest_job_id, progress_from_record, view_of
 from hpctrain.text import json_lines
@@ -77,11 +77,13 @@ def combine(job_ids: Iterable[str], accounting: Mapping[str, JobStatus] | None,
         if lv is not None and lv.state.is_active and a is not None:
             if ended_runs:
                 # A run that is winding down may already be one of the records: it is not a new run.
-                runs_before = a.restart_count + (0 if lv.run_ended else 1)
+                last_ended = not lv.run_ended
             else:
-                requeued_last = a.state is JobState.REQUEUED and not lv.run_ended
-                runs_before = a.restart_count + (1 if requeued_last else 0)
-            out[job_id] = replace(lv, restart_count=max(lv.restart_count, runs_before))
+                # The last record a run that ended (requeued, or failed with its node) while the job is active again
+                last_ended = (a.state is JobState.REQUEUED or not a.state.is_active) and not lv.run_ended
+            runs_before = a.restart_count + (1 if last_ended else 0)
+            earlier = (*a.earlier_runs, *((PastRun(a.raw_state),) if last_ended else ()))
+            out[job_id] = replace(lv, restart_count=max(lv.restart_count, runs_before), earlier_runs=earlier)
         elif lv is not None and (lv.state.is_active or a is None):
             out[job_id] = lv
         elif a is not None:
@@ -285,25 +287,86 @@ def apply_failure_notes(statuses: Mapping[str, JobStatus], notes: Mapping[str, s
     return out
 
 
-def record_requeues(registry: Registry, statuses: Mapping[str, JobStatus], runs: Mapping[str, Run]) -> int:
+def _known_requeues(registry: Registry, run: Run, job_id: str) -> int:
+    return sum(1 for s in registry.chain(run.run_id) if s.ok and s.job_id == job_id and s.kind == "requeue")
+
+
+def lost_node_jobs(registry: Registry, scheduler: Scheduler, statuses: Mapping[str, JobStatus],
+                   runs: Mapping[str, Run]) -> list[str]:
+    """The jobs whose run ended because a node failed, and whose chain does not say so yet: the job itself
+    (its state), or a restart not yet recorded (an earlier run's state)."""
+    lost = scheduler.node_failure_states
+    found = []
+    for job_id, status in statuses.items():
+        run = runs.get(job_id)
+        if run is None or not lost:
+            continue
+        new_runs = status.earlier_runs[_known_requeues(registry, run, job_id):]
+        if status.raw_state in lost or any(r.state in lost for r in new_runs):
+            found.append(job_id)
+    return found
+
+
+def explain_lost_nodes(transport: Transport, scheduler: Scheduler, run_dirs: Mapping[str, str]) -> dict[str, str]:
+    """For each job (-> its run directory): which node it lost, in words, from the job's own output (one
+    command per job: a node failure is rare). A job whose output names none gets the general words."""
+    out = {}
+    for job_id, run_dir in run_dirs.items():
+        argv = scheduler.lost_nodes_argv(run_dir, job_id)
+        nodes: list[str] = []
+        if argv is not None:
+            try:
+                done = transport.run(argv, timeout=60, check=False)
+                nodes = scheduler.parse_lost_nodes(done.stdout)
+            except HpctrainError:
+                nodes = []
+        which = ", ".join(nodes) if nodes else "a node of the job"
+        out[job_id] = f"a node failure ({which} stopped answering the scheduler)"
+    return out
+
+
+def apply_lost_nodes(statuses: Mapping[str, JobStatus], lost: Mapping[str, str],
+                     scheduler: Scheduler) -> dict[str, JobStatus]:
+    """A job that ended with its node says so first in its reason (before the ranks' own note of it)."""
+    out = dict(statuses)
+    for job, words in lost.items():
+        status = out.get(job)
+        if status is not None and status.raw_state in scheduler.node_failure_states:
+            out[job] = replace(status, reason_text=words + (f"; {status.reason_text}" if status.reason_text else ""))
+    return out
+
+
+REQUEUED_AT_CHECKPOINT = f"stopped at a checkpoint (exit {EXIT_REQUEUE}); requeued"
+
+
+def record_requeues(registry: Registry, statuses: Mapping[str, JobStatus], runs: Mapping[str, Run],
+                    lost: Mapping[str, str] | None = None, scheduler: Scheduler | None = None) -> int:
     """Add one ``requeue`` entry to a run's chain per restart of its job not yet recorded, and close the
-    entry it continues (state ``requeued``, exit code 75: the ranks stopped at a checkpoint).
+    entry it continues: state ``requeued``, and why — the ranks stopped at a checkpoint (exit code 75), or the
+    run lost a node and the scheduler ran the job again (``lost``: job id -> the words for it; the earlier run's
+    state tells which, where accounting lists it).
 
     A requeued Slurm job (and a local job the controller re-ran) keeps its job id; the scheduler counts its
     restarts (``RestartCnt``, or ``sacct -c`` records). Counts only ever add entries: a source that cannot
     see restarts (``squeue``) never removes one. Returns how many entries were added.
     """
     added = 0
+    failed_node = scheduler.node_failure_states if scheduler is not None else frozenset()
     for job_id, status in statuses.items():
         run = runs.get(job_id)
         if run is None or status.restart_count <= 0:
             continue
-        chain = registry.chain(run.run_id)
-        known = sum(1 for s in chain if s.ok and s.job_id == job_id and s.kind == "requeue")
-        for _ in range(status.restart_count - known):
+        known = _known_requeues(registry, run, job_id)
+        for index in range(known, status.restart_count):
             previous = next(s for s in reversed(registry.chain(run.run_id)) if s.ok)
-            registry.end_submission(run.run_id, previous.seq, JobState.REQUEUED.value,
-                                    f"stopped at a checkpoint (exit {EXIT_REQUEUE}); requeued", EXIT_REQUEUE)
+            ended = status.earlier_runs[index] if index < len(status.earlier_runs) else None
+            if ended is not None and ended.state in failed_node:
+                words = (lost or {}).get(job_id, "a node failure")
+                registry.end_submission(run.run_id, previous.seq, JobState.REQUEUED.value,
+                                        f"{words}; requeued by the scheduler", None)
+            else:
+                registry.end_submission(run.run_id, previous.seq, JobState.REQUEUED.value, REQUEUED_AT_CHECKPOINT,
+                                        EXIT_REQUEUE)
             registry.add_submission(run.run_id, job_id, "requeue", ok=True)
             added += 1
     return added
@@ -361,7 +424,11 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
                                       {job: result.records.get(path, []) for job, path in exit_logs.items()})
         statuses = apply_failure_notes(statuses, {job: result.notes.get(path, "") for job, path in notes.items()})
         if statuses:
-            record_requeues(registry, statuses, active)
+            transport = pool.get(group.remote, group.ssh_config)
+            lost = explain_lost_nodes(transport, group.scheduler, {
+                job: active[job].run_dir for job in lost_node_jobs(registry, group.scheduler, statuses, active)})
+            statuses = apply_lost_nodes(statuses, lost, group.scheduler)
+            record_requeues(registry, statuses, active, lost, group.scheduler)
             registry.update_states(statuses, site=site)
         if result.statuses is None:
             for job, run in active.items():

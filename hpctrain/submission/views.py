@@ -127,21 +127,31 @@ def view_of(registry: Registry, run: Run, progress: Progress | None = None, poll
     restart = restarts_of(chain)
     limit = meta.max_requeues if meta else None
     if restart:
-        reason = _with_restart(reason, run.state, restart, limit, meta.scheduler if meta else None)
+        reason = _with_restart(reason, run.state, restart, limit, meta.scheduler if meta else None,
+                               requeue_cause(chain))
     job_id = next((s.job_id for s in reversed(chain) if s.ok), None)
     return RunView(run.run_id, run.name, run.site, run.remote, job_id, run.state, reason, run.run_dir, progress,
                    poll_error, restart, limit, poll_error_code)
 
 
-def _with_restart(reason: str, state: str, restart: int, limit: int | None, scheduler: str | None) -> str:
+def requeue_cause(chain: list[Submission]) -> str:
+    """Why the newest requeue of a chain happened, as words after "after": "a checkpoint" (the ranks stopped at
+    one and asked for it), or what the scheduler ran the job again for ("a node failure (node02 ...)")."""
+    ended = [s for s in chain if s.ok and s.state == JobState.REQUEUED.value and s.state_reason]
+    cause, sep, _ = ended[-1].state_reason.rpartition("; requeued by the scheduler") if ended else ("", "", "")
+    return cause if sep and cause else "a checkpoint"
+
+
+def _with_restart(reason: str, state: str, restart: int, limit: int | None, scheduler: str | None,
+                  cause: str = "a checkpoint") -> str:
     """The reason of a requeued run: the restart first while it goes on, after the reason once it has ended."""
     where = restart_text(restart, limit)
     if state == JobState.PENDING.value:
         hold = _requeue_hold_reasons(scheduler)
         words = "" if reason in hold else reason
-        return f"requeued after a checkpoint ({where}), waiting to start again" + (f"; {words}" if words else "")
+        return f"requeued after {cause} ({where}), waiting to start again" + (f"; {words}" if words else "")
     if state in (JobState.RUNNING.value, JobState.REQUEUED.value):
-        return f"{where}, after a checkpoint" + (f"; {reason}" if reason else "")
+        return f"{where}, after {cause}" + (f"; {reason}" if reason else "")
     return (f"{reason}; " if reason else "") + f"in {where}"
 
 

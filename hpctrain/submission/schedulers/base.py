@@ -159,6 +159,9 @@ class Scheduler(ABC):
     mpiexec_launcher: ClassVar[str] = "mpiexec-hydra"  # the registered launcher a site's `mpiexec` means here
     # Pending reasons (as JobStatus.reason_text) that only mean "held briefly after a requeue".
     requeue_hold_reasons: ClassVar[frozenset[str]] = frozenset()
+    # The scheduler's own words (JobStatus.raw_state) for "a node of the job stopped answering": the job ended
+    # with it (and, where the job may requeue, is run again without it).
+    node_failure_states: ClassVar[frozenset[str]] = frozenset()
     title: ClassVar[str] = ""  # in messages ("Slurm"); the name where empty
     script_note: ClassVar[str] = ""  # comment lines of the script on how the walltime warning comes (template)
     runs_here: ClassVar[bool] = False  # no scheduler: jobs run on the machine they are submitted from
@@ -232,6 +235,15 @@ class Scheduler(ABC):
         """How to count the user's jobs in queue ``queue_key`` of ``site`` now; None where the scheduler cannot
         say (the check is then left to the scheduler)."""
         return None
+
+    def lost_nodes_argv(self, run_dir: str, job_id: str) -> list[str] | None:
+        """A command printing what the job's output says about nodes lost under it (``parse_lost_nodes`` reads it);
+        None where the scheduler's output never names them."""
+        return None
+
+    def parse_lost_nodes(self, text: str) -> list[str]:
+        """The nodes named lost in ``lost_nodes_argv``'s output, first seen first."""
+        return []
 
     def nodes_probe(self, site: SiteProfile, queue_key: str) -> NodesProbe | None:
         """How to list the nodes of queue ``queue_key`` of ``site`` with their states now; None where the scheduler

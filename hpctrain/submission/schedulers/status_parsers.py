@@ -13,6 +13,14 @@ from hpctrain.submission.schedulers.state import JobState
 
 
 @dataclass(frozen=True)
+class PastRun:
+    """One earlier run of a job the scheduler ran again (a requeue): how it ended and on which nodes."""
+
+    state: str  # the scheduler's own word (NODE_FAIL, REQUEUED, PREEMPTED, ...)
+    nodes: str = ""  # as the scheduler writes a node list (node[01-02])
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """The state of one scheduler job as hpctrain records it."""
 
@@ -25,6 +33,8 @@ class JobStatus:
     signal: int | None = None  # the signal that ended the job, when the scheduler says
     # The current run has ended and is being cleaned up (Slurm's COMPLETING): accounting may already hold it.
     run_ended: bool = False
+    # The runs before the current one, oldest first, where accounting lists them (sacct -D, sacct -c).
+    earlier_runs: tuple[PastRun, ...] = ()
 
 
 _UNKNOWN_JOB = re.compile(r"Invalid job id specified|Unknown Job Id|Job has finished|does not exist", re.I)

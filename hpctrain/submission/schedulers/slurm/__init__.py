@@ -8,6 +8,7 @@ what a partition's QOS does to its limits) in discovery.py, loaded only when dis
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +62,7 @@ class Slurm(Scheduler):
     supports_hold = True
     # A requeued job is held until its BeginTime (about cred_expire seconds): not a start time anyone asked for.
     requeue_hold_reasons = frozenset({slurm_reason("BeginTime")})
+    node_failure_states = frozenset({"NODE_FAIL", "NF"})
     title = "Slurm"
     script_note = ("# Slurm sends SIG${signal} to this batch shell ${signal_lead_s} s before the walltime "
                    "(--signal=B:...); the\n# launch section below forwards it to the ranks so they checkpoint; the "
@@ -200,6 +202,15 @@ class Slurm(Scheduler):
     def log_names(self, job_id: str) -> list[str]:
         # An array task's id (123_4) names its file too: --output=..._%a/slurm-%A_%a.out.
         return [f"slurm-{job_id}.out"]
+
+    def lost_nodes_argv(self, run_dir: str, job_id: str) -> list[str] | None:
+        # srun writes "srun: error: Node failure on NAME" to the job's error stream when slurmctld gives a node
+        # up; the log's last MiB holds the attempt that ended so.
+        log = f"{run_dir}/{self.log_names(check_job_id(job_id))[0]}"
+        return ["sh", "-c", 'tail -c 1048576 -- "$1" 2>/dev/null | grep -a "Node failure on" | tail -n 64', "sh", log]
+
+    def parse_lost_nodes(self, text: str) -> list[str]:
+        return list(dict.fromkeys(re.findall(r"Node failure on (\S+)", text)))
 
     def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
         # The job keeps its id; Slurm counts restarts in SLURM_RESTART_COUNT (the job has --requeue).

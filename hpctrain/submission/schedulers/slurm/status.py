@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import replace
 
 from hpctrain.submission.schedulers.base import NodeAvailability
 from hpctrain.submission.schedulers.state import JobState
-from hpctrain.submission.schedulers.status_parsers import JobStatus
+from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun
 
 # --- status: the state map (codes to JobState) and the parsers of the status commands ----------------
 # Sources: squeue(1) "JOB STATE CODES" and "JOB REASON CODES".
@@ -251,7 +252,8 @@ def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> dict[str, 
     """Parse ``sacct -P -n [-X] -o <fields>``; steps are skipped, a job listed twice keeps its last line."""
     col = {f: i for i, f in enumerate(fields)}
     out: dict[str, JobStatus] = {}
-    restarts: dict[str, int] = {}
+    earlier: dict[str, tuple[PastRun, ...]] = {}
+    nodes: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -263,10 +265,12 @@ def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> dict[str, 
             continue
         raw = parts[col["State"]]
         get = (lambda k, p=parts: p[col[k]] if k in col else "")  # noqa: E731
-        # sacct -D lists a requeued job once per run, oldest first: count the earlier runs.
+        # sacct -D lists a requeued job once per run, oldest first: the earlier runs, and how each ended.
         if job_id in out:
-            restarts[job_id] = restarts.get(job_id, 0) + 1
-        out[job_id] = _slurm_status(job_id, raw, get("ExitCode"), get("Reason"), restarts.get(job_id, 0))
+            earlier[job_id] = (*earlier.get(job_id, ()), PastRun(out[job_id].raw_state, nodes.get(job_id, "")))
+        nodes[job_id] = get("NodeList").strip()
+        status = _slurm_status(job_id, raw, get("ExitCode"), get("Reason"), len(earlier.get(job_id, ())))
+        out[job_id] = replace(status, earlier_runs=earlier.get(job_id, ()))
     return out
 
 
