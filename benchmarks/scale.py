@@ -16,6 +16,11 @@ number of nodes. docs/scaling.md, "What is measured, and how", shows a run.
 
 Run: .venv/bin/python benchmarks/scale.py [--ranks 2 4 8 16 32 64] [--ranks-per-node K] [--staged]
 [--plot FILE.png] [--json FILE]
+``--nodes 2 4 5`` runs the same job on real nodes as well: N nodes x K ranks (``--ranks-per-node``, default 1)
+started by one ``srun`` per N in a Slurm partition (``--partition``; default: the cluster of namespace nodes of
+scripts/ci/cluster.sh), each node's own directory under its node-local scratch, every record and trace on the
+shared file system (``--out``), and prints them beside stand-in nodes of the same N and K measured in the same
+invocation (docs/scaling.md, "On real nodes").
 ``--staged`` runs each N a second time from a copy of the environment unpacked once into node-local storage
 (what ``staging.environment: archive`` does on a cluster) and counts the shared-path opens left at start-up.
 ``--backend gloo`` runs the ranks over torch.distributed gloo instead of MPI, with the rendezvous store's rows
@@ -30,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -110,30 +116,64 @@ def stand_in_nodes(n: int, per_node: int, root: Path) -> tuple[list[Path], list[
     return nodes, ["sh", "-c", script, str(root)]
 
 
+# The real nodes' MPI: the stand-in nodes' netmod (libfabric's tcp provider) on the interface that links the
+# nodes (scripts/ci/cluster.sh names it eth0 in every node), so that the two differ by the nodes, not by the
+# transport. Left alone, the mpich wheel starts UCX between nodes (mpi_env.py), whose messages are framed
+# otherwise and which carries a node's own ranks' messages through shared memory, where no socket counts them.
+NODE_NETWORK = {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0"}
+
+
+@dataclass(frozen=True)
+class RealNodes:
+    """Nodes of a Slurm partition whose ranks ``srun`` starts; ``scratch``: each node's own storage."""
+
+    partition: str
+    scratch: str
+
+    def launcher(self, n: int, per_node: int, mpi: str, stamps: Path) -> list[str]:
+        """One ``srun`` of ``n`` ranks, ``per_node`` on each node, and the argv prefix that gives each rank its
+        node's own directory under ``scratch`` (``$HPCTRAIN_NODE_LOCAL``, made by the node's ranks) and writes
+        when it started to ``stamps/rank-R.start``: srun may wait in the queue before any rank starts."""
+        script = (f'd={shlex.quote(self.scratch)}/hpctrain-scale-$SLURM_JOB_ID; mkdir -p "$d" && '
+                  f'date +%s.%N >"$0/rank-$SLURM_PROCID.start" && export {counters.NODE_LOCAL_ENV}="$d" && exec "$@"')
+        return ["srun", "-p", self.partition, "-N", str(n // per_node), f"--ntasks-per-node={per_node}",
+                f"--mpi={mpi}", "--kill-on-bad-exit=1", "--time=60", "-J", "hpctrain-scale",
+                "sh", "-c", script, str(stamps)]
+
+
 def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None = None, backend: str = "mpi",
              store: bool = False, wire_library: Path | None = None, ranks_per_node: int = 1,
-             extra_env: dict[str, str] | None = None) -> Run:
+             extra_env: dict[str, str] | None = None, real: RealNodes | None = None) -> Run:
+    """``hpctrain run`` of the job on ``n`` ranks, counted: on stand-in nodes of this machine (mpiexec), or on
+    ``real`` nodes (srun)."""
     run_dir = out / f"n{n:03d}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     per_node = min(ranks_per_node, n)
-    nodes, as_node = stand_in_nodes(n, per_node, out / f"n{n:03d}-nodes")
     spec = run_dir / "spec.yaml"
     shutil.copy(SPEC, spec)  # in the run directory: the shared files a rank reads by design are all in there
     trace_dir = out / f"n{n:03d}-strace"  # beside the run directory: the traces are not the ranks' reads
     shutil.rmtree(trace_dir, ignore_errors=True)
     trace_dir.mkdir(parents=True)
-    mpiexec = str(Path(sys.executable).parent / "mpiexec")
-    argv = [mpiexec, "-n", str(n), *as_node, *syscall_trace.per_rank_command(trace_dir), python, "-m", "hpctrain",
+    python_env = {**(python_env or {}), **(extra_env or {})}
+    if real is None:
+        nodes, as_node = stand_in_nodes(n, per_node, out / f"n{n:03d}-nodes")
+        node_count, log = len(nodes), run_dir / "mpiexec.log"
+        launcher = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(n), *as_node]
+        # Every node's directory is node-local storage for the counters (a staged environment's copy too).
+        local = [p for p in (python_env.pop(counters.NODE_LOCAL_ENV, ""), str(out / f"n{n:03d}-nodes")) if p]
+        python_env[counters.EXTRA_LOCAL_ENV] = os.pathsep.join(local)
+        # The stand-in nodes share one machine: MPI starts as hpctrain starts it on one node (loopback TCP), not
+        # with the network netmod a rank on a real second node would get.
+        python_env = {**mpi_env.ONE_NODE_WHEEL, **python_env}
+    else:
+        node_count, log = n // per_node, run_dir / "srun.log"
+        # gloo meeting at a store: hpctrain puts it on the first node of Slurm's node list; no PMI then.
+        launcher = real.launcher(n, per_node, "none" if store else "pmi2", trace_dir)
+        python_env = {**NODE_NETWORK, **python_env}
+    argv = [*launcher, *syscall_trace.per_rank_command(trace_dir), python, "-m", "hpctrain",
             "run", str(spec), "--run-dir", str(run_dir), "--backend", backend,
             *[a for s in SETS + (f"resources.ranks_per_node={per_node}",) for a in ("--set", s)]]
-    # Every node's directory is node-local storage for the counters (a staged environment's copy too).
-    python_env = {**(python_env or {}), **(extra_env or {})}
-    local = [p for p in (python_env.pop(counters.NODE_LOCAL_ENV, ""), str(out / f"n{n:03d}-nodes")) if p]
-    python_env[counters.EXTRA_LOCAL_ENV] = os.pathsep.join(local)
-    # The stand-in nodes share one machine: MPI starts as hpctrain starts it on one node (loopback TCP), not with
-    # the network netmod a rank on a real second node would get.
-    python_env = {**mpi_env.ONE_NODE_WHEEL, **python_env}
     if wire_library is not None:
         python_env.update(wire_counts.environment(wire_library))
     low, stop = [math.inf], threading.Event()
@@ -141,30 +181,34 @@ def run_once(n: int, out: Path, python: str, python_env: dict[str, str] | None =
     watcher.start()
     start = time.time()
     env = _environment(python_env)
-    if store:
+    if store and real is None:
         env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     proc = subprocess.run(argv, cwd=run_dir, env=env, capture_output=True, text=True, timeout=3600)
     wall = time.time() - start
     stop.set()
     watcher.join()
-    (run_dir / "mpiexec.log").write_text(proc.stdout + proc.stderr)
+    log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0 or "training finished" not in proc.stderr + proc.stdout:
         said = "\n".join(line for line in (proc.stdout + proc.stderr).splitlines() if "hpctrain: node " not in line)
         raise SystemExit(f"N={n}: hpctrain run failed (exit {proc.returncode}); all output in "
-                         f"{run_dir / 'mpiexec.log'}:\n{said[-4000:]}")
+                         f"{log}:\n{said[-4000:]}")
     records = counters.read_records(run_dir)
     if len(records) != n:
         raise SystemExit(f"N={n}: {len(records)} counter records, expected {n}")
+    if real is not None:
+        start = min(float(p.read_text()) for p in trace_dir.glob("rank-*.start"))
     first = max(r["work"]["first_step_end"] for r in records) - start
     step_dir = run_dir / "checkpoints" / f"step-{CKPT_EVERY:08d}"
     files = len([p for p in step_dir.iterdir() if p.name != "complete.json"])
-    local = counters.node_local_prefixes(python_env)
-    traces = [syscall_trace.count(trace_dir / f"rank-{r}.strace", str(run_dir), local) for r in range(n)]
+    # A real node's directory is named by the job's id: as the rank's record names it.
+    local = [counters.node_local_prefixes(python_env) if real is None else tuple(records[r]["node_local_prefixes"])
+             for r in range(n)]
+    traces = [syscall_trace.count(trace_dir / f"rank-{r}.strace", str(run_dir), local[r]) for r in range(n)]
     ops = {"mkdir": 0, "fsync": 0}
     for r in range(n):
         for k, v in syscall_trace.directory_ops(trace_dir / f"rank-{r}.strace", step_dir, str(run_dir)).items():
             ops[k] += v
-    return Run(n, len(nodes), records, first, wall, low[0], files, traces, _wire_windows(records), ops)
+    return Run(n, node_count, records, first, wall, low[0], files, traces, _wire_windows(records), ops)
 
 
 def _wire_windows(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -457,13 +501,18 @@ def log2_fit(values: dict[int, float]) -> tuple[float, float, float]:
     return a, b, miss
 
 
+def _ratio(values: dict[int, float]) -> tuple[float, str]:
+    """The largest N's value over the smallest N's, and as the table writes it."""
+    lo, hi = values[min(values)], values[max(values)]
+    ratio = hi / lo if lo else (1.0 if hi == 0 else math.inf)
+    return ratio, f"{ratio:.3g}"
+
+
 def verdict(row: Row, values: dict[int, float], nodes: dict[int, int] | None = None) -> tuple[str, str, str]:
     """(ratio text, target text, 'ok' / 'MISSED' / '') of a row against its target; ``nodes``: the stand-in
     nodes of each N (default: one rank per node)."""
     ns = sorted(values)
-    lo, hi = values[ns[0]], values[ns[-1]]
-    ratio = hi / lo if lo else (1.0 if hi == 0 else math.inf)
-    text = f"{ratio:.3g}"
+    ratio, text = _ratio(values)
     if row.target == "flat":
         return text, "flat (<= 1.1)", "ok" if ratio <= 1.1 else "MISSED"
     if row.target == "1/N":
@@ -550,6 +599,38 @@ def table(rows: list[Row], runs: list[Run]) -> tuple[str, list[dict[str, Any]]]:
     return "\n".join(lines), data
 
 
+def beside(stand_in: list[dict[str, Any]], real: list[dict[str, Any]]) -> str:
+    """Two of ``table``'s row lists, stand-in nodes and real nodes of the same N and K, side by side: at each N
+    both values (the real one in bold where it differs), each one's ratio against its own smallest N and its
+    verdict against the row's target."""
+    ns = sorted(stand_in[0]["values"])
+    nodes = real[0]["nodes"]
+    lines = ["| count | how | " + " | ".join(f"N={n} ({nodes[n]} nodes): stand-in | real" for n in ns)
+             + f" | N={ns[-1]}/N={ns[0]}: stand-in | real | target | stand-in | real |",
+             "|---|---|" + "---:|" * (2 * len(ns) + 2) + "---|---|---|"]
+    for one, other in zip(stand_in, real, strict=True):
+        target = verdict(Row(one["count"], len, one["target"]), one["values"], nodes)[1].split(" (fit")[0]
+        pairs = [(one["count"], one["how"], "values", target, one["verdict"], other["verdict"])]
+        if "model" in one:
+            pairs.append(("↳ the same, modelled (runtime/comm_counts.py)", "model", "model", "", "", ""))
+        for name, how, key, target, ok, real_ok in pairs:
+            a, b = one[key], other[key]
+            cells = []
+            for n in ns:
+                x, y = f"{a[n]:.4g}", f"{b[n]:.4g}"
+                cells += [x, f"**{y}**" if x != y and one["target"] else y]  # a timing differs anyway
+            lines.append(f"| {name} | {how} | {' | '.join(cells)} | {_ratio(a)[1]} | {_ratio(b)[1]} | {target} | "
+                         f"{ok} | {real_ok} |")
+    return "\n".join(lines)
+
+
+def _shared_ports(run: Run) -> int:
+    """Connections whose pair of ports another connection of the run has too: on real nodes ports repeat from
+    node to node, and wire_counts.received_messages pairs a connection's two ends by their ports alone."""
+    pairs = [tuple(c[:2]) for r in run.records for c in r["marks"]["exit"].get("wire", {}).get("connections", [])]
+    return len(pairs) - len(set(pairs))
+
+
 def plot(data: list[dict[str, Any]], path: str) -> None:
     """Three panels, one per target (flat, 1/N, log2 N): each count divided by its value at the smallest N."""
     import matplotlib
@@ -601,6 +682,15 @@ def staged_python(work: Path) -> tuple[str, dict[str, str]]:
     return str(venv / "bin" / "python"), env
 
 
+def cluster_settings() -> dict[str, str]:
+    """The cluster of namespace nodes' settings (``scripts/ci/cluster.sh env``): partition, shared directory,
+    node-local scratch."""
+    said = subprocess.run(["bash", str(REPO / "scripts" / "ci" / "cluster.sh"), "env"], capture_output=True,
+                          text=True, check=True, stdin=subprocess.DEVNULL).stdout
+    return {k: shlex.split(v)[0] if v else "" for k, _, v in
+            (line.removeprefix("export ").partition("=") for line in said.splitlines() if line.startswith("export "))}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8, 16, 32, 64])
@@ -614,8 +704,26 @@ def main() -> int:
     parser.add_argument("--gloo-ring", action="store_true",
                         help="gloo: gloo's own ring all-reduce and torch's ring all-gather over a full mesh (the "
                              "baseline of hpctrain's own)")
-    parser.add_argument("--ranks-per-node", type=int, default=1, help="ranks per stand-in node (default 1)")
+    parser.add_argument("--ranks-per-node", type=int, default=1,
+                        help="ranks per stand-in node, and per real node with --nodes (default 1)")
+    parser.add_argument("--nodes", type=int, nargs="+", default=None,
+                        help="also run on this many real nodes each (srun), beside stand-in nodes of the same N "
+                             "and K (--ranks is then nodes x K)")
+    parser.add_argument("--partition", default=None,
+                        help="--nodes: the Slurm partition (default: the cluster of scripts/ci/cluster.sh)")
+    parser.add_argument("--scratch", default=None,
+                        help="--nodes: each node's own storage (default: the cluster's node-local scratch)")
     args = parser.parse_args()
+    real = None
+    if args.nodes:
+        if args.staged or args.plot:
+            parser.error("--staged and --plot are for stand-in nodes only; leave them out with --nodes")
+        cluster = cluster_settings() if None in (args.partition, args.scratch, args.out) else {}
+        real = RealNodes(args.partition or cluster["HPCTRAIN_CLUSTER_PARTITION"],
+                         args.scratch or cluster["HPCTRAIN_CLUSTER_SCRATCH"])
+        args.ranks = [n * args.ranks_per_node for n in args.nodes]
+        # Every node reads the interposer and writes its records and traces here: the shared file system.
+        args.out = args.out or tempfile.mkdtemp(prefix="hpctrain-scale-", dir=cluster["HPCTRAIN_CLUSTER_SHARED"])
     out = Path(args.out or tempfile.mkdtemp(prefix="hpctrain-scale-"))
     library = wire_counts.build(out / "wire")
     extra = ({"HPCTRAIN_GLOO_ALLREDUCE": "gloo", "HPCTRAIN_GLOO_ALLGATHER": "gloo", "TORCH_GLOO_LAZY_INIT": "0"}
@@ -642,9 +750,27 @@ def main() -> int:
         more, more_data = table(STAGED_ROWS, staged)
         text += "\n" + "\n".join(more.splitlines()[2:])
         data += more_data
+    if real is not None:
+        on_nodes = []
+        for n in args.ranks:
+            run = run_once(n, out / "real-nodes", sys.executable, backend=args.backend, store=args.store,
+                           wire_library=library, ranks_per_node=args.ranks_per_node, extra_env=extra, real=real)
+            hosts = sorted({r["host"] for r in run.records})
+            print(f"N={n} on {', '.join(hosts)}: {run.wall_s:.0f} s with the queue, first step after "
+                  f"{run.first_step_s:.1f} s", file=sys.stderr, flush=True)
+            if len(hosts) != run.nodes:
+                raise SystemExit(f"N={n}: the ranks ran on {len(hosts)} hosts, expected {run.nodes} nodes")
+            if _shared_ports(run):
+                print(f"N={n}: {_shared_ports(run)} connections share their ports with another: messages received "
+                      "may be paired with the wrong sender", file=sys.stderr)
+            on_nodes.append(run)
+        _, real_data = table(ROWS + (MPI_ROWS if args.backend == "mpi" else STORE_ROWS), on_nodes)
+        text = beside(data, real_data)
+        data = [{**d, "nodes_are": "stand-in"} for d in data] + [{**d, "nodes_are": "real"} for d in real_data]
     print(text)
-    algorithms = sorted({f"{k}: {', '.join(v)}" for r in runs[-1].records for k, v in r["work"]["algorithms"].items()})
-    print(f"\nalgorithms counted (N={runs[-1].ranks}): " + "; ".join(algorithms))
+    for last, which in [(runs[-1], "")] + ([(on_nodes[-1], ", real nodes")] if real is not None else []):
+        algorithms = sorted({f"{k}: {', '.join(v)}" for r in last.records for k, v in r["work"]["algorithms"].items()})
+        print(f"\nalgorithms counted (N={last.ranks}{which}): " + "; ".join(algorithms))
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=1) + "\n")
     if args.plot:
