@@ -1,14 +1,14 @@
 """ffn/shards.py and ffn/node_volume.py: each rank reads K/N coordinates per epoch, one process per node reads
 the training volume.
 
-The rank-level tests run real ranks: 4 under the MPICH wheel's mpiexec (one node), and 2 "nodes" of 2 ranks on
-this machine (tests/mp_helpers/nodes.py: torchrun's variables and a node-local directory per node, gloo), the
-stand-in for a multi-node job that this machine allows.
+The rank-level tests run real ranks: 4 under the MPICH wheel's mpiexec (one node), and 2 real nodes of 2 ranks of
+the cluster of namespace nodes (srun, gloo).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +30,8 @@ from hpctrain.ffn.shards import (
 )
 from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
 from hpctrain.runtime import work_counts
-from tests.mp_helpers.nodes import clean_environment, run_on_nodes
+from tests.cluster_support import Cluster, srun
+from tests.mp_helpers.nodes import clean_environment
 
 REPO = Path(__file__).resolve().parents[1]
 WORKER = str(REPO / "tests" / "mp_helpers" / "scale_worker.py")
@@ -160,14 +161,18 @@ def test_four_ranks_under_mpiexec_read_their_share_and_the_volume_once(tmp_path:
     _check_ffn_input(tmp_path, 4, readers={0})
 
 
-@pytest.mark.timeout(400)
-def test_two_nodes_of_two_ranks_read_the_volume_once_per_node(tmp_path: Path) -> None:
-    nodes = [tmp_path / "node0", tmp_path / "node1"]
-    for d in nodes:
-        d.mkdir()
-    run_dir = tmp_path / "run"
-    results = run_on_nodes([sys.executable, WORKER, "ffn-input", "gloo", str(run_dir)], 2, 2, nodes,
-                           timeout=380, HPCTRAIN_COUNTERS="1")
-    assert [r.returncode for r in results] == [0] * 4, "\n".join(r.stdout[-2000:] for r in results)
+@pytest.mark.slurm
+@pytest.mark.timeout(600)
+def test_two_real_nodes_of_two_ranks_read_the_volume_once_per_node(cluster: Cluster, cluster_tmp: Path) -> None:
+    """On the cluster of namespace nodes: each node's copy goes to its own /dev/shm (no staging), so the node that
+    reads is the node whose ranks map it; the readers are told apart by the host they ran on."""
+    run_dir = cluster_tmp / "run"
+    out = srun(cluster, [sys.executable, WORKER, "ffn-input", "gloo", str(run_dir)], nodes=2, per_node=2,
+               cwd=cluster_tmp, options=["--mpi=none"], timeout=500,
+               env=clean_environment(HPCTRAIN_COUNTERS="1") | {"PATH": os.environ["PATH"]})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     _check_ffn_input(run_dir, 4, readers={0, 2})
-    assert [list(d.iterdir()) for d in nodes] == [[], []]  # each node's copy unlinked after mapping
+    hosts = {r["rank"]: r["host"] for r in _records(run_dir, 4)}
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3] and {hosts[0], hosts[2]} <= set(cluster.nodes), hosts
+    for node in {hosts[0], hosts[2]}:  # each node's copy unlinked after mapping
+        assert cluster.run(node, "sh", "-c", "ls -A /dev/shm | grep -c hpctrain-volume || true").stdout.strip() == "0"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import shlex
 import subprocess
 from collections.abc import Iterator
@@ -109,6 +110,9 @@ def test_each_node_stages_its_own_copy_and_reads_the_shared_files_once(env: Path
     records = counters.read_records(run.run_dir)
     hosts = {r["host"]: sorted(q["rank"] for q in records if q["host"] == r["host"]) for r in records}
     assert sorted(hosts.values()) == [[0, 1], [2, 3]] and set(hosts) <= set(cluster.nodes), hosts
+    # One start-up line per node, named by the host its ranks really ran on.
+    lines = dict(re.findall(r"hpctrain: node \d+ \((\S+)\): 2 ranks (\d+-\d+),", log))
+    assert lines == {host: f"{ranks[0]}-{ranks[1]}" for host, ranks in hosts.items()}, log[-3000:]
     job_id = handle.job_id
     root = f"{cluster.scratch}/hpctrain-{job_id}"  # $HPCTRAIN_NODE_LOCAL: one path, a directory on each node
     for node in cluster.nodes:

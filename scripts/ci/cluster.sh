@@ -140,8 +140,12 @@ boot_node() {  # boot_node NODE: the process that holds its hostname and mounts,
     if ! pid=$(holder_pid "$node"); then
         rm -f "$f"
         [[ -d $SCRATCH ]] || { mkdir -p "$SCRATCH" && touch "$DIR/created-scratch"; }
-        # A boot starts with empty local disks.
-        rm -rf "${DIR:?}/$node/tmp" "${DIR:?}/$node/scratch"
+        # A boot starts with empty local disks; the old contents (a staged environment: gigabytes) are deleted
+        # in the background.
+        local trash
+        trash=$(mktemp -d "$DIR/trash.XXXXXX")
+        mv "$DIR/$node/tmp" "$DIR/$node/scratch" "$trash/" 2>/dev/null || true
+        setsid rm -rf "$trash" </dev/null >/dev/null 2>&1 9>&- &
         mkdir -p "$DIR/$node/tmp" "$DIR/$node/scratch"
         chmod 1777 "$DIR/$node/tmp" "$DIR/$node/scratch"
         # The holder sets the node up inside fresh UTS, IPC and mount namespaces (propagation private: nothing
@@ -282,6 +286,7 @@ remove_node() {  # a node's processes, namespace and link
     ip link del "$(veth "$node")" 2>/dev/null || true
     [[ -e /var/run/netns/$ns ]] && ip netns del "$ns"
     rm -rf "${DIR:?}/$node"
+    rm -rf "$DIR"/trash.*
 }
 
 do_stop() {
