@@ -10,9 +10,10 @@ REPO_ROOT=$(pwd)
 # strace: tests count the ranks' system calls (mkdir/fsync per checkpoint) where they happen;
 # slurmdbd + mariadb-server: Slurm accounting, so that tests can create a QOS (scripts/ci/slurm.sh);
 # gcc + libc6-dev: the mpich wheel's mpicc builds the MPI message-counting library (runtime/wire) with them;
-# chromium + fonts-dejavu-core: the report tests open `hpctrain report`'s page in a real headless browser
+# chromium + fonts-dejavu-core: the report tests open `hpctrain report`'s page in a real headless browser;
+# iproute2 (ip, tc) + util-linux (nsenter, unshare): the cluster of namespace nodes (scripts/ci/cluster.sh)
 APT_PACKAGES=(slurmctld slurmd slurm-client munge slurm-wlm-torque slurmdbd mariadb-server openssh-server
-              openssh-client strace gcc libc6-dev chromium fonts-dejavu-core)
+              openssh-client strace gcc libc6-dev chromium fonts-dejavu-core iproute2 util-linux)
 PIP_EXTRAS="train,local,test,zarr,submitit,mlflow"
 TORCH_PIN="torch==2.13.0"
 
@@ -57,7 +58,7 @@ else
 fi
 
 # slurm-wlm-torque must only add the PBS wrappers, never shadow the Slurm commands.
-for cmd in sbatch squeue scontrol sinfo sacct srun qsub qstat qdel chromium; do
+for cmd in sbatch squeue scontrol sinfo sacct srun sbcast qsub qstat qdel chromium ip tc nsenter unshare; do
     if ! command -v "$cmd" >/dev/null; then
         echo "[install] error: '$cmd' not on PATH after the apt phase" >&2
         exit 1

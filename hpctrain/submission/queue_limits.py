@@ -84,11 +84,13 @@ def check_usable_nodes(transport: Transport, site: SiteProfile, placement: Place
     except HpctrainError as exc:
         warn([f"could not list the nodes of queue {name!r} ({probe.name}: {exc}); the scheduler will judge"])
         return
-    listed = probe.parse(done.stdout) if done.returncode == 0 else []
-    if not listed:
-        said = (done.stderr.strip().splitlines() or ["no nodes listed"])[-1]
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
         warn([f"could not list the nodes of queue {name!r} ({probe.name} exited {done.returncode}: {said}); "
               "the scheduler will judge"])
+        return
+    listed = probe.parse(done.stdout)
+    if not listed:  # a queue the scheduler does not know: sbatch says so itself
         return
     usable = [n for n in listed if n.usable]
     if nodes <= len(usable):

@@ -82,7 +82,7 @@ def combine(job_ids: Iterable[str], accounting: Mapping[str, JobStatus] | None,
                 # The last record a run that ended (requeued, or failed with its node) while the job is active again
                 last_ended = (a.state is JobState.REQUEUED or not a.state.is_active) and not lv.run_ended
             runs_before = a.restart_count + (1 if last_ended else 0)
-            earlier = (*a.earlier_runs, *((PastRun(a.raw_state),) if last_ended else ()))
+            earlier = (*a.earlier_runs, *((PastRun(a.raw_state, a.nodes),) if last_ended else ()))
             out[job_id] = replace(lv, restart_count=max(lv.restart_count, runs_before), earlier_runs=earlier)
         elif lv is not None and (lv.state.is_active or a is None):
             out[job_id] = lv

@@ -35,6 +35,7 @@ class JobStatus:
     run_ended: bool = False
     # The runs before the current one, oldest first, where accounting lists them (sacct -D, sacct -c).
     earlier_runs: tuple[PastRun, ...] = ()
+    nodes: str = ""  # the current run's nodes as the scheduler writes them, where the status command says
 
 
 _UNKNOWN_JOB = re.compile(r"Invalid job id specified|Unknown Job Id|Job has finished|does not exist", re.I)

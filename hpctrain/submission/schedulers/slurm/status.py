@@ -253,7 +253,6 @@ def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> dict[str, 
     col = {f: i for i, f in enumerate(fields)}
     out: dict[str, JobStatus] = {}
     earlier: dict[str, tuple[PastRun, ...]] = {}
-    nodes: dict[str, str] = {}
     for line in text.splitlines():
         if not line.strip():
             continue
@@ -267,10 +266,9 @@ def parse_sacct(text: str, fields: tuple[str, ...] = SACCT_FIELDS) -> dict[str, 
         get = (lambda k, p=parts: p[col[k]] if k in col else "")  # noqa: E731
         # sacct -D lists a requeued job once per run, oldest first: the earlier runs, and how each ended.
         if job_id in out:
-            earlier[job_id] = (*earlier.get(job_id, ()), PastRun(out[job_id].raw_state, nodes.get(job_id, "")))
-        nodes[job_id] = get("NodeList").strip()
+            earlier[job_id] = (*earlier.get(job_id, ()), PastRun(out[job_id].raw_state, out[job_id].nodes))
         status = _slurm_status(job_id, raw, get("ExitCode"), get("Reason"), len(earlier.get(job_id, ())))
-        out[job_id] = replace(status, earlier_runs=earlier.get(job_id, ()))
+        out[job_id] = replace(status, earlier_runs=earlier.get(job_id, ()), nodes=get("NodeList").strip())
     return out
 
 
