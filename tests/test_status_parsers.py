@@ -300,3 +300,35 @@ def test_sinfo_node_states_tell_usable_from_broken() -> None:
     assert sorted(n for n, v in nodes.items() if v.usable) == ["node01", "node03", "node05", "node08"]
     assert nodes["node02"].reason == "Not responding" and nodes["node02"].state == "down*"
     assert nodes["node01"].reason == "" and len(nodes) == 8
+
+
+def test_a_requeue_after_a_node_failure_reads_as_one(tmp_path: Path) -> None:
+    """The chain entry a node failure closed says which node; the view of the run goes on from it. A requeue the
+    ranks asked for (exit 75) keeps its words."""
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.slurm import SCHEDULER
+    from hpctrain.submission.tracking import lost_node_jobs, record_requeues
+    from hpctrain.submission.views import view_of
+
+    with Registry(tmp_path / "registry.db") as reg:
+        runs = {}
+        for job in ("41", "42"):
+            run = reg.create_run("r", "ci-cluster", "h", str(tmp_path / job))
+            reg.add_submission(run.run_id, job, "submit", ok=True)
+            runs[job] = run
+        statuses = {
+            "41": JobStatus("41", JobState.RUNNING, restart_count=1, raw_state="RUNNING",
+                            earlier_runs=(sp.PastRun("NODE_FAIL", "node[01-02]"),)),
+            "42": JobStatus("42", JobState.RUNNING, restart_count=1, raw_state="RUNNING",
+                            earlier_runs=(sp.PastRun("REQUEUED", "node[03-04]"),)),
+        }
+        assert lost_node_jobs(reg, SCHEDULER, statuses, runs) == ["41"]
+        lost = {"41": "a node failure (node02 stopped answering the scheduler)"}
+        assert record_requeues(reg, statuses, runs, lost, SCHEDULER) == 2
+        reg.update_states(statuses)
+        assert lost_node_jobs(reg, SCHEDULER, statuses, runs) == []  # recorded: not asked again
+        first = reg.chain(runs["41"].run_id)[0]
+        assert (first.state, first.exit_code) == ("requeued", None) and first.state_reason.startswith(lost["41"])
+        assert view_of(reg, reg.get_run(runs["41"].run_id)).reason == f"restart 1, after {lost['41']}"
+        assert view_of(reg, reg.get_run(runs["42"].run_id)).reason == "restart 1, after a checkpoint"
+        assert reg.chain(runs["42"].run_id)[0].exit_code == 75

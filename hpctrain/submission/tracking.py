@@ -23,7 +23,7 @@ from hpctrain.submission.schedulers.base import EXIT_LOG, Scheduler, StatusProbe
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun, is_unknown_job_error
 from hpctrain.submission.transport import Transport, TransportPool
-from hpctrain.submission.views import RunView, latest_job_id, progress_from_record, view_of
+from hpctrain.submission.views import BY_SCHEDULER, RunView, latest_job_id, progress_from_record, view_of
 from hpctrain.text import json_lines
 
 METRICS_FILE = "metrics.jsonl"
@@ -363,7 +363,7 @@ def record_requeues(registry: Registry, statuses: Mapping[str, JobStatus], runs:
             if ended is not None and ended.state in failed_node:
                 words = (lost or {}).get(job_id, "a node failure")
                 registry.end_submission(run.run_id, previous.seq, JobState.REQUEUED.value,
-                                        f"{words}; requeued by the scheduler", None)
+                                        words + BY_SCHEDULER, None)
             else:
                 registry.end_submission(run.run_id, previous.seq, JobState.REQUEUED.value, REQUEUED_AT_CHECKPOINT,
                                         EXIT_REQUEUE)

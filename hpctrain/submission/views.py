@@ -134,11 +134,15 @@ def view_of(registry: Registry, run: Run, progress: Progress | None = None, poll
                    poll_error, restart, limit, poll_error_code)
 
 
+# How a chain entry closed by a requeue the scheduler made (a node failure) ends its reason (tracking.py writes it).
+BY_SCHEDULER = "; requeued by the scheduler"
+
+
 def requeue_cause(chain: list[Submission]) -> str:
     """Why the newest requeue of a chain happened, as words after "after": "a checkpoint" (the ranks stopped at
     one and asked for it), or what the scheduler ran the job again for ("a node failure (node02 ...)")."""
     ended = [s for s in chain if s.ok and s.state == JobState.REQUEUED.value and s.state_reason]
-    cause, sep, _ = ended[-1].state_reason.rpartition("; requeued by the scheduler") if ended else ("", "", "")
+    cause, sep, _ = ended[-1].state_reason.rpartition(BY_SCHEDULER) if ended else ("", "", "")
     return cause if sep and cause else "a checkpoint"
 
 
