@@ -39,24 +39,16 @@ def check_queued_jobs(transport: Transport, site: SiteProfile, placement: Placem
 
     A scheduler that cannot count, or a count that fails, leaves the decision to the scheduler (with a warning).
     """
-    from hpctrain.config.preflight import warn
 
     scheduler = get_scheduler(site.scheduler)
     for name, limit in limited_queues(site, placement):
         probe = scheduler.queued_jobs_probe(site, name)
         if probe is None:
             continue
-        try:
-            done = transport.run(probe.argv, timeout=COUNT_TIMEOUT_S, check=False)
-        except HpctrainError as exc:
-            warn([f"could not count your jobs in queue {name!r} ({probe.name}: {exc}); the scheduler will judge"])
+        answer = _ask(transport, probe.argv, probe.name, f"count your jobs in queue {name!r}")
+        if answer is None:
             continue
-        if done.returncode != 0:
-            said = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            warn([f"could not count your jobs in queue {name!r} ({probe.name} exited {done.returncode}: {said}); "
-                  "the scheduler will judge"])
-            continue
-        have = probe.count(done.stdout)
+        have = probe.count(answer)
         if have + adding > limit:
             jobs = "job" if have == 1 else "jobs"
             raise FitError(f"queue {name!r} of site {site.name!r} takes at most {limit} queued jobs per user "
@@ -70,26 +62,15 @@ def check_usable_nodes(transport: Transport, site: SiteProfile, placement: Place
     failing): it would wait in the queue until someone repairs them. Allocated nodes count as usable: the job
     waits for them as for any other. A scheduler that cannot list nodes, or a listing that fails, leaves it to
     the scheduler (with a warning for the failure)."""
-    from hpctrain.config.preflight import warn
-
     scheduler = get_scheduler(site.scheduler)
     name = placement.execution_queue or placement.queue_name
     if not name or name not in site.queues:
         return
     probe = scheduler.nodes_probe(site, name)
-    if probe is None:
+    answer = None if probe is None else _ask(transport, probe.argv, probe.name, f"list the nodes of queue {name!r}")
+    if probe is None or answer is None:
         return
-    try:
-        done = transport.run(probe.argv, timeout=COUNT_TIMEOUT_S, check=False)
-    except HpctrainError as exc:
-        warn([f"could not list the nodes of queue {name!r} ({probe.name}: {exc}); the scheduler will judge"])
-        return
-    if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        warn([f"could not list the nodes of queue {name!r} ({probe.name} exited {done.returncode}: {said}); "
-              "the scheduler will judge"])
-        return
-    listed = probe.parse(done.stdout)
+    listed = probe.parse(answer)
     if not listed:  # a queue the scheduler does not know: sbatch says so itself
         return
     usable = [n for n in listed if n.usable]
@@ -103,3 +84,20 @@ def check_usable_nodes(transport: Transport, site: SiteProfile, placement: Place
                    "wait until they are repaired", key="resources.nodes",
                    hint=f"ask for at most {len(usable)} nodes (--nodes {len(usable)}), or submit again once "
                         "the nodes are back")
+
+
+def _ask(transport: Transport, argv: list[str], command: str, what: str) -> str | None:
+    """The command's output, or None (with a warning saying it could not ``what``) when it failed: the scheduler
+    then judges the job itself."""
+    from hpctrain.config.preflight import warn
+
+    try:
+        done = transport.run(argv, timeout=COUNT_TIMEOUT_S, check=False)
+    except HpctrainError as exc:
+        warn([f"could not {what} ({command}: {exc}); the scheduler will judge"])
+        return None
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        warn([f"could not {what} ({command} exited {done.returncode}: {said}); the scheduler will judge"])
+        return None
+    return done.stdout
