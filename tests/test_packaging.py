@@ -198,3 +198,43 @@ def test_the_submitit_readme_example_runs_through_the_hpctrain_executor(fresh: F
     (fresh.cwd / "example.py").write_text(SUBMITIT_EXAMPLE)
     out = _checked(fresh.run(fresh.python, "example.py", timeout=600), "the submitit example")
     assert "submitit result: 12" in out.stdout
+
+
+def readme_laptop_lines(readme: str) -> list[str]:
+    """The commands of the README's first block under "Using it", comments and continuation lines dropped."""
+    section = readme[readme.index("## Using it"):]
+    block = section[section.index("```bash\n") + len("```bash\n"):]
+    block = block[:block.index("```")]
+    commands = [line.split("  #", 1)[0].strip() for line in block.splitlines()]
+    return [c for c in commands if c and not c.startswith("#")]
+
+
+def test_the_readme_block_is_read_line_by_line() -> None:
+    lines = readme_laptop_lines((REPO / "README.md").read_text())
+    assert lines[0] == "hpctrain sites list"
+    assert all(line.startswith("hpctrain ") for line in lines), lines
+    assert any(line.startswith("hpctrain plan ffn-theta") and "--set grad_bytes=" in line for line in lines)
+    assert not [line for line in lines if "jobs/" in line], "a README line names a checkout path"
+
+
+@pytest.mark.slow
+def test_the_readme_laptop_commands_run_as_written_outside_the_checkout(fresh: FreshVenv) -> None:
+    """Every line of the README's laptop block, in order, in the fresh venv from a directory outside the checkout;
+    RUN is the run id the block's own `submit` printed."""
+    run_id = None
+    for line in readme_laptop_lines((REPO / "README.md").read_text()):
+        if "RUN" in line.split():
+            assert run_id is not None, f"{line!r} comes before the README's submit"
+            line = " ".join(run_id if word == "RUN" else word for word in line.split())
+        out = _checked(fresh.run("bash", "-c", line, timeout=600), line)
+        if line.startswith("hpctrain submit"):
+            run_id = out.stdout.split()[0]
+        if line.startswith("hpctrain plan"):
+            assert "2048" in out.stdout and "efficiency" in out.stdout, out.stdout
+        if line.startswith("hpctrain jobs list"):
+            assert "ffn-theta" in out.stdout and "resnet-local" in out.stdout, out.stdout
+    assert run_id is not None, "the README's block submits nothing"
+    runs = _checked(fresh.hpctrain("runs", "--json"), "hpctrain runs --json")
+    (run,) = [r for r in json.loads(runs.stdout) if r["run_id"] == run_id]
+    assert run["state"] == "completed", run
+    assert (fresh.cwd / "resnet-local.yaml").is_file()

@@ -1,13 +1,16 @@
-"""``hpctrain jobs validate|show``: check job specs (the model's arguments and data, the LR schedule, the fit
-on a site) as far as the laptop can, without rendering."""
+"""``hpctrain jobs list|show|copy|validate``: the job specs known by name (the shipped examples and the user's
+own, ``config/job_catalog.py``), a copy of one to start from, and checks of a spec (the model's arguments and
+data, the LR schedule, the fit on a site) as far as the laptop can, without rendering."""
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hpctrain.commands.common_args import add_job_arguments, load_job_from_args
-from hpctrain.commands.output import print_json
+from hpctrain.commands.output import print_json, print_table
+from hpctrain.errors import ConfigError
 from hpctrain.text import printable
 
 
@@ -15,6 +18,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("jobs", help="validate and show job specs")
     sub = parser.add_subparsers(dest="jobs_command", metavar="ACTION")
     sub.required = True
+    p_list = sub.add_parser("list", help="job specs by name: the shipped examples, $HPCTRAIN_JOBS and "
+                                         "~/.config/hpctrain/jobs/")
+    p_list.add_argument("--json", action="store_true")
+    p_list.set_defaults(handler=cmd_list)
+    p_copy = sub.add_parser("copy", help="copy a job spec (e.g. a shipped example) to edit as your own")
+    p_copy.add_argument("name", help="job spec name (hpctrain jobs list) or file")
+    p_copy.add_argument("directory", nargs="?", default=".", help="where to write NAME.yaml (default: here)")
+    p_copy.add_argument("--force", action="store_true", help="replace a file of that name there")
+    p_copy.set_defaults(handler=cmd_copy)
     p_val = sub.add_parser("validate", help="check a job spec as the ranks will at start; with --site also that "
                                             "it fits the site")
     add_job_arguments(p_val)
@@ -24,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "the job will be submitted")
     p_val.add_argument("--json", action="store_true")
     p_val.set_defaults(handler=cmd_validate)
-    p_show = sub.add_parser("show", help="the job spec with defaults and overrides applied")
+    p_show = sub.add_parser("show", help="a job spec (file or name) with defaults and overrides applied")
     add_job_arguments(p_show)
     p_show.add_argument("--json", action="store_true")
     p_show.set_defaults(handler=cmd_show)
@@ -66,4 +78,33 @@ def cmd_show(args: argparse.Namespace) -> int:
         print_json(job.model_dump(mode="json"))
     else:
         print(dump_job(job).rstrip())
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from hpctrain.config.job import load_job
+    from hpctrain.config.job_catalog import available_jobs
+
+    rows = []
+    for name, path in sorted(available_jobs().items()):
+        try:
+            job = load_job(path)
+            rows.append({"name": name, "model": job.model, "nodes": job.resources.nodes,
+                         "description": job.description or "", "path": str(path), "valid": True})
+        except (ConfigError, OSError) as exc:  # one broken draft is listed, never fatal
+            rows.append({"name": name, "model": "?", "nodes": "?", "description": f"BROKEN: {exc}",
+                         "path": str(path), "valid": False})
+    if args.json:
+        print_json(rows)
+    else:
+        print_table(["NAME", "MODEL", "NODES", "DESCRIPTION"],
+                    [[r["name"], r["model"], r["nodes"], r["description"]] for r in rows])
+    return 0
+
+
+def cmd_copy(args: argparse.Namespace) -> int:
+    from hpctrain.config.job_catalog import copy_job
+
+    target = copy_job(args.name, Path(args.directory).expanduser(), force=args.force)
+    print(f"wrote {printable(str(target))}: edit it, then `hpctrain jobs validate {printable(str(target))}`")
     return 0

@@ -29,6 +29,7 @@ from hpctrain.config.common import (
     Word,
     walltime_seconds,
 )
+from hpctrain.config.job_catalog import locate_job
 from hpctrain.config.origin import JobOrigin
 from hpctrain.config.precision import PrecisionRequest
 from hpctrain.config.site import MAX_MEMORY_GB, Directives
@@ -330,8 +331,9 @@ def load_job(
     walltime: str | None = None,
     queue: str | None = None,
 ) -> JobSpec:
-    """Load a job spec with command-line overrides applied; every error names the file, line and key."""
-    loaded = load_yaml_file(path)
+    """Load a job spec (a file, or a name: ``config/job_catalog.py``) with command-line overrides applied; every
+    error names the file, line and key."""
+    loaded = load_yaml_file(locate_job(path))
     return job_from_loaded(loaded, sets=sets, nodes=nodes, walltime=walltime, queue=queue)
 
 

@@ -1,0 +1,107 @@
+"""Job specs by name: the examples shipped with hpctrain and the user's own, found as site profiles are.
+
+Wherever a job spec is accepted (``render``, ``submit``, ``jobs validate``, ``plan``, ``hpctrain.submit``), an
+existing file is read as given; a bare name (no ``/``, no ``.yaml``) is looked up as ``NAME.yaml`` in
+``$HPCTRAIN_JOBS``, ``~/.config/hpctrain/jobs/`` and the shipped examples (``hpctrain/jobs/``, package data in
+any installed copy; the checkout's top-level ``jobs/`` links to it). A path that names no file is an error that
+lists the names, so ``jobs/ffn-theta.yaml`` outside a checkout says that ``ffn-theta`` is the shipped example.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+from pathlib import Path
+
+from hpctrain.errors import ConfigError
+
+SUFFIXES = (".yaml", ".yml")
+
+
+def shipped_jobs_dir() -> Path:
+    """The example job specs shipped with hpctrain (package data)."""
+    return Path(__file__).resolve().parents[1] / "jobs"
+
+
+def job_search_path() -> list[Path]:
+    """Directories searched for ``NAME.yaml``, first match wins."""
+    dirs = [Path(p).expanduser() for p in os.environ.get("HPCTRAIN_JOBS", "").split(os.pathsep) if p]
+    config_home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
+    dirs.append(config_home / "hpctrain" / "jobs")
+    dirs.append(shipped_jobs_dir())
+    return dirs
+
+
+def available_jobs() -> dict[str, Path]:
+    """Every job spec name on the search path, mapped to its file (first match wins)."""
+    found: dict[str, Path] = {}
+    for directory in job_search_path():
+        try:
+            paths = sorted(p for p in directory.glob("*.y*ml") if p.suffix in SUFFIXES) if directory.is_dir() else []
+        except OSError:  # an unreadable directory on the search path hides nothing else
+            continue
+        for path in paths:
+            found.setdefault(path.stem, path)
+    return found
+
+
+def is_bare_name(name_or_path: str) -> bool:
+    """A name to look up, not a path: no directory separator and no YAML suffix."""
+    return bool(name_or_path) and "/" not in name_or_path and os.sep not in name_or_path \
+        and not name_or_path.endswith(SUFFIXES)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long, a permission: not a file we can read
+        return False
+
+
+def _names_hint(jobs: dict[str, Path], wanted: str) -> str:
+    guess = difflib.get_close_matches(wanted, list(jobs), n=1)
+    names = ", ".join(sorted(jobs))
+    lead = f"did you mean {guess[0]!r}? " if guess else ""
+    return (f"{lead}job specs by name: {names} (`hpctrain jobs list`; `hpctrain jobs copy NAME` starts your own "
+            "from one)")
+
+
+def locate_job(name_or_path: str | Path) -> Path:
+    """The file of the job spec ``name_or_path``: the file itself if it exists, else the spec of that name on the
+    search path; neither is a ConfigError listing the names."""
+    text = str(name_or_path)
+    candidate = Path(text).expanduser()
+    if _is_file(candidate):
+        return candidate
+    jobs = available_jobs()
+    if is_bare_name(text):
+        if text in jobs:
+            return jobs[text]
+        raise ConfigError(f"no job spec named {text!r} and no such file", hint=_names_hint(jobs, text))
+    stem = candidate.stem
+    if stem in jobs and candidate.suffix in SUFFIXES:
+        raise ConfigError("file not found", path=text,
+                          hint=f"the example {stem!r} ships with hpctrain: give its name ({stem}) or "
+                               f"`hpctrain jobs copy {stem}` to edit a copy")
+    raise ConfigError("file not found", path=text, hint=_names_hint(jobs, stem))
+
+
+def copy_job(name: str, directory: Path, *, force: bool = False) -> Path:
+    """Copy the job spec ``name`` into ``directory`` as ``NAME.yaml``; an existing file there is kept (a
+    ConfigError) unless ``force``. The copy is written beside its target and renamed into place."""
+    source = locate_job(name)
+    if not directory.is_dir():
+        raise ConfigError("not a directory", path=str(directory), hint="create it first, or name another one")
+    target = directory / f"{source.stem}.yaml"
+    if target.exists() and not force:
+        raise ConfigError("exists already; it is kept", path=str(target),
+                          hint="edit it, copy into another directory, or --force to replace it")
+    partial = target.with_name(f".{target.name}.partial")
+    try:
+        shutil.copyfile(source, partial)
+        os.replace(partial, target)
+    except OSError as exc:
+        partial.unlink(missing_ok=True)
+        raise ConfigError(f"cannot write: {exc.strerror or exc}", path=str(target)) from None
+    return target
