@@ -148,12 +148,14 @@ def requeue_cause(chain: list[Submission]) -> str:
 
 def _with_restart(reason: str, state: str, restart: int, limit: int | None, scheduler: str | None,
                   cause: str = "a checkpoint") -> str:
-    """The reason of a requeued run: the restart first while it goes on, after the reason once it has ended."""
+    """The reason of a requeued run: the restart first while it goes on, after the reason once it has ended. The
+    scheduler's hold after a requeue is no news while the run waits, and untrue once it has started or ended (a
+    registry written before the status parsers dropped it there may still hold it)."""
     where = restart_text(restart, limit)
+    hold = _requeue_hold_reasons(scheduler)
+    reason = "; ".join(part for part in reason.split("; ") if part not in hold) if reason else ""
     if state == JobState.PENDING.value:
-        hold = _requeue_hold_reasons(scheduler)
-        words = "" if reason in hold else reason
-        return f"requeued after {cause} ({where}), waiting to start again" + (f"; {words}" if words else "")
+        return f"requeued after {cause} ({where}), waiting to start again" + (f"; {reason}" if reason else "")
     if state in (JobState.RUNNING.value, JobState.REQUEUED.value):
         return f"{where}, after {cause}" + (f"; {reason}" if reason else "")
     return (f"{reason}; " if reason else "") + f"in {where}"
