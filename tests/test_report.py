@@ -20,6 +20,7 @@ import pytest
 
 from hpctrain.report.collect import (
     Attempt,
+    ReportData,
     RunFacts,
     attempt_starts,
     collect,
@@ -89,13 +90,37 @@ def test_up_to_64_ranks_each_rank_is_a_row_above_it_each_node_its_slowest_rank()
     rows = [{"step": 10, "busy_s": [0.01] * 64}, {"step": 20, "busy_s": [0.01] * 63 + [0.05]}]
     per_rank = rank_times(rows, 4, {63: "nid0015"})
     assert per_rank is not None and len(per_rank.rows) == 64
-    assert per_rank.slowest()[:2] == ("rank 63 (nid0015)", pytest.approx(0.03))
+    slowest = per_rank.slowest()
+    assert slowest is not None and (slowest.name, slowest.busy) == ("rank 63 (nid0015)", pytest.approx(0.03))
+    assert slowest.against == pytest.approx(0.01)  # the median of 64 rows: the mean of the two middle ones
     wide = [{"step": 10, "busy_s": [0.01] * 128}, {"step": 20, "busy_s": [0.01] * 70 + [0.09] + [None] * 57}]
     per_node = rank_times(wide, 8, {64: "nid0008"})
     assert per_node is not None and len(per_node.rows) == 16
     assert per_node.values[8] == (0.01, 0.09)  # node 8 holds ranks 64-71: its slowest rank
     assert per_node.values[9] == (0.01, None)  # no rank of node 9 timed a step in the second interval
-    assert per_node.slowest()[0] == "node 8 (nid0008)"
+    assert per_node.slowest().name == "node 8 (nid0008)"  # type: ignore[union-attr]
+
+
+def _busy(ms: list[float]) -> list[dict[str, object]]:
+    return [{"step": 10, "busy_s": [v / 1e3 for v in ms]}]
+
+
+def test_two_ranks_are_set_against_each_other_and_more_against_their_true_median(tmp_path: Path) -> None:
+    two = rank_times(_busy([57.0, 58.749]), 1, {})
+    ranks = section_texts(page(ReportData(RunFacts(title="r", where=str(tmp_path)), ranks=two)))["ranks"]
+    assert "58.749 ms busy per step against 57.000 ms for rank 0; the other waits for it" in ranks
+    assert "median" not in ranks  # neither in the sentence nor in the heat map's title
+    slowest = two.slowest()  # type: ignore[union-attr]
+    assert slowest is not None and slowest.name == "rank 1" and slowest.other == "rank 0"
+    three = rank_times(_busy([50.0, 52.0, 60.0]), 1, {}).slowest()  # type: ignore[union-attr]
+    assert three is not None and (three.name, three.other) == ("rank 2", "")
+    assert three.comparison() == "against a median of 52.000 ms"
+    four = rank_times(_busy([50.0, 52.0, 54.0, 60.0]), 1, {}).slowest()  # type: ignore[union-attr]
+    assert four is not None and four.comparison() == "against a median of 53.000 ms"
+    one = rank_times(_busy([50.0]), 1, {})
+    assert one is not None and one.slowest().comparison() == ""  # type: ignore[union-attr]
+    assert "rank 0</b> alone: 50.000 ms" in section_texts(page(ReportData(RunFacts(title="r", where="d"),
+                                                                           ranks=one)))["ranks"]
 
 
 def test_score_table_rows_are_methods_and_columns_the_shared_metrics() -> None:

@@ -173,8 +173,9 @@ def heatmap_figure(ranks: RankTimes) -> str:
     ax.set_yticks(shown, [ranks.rows[i] for i in shown], fontsize=7)
     slowest = ranks.slowest()
     if slowest is not None:
-        name, top, median = slowest
-        ax.set_title(f"slowest: {name}, {top * 1e3:.2f} ms busy per step (median {median * 1e3:.2f} ms)")
+        against = slowest.comparison(digits=2)
+        ax.set_title(f"slowest: {slowest.name}, {slowest.busy * 1e3:.2f} ms busy per step"
+                     + (f" ({against})" if against else ""))
     fig.colorbar(image, ax=ax, label="busy ms per step\n(input + compute)", fraction=0.04, pad=0.02)
     fig.tight_layout()
     return svg(fig)

@@ -106,10 +106,12 @@ def ranks_section(d: ReportData) -> str:
                     "predates them")
     slowest = d.ranks.slowest()
     line = ""
-    if slowest is not None:
-        name, top, median = slowest
-        line = (f"<p>Slowest: <b>{esc(name)}</b>, {top * 1e3:.3f} ms busy per step against a median of "
-                f"{median * 1e3:.3f} ms; the others wait for it in the reduction.</p>")
+    if slowest is not None and slowest.against is None:
+        line = f"<p><b>{esc(slowest.name)}</b> alone: {slowest.busy * 1e3:.3f} ms busy per step.</p>"
+    elif slowest is not None:
+        waiting = "the other waits" if slowest.other else "the others wait"
+        line = (f"<p>Slowest: <b>{esc(slowest.name)}</b>, {slowest.busy * 1e3:.3f} ms busy per step "
+                f"{esc(slowest.comparison())}; {waiting} for it in the reduction.</p>")
     return line + _figure(lambda: figures.heatmap_figure(d.ranks), "heat map")
 
 
