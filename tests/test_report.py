@@ -268,3 +268,27 @@ def test_server_stops_by_itself_once_the_run_has_ended(served) -> None:  # type:
     assert written == [server.out]
     final = server.out.read_text()
     assert "test_accuracy" in final and 'http-equiv="refresh"' not in final
+
+
+def test_the_attempt_legend_sits_outside_the_plot_and_covers_no_point() -> None:
+    from hpctrain.report.figures import _pyplot, draw_loss
+
+    # three attempts whose losses fill the plot, its lower left corner included
+    records = [{"time": 100.0 + s, "step": s, "loss": (0.2 + (s * 7 % 10) / 10), "lr": 0.1, "attempt": s // 40}
+               for s in range(1, 120)]
+    fig = draw_loss(ReportData(RunFacts(title="r", where="d"), records=records))
+    try:
+        fig.canvas.draw()
+        by_step = fig.axes[0]
+        legend = by_step.get_legend()
+        assert legend is not None and [t.get_text() for t in legend.get_texts()] == [
+            "attempt 1", "attempt 2", "attempt 3"]
+        box = legend.get_window_extent()
+        plot = by_step.get_window_extent()
+        assert box.y0 >= plot.y1, (box, plot)  # above the plotting area, not on it
+        points = [p for c in by_step.collections for p in c.get_offset_transform().transform(c.get_offsets())]
+        assert len(points) == len(records)
+        assert not [p for p in points if box.contains(*p)]
+        assert box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1  # and on the figure, not cut off
+    finally:
+        _pyplot().close(fig)
