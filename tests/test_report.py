@@ -5,6 +5,7 @@ the metrics sinks' scalars, and the served mode: the token, read-only, 127.0.0.1
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -292,3 +293,23 @@ def test_the_attempt_legend_sits_outside_the_plot_and_covers_no_point() -> None:
         assert box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1  # and on the figure, not cut off
     finally:
         _pyplot().close(fig)
+
+
+@pytest.mark.parametrize("facts,want", [
+    (RunFacts(title="r1", where="d", state="running"), "no evaluation yet (the run writes its final record when it "
+                                                       "finishes)"),
+    (RunFacts(title="r1", where="d"), "no evaluation yet"),  # a bare directory: whether it ended is not known
+    (RunFacts(title="r1", where="d", state="completed", ended=True),
+     "no evaluation for this run: its model gave no evaluation at the end of training (metrics.jsonl has no final "
+     "record) and no scores.json is beside it; `hpctrain report r1 --with DIR` adds the scores.json in DIR"),
+    (RunFacts(title="r1", where="d", state="cancelled", ended=True),
+     "no evaluation for this run: it ended (cancelled) before the end of training, where its model's evaluation is "
+     "written; `hpctrain resume r1` trains on from its checkpoint of step 20 and evaluates at the end"),
+])
+def test_a_run_without_evaluation_says_whether_one_may_still_come(facts: RunFacts, want: str) -> None:
+    from hpctrain.report.collect import CheckpointEntry
+
+    data = ReportData(facts, checkpoints=[CheckpointEntry(10, None, 1), CheckpointEntry(20, None, 1)])
+    text = html.unescape(section_texts(page(data))["evaluation"])
+    assert want in text
+    assert ("yet" in text) is (not facts.ended)

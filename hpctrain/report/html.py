@@ -157,7 +157,24 @@ def evaluation_section(d: ReportData) -> str:
         headers, rows = score_rows(d.scores)
         if rows:
             parts.append("<p>Evaluation scores (scores.json):</p>" + table(headers, rows))
-    return "".join(parts) or none("no evaluation yet (the run writes its final record when it finishes)")
+    return "".join(parts) or none(no_evaluation(d))
+
+
+def no_evaluation(d: ReportData) -> str:
+    """Why the evaluation section is empty: not yet, or never for this run (and how to get one)."""
+    f = d.facts
+    if not f.ended:
+        return "no evaluation yet (the run writes its final record when it finishes)"
+    if f.state == "completed":
+        return ("no evaluation for this run: its model gave no evaluation at the end of training (metrics.jsonl has "
+                f"no final record) and no scores.json is beside it; `hpctrain report {f.title} --with DIR` adds the "
+                "scores.json in DIR (`hpctrain demo` writes one for its FFN run)")
+    stopped = f"no evaluation for this run: it ended ({f.state}) before the end of training, where its model's " \
+        "evaluation is written"
+    if d.checkpoints:
+        return (f"{stopped}; `hpctrain resume {f.title}` trains on from its checkpoint of step "
+                f"{d.checkpoints[-1].step} and evaluates at the end")
+    return f"{stopped}; it has no checkpoint to resume from: submit the job again to train and evaluate it"
 
 
 def segmentation_section(d: ReportData) -> str:
