@@ -16,6 +16,7 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -33,6 +34,9 @@ from hpctrain.report.html import SECTIONS, page
 from hpctrain.report.serve import HOST, ReportServer
 from hpctrain.report.source import open_source
 from hpctrain.runtime.metric_sinks import scalars, tracking_uri
+
+if TYPE_CHECKING:
+    from hpctrain.submission.registry import Registry, Run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -313,3 +317,72 @@ def test_a_run_without_evaluation_says_whether_one_may_still_come(facts: RunFact
     text = html.unescape(section_texts(page(data))["evaluation"])
     assert want in text
     assert ("yet" in text) is (not facts.ended)
+
+
+# --- how a run went on: the chain's words, as status has them ------------------------------------------------
+
+
+def _registered(reg: Registry, tmp_path: Path, name: str, job: str) -> tuple[Run, Path]:
+    from hpctrain.submission.run_record import META_FILE, RunMeta, record_dir
+
+    run_dir = tmp_path / name
+    run = reg.create_run(name, "ci-slurm", "h", str(run_dir))
+    reg.add_submission(run.run_id, job, "submit", ok=True)
+    record_dir(reg, run.run_id).mkdir(parents=True)
+    (record_dir(reg, run.run_id) / META_FILE).write_text(RunMeta("slurm", total_steps=40, max_requeues=2).to_json())
+    # two attempts: rank 0 noted each start; the second resumed from the checkpoint of step 20
+    write_run(run_dir, range(5, 45, 5))
+    (run_dir / "attempts.jsonl").write_text('{"time": 1000, "step": 0}\n{"time": 1020.5, "step": 20}\n')
+    return run, run_dir
+
+
+def _summary_and_marks(reg: Registry, run: Run, run_dir: Path) -> tuple[str, str]:
+    from hpctrain.report.source import facts_of
+
+    sections = section_texts(page(collect(run_dir, facts_of(reg, reg.get_run(run.run_id)))))
+    attempts = re.search(r"<dt>attempts</dt><dd>([^<]*)</dd>", sections["summary"])
+    assert attempts is not None
+    return html.unescape(attempts.group(1)), html.unescape(sections["loss"])
+
+
+def test_a_cancel_and_resume_reads_as_one_not_as_a_requeue(tmp_path: Path) -> None:
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.state import JobState
+    from hpctrain.submission.schedulers.status_parsers import JobStatus
+    from hpctrain.submission.views import chain_starts
+
+    with Registry(tmp_path / "registry.db") as reg:
+        run, run_dir = _registered(reg, tmp_path, "cancelled", "50")
+        cancel = JobStatus("50", JobState.CANCELLED, "cancelled by uid 1000", 0, 0, "CANCELLED by 1000")
+        reg.update_states({"50": cancel})
+        reg.add_submission(run.run_id, "51", "resume", ok=True)
+        reg.update_states({"51": JobStatus("51", JobState.COMPLETED, "", 0, 0, "COMPLETED")})
+        assert chain_starts(reg.chain(run.run_id)) == ["", "by the user after a cancel"]
+        attempts, loss = _summary_and_marks(reg, run, run_dir)
+    assert attempts == "2 (1 resume by the user after a cancel)"
+    assert "requeue" not in attempts and "resume 1 by the user after a cancel: resumed after step 20" in loss
+
+
+@pytest.mark.parametrize("lost,how", [
+    ({}, "after a checkpoint"),
+    ({"60": "a node failure (node02 stopped answering the scheduler)"},
+     "by the scheduler after a node failure (node02 stopped answering the scheduler)"),
+])
+def test_a_requeue_is_named_by_what_started_it(tmp_path: Path, lost: dict[str, str], how: str) -> None:
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.slurm import SCHEDULER
+    from hpctrain.submission.schedulers.state import JobState
+    from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun
+    from hpctrain.submission.tracking import record_requeues
+    from hpctrain.submission.views import chain_starts
+
+    with Registry(tmp_path / "registry.db") as reg:
+        run, run_dir = _registered(reg, tmp_path, "requeued", "60")
+        ended = PastRun("NODE_FAIL" if lost else "REQUEUED", "node[01-02]")
+        done = {"60": JobStatus("60", JobState.COMPLETED, "", 0, 1, "COMPLETED", earlier_runs=(ended,))}
+        assert record_requeues(reg, done, {"60": run}, lost, SCHEDULER) == 1
+        reg.update_states(done)
+        assert chain_starts(reg.chain(run.run_id)) == ["", how]
+        attempts, loss = _summary_and_marks(reg, run, run_dir)
+    assert attempts == f"2 (1 requeue {how})"
+    assert f"requeue 1 {how}: resumed after step 20" in loss

@@ -40,6 +40,7 @@ class Attempt:
     state: str | None
     reason: str
     exit_code: int | None
+    how: str = ""  # what started it after the kind: "after a checkpoint", "by the user after a cancel" (views)
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,14 @@ class RunFacts:
 
 @dataclass(frozen=True)
 class Mark:
-    """Where an attempt after the first took over: the step it resumed after, and when it started."""
+    """Where an attempt after the first took over: the step it resumed after, when it started, its label ("resume
+    1"), what kind of restart it was ("requeue", "resume", "restart" where no chain says) and what started it."""
 
     step: int
     time: float
     label: str
+    kind: str = "restart"
+    how: str = ""
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,8 @@ class AttemptStart:
     time: float
     step: int | None
     label: str
+    kind: str = "restart"
+    how: str = ""
 
 
 def attempt_starts(lines: list[dict[str, Any]], chain: tuple[Attempt, ...]) -> list[AttemptStart]:
@@ -177,14 +183,19 @@ def attempt_starts(lines: list[dict[str, Any]], chain: tuple[Attempt, ...]) -> l
     attempt's start when nobody polled meanwhile)."""
     ordered = sorted(chain, key=lambda a: a.seq)
 
-    def label(i: int) -> str:
-        return "start" if i == 0 else f"{ordered[i].kind} {i}" if i < len(ordered) else f"restart {i}"
+    def kind(i: int) -> str:
+        return "start" if i == 0 else ordered[i].kind if i < len(ordered) else "restart"
+
+    def how(i: int) -> str:
+        return ordered[i].how if 0 < i < len(ordered) else ""
 
     known = sorted((line for line in lines if isinstance(line.get("time"), int | float)), key=lambda x: x["time"])
     if known:
         return [AttemptStart(float(line["time"]), line["step"] if isinstance(line.get("step"), int) else None,
-                             label(i)) for i, line in enumerate(known)]
-    return [AttemptStart(a.started, None, label(i)) for i, a in enumerate(ordered)]
+                             "start" if i == 0 else f"{kind(i)} {i}", kind(i), how(i))
+                for i, line in enumerate(known)]
+    return [AttemptStart(a.started, None, "start" if i == 0 else f"{kind(i)} {i}", kind(i), how(i))
+            for i, a in enumerate(ordered)]
 
 
 def split_attempts(records: list[dict[str, Any]], starts: list[AttemptStart]) -> tuple[list[dict[str, Any]],
@@ -211,7 +222,8 @@ def split_attempts(records: list[dict[str, Any]], starts: list[AttemptStart]) ->
             resumed = start.step if start is not None and start.step is not None else last_step
             when = start.time if start is not None else float(t if isinstance(t, int | float) else 0.0)
             marks.append(Mark(int(resumed if resumed is not None else step), when,
-                              start.label if start is not None else f"restart {attempt}"))
+                              start.label if start is not None else f"restart {attempt}",
+                              start.kind if start is not None else "restart", start.how if start is not None else ""))
         current, last_step = attempt, step
         out.append({**record, "attempt": attempt})
     return out, marks

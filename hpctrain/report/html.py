@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hpctrain.report import figures
-from hpctrain.report.collect import ReportData, score_rows
+from hpctrain.report.collect import Mark, ReportData, score_rows
 
 SECTIONS = ("summary", "loss", "throughput", "step-time", "ranks", "plan", "checkpoints", "failure", "evaluation",
             "segmentation")
@@ -65,8 +65,7 @@ def summary(d: ReportData) -> str:
     progress = f"step {last.get('step', '-')}" + (f" of {total}" if total else "") if last else "no step logged yet"
     attempts = len({r.get("attempt", 0) for r in d.records}) if d.records else len(f.attempts)
     items = [("run", f.title), ("where", f.where), ("site", f.site or "-"), ("state", f.state),
-             ("progress", progress), ("attempts", f"{max(1, attempts)} ({len(d.marks)} requeue"
-                                                   f"{'s' * (len(d.marks) != 1)} marked)"),
+             ("progress", progress), ("attempts", attempts_text(max(1, attempts), d.marks)),
              ("ranks", (d.profile or {}).get("ranks", last.get("ranks", "-")))]
     if f.reason:
         items.append(("reason", f.reason))
@@ -75,11 +74,20 @@ def summary(d: ReportData) -> str:
     return f"<dl>{body}</dl>{problems}"
 
 
+def attempts_text(attempts: int, marks: list[Mark]) -> str:
+    """"3 (2 requeues after a checkpoint)", "2 (1 resume by the user after a cancel)": how the run went on."""
+    counts: dict[tuple[str, str], int] = {}
+    for m in marks:
+        counts[(m.kind, m.how)] = counts.get((m.kind, m.how), 0) + 1
+    parts = [f"{n} {kind}{'s' * (n != 1)}" + (f" {how}" if how else "") for (kind, how), n in counts.items()]
+    return f"{attempts}" + (f" ({', '.join(parts)})" if parts else "")
+
+
 def loss_section(d: ReportData) -> str:
     if not any("loss" in r for r in d.records):
         return none("no loss logged yet (metrics.jsonl has no interval record)")
-    marks = "".join(f"<li>{esc(m.label)}: resumed after step {m.step}, started {esc(stamp(m.time))}</li>"
-                    for m in d.marks)
+    marks = "".join(f"<li>{esc(m.label)}{esc(' ' + m.how if m.how else '')}: resumed after step {m.step}, "
+                    f"started {esc(stamp(m.time))}</li>" for m in d.marks)
     listed = f"<ul>{marks}</ul>" if marks else none("no requeue: one attempt")
     return _figure(lambda: figures.loss_figure(d), "loss") + listed
 
