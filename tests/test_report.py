@@ -386,3 +386,20 @@ def test_a_requeue_is_named_by_what_started_it(tmp_path: Path, lost: dict[str, s
         attempts, loss = _summary_and_marks(reg, run, run_dir)
     assert attempts == f"2 (1 requeue {how})"
     assert f"requeue 1 {how}: resumed after step 20" in loss
+
+
+def test_a_job_that_resubmitted_itself_went_on_after_a_checkpoint(tmp_path: Path) -> None:
+    """PBS/Cobalt: the job that stopped at its checkpoint ended (completed, exit 0) and submitted the next one."""
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.state import JobState
+    from hpctrain.submission.schedulers.status_parsers import JobStatus
+    from hpctrain.submission.views import chain_starts
+
+    with Registry(tmp_path / "registry.db") as reg:
+        run, run_dir = _registered(reg, tmp_path, "resubmitted", "70.pbs")
+        reg.update_states({"70.pbs": JobStatus("70.pbs", JobState.COMPLETED,
+                                               "stopped at a checkpoint; resubmitted as job 71.pbs", 0)})
+        reg.add_submission(run.run_id, "71.pbs", "resubmit", ok=True)
+        assert chain_starts(reg.chain(run.run_id)) == ["", "after a checkpoint"]
+        attempts, _ = _summary_and_marks(reg, run, run_dir)
+    assert attempts == "2 (1 resubmit after a checkpoint)"

@@ -161,6 +161,8 @@ def started_how(kind: str, before: Submission) -> str:
     "after a checkpoint", "by the scheduler after a node failure (...)", "by the user after a cancel"."""
     if kind == "resume":
         return f"by the user after {continued_after(before)}"
+    if kind == "resubmit":  # a job submits itself again only once it stopped at its checkpoint (PBS, Cobalt)
+        return "after a checkpoint"
     if before.state_reason.endswith(BY_SCHEDULER):
         return f"by the scheduler after {continued_after(before)}"
     return f"after {continued_after(before)}"
