@@ -122,7 +122,7 @@ def main() -> None:
         print(f"{'report size':<34}{size / 1e6:.3f} MB (target < 2 MB)")
         print(f"{'Chromium load, median of ' + str(args.repeat):<34}{statistics.median(loads):.2f} s "
               f"(all: {', '.join(f'{x:.2f}' for x in loads)}; target < 5 s)")
-        print(f"{'slowest rank named':<34}{slowest[0] if slowest else '-'} (stand-in straggler: rank {SLOW_RANK})")
+        print(f"{'slowest rank named':<34}{slowest.name if slowest else '-'} (stand-in straggler: rank {SLOW_RANK})")
 
 
 if __name__ == "__main__":

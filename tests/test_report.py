@@ -5,6 +5,7 @@ the metrics sinks' scalars, and the served mode: the token, read-only, 127.0.0.1
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -15,11 +16,13 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from hpctrain.report.collect import (
     Attempt,
+    ReportData,
     RunFacts,
     attempt_starts,
     collect,
@@ -31,6 +34,9 @@ from hpctrain.report.html import SECTIONS, page
 from hpctrain.report.serve import HOST, ReportServer
 from hpctrain.report.source import open_source
 from hpctrain.runtime.metric_sinks import scalars, tracking_uri
+
+if TYPE_CHECKING:
+    from hpctrain.submission.registry import Registry, Run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -89,13 +95,37 @@ def test_up_to_64_ranks_each_rank_is_a_row_above_it_each_node_its_slowest_rank()
     rows = [{"step": 10, "busy_s": [0.01] * 64}, {"step": 20, "busy_s": [0.01] * 63 + [0.05]}]
     per_rank = rank_times(rows, 4, {63: "nid0015"})
     assert per_rank is not None and len(per_rank.rows) == 64
-    assert per_rank.slowest()[:2] == ("rank 63 (nid0015)", pytest.approx(0.03))
+    slowest = per_rank.slowest()
+    assert slowest is not None and (slowest.name, slowest.busy) == ("rank 63 (nid0015)", pytest.approx(0.03))
+    assert slowest.against == pytest.approx(0.01)  # the median of 64 rows: the mean of the two middle ones
     wide = [{"step": 10, "busy_s": [0.01] * 128}, {"step": 20, "busy_s": [0.01] * 70 + [0.09] + [None] * 57}]
     per_node = rank_times(wide, 8, {64: "nid0008"})
     assert per_node is not None and len(per_node.rows) == 16
     assert per_node.values[8] == (0.01, 0.09)  # node 8 holds ranks 64-71: its slowest rank
     assert per_node.values[9] == (0.01, None)  # no rank of node 9 timed a step in the second interval
-    assert per_node.slowest()[0] == "node 8 (nid0008)"
+    assert per_node.slowest().name == "node 8 (nid0008)"  # type: ignore[union-attr]
+
+
+def _busy(ms: list[float]) -> list[dict[str, object]]:
+    return [{"step": 10, "busy_s": [v / 1e3 for v in ms]}]
+
+
+def test_two_ranks_are_set_against_each_other_and_more_against_their_true_median(tmp_path: Path) -> None:
+    two = rank_times(_busy([57.0, 58.749]), 1, {})
+    ranks = section_texts(page(ReportData(RunFacts(title="r", where=str(tmp_path)), ranks=two)))["ranks"]
+    assert "58.749 ms busy per step against 57.000 ms for rank 0; the other waits for it" in ranks
+    assert "median" not in ranks  # neither in the sentence nor in the heat map's title
+    slowest = two.slowest()  # type: ignore[union-attr]
+    assert slowest is not None and slowest.name == "rank 1" and slowest.other == "rank 0"
+    three = rank_times(_busy([50.0, 52.0, 60.0]), 1, {}).slowest()  # type: ignore[union-attr]
+    assert three is not None and (three.name, three.other) == ("rank 2", "")
+    assert three.comparison() == "against a median of 52.000 ms"
+    four = rank_times(_busy([50.0, 52.0, 54.0, 60.0]), 1, {}).slowest()  # type: ignore[union-attr]
+    assert four is not None and four.comparison() == "against a median of 53.000 ms"
+    one = rank_times(_busy([50.0]), 1, {})
+    assert one is not None and one.slowest().comparison() == ""  # type: ignore[union-attr]
+    assert "rank 0</b> alone: 50.000 ms" in section_texts(page(ReportData(RunFacts(title="r", where="d"),
+                                                                           ranks=one)))["ranks"]
 
 
 def test_score_table_rows_are_methods_and_columns_the_shared_metrics() -> None:
@@ -243,3 +273,133 @@ def test_server_stops_by_itself_once_the_run_has_ended(served) -> None:  # type:
     assert written == [server.out]
     final = server.out.read_text()
     assert "test_accuracy" in final and 'http-equiv="refresh"' not in final
+
+
+def test_the_attempt_legend_sits_outside_the_plot_and_covers_no_point() -> None:
+    from hpctrain.report.figures import _pyplot, draw_loss
+
+    # three attempts whose losses fill the plot, its lower left corner included
+    records = [{"time": 100.0 + s, "step": s, "loss": (0.2 + (s * 7 % 10) / 10), "lr": 0.1, "attempt": s // 40}
+               for s in range(1, 120)]
+    fig = draw_loss(ReportData(RunFacts(title="r", where="d"), records=records))
+    try:
+        fig.canvas.draw()
+        by_step = fig.axes[0]
+        legend = by_step.get_legend()
+        assert legend is not None and [t.get_text() for t in legend.get_texts()] == [
+            "attempt 1", "attempt 2", "attempt 3"]
+        box = legend.get_window_extent()
+        plot = by_step.get_window_extent()
+        assert box.y0 >= plot.y1, (box, plot)  # above the plotting area, not on it
+        points = [p for c in by_step.collections for p in c.get_offset_transform().transform(c.get_offsets())]
+        assert len(points) == len(records)
+        assert not [p for p in points if box.contains(*p)]
+        assert box.x1 <= fig.bbox.x1 and box.y1 <= fig.bbox.y1  # and on the figure, not cut off
+    finally:
+        _pyplot().close(fig)
+
+
+@pytest.mark.parametrize("facts,want", [
+    (RunFacts(title="r1", where="d", state="running"), "no evaluation yet (the run writes its final record when it "
+                                                       "finishes)"),
+    (RunFacts(title="r1", where="d"), "no evaluation yet"),  # a bare directory: whether it ended is not known
+    (RunFacts(title="r1", where="d", state="completed", ended=True),
+     "no evaluation for this run: its model gave no evaluation at the end of training (metrics.jsonl has no final "
+     "record) and no scores.json is beside it; `hpctrain report r1 --with DIR` adds the scores.json in DIR"),
+    (RunFacts(title="r1", where="d", state="cancelled", ended=True),
+     "no evaluation for this run: it ended (cancelled) before the end of training, where its model's evaluation is "
+     "written; `hpctrain resume r1` trains on from its checkpoint of step 20 and evaluates at the end"),
+])
+def test_a_run_without_evaluation_says_whether_one_may_still_come(facts: RunFacts, want: str) -> None:
+    from hpctrain.report.collect import CheckpointEntry
+
+    data = ReportData(facts, checkpoints=[CheckpointEntry(10, None, 1), CheckpointEntry(20, None, 1)])
+    text = html.unescape(section_texts(page(data))["evaluation"])
+    assert want in text
+    assert ("yet" in text) is (not facts.ended)
+
+
+# --- how a run went on: the chain's words, as status has them ------------------------------------------------
+
+
+def _registered(reg: Registry, tmp_path: Path, name: str, job: str) -> tuple[Run, Path]:
+    from hpctrain.submission.run_record import META_FILE, RunMeta, record_dir
+
+    run_dir = tmp_path / name
+    run = reg.create_run(name, "ci-slurm", "h", str(run_dir))
+    reg.add_submission(run.run_id, job, "submit", ok=True)
+    record_dir(reg, run.run_id).mkdir(parents=True)
+    (record_dir(reg, run.run_id) / META_FILE).write_text(RunMeta("slurm", total_steps=40, max_requeues=2).to_json())
+    # two attempts: rank 0 noted each start; the second resumed from the checkpoint of step 20
+    write_run(run_dir, range(5, 45, 5))
+    (run_dir / "attempts.jsonl").write_text('{"time": 1000, "step": 0}\n{"time": 1020.5, "step": 20}\n')
+    return run, run_dir
+
+
+def _summary_and_marks(reg: Registry, run: Run, run_dir: Path) -> tuple[str, str]:
+    from hpctrain.report.source import facts_of
+
+    sections = section_texts(page(collect(run_dir, facts_of(reg, reg.get_run(run.run_id)))))
+    attempts = re.search(r"<dt>attempts</dt><dd>([^<]*)</dd>", sections["summary"])
+    assert attempts is not None
+    return html.unescape(attempts.group(1)), html.unescape(sections["loss"])
+
+
+def test_a_cancel_and_resume_reads_as_one_not_as_a_requeue(tmp_path: Path) -> None:
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.state import JobState
+    from hpctrain.submission.schedulers.status_parsers import JobStatus
+    from hpctrain.submission.views import chain_starts
+
+    with Registry(tmp_path / "registry.db") as reg:
+        run, run_dir = _registered(reg, tmp_path, "cancelled", "50")
+        cancel = JobStatus("50", JobState.CANCELLED, "cancelled by uid 1000", 0, 0, "CANCELLED by 1000")
+        reg.update_states({"50": cancel})
+        reg.add_submission(run.run_id, "51", "resume", ok=True)
+        reg.update_states({"51": JobStatus("51", JobState.COMPLETED, "", 0, 0, "COMPLETED")})
+        assert chain_starts(reg.chain(run.run_id)) == ["", "by the user after a cancel"]
+        attempts, loss = _summary_and_marks(reg, run, run_dir)
+    assert attempts == "2 (1 resume by the user after a cancel)"
+    assert "requeue" not in attempts and "resume 1 by the user after a cancel: resumed after step 20" in loss
+
+
+@pytest.mark.parametrize("lost,how", [
+    ({}, "after a checkpoint"),
+    ({"60": "a node failure (node02 stopped answering the scheduler)"},
+     "by the scheduler after a node failure (node02 stopped answering the scheduler)"),
+])
+def test_a_requeue_is_named_by_what_started_it(tmp_path: Path, lost: dict[str, str], how: str) -> None:
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.slurm import SCHEDULER
+    from hpctrain.submission.schedulers.state import JobState
+    from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun
+    from hpctrain.submission.tracking import record_requeues
+    from hpctrain.submission.views import chain_starts
+
+    with Registry(tmp_path / "registry.db") as reg:
+        run, run_dir = _registered(reg, tmp_path, "requeued", "60")
+        ended = PastRun("NODE_FAIL" if lost else "REQUEUED", "node[01-02]")
+        done = {"60": JobStatus("60", JobState.COMPLETED, "", 0, 1, "COMPLETED", earlier_runs=(ended,))}
+        assert record_requeues(reg, done, {"60": run}, lost, SCHEDULER) == 1
+        reg.update_states(done)
+        assert chain_starts(reg.chain(run.run_id)) == ["", how]
+        attempts, loss = _summary_and_marks(reg, run, run_dir)
+    assert attempts == f"2 (1 requeue {how})"
+    assert f"requeue 1 {how}: resumed after step 20" in loss
+
+
+def test_a_job_that_resubmitted_itself_went_on_after_a_checkpoint(tmp_path: Path) -> None:
+    """PBS/Cobalt: the job that stopped at its checkpoint ended (completed, exit 0) and submitted the next one."""
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.schedulers.state import JobState
+    from hpctrain.submission.schedulers.status_parsers import JobStatus
+    from hpctrain.submission.views import chain_starts
+
+    with Registry(tmp_path / "registry.db") as reg:
+        run, run_dir = _registered(reg, tmp_path, "resubmitted", "70.pbs")
+        reg.update_states({"70.pbs": JobStatus("70.pbs", JobState.COMPLETED,
+                                               "stopped at a checkpoint; resubmitted as job 71.pbs", 0)})
+        reg.add_submission(run.run_id, "71.pbs", "resubmit", ok=True)
+        assert chain_starts(reg.chain(run.run_id)) == ["", "after a checkpoint"]
+        attempts, _ = _summary_and_marks(reg, run, run_dir)
+    assert attempts == "2 (1 resubmit after a checkpoint)"

@@ -96,7 +96,7 @@ def test_report_of_a_requeued_run_in_a_real_browser(requeued: dict[str, Any], tm
         assert s["text"] > 0 and s["height"] > 0, (name, s)
     for name in ("loss", "throughput", "step-time", "ranks", "plan"):
         assert found[name]["svgs"] >= 1, (name, found[name])
-    assert f"requeue 1: resumed after step {STOP_AT}" in loss_text
+    assert f"requeue 1 after a checkpoint: resumed after step {STOP_AT}" in loss_text
     assert "measured efficiency" in plan_text and "predicted" in plan_text
     png = shot.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000

@@ -7,6 +7,7 @@ end runs the parsers against live output of the local Slurm (conftest's `slurm` 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +25,8 @@ from hpctrain.submission.schedulers.status_parsers import JobStatus
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
+
+    from hpctrain.submission.registry import Registry, Run
 
 DATA = Path(__file__).parent / "data" / "status"
 
@@ -332,3 +335,111 @@ def test_a_requeue_after_a_node_failure_reads_as_one(tmp_path: Path) -> None:
         assert view_of(reg, reg.get_run(runs["41"].run_id)).reason == f"restart 1, after {lost['41']}"
         assert view_of(reg, reg.get_run(runs["42"].run_id)).reason == "restart 1, after a checkpoint"
         assert reg.chain(runs["42"].run_id)[0].exit_code == 75
+
+
+# --- a reason to wait belongs to a waiting job (Slurm) -----------------------------------------------------------
+# Slurm keeps the hold after a requeue (Reason=BeginTime) on the job once it has run: in sacct's record of the run
+# that completed, and in squeue/scontrol of a job cancelled in that hold. The lines are the recorded outputs' shapes
+# (slurm_sacct.txt, slurm_squeue.txt, slurm_scontrol.txt) with the states of those two jobs.
+
+REQUEUED_THEN_COMPLETED = ("8|st-requeue|REQUEUED|0:0|None|00:00:05|2026-11-22T02:37:30|2026-11-22T02:37:35|"
+                           "localhost\n"
+                           "8|st-requeue|COMPLETED|0:0|BeginTime|00:00:30|2026-11-22T02:37:47|2026-11-22T02:38:17|"
+                           "localhost\n")
+REQUEUED_THEN_CANCELLED = ("14|st-requeue2|REQUEUED|0:0|None|00:00:05|2026-11-22T02:37:40|2026-11-22T02:37:45|"
+                           "localhost\n"
+                           "14|st-requeue2|CANCELLED by 0|0:0|BeginTime|00:00:00|2026-11-22T02:37:52|"
+                           "2026-11-22T02:37:52|None assigned\n")
+
+
+def _scontrol_of_14(state: str) -> str:
+    (line,) = [x for x in read("slurm_scontrol.txt").splitlines() if x.startswith("JobId=14 ")]
+    return line.replace("JobState=PENDING", f"JobState={state}")
+
+
+@pytest.mark.parametrize("parse,text,state", [
+    (slurm_backend.parse_sacct, REQUEUED_THEN_COMPLETED, JobState.COMPLETED),
+    (slurm_backend.parse_sacct, REQUEUED_THEN_CANCELLED, JobState.CANCELLED),
+    (slurm_backend.parse_squeue, "14|CANCELLED|BeginTime|0:05||st-requeue2\n", JobState.CANCELLED),
+    (slurm_backend.parse_squeue, "14|COMPLETED|BeginTime|0:30|localhost|st-requeue2\n", JobState.COMPLETED),
+    (slurm_backend.parse_squeue, "14|RUNNING|BeginTime|0:03|localhost|st-requeue2\n", JobState.RUNNING),
+    (slurm_backend.parse_scontrol_job, _scontrol_of_14("CANCELLED"), JobState.CANCELLED),
+    (slurm_backend.parse_scontrol_job, _scontrol_of_14("COMPLETED"), JobState.COMPLETED),
+    (slurm_backend.parse_sacct, "105|ffn-local|RUNNING|0:0|Priority|00:03:10|2026-11-20T10:09:00|Unknown|nid000020\n",
+     JobState.RUNNING),
+])
+def test_a_job_that_runs_or_has_ended_is_never_said_to_wait(
+        parse: Callable[[str], dict[str, JobStatus]], text: str, state: JobState) -> None:
+    (status,) = parse(text).values()
+    assert status.state is state
+    assert "waiting" not in status.reason_text and "priority" not in status.reason_text, status.reason_text
+    if status.raw_state.startswith("CANCELLED by"):
+        assert status.reason_text == "cancelled by uid 0"
+
+
+def test_a_waiting_job_keeps_its_reason_and_an_ended_one_why_it_ended() -> None:
+    assert slurm_backend.parse_squeue(read("slurm_squeue.txt"))["14"].reason_text == \
+        "waiting for its requested start time"
+    assert slurm_backend.parse_scontrol_job(_scontrol_of_14("REQUEUE_HOLD"))["14"].reason_text == \
+        "waiting for its requested start time"
+    ended = slurm_backend.parse_sacct(read("slurm_sacct.txt"))
+    assert "walltime" in ended["103"].reason_text and "out of memory" in ended["108_1"].reason_text
+    never = slurm_backend.parse_squeue("6|CANCELLED|DependencyNeverSatisfied|0:00||st-dep\n")["6"]
+    assert never.reason_text.startswith("will never start")  # why Slurm cancelled it (kill_invalid_depend)
+
+
+def _requeued_run(reg: Registry, tmp_path: Path, job: str, text: str) -> Run:
+    """A Slurm run whose job was requeued once, polled with ``text`` (sacct -D) as a poll would record it."""
+    from hpctrain.submission.run_record import META_FILE, RunMeta, record_dir
+    from hpctrain.submission.schedulers.slurm import SCHEDULER
+    from hpctrain.submission.tracking import record_requeues
+
+    run = reg.create_run("r", "ci-slurm", "h", str(tmp_path / job))
+    reg.add_submission(run.run_id, job, "submit", ok=True)
+    (record_dir(reg, run.run_id)).mkdir(parents=True)
+    (record_dir(reg, run.run_id) / META_FILE).write_text(RunMeta("slurm", max_requeues=5).to_json())
+    statuses = slurm_backend.parse_sacct(text)
+    assert record_requeues(reg, statuses, {job: run}, {}, SCHEDULER) == 1
+    reg.update_states(statuses)
+    return reg.get_run(run.run_id)
+
+
+def test_status_runs_and_the_report_of_a_requeued_run_that_ended_do_not_say_it_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from hpctrain.cli import main
+    from hpctrain.commands.status import rows_of
+    from hpctrain.report.collect import ReportData
+    from hpctrain.report.html import summary
+    from hpctrain.report.source import facts_of
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.views import view_of
+
+    monkeypatch.setenv("HPCTRAIN_REGISTRY", str(tmp_path / "registry.db"))
+    with Registry() as reg:
+        completed = _requeued_run(reg, tmp_path, "8", REQUEUED_THEN_COMPLETED)
+        cancelled = _requeued_run(reg, tmp_path, "14", REQUEUED_THEN_CANCELLED)
+        views = {run.state: view_of(reg, run) for run in (completed, cancelled)}
+        assert views["completed"].reason == "in restart 1 of 5"
+        assert views["cancelled"].reason == "cancelled by uid 0; exit code 0; in restart 1 of 5"
+        texts = {state: summary(ReportData(facts_of(reg, run))) for state, run in
+                 (("completed", completed), ("cancelled", cancelled))}
+    assert main(["runs"]) == 0
+    shown = {"status": "\n".join(" ".join(row) for row in rows_of(list(views.values()))),
+             "runs": capsys.readouterr().out, **texts}
+    for where, text in shown.items():
+        assert "waiting" not in text and "start time" not in text, (where, text)
+        assert "in restart 1 of 5" in text, (where, text)
+
+
+def test_a_requeue_hold_recorded_before_is_not_shown_once_the_run_ended(tmp_path: Path) -> None:
+    """A registry may hold the hold's words on an ended run from a poll made before the parsers dropped them."""
+    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.views import view_of
+
+    with Registry(tmp_path / "registry.db") as reg:
+        run = _requeued_run(reg, tmp_path, "8", REQUEUED_THEN_COMPLETED)
+        stale = JobStatus("8", JobState.COMPLETED, "waiting for its requested start time", 0, 1, "COMPLETED")
+        reg.update_states({"8": stale})
+        run = reg.get_run(run.run_id)
+        assert run.state_reason == "waiting for its requested start time"
+        assert view_of(reg, run).reason == "in restart 1 of 5"

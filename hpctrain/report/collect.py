@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -39,6 +40,7 @@ class Attempt:
     state: str | None
     reason: str
     exit_code: int | None
+    how: str = ""  # what started it after the kind: "after a checkpoint", "by the user after a cancel" (views)
 
 
 @dataclass(frozen=True)
@@ -57,11 +59,14 @@ class RunFacts:
 
 @dataclass(frozen=True)
 class Mark:
-    """Where an attempt after the first took over: the step it resumed after, and when it started."""
+    """Where an attempt after the first took over: the step it resumed after, when it started, its label ("resume
+    1"), what kind of restart it was ("requeue", "resume", "restart" where no chain says) and what started it."""
 
     step: int
     time: float
     label: str
+    kind: str = "restart"
+    how: str = ""
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,24 @@ class CheckpointEntry:
     step: int
     written: float | None  # epoch seconds of the commit
     nbytes: int
+
+
+@dataclass(frozen=True)
+class Slowest:
+    """The slowest row's mean busy seconds per step and what it is set against: the other row's (``other`` names
+    it) where there are two, the median of all rows where there are more, nothing for a single row."""
+
+    name: str
+    busy: float
+    against: float | None
+    other: str = ""
+
+    def comparison(self, digits: int = 3) -> str:
+        """"against 57.100 ms for rank 0", "against a median of 57.100 ms", or '' for a single row."""
+        if self.against is None:
+            return ""
+        ms = f"{self.against * 1e3:.{digits}f} ms"
+        return f"against {ms} for {self.other}" if self.other else f"against a median of {ms}"
 
 
 @dataclass(frozen=True)
@@ -86,15 +109,19 @@ class RankTimes:
             out.append(sum(seen) / len(seen) if seen else None)
         return out
 
-    def slowest(self) -> tuple[str, float, float] | None:
-        """(row name, its mean busy time, the median of the rows' means)."""
+    def slowest(self) -> Slowest | None:
+        """The row with the highest mean busy time, against the other row where there are two, else against the
+        median of all rows (the mean of the two middle ones for an even count)."""
         means = [(m, name) for m, name in zip(self.means(), self.rows, strict=True) if m is not None]
         if not means:
             return None
-        ordered = sorted(m for m, _ in means)
-        median = ordered[len(ordered) // 2]
         top, name = max(means)
-        return name, top, median
+        if len(means) == 1:
+            return Slowest(name, top, None, "")
+        if len(means) == 2:
+            other, other_name = min(means)
+            return Slowest(name, top, other, other_name)
+        return Slowest(name, top, statistics.median(m for m, _ in means), "")
 
 
 @dataclass
@@ -146,6 +173,8 @@ class AttemptStart:
     time: float
     step: int | None
     label: str
+    kind: str = "restart"
+    how: str = ""
 
 
 def attempt_starts(lines: list[dict[str, Any]], chain: tuple[Attempt, ...]) -> list[AttemptStart]:
@@ -154,14 +183,19 @@ def attempt_starts(lines: list[dict[str, Any]], chain: tuple[Attempt, ...]) -> l
     attempt's start when nobody polled meanwhile)."""
     ordered = sorted(chain, key=lambda a: a.seq)
 
-    def label(i: int) -> str:
-        return "start" if i == 0 else f"{ordered[i].kind} {i}" if i < len(ordered) else f"restart {i}"
+    def kind(i: int) -> str:
+        return "start" if i == 0 else ordered[i].kind if i < len(ordered) else "restart"
+
+    def how(i: int) -> str:
+        return ordered[i].how if 0 < i < len(ordered) else ""
 
     known = sorted((line for line in lines if isinstance(line.get("time"), int | float)), key=lambda x: x["time"])
     if known:
         return [AttemptStart(float(line["time"]), line["step"] if isinstance(line.get("step"), int) else None,
-                             label(i)) for i, line in enumerate(known)]
-    return [AttemptStart(a.started, None, label(i)) for i, a in enumerate(ordered)]
+                             "start" if i == 0 else f"{kind(i)} {i}", kind(i), how(i))
+                for i, line in enumerate(known)]
+    return [AttemptStart(a.started, None, "start" if i == 0 else f"{kind(i)} {i}", kind(i), how(i))
+            for i, a in enumerate(ordered)]
 
 
 def split_attempts(records: list[dict[str, Any]], starts: list[AttemptStart]) -> tuple[list[dict[str, Any]],
@@ -188,7 +222,8 @@ def split_attempts(records: list[dict[str, Any]], starts: list[AttemptStart]) ->
             resumed = start.step if start is not None and start.step is not None else last_step
             when = start.time if start is not None else float(t if isinstance(t, int | float) else 0.0)
             marks.append(Mark(int(resumed if resumed is not None else step), when,
-                              start.label if start is not None else f"restart {attempt}"))
+                              start.label if start is not None else f"restart {attempt}",
+                              start.kind if start is not None else "restart", start.how if start is not None else ""))
         current, last_step = attempt, step
         out.append({**record, "attempt": attempt})
     return out, marks

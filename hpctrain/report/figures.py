@@ -84,6 +84,11 @@ def _continuous(ax: Any, series: dict[int, tuple[list[float], list[float]]]) -> 
 
 def loss_figure(data: ReportData) -> str:
     """Loss (and the learning rate) against step and against wall time, every attempt on one axis."""
+    return svg(draw_loss(data))
+
+
+def draw_loss(data: ReportData) -> Any:
+    """The loss figure (matplotlib's Figure); the legend naming the attempts sits above the plot, off the points."""
     plt = _pyplot()
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(WIDE, TALL))
     start = min(r["time"] for r in data.records if isinstance(r.get("time"), int | float))
@@ -104,10 +109,12 @@ def loss_figure(data: ReportData) -> str:
         twin.plot(xs, ys, color="#999", linewidth=1, linestyle=":", label="learning rate")
         twin.set_ylabel("learning rate", color="#777")
         twin.spines["right"].set_visible(True)
-    if len({r.get("attempt", 0) for r in data.records}) > 1:
-        by_step.legend(loc="lower left", fontsize=8, frameon=False)
+    attempts = len({r.get("attempt", 0) for r in data.records})
+    if attempts > 1:
+        by_step.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), borderaxespad=0.0, ncol=min(attempts, 4),
+                       fontsize=8, frameon=False, handletextpad=0.2, columnspacing=1.0)
     fig.tight_layout()
-    return svg(fig)
+    return fig
 
 
 def throughput_figure(data: ReportData) -> str:
@@ -173,8 +180,9 @@ def heatmap_figure(ranks: RankTimes) -> str:
     ax.set_yticks(shown, [ranks.rows[i] for i in shown], fontsize=7)
     slowest = ranks.slowest()
     if slowest is not None:
-        name, top, median = slowest
-        ax.set_title(f"slowest: {name}, {top * 1e3:.2f} ms busy per step (median {median * 1e3:.2f} ms)")
+        against = slowest.comparison(digits=2)
+        ax.set_title(f"slowest: {slowest.name}, {slowest.busy * 1e3:.2f} ms busy per step"
+                     + (f" ({against})" if against else ""))
     fig.colorbar(image, ax=ax, label="busy ms per step\n(input + compute)", fraction=0.04, pad=0.02)
     fig.tight_layout()
     return svg(fig)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from hpctrain.report import figures
-from hpctrain.report.collect import ReportData, score_rows
+from hpctrain.report.collect import Mark, ReportData, score_rows
 
 SECTIONS = ("summary", "loss", "throughput", "step-time", "ranks", "plan", "checkpoints", "failure", "evaluation",
             "segmentation")
@@ -65,8 +65,7 @@ def summary(d: ReportData) -> str:
     progress = f"step {last.get('step', '-')}" + (f" of {total}" if total else "") if last else "no step logged yet"
     attempts = len({r.get("attempt", 0) for r in d.records}) if d.records else len(f.attempts)
     items = [("run", f.title), ("where", f.where), ("site", f.site or "-"), ("state", f.state),
-             ("progress", progress), ("attempts", f"{max(1, attempts)} ({len(d.marks)} requeue"
-                                                   f"{'s' * (len(d.marks) != 1)} marked)"),
+             ("progress", progress), ("attempts", attempts_text(max(1, attempts), d.marks)),
              ("ranks", (d.profile or {}).get("ranks", last.get("ranks", "-")))]
     if f.reason:
         items.append(("reason", f.reason))
@@ -75,11 +74,20 @@ def summary(d: ReportData) -> str:
     return f"<dl>{body}</dl>{problems}"
 
 
+def attempts_text(attempts: int, marks: list[Mark]) -> str:
+    """"3 (2 requeues after a checkpoint)", "2 (1 resume by the user after a cancel)": how the run went on."""
+    counts: dict[tuple[str, str], int] = {}
+    for m in marks:
+        counts[(m.kind, m.how)] = counts.get((m.kind, m.how), 0) + 1
+    parts = [f"{n} {kind}{'s' * (n != 1)}" + (f" {how}" if how else "") for (kind, how), n in counts.items()]
+    return f"{attempts}" + (f" ({', '.join(parts)})" if parts else "")
+
+
 def loss_section(d: ReportData) -> str:
     if not any("loss" in r for r in d.records):
         return none("no loss logged yet (metrics.jsonl has no interval record)")
-    marks = "".join(f"<li>{esc(m.label)}: resumed after step {m.step}, started {esc(stamp(m.time))}</li>"
-                    for m in d.marks)
+    marks = "".join(f"<li>{esc(m.label)}{esc(' ' + m.how if m.how else '')}: resumed after step {m.step}, "
+                    f"started {esc(stamp(m.time))}</li>" for m in d.marks)
     listed = f"<ul>{marks}</ul>" if marks else none("no requeue: one attempt")
     return _figure(lambda: figures.loss_figure(d), "loss") + listed
 
@@ -106,10 +114,12 @@ def ranks_section(d: ReportData) -> str:
                     "predates them")
     slowest = d.ranks.slowest()
     line = ""
-    if slowest is not None:
-        name, top, median = slowest
-        line = (f"<p>Slowest: <b>{esc(name)}</b>, {top * 1e3:.3f} ms busy per step against a median of "
-                f"{median * 1e3:.3f} ms; the others wait for it in the reduction.</p>")
+    if slowest is not None and slowest.against is None:
+        line = f"<p><b>{esc(slowest.name)}</b> alone: {slowest.busy * 1e3:.3f} ms busy per step.</p>"
+    elif slowest is not None:
+        waiting = "the other waits" if slowest.other else "the others wait"
+        line = (f"<p>Slowest: <b>{esc(slowest.name)}</b>, {slowest.busy * 1e3:.3f} ms busy per step "
+                f"{esc(slowest.comparison())}; {waiting} for it in the reduction.</p>")
     return line + _figure(lambda: figures.heatmap_figure(d.ranks), "heat map")
 
 
@@ -155,7 +165,24 @@ def evaluation_section(d: ReportData) -> str:
         headers, rows = score_rows(d.scores)
         if rows:
             parts.append("<p>Evaluation scores (scores.json):</p>" + table(headers, rows))
-    return "".join(parts) or none("no evaluation yet (the run writes its final record when it finishes)")
+    return "".join(parts) or none(no_evaluation(d))
+
+
+def no_evaluation(d: ReportData) -> str:
+    """Why the evaluation section is empty: not yet, or never for this run (and how to get one)."""
+    f = d.facts
+    if not f.ended:
+        return "no evaluation yet (the run writes its final record when it finishes)"
+    if f.state == "completed":
+        return ("no evaluation for this run: its model gave no evaluation at the end of training (metrics.jsonl has "
+                f"no final record) and no scores.json is beside it; `hpctrain report {f.title} --with DIR` adds the "
+                "scores.json in DIR (`hpctrain demo` writes one for its FFN run)")
+    stopped = f"no evaluation for this run: it ended ({f.state}) before the end of training, where its model's " \
+        "evaluation is written"
+    if d.checkpoints:
+        return (f"{stopped}; `hpctrain resume {f.title}` trains on from its checkpoint of step "
+                f"{d.checkpoints[-1].step} and evaluates at the end")
+    return f"{stopped}; it has no checkpoint to resume from: submit the job again to train and evaluate it"
 
 
 def segmentation_section(d: ReportData) -> str:

@@ -68,11 +68,12 @@ class RunSource:
 def facts_of(registry: Any, run: Any) -> RunFacts:
     """The registry's facts: state, the reason shown by ``status``, and the chain of attempts."""
     from hpctrain.submission.run_record import read_meta
-    from hpctrain.submission.views import is_terminal, view_of
+    from hpctrain.submission.views import chain_starts, is_terminal, view_of
 
     view = view_of(registry, run)
-    attempts = tuple(Attempt(s.seq, s.kind, iso_epoch(s.submitted_at) or 0.0, s.state, s.state_reason, s.exit_code)
-                     for s in registry.chain(run.run_id) if s.ok)
+    chain = [s for s in registry.chain(run.run_id) if s.ok]
+    attempts = tuple(Attempt(s.seq, s.kind, iso_epoch(s.submitted_at) or 0.0, s.state, s.state_reason, s.exit_code,
+                             how) for s, how in zip(chain, chain_starts(chain), strict=True))
     try:
         total = read_meta(registry, run).total_steps
     except Exception:  # noqa: BLE001 - the step count is only shown

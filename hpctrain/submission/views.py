@@ -138,22 +138,58 @@ def view_of(registry: Registry, run: Run, progress: Progress | None = None, poll
 BY_SCHEDULER = "; requeued by the scheduler"
 
 
+# How a job ended before the user resumed its run, as words after "after".
+_ENDINGS = {JobState.CANCELLED.value: "a cancel", JobState.TIMEOUT.value: "a timeout",
+            JobState.FAILED.value: "a failure", JobState.PREEMPTED.value: "a preemption",
+            JobState.MISSING.value: "the scheduler lost its job", JobState.COMPLETED.value: "it completed"}
+
+
+def continued_after(before: Submission) -> str:
+    """Why a run went on after the chain entry ``before``, as words after "after": "a checkpoint" (the ranks
+    stopped at one and asked for a requeue), what the scheduler ran the job again for ("a node failure (node02
+    ...)"), or how the job ended before the user resumed the run ("a cancel", "a timeout", ...)."""
+    if before.state == JobState.REQUEUED.value:
+        cause, sep, _ = before.state_reason.rpartition(BY_SCHEDULER)
+        return cause if sep and cause else "a checkpoint"
+    if before.exit_code == EXIT_REQUEUE:
+        return "a stop at its checkpoint"
+    return _ENDINGS.get(before.state or "", "its job ended")
+
+
+def started_how(kind: str, before: Submission) -> str:
+    """What started a chain entry of ``kind`` after ``before``, as words after the kind ("requeue", "resume"):
+    "after a checkpoint", "by the scheduler after a node failure (...)", "by the user after a cancel"."""
+    if kind == "resume":
+        return f"by the user after {continued_after(before)}"
+    if kind == "resubmit":  # a job submits itself again only once it stopped at its checkpoint (PBS, Cobalt)
+        return "after a checkpoint"
+    if before.state_reason.endswith(BY_SCHEDULER):
+        return f"by the scheduler after {continued_after(before)}"
+    return f"after {continued_after(before)}"
+
+
+def chain_starts(chain: list[Submission]) -> list[str]:
+    """For each successful entry of a chain, what started it (``started_how``); '' for a submission."""
+    done = [s for s in chain if s.ok]
+    return ["" if s.kind == "submit" or i == 0 else started_how(s.kind, done[i - 1]) for i, s in enumerate(done)]
+
+
 def requeue_cause(chain: list[Submission]) -> str:
-    """Why the newest requeue of a chain happened, as words after "after": "a checkpoint" (the ranks stopped at
-    one and asked for it), or what the scheduler ran the job again for ("a node failure (node02 ...)")."""
+    """Why the newest requeue of a chain happened, as words after "after" (``continued_after``)."""
     ended = [s for s in chain if s.ok and s.state == JobState.REQUEUED.value and s.state_reason]
-    cause, sep, _ = ended[-1].state_reason.rpartition(BY_SCHEDULER) if ended else ("", "", "")
-    return cause if sep and cause else "a checkpoint"
+    return continued_after(ended[-1]) if ended else "a checkpoint"
 
 
 def _with_restart(reason: str, state: str, restart: int, limit: int | None, scheduler: str | None,
                   cause: str = "a checkpoint") -> str:
-    """The reason of a requeued run: the restart first while it goes on, after the reason once it has ended."""
+    """The reason of a requeued run: the restart first while it goes on, after the reason once it has ended. The
+    scheduler's hold after a requeue is no news while the run waits, and untrue once it has started or ended (a
+    registry written before the status parsers dropped it there may still hold it)."""
     where = restart_text(restart, limit)
+    hold = _requeue_hold_reasons(scheduler)
+    reason = "; ".join(part for part in reason.split("; ") if part not in hold) if reason else ""
     if state == JobState.PENDING.value:
-        hold = _requeue_hold_reasons(scheduler)
-        words = "" if reason in hold else reason
-        return f"requeued after {cause} ({where}), waiting to start again" + (f"; {words}" if words else "")
+        return f"requeued after {cause} ({where}), waiting to start again" + (f"; {reason}" if reason else "")
     if state in (JobState.RUNNING.value, JobState.REQUEUED.value):
         return f"{where}, after {cause}" + (f"; {reason}" if reason else "")
     return (f"{reason}; " if reason else "") + f"in {where}"

@@ -118,6 +118,10 @@ SLURM_REASONS: dict[str, str] = {
     "FrontEndDown": "no front-end node is available",
     "OutOfMemory": "the job ran out of memory",
     "MaxRequeueExceeded": "the job was requeued too many times",
+    "RaisedSignal": "the job was ended by a signal",
+    "InactiveLimit": "the job reached the system's InactiveLimit",
+    "DeadLine": "the job could not finish before its deadline",
+    "BurstBufferOperation": "a burst buffer operation failed",
 }
 
 
@@ -146,6 +150,26 @@ def slurm_state(code: str) -> JobState:
         return SLURM_STATES[word.upper()]
     except KeyError:
         raise ValueError(f"unknown Slurm job state {code!r}") from None
+
+
+# The reasons Slurm gives a job when it ends it (its FAIL_* codes, and a dependency that can never be met, for which
+# a job may be cancelled). Every other code says why a job waits; Slurm keeps the last one on a job that has since
+# started or ended (sacct's Reason of a requeued job that completed is BeginTime, the hold after its requeue; so is
+# squeue's of one cancelled in that hold), where it no longer says anything true.
+SLURM_END_REASONS = frozenset({
+    "NonZeroExitCode", "RaisedSignal", "TimeLimit", "OutOfMemory", "JobLaunchFailure", "SystemFailure", "NodeDown",
+    "PartitionDown", "BadConstraints", "InactiveLimit", "InvalidAccount", "InvalidQOS", "BurstBufferOperation",
+    "DeadLine", "DependencyNeverSatisfied"})
+# States whose reason says why the job waits: queued, or requeued and about to queue again.
+_WAITING_STATES = frozenset({JobState.PENDING, JobState.REQUEUED})
+
+
+def job_reason(state: JobState, reason: str) -> str:
+    """Readable words for the reason Slurm gives a job in ``state``: a reason to wait only while the job waits."""
+    code = reason.strip().partition(",")[0]
+    if state not in _WAITING_STATES and code not in SLURM_END_REASONS:
+        return ""
+    return slurm_reason(reason)
 
 
 def slurm_reason(reason: str) -> str:
@@ -218,13 +242,13 @@ def _slurm_status(
 ) -> JobStatus:
     try:
         state = slurm_state(raw)
+        words = job_reason(state, reason)
     except ValueError:
         # The completion file loses the state when a job name holds a space; treat what we cannot read
         # as a failure rather than guess success.
         state = JobState.FAILED
-        reason = reason or f"unreadable Slurm state {raw!r}"
+        words = slurm_reason(reason) or f"unreadable Slurm state {raw!r}"
     exit_code, signal = parse_slurm_exit_code(exit_text)
-    words = slurm_reason(reason)
     if raw.startswith("CANCELLED by"):
         words = words or f"cancelled by uid {raw.split()[-1]}"
     if signal and state in (JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT):
