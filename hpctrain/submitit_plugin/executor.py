@@ -88,6 +88,26 @@ def warn_about_slurm_parameters() -> None:
         warnings.warn(text, IgnoredParameterWarning, stacklevel=users_stacklevel())
 
 
+def unset_through_auto_executor(executor: HpctrainExecutor) -> set[str]:
+    """The parameters the AutoExecutor call that leads here gave as None (``hpctrain_queue=None``).
+
+    AutoExecutor drops None values ("handled as not set") before they reach the executor, so through it a parameter
+    once set could never be unset. Its caller's arguments are seen in the frame of submitit's
+    ``Executor.update_parameters`` for the AutoExecutor that wraps ``executor``; called otherwise, nothing is found.
+    """
+    code = core.Executor.update_parameters.__code__
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code is code
+                                     and getattr(frame.f_locals.get("self"), "_executor", None) is executor):
+        frame = frame.f_back
+    given = frame.f_locals.get("kwargs") if frame is not None else None
+    if not isinstance(given, dict):
+        return set()
+    prefix = f"{HpctrainExecutor.name()}_"
+    names = {k[len(prefix):] if k.startswith(prefix) else k for k, v in given.items() if v is None}
+    return names & set(PARAMETERS)
+
+
 def users_stacklevel() -> int:
     """The ``stacklevel`` of a warning given by the caller that points at the user's line: the first frame
     outside submitit and hpctrain."""
@@ -159,14 +179,19 @@ class HpctrainExecutor(core.Executor):
 
         Names, types, the job spec they make and the site profile are checked here; whether the job fits the
         site (queue limits, node shape, a required account) when it is submitted, as parameters may come in
-        any order. ``slurm_*`` parameters given to AutoExecutor are warned about: it drops them.
+        any order. ``slurm_*`` parameters given to AutoExecutor are warned about: it drops them. A value None
+        unsets the parameter (``queue=None``, AutoExecutor's ``hpctrain_queue=None``): its default applies again.
         """
         warn_about_slurm_parameters()
         check_values(kwargs)
-        merged = {**self.parameters, **kwargs}
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        merged = {**self.parameters, **given}
         for newer, older in (("walltime", "timeout_min"), ("timeout_min", "walltime")):
-            if newer in kwargs and older not in kwargs:
+            if newer in given and older not in given:
                 merged.pop(older, None)
+        # None unsets a parameter (its default applies again), given here or through AutoExecutor.
+        for name in ({k for k, v in kwargs.items() if v is None} | unset_through_auto_executor(self)) - set(given):
+            merged.pop(name, None)
         self._checked(merged, merged.get("name") or DEFAULT_NAME, fit=False)
         # In place: AutoExecutor shares this dict.
         self.parameters.clear()
