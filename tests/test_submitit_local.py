@@ -11,15 +11,17 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import cloudpickle
 import pytest
 import submitit
 import submitit_support
-from submitit.core.utils import FailedJobError, UncompletedJobError
+from submitit.core.utils import DelayedSubmission, FailedJobError, UncompletedJobError
 from submitit_support import Places, Resumable, add, fail, hold, square, task_environment, wait_for
 
+from hpctrain.config.preflight import PreflightWarning
 from hpctrain.submission.api import RunHandle
 from hpctrain.submission.registry import Registry
 from hpctrain.submitit_plugin.job import HpctrainJob
@@ -106,6 +108,34 @@ def test_a_killed_job_is_a_clear_error_not_a_hang(places: Places) -> None:
     assert "killed by signal 9" in text and "result-0.pkl" in text
     assert "launcher exited with status" in text  # the end of the job script's output
     assert isinstance(job.exception(), UncompletedJobError)
+
+
+def test_a_short_walltime_warns_about_requeues_only_when_the_callable_can_be_requeued(places: Places) -> None:
+    """submitit's README example (one minute for a function of a few seconds) submits without a word about
+    requeues that cannot happen; a Checkpointable with the same walltime is told that each run gets little time."""
+    ex = submitit.AutoExecutor(places.folder, cluster="hpctrain", hpctrain_run_root=str(places.runs))
+    ex.update_parameters(timeout_min=1)
+    assert ex._executor.max_num_timeout > 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        job = ex.submit(add, 5, 7)
+    assert [str(w.message) for w in caught if issubclass(w.category, PreflightWarning)] == []
+    assert job.result() == 12
+    marker = places.root / "marker"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumable = ex.submit(Resumable(str(marker)))
+    said = [str(w.message) for w in caught if issubclass(w.category, PreflightWarning)]
+    assert len(said) == 1 and said[0].startswith("timeout_min 00:01:00 leaves 45 s per run before the stop signal")
+    assert "each of the 3 requeues (max_num_timeout)" in said[0]
+    resumable.cancel()
+    with pytest.raises(UncompletedJobError, match=r"state: CANCELLED"):
+        resumable.result()
+    # No requeue allowed: nothing to warn about for a Checkpointable either.
+    never = submitit.AutoExecutor(places.folder, cluster="hpctrain", hpctrain_max_num_timeout=0)
+    assert not never._executor.may_requeue([DelayedSubmission(Resumable(str(marker)))])
+    assert ex._executor.may_requeue([DelayedSubmission(Resumable(str(marker)))])
+    assert not ex._executor.may_requeue([DelayedSubmission(add, 5, 7)])
 
 
 def test_cancel_stops_the_job(places: Places) -> None:

@@ -180,6 +180,35 @@ def test_slurm_parameters_given_to_auto_executor_are_warned_about(places: Places
         ex.update_parameters(timeout_min=6, hpctrain_queue="debug")
 
 
+def test_a_parameter_once_set_is_unset_by_none(places: Places) -> None:
+    """AutoExecutor drops None values before the executor sees them: ``hpctrain_queue=None`` still unsets the queue
+    (the site's default applies again), and the refusals that ask for it say how."""
+    ex = submitit.AutoExecutor(places.folder, cluster="hpctrain", hpctrain_site="ci-slurm")
+    ex.update_parameters(hpctrain_queue="debug", hpctrain_account="proj42", timeout_min=30)
+    ex.update_parameters(hpctrain_queue=None, timeout_min=None)
+    assert ex._executor.parameters == {"site": "ci-slurm", "account": "proj42"}
+    job, _ = ex._executor.job_spec(add)
+    assert job.resources.queue is None and job.resources.walltime == "01:00:00"  # the defaults
+    direct = HpctrainExecutor(places.folder, site="ci-slurm")
+    direct.update_parameters(queue="debug")
+    direct.update_parameters(queue=None)
+    assert direct.parameters == {"site": "ci-slurm"}
+    # A queue carried over to a site that has none: the fix is one the user can make.
+    ex.update_parameters(hpctrain_queue="debug", hpctrain_site="local")
+    with pytest.raises(ConfigError, match="site 'local' has no queues") as info:
+        ex._executor.job_spec(add)
+    assert info.value.hint == ("unset queue for this site: update_parameters(queue=None) (AutoExecutor: "
+                               "hpctrain_queue=None)")
+    ex.update_parameters(hpctrain_queue=None)
+    assert ex._executor.job_spec(add)[0].resources.queue is None
+    # An empty text is not "unset": refused, saying what is.
+    with pytest.raises(ConfigError, match="parameter queue='': must be one plain word") as info:
+        ex.update_parameters(hpctrain_queue="")
+    assert "to go back to the default, unset queue: update_parameters(queue=None) (AutoExecutor: " \
+           "hpctrain_queue=None)" in str(info.value)
+    assert "queue" not in ex._executor.parameters
+
+
 def test_a_timeout_reason_says_walltime_not_the_exit_code_of_the_signal() -> None:
     """What the watcher keeps for ``job.get_info()`` and the errors: the local controller's and Slurm's TIMEOUT
     reasons as hpctrain reads them, in a submitit user's words; other states keep their exit code."""

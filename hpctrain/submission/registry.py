@@ -38,6 +38,7 @@ SUBMISSION_KINDS = ("submit", "requeue", "resubmit", "resume")
 CREATED = "created"
 SUBMIT_FAILED = "submit_failed"
 ACTIVE_STATES = tuple(s.value for s in JobState if s.is_active)
+ENDED_STATES = frozenset(s.value for s in JobState if s.is_terminal)
 T = TypeVar("T")
 
 _SCHEMA_V1 = """
@@ -411,6 +412,13 @@ class Registry:
                     self._db.connection.execute("ROLLBACK")
             raise
 
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the registry's write lock while the block runs: a file kept beside it that many processes
+        replace (``run_record``) is read, compared and written with no other process in between."""
+        with self._write():
+            yield
+
     def _tables(self) -> set[str]:
         return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
 
@@ -594,7 +602,9 @@ class Registry:
         """Store polled job states (one transaction); returns how many submissions changed state.
 
         A job id is matched to the newest successful submission carrying it (of ``site`` when given, since
-        ids repeat across clusters); the run follows the state of its newest successful submission.
+        ids repeat across clusters); the run follows the state of its newest successful submission. A
+        submission that has ended keeps its end: an active state for it is an answer read before another
+        process stored the end, and is dropped.
         """
         if not statuses:
             return 0
@@ -615,7 +625,9 @@ class Registry:
                 new = (status.state.value, status.reason_text or "", status.exit_code, status.restart_count)
                 for row in rows:
                     old = (row["state"], row["state_reason"], row["exit_code"], row["restart_count"])
-                    if old == new:
+                    if old == new or (row["state"] in ENDED_STATES and new[0] not in ENDED_STATES):
+                        # An active state after an end is an answer read before it (another process's poll
+                        # stored the end meanwhile): an ended job is never polled again, so its end stands.
                         continue
                     changed += 1
                     db.execute(

@@ -2,13 +2,15 @@
 
 ``<registry dir>/runs/RUN_ID/`` holds what was submitted — ``job.yaml``, ``job.sh``, the resolved site profile
 ``site.yaml`` (so ``resume``/``status``/``cancel`` never need the profile file or name again), ``submit.json``
-(scheduler, ssh config, step count, requeue budget) — and ``progress.json``, the newest metrics record a
-poll saw (so ``hpctrain runs`` shows the progress of runs that have ended).
+(scheduler, ssh config, step count, requeue budget) — and ``progress.json``, the newest metrics record any
+poll saw and whether it was read after the job ended (so ``hpctrain runs`` shows the progress of runs that have
+ended).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -86,25 +88,81 @@ def run_site(registry: Registry, run: Run) -> SiteProfile:
                           ) from None
 
 
-def save_progress(registry: Registry, run_id: str, record: dict[str, Any]) -> None:
-    """Keep the newest metrics record a poll saw (written only when it changed)."""
+@dataclass(frozen=True)
+class KeptProgress:
+    """The newest metrics record any poll saw; ``after_end_of``: the job whose end that poll had seen before it
+    read the record (the job's last record then: nobody needs to read it again), None when it was read while the
+    job ran (or by an hpctrain that did not say)."""
+
+    record: dict[str, Any]
+    after_end_of: str | None = None
+
+
+def kept_progress(registry: Registry, run_id: str) -> KeptProgress | None:
+    """What ``save_progress`` kept (None when no poll saw a record); a bare record is what older versions kept."""
+    try:
+        data = json.loads((record_dir(registry, run_id) / PROGRESS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    record, after_end_of = data.get("metrics"), data.get("after_end_of")
+    if isinstance(record, dict) and "after_end_of" in data:
+        return KeptProgress(record, after_end_of if isinstance(after_end_of, str) else None)
+    return KeptProgress(data)
+
+
+def _number(record: dict[str, Any], key: str) -> float | None:
+    value = record.get(key)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _positions(a: dict[str, Any], b: dict[str, Any]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Where two records of a run's metrics.jsonl stand, comparable: by rank 0's time when both carry one (a
+    resumed run starts again at an earlier step), then by step."""
+    keys = ("time", "step") if _number(a, "time") is not None and _number(b, "time") is not None else ("step",)
+
+    def position(r: dict[str, Any]) -> tuple[float, ...]:
+        return tuple(-math.inf if (v := _number(r, k)) is None else v for k in keys)
+
+    return position(a), position(b)
+
+
+def newer_progress(new: KeptProgress, kept: KeptProgress | None) -> KeptProgress:
+    """Of two observations of a run's metrics, the one to keep: the later record; the same record read again
+    after its job's end becomes marked so."""
+    if kept is None:
+        return new
+    new_at, kept_at = _positions(new.record, kept.record)
+    if new_at > kept_at or (new_at == kept_at and new.after_end_of not in (None, kept.after_end_of)):
+        return new
+    return kept
+
+
+def save_progress(registry: Registry, run_id: str, record: dict[str, Any], *,
+                  after_end_of: str | None = None) -> dict[str, Any]:
+    """Keep ``record`` (a metrics record a poll read; ``after_end_of``: the job whose end that poll had seen first)
+    unless a newer one is kept already, and return the record kept.
+
+    Polls of several processes answer out of order (a record read while the job ran may come after one read
+    after its end), so progress only moves forward; the compare and the write hold the registry's lock.
+    """
     path = record_dir(registry, run_id) / PROGRESS_FILE
-    text = json.dumps(record, sort_keys=True)
+    new = KeptProgress(record, after_end_of)
     try:
-        if path.read_text(encoding="utf-8") == text:
-            return
-    except OSError:
-        pass
-    try:
-        write_atomic(path, text)
+        with registry.locked():
+            kept = kept_progress(registry, run_id)
+            chosen = newer_progress(new, kept)
+            if chosen is not kept:
+                write_atomic(path, json.dumps({"metrics": chosen.record, "after_end_of": chosen.after_end_of},
+                                              sort_keys=True))
+            return chosen.record
     except HpctrainError:
-        pass  # progress is a convenience: a full disk must not fail a status poll
+        # progress is a convenience: a full disk or a busy registry must not fail a status poll
+        return newer_progress(new, kept_progress(registry, run_id)).record
 
 
 def saved_progress(registry: Registry, run_id: str) -> dict[str, Any] | None:
     """The metrics record kept by ``save_progress`` (None when no poll saw one)."""
-    try:
-        record = json.loads((record_dir(registry, run_id) / PROGRESS_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
+    kept = kept_progress(registry, run_id)
+    return kept.record if kept else None

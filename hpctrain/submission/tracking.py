@@ -18,7 +18,7 @@ from hpctrain.errors import HpctrainError, TransportError
 from hpctrain.exit_codes import EXIT_REQUEUE, EXIT_SCHEDULER, EXIT_TRANSPORT
 from hpctrain.submission.failure import FAILURE_FILE, read_failure
 from hpctrain.submission.registry import Registry, Run
-from hpctrain.submission.run_record import PROGRESS_FILE, RunMeta, read_meta, record_dir, save_progress
+from hpctrain.submission.run_record import RunMeta, kept_progress, read_meta, save_progress
 from hpctrain.submission.schedulers.base import EXIT_LOG, Scheduler, StatusProbe, get_scheduler
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun, is_unknown_job_error
@@ -390,36 +390,68 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
     """Poll the active ones of ``runs`` (one call per (site, remote, ssh config)), store, and return views.
 
     The newest metrics record of each run is fetched too (and kept with the run, see ``run_record``) unless
-    ``progress`` is False or an ended run's record is already kept.
+    ``progress`` is False or the run's last record, read after its job ended, is kept already.
     """
     pool = pool or TransportPool()
     runs = [registry.get_run(r.run_id) for r in runs]  # callers may hold stale copies
+    polled = _poll_once(registry, runs, pool, progress=progress, ssh_config=ssh_config)
+    fresh = {run.run_id: registry.get_run(run.run_id) for run in runs}
+    if progress:
+        # Another process (``logs --follow``, a second ``status``) may have stored a run's end after this poll's
+        # answer was read: the metrics read with it are from before the end. Read them again, the end now stored.
+        late = [fresh[r.run_id] for r in runs
+                if r.is_active and not fresh[r.run_id].is_active and not _last_progress_kept(registry, fresh[r.run_id])]
+        if late:
+            again = _poll_once(registry, late, pool, progress=True, ssh_config=ssh_config)
+            polled.progress.update(again.progress)
+    views = []
+    for run in runs:
+        error, code = polled.errors.get(run.run_id, ("", 0))
+        record = polled.progress.get(run.run_id)
+        views.append(view_of(registry, fresh[run.run_id],
+                             progress_from_record(record, polled.totals.get(run.run_id)) if record else None,
+                             error, code))
+    return views
+
+
+@dataclass
+class _Polled:
+    """What one round of polling found: per run id, why it could not be polled (text, exit code), the newest
+    metrics record kept, and its step count."""
+
+    errors: dict[str, tuple[str, int]] = field(default_factory=dict)
+    progress: dict[str, dict[str, Any]] = field(default_factory=dict)
+    totals: dict[str, int | None] = field(default_factory=dict)
+
+
+def _poll_once(registry: Registry, runs: Sequence[Run], pool: TransportPool, *, progress: bool,
+               ssh_config: str | None) -> _Polled:
+    """One batched call per group of ``runs``: the states stored, the metrics records kept."""
     groups: dict[tuple[str, str | None, str | None, str], _Group] = {}
-    errors: dict[str, tuple[str, int]] = {}
+    out = _Polled()
     for run in runs:
         try:
             meta = read_meta(registry, run)
             scheduler = get_scheduler(meta.scheduler)
         except HpctrainError as exc:
-            errors[run.run_id] = (str(exc), exc.exit_code)
+            out.errors[run.run_id] = (str(exc), exc.exit_code)
             continue
+        out.totals[run.run_id] = meta.total_steps
         cfg = ssh_config or meta.ssh_config
         key = (run.site, run.remote, cfg, meta.scheduler)
         group = groups.setdefault(key, _Group(scheduler, run.remote, cfg))
         group.members.append((run, meta, latest_job_id(registry, run.run_id)))
-    fetched: dict[str, dict[str, Any] | None] = {}
     for (site, *_), group in groups.items():
         active = {job: run for run, _, job in group.members if job and run.is_active}
-        paths = [f"{run.run_dir}/{METRICS_FILE}" for run, _, job in group.members
-                 if progress and (job in active or not _has_progress(registry, run))]
+        paths = {run.run_id: f"{run.run_dir}/{METRICS_FILE}" for run, _, job in group.members
+                 if progress and (job in active or not _last_progress_kept(registry, run))}
         if not active and not paths:
             continue
         exit_logs = {job: f"{run.run_dir}/{EXIT_LOG}" for job, run in active.items()}
         notes = {job: f"{run.run_dir}/{FAILURE_FILE}" for job, run in active.items()}
         result = poll_scheduler(pool.get(group.remote, group.ssh_config), group.scheduler,
-                                {job: run.run_dir for job, run in active.items()}, paths,
+                                {job: run.run_dir for job, run in active.items()}, list(paths.values()),
                                 record_paths=list(exit_logs.values()), note_paths=list(notes.values()))
-        fetched.update(result.metrics)
         statuses = apply_exit_records(registry, result.statuses, active,
                                       {job: result.records.get(path, []) for job, path in exit_logs.items()})
         statuses = apply_failure_notes(statuses, {job: result.notes.get(path, "") for job, path in notes.items()})
@@ -433,18 +465,20 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
         if result.statuses is None:
             for job, run in active.items():
                 if job not in statuses:
-                    errors[run.run_id] = (result.error, result.error_code)
-    totals = {run.run_id: meta.total_steps for group in groups.values() for run, meta, _ in group.members}
-    views = []
-    for run in runs:
-        fresh = registry.get_run(run.run_id)
-        record = fetched.get(f"{fresh.run_dir}/{METRICS_FILE}")
-        if record:
-            save_progress(registry, fresh.run_id, record)
-        error, code = errors.get(run.run_id, ("", 0))
-        views.append(view_of(registry, fresh, progress_from_record(record, totals.get(run.run_id)), error, code))
-    return views
+                    out.errors[run.run_id] = (result.error, result.error_code)
+        for run, _, job in group.members:
+            record = result.metrics.get(paths.get(run.run_id, ""))
+            if record:
+                # The script reads the metrics after the status commands: a job seen ended (here, or by a poll
+                # before this one) wrote no record after this one.
+                ended = job is not None and (not run.is_active or (job in statuses and statuses[job].state.is_terminal))
+                out.progress[run.run_id] = save_progress(registry, run.run_id, record,
+                                                         after_end_of=job if ended else None)
+    return out
 
 
-def _has_progress(registry: Registry, run: Run) -> bool:
-    return (record_dir(registry, run.run_id) / PROGRESS_FILE).is_file()
+def _last_progress_kept(registry: Registry, run: Run) -> bool:
+    """Whether the metrics record kept for ``run`` need not be read again: one read after its newest job ended
+    (a run that never got a job: any record)."""
+    kept = kept_progress(registry, run.run_id)
+    return kept is not None and kept.after_end_of == latest_job_id(registry, run.run_id)

@@ -22,6 +22,7 @@ from submitit.core import core, utils
 
 from hpctrain.config.common import walltime_seconds
 from hpctrain.config.origin import locate
+from hpctrain.config.preflight import walltime_warnings
 from hpctrain.errors import ConfigError
 from hpctrain.submission.api import submit_runs
 from hpctrain.submission.registry import Registry
@@ -85,6 +86,26 @@ def warn_about_slurm_parameters() -> None:
     text = ignored_slurm_parameters(given) if isinstance(given, dict) else None
     if text:
         warnings.warn(text, IgnoredParameterWarning, stacklevel=users_stacklevel())
+
+
+def unset_through_auto_executor(executor: HpctrainExecutor) -> set[str]:
+    """The parameters the AutoExecutor call that leads here gave as None (``hpctrain_queue=None``).
+
+    AutoExecutor drops None values ("handled as not set") before they reach the executor, so through it a parameter
+    once set could never be unset. Its caller's arguments are seen in the frame of submitit's
+    ``Executor.update_parameters`` for the AutoExecutor that wraps ``executor``; called otherwise, nothing is found.
+    """
+    code = core.Executor.update_parameters.__code__
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_code is code
+                                     and getattr(frame.f_locals.get("self"), "_executor", None) is executor):
+        frame = frame.f_back
+    given = frame.f_locals.get("kwargs") if frame is not None else None
+    if not isinstance(given, dict):
+        return set()
+    prefix = f"{HpctrainExecutor.name()}_"
+    names = {k[len(prefix):] if k.startswith(prefix) else k for k, v in given.items() if v is None}
+    return names & set(PARAMETERS)
 
 
 def users_stacklevel() -> int:
@@ -158,14 +179,19 @@ class HpctrainExecutor(core.Executor):
 
         Names, types, the job spec they make and the site profile are checked here; whether the job fits the
         site (queue limits, node shape, a required account) when it is submitted, as parameters may come in
-        any order. ``slurm_*`` parameters given to AutoExecutor are warned about: it drops them.
+        any order. ``slurm_*`` parameters given to AutoExecutor are warned about: it drops them. A value None
+        unsets the parameter (``queue=None``, AutoExecutor's ``hpctrain_queue=None``): its default applies again.
         """
         warn_about_slurm_parameters()
         check_values(kwargs)
-        merged = {**self.parameters, **kwargs}
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        merged = {**self.parameters, **given}
         for newer, older in (("walltime", "timeout_min"), ("timeout_min", "walltime")):
-            if newer in kwargs and older not in kwargs:
+            if newer in given and older not in given:
                 merged.pop(older, None)
+        # None unsets a parameter (its default applies again), given here or through AutoExecutor.
+        for name in ({k for k, v in kwargs.items() if v is None} | unset_through_auto_executor(self)) - set(given):
+            merged.pop(name, None)
         self._checked(merged, merged.get("name") or DEFAULT_NAME, fit=False)
         # In place: AutoExecutor shares this dict.
         self.parameters.clear()
@@ -235,10 +261,17 @@ class HpctrainExecutor(core.Executor):
             sys_path = self.job_sys_path()
             probe = self._probes.setdefault((remote, ssh_config, python, tuple(sys_path)), PythonProbe())
             probe.check(transport, python, modules, what=f"the callable {describe(first)}", sys_path=sys_path)
-            return self._submit(job, site, python, staged)
+            return self._submit(job, site, python, staged, may_requeue=self.may_requeue(delayed_submissions))
         finally:
             for path in staged:
                 path.unlink(missing_ok=True)
+
+    def may_requeue(self, delayed_submissions: Sequence[utils.DelayedSubmission]) -> bool:
+        """Whether a submission may be requeued at its checkpoint signal: its callable can be checkpointed and
+        ``max_num_timeout`` allows a requeue. Any other callable runs on to its end or to the walltime."""
+        from hpctrain.submitit_plugin.runner import checkpoint_of
+
+        return self.max_num_timeout > 0 and any(checkpoint_of(d.function) is not None for d in delayed_submissions)
 
     def runner_command(self, job: JobSpec, python: str) -> list[str]:
         """What each task runs in the job (instead of ``hpctrain run``)."""
@@ -250,9 +283,13 @@ class HpctrainExecutor(core.Executor):
             command += ["--sys-path", directory]
         return command
 
-    def _submit(self, job: JobSpec, site: SiteProfile, python: str, staged: Sequence[Path]) -> list[core.Job[Any]]:
+    def _submit(self, job: JobSpec, site: SiteProfile, python: str, staged: Sequence[Path], *,
+                may_requeue: bool) -> list[core.Job[Any]]:
         values = self.parameters
         command = self.runner_command(job, python)
+        # The walltime's warning is about the time each requeued run gets to make progress: nothing to say for a
+        # callable that is never requeued (submitit's README example: 1 minute for a function of a few seconds).
+        unmeant = set() if may_requeue else set(walltime_warnings(job))
         arrays = get_scheduler(site.scheduler).array_index_variable is not None
         batches = [list(range(len(staged)))] if arrays else [[i] for i in range(len(staged))]
         ranks = job.resources.nodes * job.resources.ranks_per_node
@@ -267,6 +304,8 @@ class HpctrainExecutor(core.Executor):
                                        pool=self.pool, tasks=len(batch) if len(batch) > 1 else None,
                                        files=[[(staged[i], PAYLOAD_FILE)] for i in batch])
                 for caught_warning in caught:
+                    if str(caught_warning.message) in unmeant:
+                        continue
                     warnings.warn(text_in_parameter_words(str(caught_warning.message), values),
                                   caught_warning.category, stacklevel=users_stacklevel())
                 for i, run, job_id in zip(batch, done.runs, done.job_ids, strict=True):

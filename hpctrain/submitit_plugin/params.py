@@ -194,6 +194,7 @@ _FIT_HINTS: dict[str, str] = {
     "train.comm_backend": "or set comm_backend to auto, mpi or gloo",
 }
 _KEY_WORD = re.compile(r"\b(?:resources|checkpoint|train)\.[a-z_]+\b")
+_REMOVE_KEY = re.compile(r"\bremove ((?:resources|checkpoint|train)\.[a-z_]+)\b")
 
 
 def parameter_for(key: str, values: Mapping[str, Any]) -> str:
@@ -209,6 +210,22 @@ def text_in_parameter_words(text: str, values: Mapping[str, Any]) -> str:
     return _KEY_WORD.sub(lambda m: parameter_for(m.group(0), values), text)
 
 
+def unset_advice(name: str) -> str:
+    """How to unset parameter ``name`` (its default applies again), in both spellings."""
+    auto = name if name in GENERIC else f"hpctrain_{name}"
+    return f"update_parameters({name}=None)" + ("" if auto == name else f" (AutoExecutor: {auto}=None)")
+
+
+def _unset_instead_of_remove(hint: str | None, values: Mapping[str, Any]) -> str | None:
+    """A hint to remove a job-spec key (``remove resources.queue for this site``) said as what a submitit user
+    does: unset the parameter that set it, and how."""
+    match = _REMOVE_KEY.search(hint or "")
+    name = parameter_for(match.group(1), values) if match else None
+    if hint is None or match is None or name not in PARAMETERS:
+        return hint
+    return f"{hint[:match.start()]}unset {name}{hint[match.end():]}: {unset_advice(name)}"
+
+
 def in_parameter_words(error: ConfigError, values: Mapping[str, Any]) -> ConfigError:
     """``error`` (of the job spec the parameters made) said with the parameters' names: its key, the job-spec
     keys in its text, and for a limit of the site, what to change."""
@@ -221,6 +238,9 @@ def in_parameter_words(error: ConfigError, values: Mapping[str, Any]) -> ConfigE
     key = error.key
     hint = _FIT_HINTS.get(key or "", error.hint) if isinstance(error, FitError) else error.hint
     name = parameter_for(key, values) if key else None
+    hint = _unset_instead_of_remove(hint, values)
+    if name is not None and values.get(name) == "":
+        hint = f"to go back to the default, unset {name}: {unset_advice(name)}"
     if name is not None and error.path and error.path.startswith(f"parameter {name}="):
         name = None  # the place already names the parameter
     return type(error)(words(error.message) or "", path=error.path, line=error.line, key=name, hint=words(hint))

@@ -88,6 +88,12 @@ class _Unpickler(pickle.Unpickler):
             raise
 
 
+def checkpoint_of(function: object) -> Any:
+    """The callable's ``checkpoint`` as submitit finds it (``submitit.helpers.Checkpointable``, or any callable
+    with a ``checkpoint`` method); None for a callable that cannot be checkpointed, so is never requeued."""
+    return getattr(function, "__submitit_checkpoint__", None) or getattr(function, "checkpoint", None)
+
+
 def load_submission(path: str | os.PathLike[str]) -> Any:
     """The pickled submission (``function``, ``args``, ``kwargs``) at ``path``."""
     with open(path, "rb") as f:
@@ -155,7 +161,7 @@ class CheckpointSignal:
             return
         name = signal.Signals(signum).name
         function = self.submission.function
-        checkpoint = getattr(function, "__submitit_checkpoint__", None) or getattr(function, "checkpoint", None)
+        checkpoint = checkpoint_of(function)
         done = restarts_of(os.environ)
         if checkpoint is None:
             say(f"{name}: the callable has no checkpoint(); it runs on until the walltime")
