@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -303,9 +304,14 @@ def _ended(state: str, reason: str, code: int | None):  # noqa: ANN202 - (chain,
     ("timeout", "walltime of 12 s reached", -15, "walltime of 12 s reached"),
     ("timeout", "", 0, "its walltime ran out"),
     ("timeout", "DUE TO TIME LIMIT; exit code 0", 0, "DUE TO TIME LIMIT; its walltime ran out"),
-    ("failed", "", -9, "killed by signal 9"),
-    ("failed", "", 137, "exit code 137 (killed by signal 9)"),
-    ("failed", "the script exited with code 140", 140, "the script exited with code 140; killed by signal 12"),
+    ("timeout", "DUE TO TIME LIMIT; killed by signal 15 (SIGTERM), exit status 143", 0,
+     "DUE TO TIME LIMIT; its walltime ran out"),
+    ("failed", "", -9, "killed by signal 9 (SIGKILL), exit status 137"),
+    ("failed", "", 137, "killed by signal 9 (SIGKILL), exit status 137"),
+    # a reason an earlier hpctrain recorded keeps its words; the death is said once, in full
+    ("failed", "the script exited with code 140", 140,
+     "the script exited with code 140; killed by signal 12 (SIGUSR2), exit status 140"),
+    ("failed", "killed by signal 9", 0, "killed by signal 9"),
     ("failed", "rank 1: DataError: no dataset 'image'", 1, "rank 1: DataError: no dataset 'image'; exit code 1"),
 ])
 def test_why_a_run_ended_says_the_walltime_and_signals_in_words(state: str, reason: str, code: int,
@@ -313,3 +319,49 @@ def test_why_a_run_ended_says_the_walltime_and_signals_in_words(state: str, reas
     from hpctrain.submission.views import why_it_ended
 
     assert why_it_ended(*_ended(state, reason, code)) == want
+
+
+KILLED = "killed by signal 9 (SIGKILL), exit status 137"  # what the job log's "launcher exited with status 137" is
+
+
+def _slurm_line(job: str, state: str, exit_code: str, reason: str) -> str:
+    return f"{job}|ffn-local|{state}|{exit_code}|{reason}|00:00:41|2026-11-20T10:01:10|2026-11-20T10:01:51|nid000016"
+
+
+def _local_record(code: int) -> str:
+    from hpctrain.submission.schedulers.local_controller import final_state
+
+    state, reason = final_state(code, cancelled=False, timed_out=False, walltime_s=60, max_requeues=0)
+    return json.dumps({"job": "7", "state": state, "exit_code": code, "reason": reason, "restarts": 0})
+
+
+def _shapes() -> dict[str, JobStatus]:
+    """One job killed by SIGKILL as each back-end reports it, parsed by that back-end's own parser."""
+    from hpctrain.submission.schedulers.local import parse_controller_status
+    from hpctrain.submission.schedulers.pbs import parse_pbs_qstat_json
+    from hpctrain.submission.schedulers.slurm.status import parse_sacct
+
+    pbs = {"Jobs": {"9.pbs": {"job_state": "F", "Exit_status": 137, "comment": "Job run at ... and finished"}}}
+    return {
+        # the batch shell itself killed: Slurm keeps the signal, exit code 0
+        "slurm 0:9": parse_sacct(_slurm_line("201", "FAILED", "0:9", "None"))["201"],
+        # the shell exited with srun's 128 + 9 for a killed task
+        "slurm 137:0": parse_sacct(_slurm_line("202", "FAILED", "137:0", "NonZeroExitCode"))["202"],
+        # the local controller's script: killed itself (-9), or exited with the local launcher's 137
+        "local -9": parse_controller_status(_local_record(-9))["7"],
+        "local 137": parse_controller_status(_local_record(137))["7"],
+        "pbs 137": parse_pbs_qstat_json(json.dumps(pbs))["9.pbs"],
+    }
+
+
+@pytest.mark.parametrize("shape", ["slurm 0:9", "slurm 137:0", "local -9", "local 137", "pbs 137"])
+def test_a_death_by_signal_reads_the_same_from_every_back_end(shape: str) -> None:
+    """Whatever shape the scheduler reports a SIGKILL in, the run's reason names the signal and the exit status
+    the job log prints (137), once, and never an exit code of 9 or 0."""
+    from hpctrain.submission.views import why_it_ended
+
+    status = _shapes()[shape]
+    assert status.state is JobState.FAILED
+    reason = why_it_ended(*_ended(status.state.value, status.reason_text, status.exit_code))
+    assert reason.count(KILLED) == 1 and not re.search(r"exit code -?\d", reason), reason
+    assert reason.count("signal") == 1, reason
