@@ -235,9 +235,10 @@ def _checked(p: Param) -> Param:
     return p
 
 
-def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
-                     sets: list[str] | tuple[str, ...] = ()) -> Parameters:
-    """Every planner parameter for ``job`` on ``site``: measured, job, site, assumed, then ``--set``."""
+def gather_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
+                      sets: list[str] | tuple[str, ...] = ()) -> Parameters:
+    """The planner parameters for ``job`` on ``site`` that are known: measured, job, site, assumed, then ``--set``,
+    each checked against its range; the measured-only ones may be missing (``build_parameters`` requires them)."""
     params: dict[str, Param] = {}
 
     def put(p: Param) -> None:
@@ -258,7 +259,13 @@ def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: M
             put(p)
     for name, p in params.items():
         params[name] = _checked(p)
-    result = apply_sets(Parameters(params), list(sets))
+    return apply_sets(Parameters(params), list(sets))
+
+
+def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
+                     sets: list[str] | tuple[str, ...] = ()) -> Parameters:
+    """Every planner parameter for ``job`` on ``site``: measured, job, site, assumed, then ``--set``."""
+    result = gather_parameters(job, job_path, site, measured, sets)
     missing = [name for name in MEASURED_ONLY if name not in result]
     if missing:
         raise ConfigError(
@@ -322,15 +329,24 @@ def site_notes(site: SiteProfile, params: Parameters) -> list[str]:
     return []
 
 
-def check_nodes(nodes: list[int], inputs: PlanInputs) -> None:
-    """A node count the machine does not have is an error naming the limit."""
+def check_before_measuring(job: JobSpec, job_path: str, site: SiteProfile, nodes: list[int] | None,
+                           sets: list[str] | tuple[str, ...] = ()) -> None:
+    """Refuse now what a plan would refuse after its measurement: a ``--set`` name or value, a job or site figure
+    out of range, a node count the machine does not have. ``--calibrate`` asks this before it submits its run, so
+    a plan that cannot be made costs no queue wait and no allocation."""
+    gather_parameters(job, job_path, site, None, sets)
+    if nodes is not None:
+        check_nodes(nodes, site.name, max_nodes(site))
+
+
+def check_nodes(nodes: list[int], site_name: str, limit: int | None) -> None:
+    """A node count the machine (of ``limit`` nodes, None: unknown) does not have is an error naming the limit."""
     bad = [n for n in nodes if n < 1]
     if bad:
         raise ConfigError(f"--nodes {bad[0]}: a node count must be at least 1", key="--nodes")
     if max(nodes) > MAX_NODES:
         raise ConfigError(f"--nodes {max(nodes)}: more nodes than any machine has", key="--nodes",
                           hint=f"plan for at most {MAX_NODES:,} nodes")
-    limit = inputs.max_nodes
     if limit is not None and max(nodes) > limit:
-        raise ConfigError(f"--nodes {max(nodes)}: site {inputs.site_name!r} has {limit} nodes",
+        raise ConfigError(f"--nodes {max(nodes)}: site {site_name!r} has {limit} nodes",
                           key="--nodes", hint=f"plan for at most {limit} nodes")
