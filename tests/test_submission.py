@@ -242,6 +242,53 @@ def test_fit_error_registers_nothing(env: Path) -> None:
     assert json.loads(_cli("runs", "--json", env_dir=env).stdout) == []
 
 
+def _interpreter_without_torch(root: Path) -> Path:
+    """A real interpreter that imports hpctrain (this checkout) and everything this one does, except torch: a
+    throwaway venv whose .pth names the checkout and a folder of links to this venv's packages, torch's left out."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120)
+    python = root / "venv" / "bin" / "python"
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    shadow = root / "packages"
+    shadow.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("torch", "functorch", "hpctrain", "__editable__")):
+            (shadow / entry.name).symlink_to(entry)
+    (purelib / "checkout.pth").write_text(f"{REPO}\n{shadow}\n")
+    return python
+
+
+def test_a_local_job_whose_interpreter_lacks_torch_is_refused_before_it_starts(env: Path) -> None:
+    """A laptop install without the training stack: ``submit --site local`` (and ``--dry-run``) asks the interpreter
+    that will run the job first and refuses with one line naming it and the install command; nothing is registered.
+    A yes is remembered, so the next submission starts no process to ask again."""
+    from hpctrain.config.job import load_job
+    from hpctrain.config.site import load_site
+    from hpctrain.submission.interpreter import check_interpreter
+
+    python = _interpreter_without_torch(env)
+    environ = {**os.environ, "HPCTRAIN_HOME": str(env / "home"), "HPCTRAIN_RUNS": str(env / "runs")}
+    environ.pop("HPCTRAIN_REGISTRY", None)
+    environ.pop("PYTHONPATH", None)  # the venv's .pth alone puts hpctrain on its path
+    for dry in ([], ["--dry-run"]):
+        out = subprocess.run([str(python), "-m", "hpctrain", "submit", "tiny.yaml", "--site", "local", *dry],
+                             capture_output=True, text=True, timeout=120, cwd=env, env=environ,
+                             stdin=subprocess.DEVNULL)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert lines[0].startswith(f"hpctrain: error: the job's interpreter {python} on this machine cannot "
+                                   "import torch"), lines[0]
+        assert f"{python} -m pip install '{REPO}[train,local]'" in lines[0], lines[0]
+    assert json.loads(_cli("runs", "--json", env_dir=env).stdout) == []
+    assert not (env / "runs").exists() and not (env / "home" / "dry-run").exists()
+    # this interpreter has them: asked once, then remembered
+    job, site = load_job(env / "tiny.yaml"), load_site("local")
+    assert check_interpreter(LocalTransport(), job, site, python=sys.executable) is True
+    assert check_interpreter(LocalTransport(), job, site, python=sys.executable) is False
+
+
 def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> None:
     """The local back-end is a back-end: submit, status and cancel are argv lists (the local controller's
     submit/status/cancel) run through the transport, and a poll is ONE batched call."""
