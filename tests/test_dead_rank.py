@@ -157,7 +157,7 @@ def test_kill_one_rank_under_srun_then_hpctrain_resume(tmp_path: Path, slurm: An
     environ = {**os.environ, "PYTHONPATH": str(REPO)}
     status = subprocess.run([sys.executable, "-m", "hpctrain", "status", run.run_id], env=environ,
                             capture_output=True, text=True, timeout=60)
-    assert "FAILED" in status.stdout and "exit code" in status.stdout, status.stdout + status.stderr
+    assert "FAILED" in status.stdout and "exit status" in status.stdout, status.stdout + status.stderr
     resumed = subprocess.run([sys.executable, "-m", "hpctrain", "resume", run.run_id], env=environ,
                              capture_output=True, text=True, timeout=60)
     assert resumed.returncode == 0, resumed.stderr

@@ -254,6 +254,46 @@ def test_ffn_tune_fits_the_join_model_and_prints_it(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "data.eval.tune.fit_joins" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_join_fit_on_far_fewer_pairs_does_not_replace_the_packaged_one(tmp_path: Path) -> None:
+    """``ffn tune --fit-joins`` on a small volume must not silently replace a join model fitted on many more pairs:
+    it is refused with both counts, the package left as it was, unless --replace-joins. The package here says its
+    model was fitted on 709 pairs (as one fitted on a large training volume would)."""
+    from hpctrain.ffn.settings import PACKAGE_FILE
+    from hpctrain.workflows.ffn import find_trained, tune_trained
+
+    ckpt = everything_model(tmp_path / "m.pt")
+    image, labels = painted_volume((24, 32, 32), seed=5)
+    with h5py.File(tmp_path / "fit.h5", "w") as f:
+        f["image"], f["labels"] = image, labels
+    job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())
+    job["data"]["eval"]["tune"] = {"agglomerate_threshold": [0.4, 0.6], "fit_joins": {}}
+    job["data"]["eval"]["inference"].update(max_seed_distance=2, min_segment_size=20, seed_policy="grid",
+                                            seed_args={"step": 6, "offsets": [0, 3]}, self_prediction=0)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    volume = [f"{tmp_path}/fit.h5:image", f"{tmp_path}/fit.h5:labels"]
+    first = tune_trained(find_trained(str(ckpt)), job["data"], image=volume[0], labels=volume[1], fit_joins=volume,
+                         threads=1)
+    pairs = first["join_fit"]["pairs"]
+    package = tmp_path / PACKAGE_FILE
+    written = json.loads(package.read_text())
+    assert 0 < pairs < 709 / 4 and written["chosen"]["join_model"] == first["chosen"]["join_model"]
+    written["record"]["join_fit"]["pairs"] = 709
+    package.write_text(json.dumps(written))
+    before = package.read_bytes()
+
+    run = [sys.executable, "-m", "hpctrain", "ffn", "tune", str(ckpt), *volume, "--threads", "1", "--job",
+           str(tmp_path / "job.yaml"), "--fit-joins", *volume]
+    proc = subprocess.run(run, cwd=REPO, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hpctrain: error:")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert f"fitted on 709 pairs of pieces; this fit has {pairs}" in errors[0] and "--replace-joins" in errors[0]
+    assert package.read_bytes() == before  # the better fit stays
+
+    replaced = tune_trained(find_trained(str(ckpt)), job["data"], image=volume[0], labels=volume[1],
+                            fit_joins=volume, threads=1, replace_joins=True)
+    assert json.loads(package.read_text())["record"]["join_fit"]["pairs"] == replaced["join_fit"]["pairs"] == pairs
+
+
 def test_a_fitted_join_model_in_eight_subvolumes_matches_one_process(tmp_path: Path) -> None:
     """``hpctrain ffn segment --subvolumes`` with a join model: each piece scores its pairs from what its box holds
     of the two pieces (features of truncated pieces), and the assembled result stays within 0.05 VOI of one

@@ -80,6 +80,30 @@ def test_calibrate_on_the_local_site(home: dict[str, str], tmp_path: Path) -> No
     _check_calibrated(out, "local")
 
 
+@pytest.mark.parametrize("args,words", [
+    (("--nodes", "1,8"), ("--nodes 8", "site 'local' has 1 nodes")),
+    (("--set", "latency_us=-1"), ("latency_us",)),
+    (("--set", "latency_usx=2"), ("latency_usx", "not a planner parameter")),
+    (("--plot", "scaling.pdf"), ("--plot scaling.pdf", ".png")),
+])
+def test_calibrate_refuses_what_needs_no_measurement_before_it_submits(home: dict[str, str], tmp_path: Path,
+                                                                       args: tuple[str, ...],
+                                                                       words: tuple[str, ...]) -> None:
+    """A plan that cannot be made is refused with one message before the calibration run is submitted: on a
+    real site that run would wait in a queue and take an allocation for nothing."""
+    out = plan(home, str(tmp_path / "tiny.yaml"), "--site", "local", "--calibrate", "--calibration-steps", "8",
+               *args)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("hpctrain: error: "), out.stderr[-3000:]
+    assert all(word in lines[0] for word in words), lines[0]
+    registry = Path(home["HPCTRAIN_HOME"]) / "registry.db"
+    if registry.exists():
+        with Registry(registry) as reg:
+            assert reg.list_runs() == []  # nothing registered, so nothing submitted
+    assert not Path(home["HPCTRAIN_RUNS"]).exists()
+
+
 @pytest.mark.slurm
 def test_calibrate_on_the_real_slurm(home: dict[str, str], tmp_path: Path, slurm: Any) -> None:
     out = plan(home, str(tmp_path / "tiny.yaml"), "--site", "ci-slurm", "--calibrate", "--calibration-steps", "8",

@@ -118,3 +118,55 @@ def test_the_planner_prefers_the_measured_background_to_the_load_average() -> No
     assert _background(old, 8.0).value == pytest.approx(2.0)
     with pytest.raises(Exception, match="node_cpus"):
         parse_profile(json.dumps({**profile, "node_cpus": {"background_cpus": "x"}}), "p")
+
+
+def test_the_background_is_measured_on_the_runs_node_and_predicted_on_the_targets() -> None:
+    """``plan --from RUN`` of a run measured on a 2-thread machine, for a site of 128-thread nodes: the other work is
+    counted on the measuring node's threads (a rank on a CPU half of each step shared 2 threads with 3 others), and
+    the text names both figures: the measuring node's for the measurement, the target's for the prediction."""
+    from hpctrain.config.job import load_job
+    from hpctrain.config.site import load_site
+    from hpctrain.planning.inputs import plan_inputs
+
+    job, site = load_job(REPO / "jobs/ffn-local.yaml"), load_site("perlmutter")
+    profile = {"version": 1, "ranks": 1, "ranks_per_node": 1, "threads_per_rank": 1, "backend": "none",
+               "combiner": "mean", "samples_per_step": 4, "sample_unit": "FOVs", "grad_bytes": 1000,
+               **{k: {"mean": 0.05, "std": 0.001, "count": 50} for k in ("compute_s", "step_s")},
+               **{k: {"mean": 0.0, "std": 0.0, "count": 50} for k in ("input_s", "reduction_wait_s")},
+               "overlap_window_s": 0.0, "buckets": [], "loadavg": [3.0, 2.0, 1.0], "node_threads": 2}
+    shapes = {  # (profile figures, background on the 2-thread node: at most its 2 threads less the run's 1)
+        "starved": ({"cpu_s": {"mean": 0.025, "std": 0.001, "count": 50}}, 3.0),
+        "node_cpus": ({"node_cpus": {"busy_cpus": 2.0, "own_cpus": 1.0, "background_cpus": 1.5}}, 1.0),
+        "load average": ({}, 1.0),
+    }
+    for name, (figures, expected) in shapes.items():
+        measured = parse_profile(json.dumps({**profile, **figures}), "run-x/profile.json")
+        params = plan_inputs(job, "jobs/ffn-local.yaml", site, measured).workload.params
+        assert params.num("node_threads") == 128
+        background = params["background_load"]
+        assert background.value == pytest.approx(expected), (name, background.detail)
+        assert "its node's 2 hardware threads" in background.detail, background.detail
+        assert "the target's nodes of 128 hardware threads" in background.detail, background.detail
+    with pytest.raises(Exception, match="node_threads"):
+        parse_profile(json.dumps({**profile, "node_threads": 0}), "p")
+
+
+def test_a_profile_records_the_threads_of_the_node_it_measured_on(tmp_path: Path) -> None:
+    import os
+
+    class Model:
+        def parameters(self) -> list:
+            return []
+
+    profiler = StepProfiler(tmp_path / "profile.json", model=Model(), reducer=None, combiner_state=None, ranks=1,
+                            ranks_per_node=1, threads_per_rank=1, backend="none", combiner="mean",
+                            samples_per_step=1, sample_unit="samples")
+    for _ in range(SKIP_STEPS + 2):
+        profiler.begin()
+        for label in ("input", "backward", "reduced"):
+            profiler.mark(label)
+        profiler.end()
+    profiler.write()
+    written = json.loads((tmp_path / "profile.json").read_text())
+    assert written["node_threads"] == os.cpu_count()
+    assert parse_profile(json.dumps(written), "p").node_threads == os.cpu_count()

@@ -504,6 +504,30 @@ def test_submit_shows_preflight_warnings_once(tmp_path: Path) -> None:
         warn(["model x: checked only when the ranks start"])
 
 
+def test_a_python_api_warning_names_the_callers_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``hpctrain.submit(...)`` in a script or notebook: its warnings point at that call, not at hpctrain's file."""
+    import warnings
+
+    import hpctrain
+
+    path = spec(tmp_path, """\
+        name: warned
+        model: somewhere_else.net:build
+        train: {steps: 10, batch_per_rank: 2, lr: 0.1}
+        checkpoint: {every_steps: 50}
+        resources: {walltime: "00:05:00"}
+        """)
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]
+        hpctrain.submit(path, "local", command=["true"], run_root=str(tmp_path / "runs"))
+    found = [w for w in caught if issubclass(w.category, PreflightWarning)]
+    assert len(found) == 2, [str(w.message) for w in caught]
+    assert {(w.filename, w.lineno) for w in found} == {(__file__, line)}
+
+
 def test_ranks_refuse_at_start_with_the_same_message(tmp_path: Path) -> None:
     path = spec(tmp_path, """\
         name: deep

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -241,6 +242,53 @@ def test_fit_error_registers_nothing(env: Path) -> None:
     assert json.loads(_cli("runs", "--json", env_dir=env).stdout) == []
 
 
+def _interpreter_without_torch(root: Path) -> Path:
+    """A real interpreter that imports hpctrain (this checkout) and everything this one does, except torch: a
+    throwaway venv whose .pth names the checkout and a folder of links to this venv's packages, torch's left out."""
+    import sysconfig
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=120)
+    python = root / "venv" / "bin" / "python"
+    purelib = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                  capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    shadow = root / "packages"
+    shadow.mkdir()
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not entry.name.startswith(("torch", "functorch", "hpctrain", "__editable__")):
+            (shadow / entry.name).symlink_to(entry)
+    (purelib / "checkout.pth").write_text(f"{REPO}\n{shadow}\n")
+    return python
+
+
+def test_a_local_job_whose_interpreter_lacks_torch_is_refused_before_it_starts(env: Path) -> None:
+    """A laptop install without the training stack: ``submit --site local`` (and ``--dry-run``) asks the interpreter
+    that will run the job first and refuses with one line naming it and the install command; nothing is registered.
+    A yes is remembered, so the next submission starts no process to ask again."""
+    from hpctrain.config.job import load_job
+    from hpctrain.config.site import load_site
+    from hpctrain.submission.interpreter import check_interpreter
+
+    python = _interpreter_without_torch(env)
+    environ = {**os.environ, "HPCTRAIN_HOME": str(env / "home"), "HPCTRAIN_RUNS": str(env / "runs")}
+    environ.pop("HPCTRAIN_REGISTRY", None)
+    environ.pop("PYTHONPATH", None)  # the venv's .pth alone puts hpctrain on its path
+    for dry in ([], ["--dry-run"]):
+        out = subprocess.run([str(python), "-m", "hpctrain", "submit", "tiny.yaml", "--site", "local", *dry],
+                             capture_output=True, text=True, timeout=120, cwd=env, env=environ,
+                             stdin=subprocess.DEVNULL)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert lines[0].startswith(f"hpctrain: error: the job's interpreter {python} on this machine cannot "
+                                   "import torch"), lines[0]
+        assert f"{python} -m pip install '{REPO}[train,local]'" in lines[0], lines[0]
+    assert json.loads(_cli("runs", "--json", env_dir=env).stdout) == []
+    assert not (env / "runs").exists() and not (env / "home" / "dry-run").exists()
+    # this interpreter has them: asked once, then remembered
+    job, site = load_job(env / "tiny.yaml"), load_site("local")
+    assert check_interpreter(LocalTransport(), job, site, python=sys.executable) is True
+    assert check_interpreter(LocalTransport(), job, site, python=sys.executable) is False
+
+
 def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> None:
     """The local back-end is a back-end: submit, status and cancel are argv lists (the local controller's
     submit/status/cancel) run through the transport, and a poll is ONE batched call."""
@@ -303,9 +351,14 @@ def _ended(state: str, reason: str, code: int | None):  # noqa: ANN202 - (chain,
     ("timeout", "walltime of 12 s reached", -15, "walltime of 12 s reached"),
     ("timeout", "", 0, "its walltime ran out"),
     ("timeout", "DUE TO TIME LIMIT; exit code 0", 0, "DUE TO TIME LIMIT; its walltime ran out"),
-    ("failed", "", -9, "killed by signal 9"),
-    ("failed", "", 137, "exit code 137 (killed by signal 9)"),
-    ("failed", "the script exited with code 140", 140, "the script exited with code 140; killed by signal 12"),
+    ("timeout", "DUE TO TIME LIMIT; killed by signal 15 (SIGTERM), exit status 143", 0,
+     "DUE TO TIME LIMIT; its walltime ran out"),
+    ("failed", "", -9, "killed by signal 9 (SIGKILL), exit status 137"),
+    ("failed", "", 137, "killed by signal 9 (SIGKILL), exit status 137"),
+    # a reason an earlier hpctrain recorded keeps its words; the death is said once, in full
+    ("failed", "the script exited with code 140", 140,
+     "the script exited with code 140; killed by signal 12 (SIGUSR2), exit status 140"),
+    ("failed", "killed by signal 9", 0, "killed by signal 9"),
     ("failed", "rank 1: DataError: no dataset 'image'", 1, "rank 1: DataError: no dataset 'image'; exit code 1"),
 ])
 def test_why_a_run_ended_says_the_walltime_and_signals_in_words(state: str, reason: str, code: int,
@@ -313,3 +366,49 @@ def test_why_a_run_ended_says_the_walltime_and_signals_in_words(state: str, reas
     from hpctrain.submission.views import why_it_ended
 
     assert why_it_ended(*_ended(state, reason, code)) == want
+
+
+KILLED = "killed by signal 9 (SIGKILL), exit status 137"  # what the job log's "launcher exited with status 137" is
+
+
+def _slurm_line(job: str, state: str, exit_code: str, reason: str) -> str:
+    return f"{job}|ffn-local|{state}|{exit_code}|{reason}|00:00:41|2026-11-20T10:01:10|2026-11-20T10:01:51|nid000016"
+
+
+def _local_record(code: int) -> str:
+    from hpctrain.submission.schedulers.local_controller import final_state
+
+    state, reason = final_state(code, cancelled=False, timed_out=False, walltime_s=60, max_requeues=0)
+    return json.dumps({"job": "7", "state": state, "exit_code": code, "reason": reason, "restarts": 0})
+
+
+def _shapes() -> dict[str, JobStatus]:
+    """One job killed by SIGKILL as each back-end reports it, parsed by that back-end's own parser."""
+    from hpctrain.submission.schedulers.local import parse_controller_status
+    from hpctrain.submission.schedulers.pbs import parse_pbs_qstat_json
+    from hpctrain.submission.schedulers.slurm.status import parse_sacct
+
+    pbs = {"Jobs": {"9.pbs": {"job_state": "F", "Exit_status": 137, "comment": "Job run at ... and finished"}}}
+    return {
+        # the batch shell itself killed: Slurm keeps the signal, exit code 0
+        "slurm 0:9": parse_sacct(_slurm_line("201", "FAILED", "0:9", "None"))["201"],
+        # the shell exited with srun's 128 + 9 for a killed task
+        "slurm 137:0": parse_sacct(_slurm_line("202", "FAILED", "137:0", "NonZeroExitCode"))["202"],
+        # the local controller's script: killed itself (-9), or exited with the local launcher's 137
+        "local -9": parse_controller_status(_local_record(-9))["7"],
+        "local 137": parse_controller_status(_local_record(137))["7"],
+        "pbs 137": parse_pbs_qstat_json(json.dumps(pbs))["9.pbs"],
+    }
+
+
+@pytest.mark.parametrize("shape", ["slurm 0:9", "slurm 137:0", "local -9", "local 137", "pbs 137"])
+def test_a_death_by_signal_reads_the_same_from_every_back_end(shape: str) -> None:
+    """Whatever shape the scheduler reports a SIGKILL in, the run's reason names the signal and the exit status
+    the job log prints (137), once, and never an exit code of 9 or 0."""
+    from hpctrain.submission.views import why_it_ended
+
+    status = _shapes()[shape]
+    assert status.state is JobState.FAILED
+    reason = why_it_ended(*_ended(status.state.value, status.reason_text, status.exit_code))
+    assert reason.count(KILLED) == 1 and not re.search(r"exit code -?\d", reason), reason
+    assert reason.count("signal") == 1, reason

@@ -77,6 +77,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="fit a join model (hpctrain.ffn.join_model) on this labelled volume first, e.g. the "
                              "training volume (default: data.eval.tune.fit_joins's volume, else data.train, when the "
                              "job has data.eval.tune.fit_joins)")
+    p_tune.add_argument("--replace-joins", action="store_true",
+                        help="write the new join model even where it was fitted on far fewer pairs than the one in "
+                             "the model package (refused otherwise)")
     p_tune.add_argument("--no-write", action="store_true", help="print the choice; do not write the model package")
     p_tune.add_argument("--threads", type=int, default=None, help="threads (default: all CPUs of this process)")
     p_tune.add_argument("--json", action="store_true")
@@ -168,7 +171,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.checkpoint} is a bare checkpoint: its job is not known", key="--job",
                           hint="pass --job JOB (the FFN job spec whose data.eval.tune holds the candidates)")
     record = tune_trained(trained, job_data, image=args.volume or args.image, labels=args.labels or args.labels_pos,
-                          crop=args.crop, fit_joins=args.fit_joins, threads=args.threads, write=not args.no_write)
+                          crop=args.crop, fit_joins=args.fit_joins, threads=args.threads, write=not args.no_write,
+                          replace_joins=args.replace_joins)
     if args.json:
         print_json({"chosen": record["chosen"], "rows": record["rows"], "package": record["package"],
                     **({"join_fit": record["join_fit"]} if "join_fit" in record else {})})

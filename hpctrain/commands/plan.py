@@ -130,7 +130,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from hpctrain.config.site import load_site
     from hpctrain.planning import report
     from hpctrain.planning.advice import annotate
-    from hpctrain.planning.inputs import check_nodes, plan_inputs
+    from hpctrain.planning.inputs import check_before_measuring, check_nodes, plan_inputs
     from hpctrain.planning.model import predict
 
     check_target(args.samples, "--samples")
@@ -142,6 +142,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise ConfigError("--calibration-steps must be at least 5 (the first 3 steps are not timed)")
     job = load_job(args.job, sets=job_sets)
     site = load_site(args.site)
+    if args.plot:
+        from hpctrain.planning.plot import check_plot_path
+
+        check_plot_path(args.plot)
+    # what needs no measurement is refused before one is read or made (a calibration run waits in a queue)
+    check_before_measuring(job, args.job, site, None if args.compare is not None else nodes, planner_sets)
     measured = None
     if args.from_run is not None:
         from hpctrain.planning.runs import read_run
@@ -159,7 +165,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return _compare(args, job, site, measured, planner_sets)
     inputs = plan_inputs(job, args.job, site, measured, planner_sets)
     nodes = nodes or default_nodes(inputs.max_nodes)
-    check_nodes(nodes, inputs)
+    check_nodes(nodes, inputs.site_name, inputs.max_nodes)
     for note in inputs.notes:
         print(f"hpctrain: warning: {printable(note)}", file=sys.stderr)
     w = inputs.workload

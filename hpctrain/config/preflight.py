@@ -9,7 +9,6 @@ key; it returns warnings for what would run but is probably not meant. ``jobs va
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from hpctrain.config.scheduler_rules import scheduler_rules
 from hpctrain.config.site import SiteProfile
 from hpctrain.config.walltime import format_hms
 from hpctrain.errors import ConfigError, ConfigErrors, HpctrainError
+from hpctrain.user_frame import warn_outside
 
 
 class PreflightWarning(UserWarning):
@@ -82,9 +82,10 @@ def steps_per_epoch(job: JobSpec, world_size: int) -> int | None:
 
 
 def warn(messages: Iterable[str]) -> None:
-    """Issue each message as a PreflightWarning (shown once per process for the same text)."""
+    """Issue each message as a PreflightWarning at the caller's line outside hpctrain (a script's or notebook's
+    ``hpctrain.submit(...)``), shown once per line for the same text."""
     for message in messages:
-        warnings.warn(message, PreflightWarning, stacklevel=2)
+        warn_outside(message, PreflightWarning)
 
 
 def _plugin_checks(schema: ModelSchema, args: Any, data: Any, job: JobSpec, world: int) -> list[str]:

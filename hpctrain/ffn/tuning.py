@@ -174,7 +174,8 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
                     say: Callable[[str], None] | None = None,
                     fit_on: tuple[Any, Any, Sequence[int] | None] | None = None,
                     fit_settings: Mapping[str, Any] | None = None,
-                    fit_required: bool = True) -> dict[str, Any]:
+                    fit_required: bool = True,
+                    check_fit: Callable[[Mapping[str, Any]], None] | None = None) -> dict[str, Any]:
     """``tune_inference`` for a checkpoint on a central ``crop`` of a labelled volume (only the crop is read):
     {"chosen": {key: value}, "crop": [z, y, x], "rows": every candidate's scores, "seconds": wall time}.
     ``settings``: the base inference settings (a job's ``data.eval.inference``). ``fit_on`` = (image spec, labels
@@ -184,7 +185,8 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
     thresholds are chosen on the fit's volume they are chosen on that flood too, and only the chosen values and the
     join model are returned, never these settings. A volume whose
     floods leave no pairs of both kinds to fit on is an error, or with ``fit_required`` False (a quick demo run's
-    barely trained model) a message, and the pairs are joined by their claims."""
+    barely trained model) a message, and the pairs are joined by their claims. ``check_fit`` sees the fit's record
+    (``{"not_fitted": why}`` where there was none) before any candidate is tried, and may refuse it."""
     from hpctrain.ffn.inference import prepare_inference
 
     t0 = time.perf_counter()
@@ -210,6 +212,8 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
             fitted = {"not_fitted": e.message}
             if say:
                 say(f"no join model: {e.message}; pairs are joined by their mutual claims")
+        if check_fit is not None:
+            check_fit(fitted)
     image, labels = (fit_image, fit_labels) if same_volume else read_labelled(image_spec, labels_spec, crop)
     shape = list(image.shape)
     if say:

@@ -197,24 +197,32 @@ STARVED = 0.95  # a rank on a CPU less than this share of its step waited for on
 
 
 def _background(m: Measurements, node_threads: float) -> Param | None:
-    """Other work on the calibration node, in runnable threads. A rank that got only a share s of a CPU
-    shared the node's C threads fairly with B others: s = C / (own + B). One that never waited shows only
+    """Other work on the node the run measured on, in runnable threads. A rank that got only a share s of a CPU
+    shared that node's C threads fairly with B others: s = C / (own + B). One that never waited shows only
     what the others used of the room it left: the node's busy CPUs over the timed steps less the run's own
     (/proc/stat); profiles without that figure fall back on the load average minus the run itself, which
-    also counts whatever ran in the minute before."""
+    also counts whatever ran in the minute before. C is the measuring node's (the profile's ``node_threads``),
+    not the target's ``node_threads``, which the prediction puts the load on; profiles that do not record it
+    are taken to have measured on a node like the target's, and the text says so."""
     own = m.ranks_per_node * m.threads_per_rank
+    measured = float(m.node_threads) if m.node_threads is not None else node_threads
+    node = (f"its node's {measured:.0f} hardware threads" if m.node_threads is not None else
+            f"its node's hardware threads (not in the profile: {measured:.0f}, the target's, assumed)")
+    target = f"; the prediction puts this load on the target's nodes of {node_threads:.0f} hardware threads"
     share = m.cpu_share
     if share is not None and share < STARVED:
-        return Param("background_load", max(0.0, node_threads / share - own), "measured",
-                     f"{m.where}: its ranks were on a CPU {share:.0%} of each step ({node_threads:.0f} "
-                     f"hardware threads shared with other work)")
+        load = max(0.0, measured / share - own)
+        return Param("background_load", load, "measured",
+                     f"{m.where}: its ranks were on a CPU {share:.0%} of each step: {node} were shared with "
+                     f"{load:.2f} threads of other work{target}")
     if m.background_cpus is not None:
-        return Param("background_load", min(m.background_cpus, max(0.0, node_threads - own)), "measured",
-                     f"{m.where}: other work kept {m.background_cpus:.2f} of the node's {node_threads:.0f} "
-                     "hardware threads busy during the timed steps (node_cpus)")
+        return Param("background_load", min(m.background_cpus, max(0.0, measured - own)), "measured",
+                     f"{m.where}: other work kept {m.background_cpus:.2f} of {node} busy during the timed steps "
+                     f"(node_cpus){target}")
     if m.loadavg_1m is not None:
-        return Param("background_load", max(0.0, min(m.loadavg_1m - own, node_threads - own)), "measured",
-                     f"{m.where}: 1-minute load average {m.loadavg_1m:.2f} minus its own {own} threads")
+        return Param("background_load", max(0.0, min(m.loadavg_1m - own, measured - own)), "measured",
+                     f"{m.where}: 1-minute load average {m.loadavg_1m:.2f} on {node}, minus its own {own} "
+                     f"threads{target}")
     return None
 
 
@@ -227,9 +235,10 @@ def _checked(p: Param) -> Param:
     return p
 
 
-def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
-                     sets: list[str] | tuple[str, ...] = ()) -> Parameters:
-    """Every planner parameter for ``job`` on ``site``: measured, job, site, assumed, then ``--set``."""
+def gather_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
+                      sets: list[str] | tuple[str, ...] = ()) -> Parameters:
+    """The planner parameters for ``job`` on ``site`` that are known: measured, job, site, assumed, then ``--set``,
+    each checked against its range; the measured-only ones may be missing (``build_parameters`` requires them)."""
     params: dict[str, Param] = {}
 
     def put(p: Param) -> None:
@@ -250,7 +259,13 @@ def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: M
             put(p)
     for name, p in params.items():
         params[name] = _checked(p)
-    result = apply_sets(Parameters(params), list(sets))
+    return apply_sets(Parameters(params), list(sets))
+
+
+def build_parameters(job: JobSpec, job_path: str, site: SiteProfile, measured: Measurements | None,
+                     sets: list[str] | tuple[str, ...] = ()) -> Parameters:
+    """Every planner parameter for ``job`` on ``site``: measured, job, site, assumed, then ``--set``."""
+    result = gather_parameters(job, job_path, site, measured, sets)
     missing = [name for name in MEASURED_ONLY if name not in result]
     if missing:
         raise ConfigError(
@@ -314,15 +329,24 @@ def site_notes(site: SiteProfile, params: Parameters) -> list[str]:
     return []
 
 
-def check_nodes(nodes: list[int], inputs: PlanInputs) -> None:
-    """A node count the machine does not have is an error naming the limit."""
+def check_before_measuring(job: JobSpec, job_path: str, site: SiteProfile, nodes: list[int] | None,
+                           sets: list[str] | tuple[str, ...] = ()) -> None:
+    """Refuse now what a plan would refuse after its measurement: a ``--set`` name or value, a job or site figure
+    out of range, a node count the machine does not have. ``--calibrate`` asks this before it submits its run, so
+    a plan that cannot be made costs no queue wait and no allocation."""
+    gather_parameters(job, job_path, site, None, sets)
+    if nodes is not None:
+        check_nodes(nodes, site.name, max_nodes(site))
+
+
+def check_nodes(nodes: list[int], site_name: str, limit: int | None) -> None:
+    """A node count the machine (of ``limit`` nodes, None: unknown) does not have is an error naming the limit."""
     bad = [n for n in nodes if n < 1]
     if bad:
         raise ConfigError(f"--nodes {bad[0]}: a node count must be at least 1", key="--nodes")
     if max(nodes) > MAX_NODES:
         raise ConfigError(f"--nodes {max(nodes)}: more nodes than any machine has", key="--nodes",
                           hint=f"plan for at most {MAX_NODES:,} nodes")
-    limit = inputs.max_nodes
     if limit is not None and max(nodes) > limit:
-        raise ConfigError(f"--nodes {max(nodes)}: site {inputs.site_name!r} has {limit} nodes",
+        raise ConfigError(f"--nodes {max(nodes)}: site {site_name!r} has {limit} nodes",
                           key="--nodes", hint=f"plan for at most {limit} nodes")

@@ -55,6 +55,7 @@ class Measurements:
     background_cpus: float | None = None
     loop: Stat | None = None
     control: Stat | None = None
+    node_threads: int | None = None  # hardware threads of the node the run measured on (older profiles: None)
 
     @property
     def between_steps_s(self) -> float:
@@ -140,6 +141,7 @@ def parse_profile(text: str, where: str) -> Measurements:
         background_cpus=_background_cpus(data.get("node_cpus"), where),
         loop=_optional_stat(data, "loop_s", where),
         control=_optional_stat(data, "control_s", where),
+        node_threads=_node_threads(data.get("node_threads"), where),
     )
 
 
@@ -155,6 +157,15 @@ def _background_cpus(value: Any, where: str) -> float | None:
     if not isinstance(value, dict):
         raise DataError(f"{where}: node_cpus is not an object", hint=_DAMAGED)
     return _number(value, "background_cpus", f"{where}: node_cpus")
+
+
+def _node_threads(value: Any, where: str) -> int | None:
+    """The measuring node's hardware threads, when the run recorded them (a whole number >= 1)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DataError(f"{where}: node_threads is {value!r}, not a whole number >= 1", hint=_DAMAGED)
+    return value
 
 
 def _loadavg(value: Any) -> float | None:

@@ -15,8 +15,20 @@ COLOURS = {"oversubscription": "#8c564b", "reduction": "#1f77b4", "straggler": "
            "input": "#d62728", "checkpoint": "#bcbd22", "startup": "#7f7f7f"}
 
 
+def check_plot_path(path: str) -> None:
+    """Refuse a ``--plot`` that could not be written — not a .png, or no matplotlib — before any work (a
+    calibration run) is done; nothing is imported."""
+    import importlib.util
+
+    if Path(path).suffix.lower() != ".png":
+        raise ConfigError(f"--plot {path}: write a .png file")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise ConfigError("--plot needs matplotlib", hint="pip install 'hpctrain[plot]'")
+
+
 def plot(predictions: list[Prediction], path: str, title: str) -> Path:
     """Write the figure to ``path`` (atomically) and return the path."""
+    check_plot_path(path)
     try:
         import matplotlib
 
@@ -25,8 +37,6 @@ def plot(predictions: list[Prediction], path: str, title: str) -> Path:
     except ImportError:
         raise ConfigError("--plot needs matplotlib", hint="pip install 'hpctrain[plot]'") from None
     out = Path(path)
-    if out.suffix.lower() != ".png":
-        raise ConfigError(f"--plot {path}: write a .png file", key="--plot")
     nodes = [p.nodes for p in predictions]
     efficiency = [p.efficiency for p in predictions]
     layers = [efficiency] + [[p.losses[t] for p in predictions] for t in LOSS_TERMS]

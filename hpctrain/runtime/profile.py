@@ -126,6 +126,8 @@ class StepProfiler:
         self.startup_s: float | None = None
         self.wire_ratio: float | None = None
         self.node_load = NodeLoad(ranks_per_node)
+        # the measuring node's size: its figures (a share of its CPUs, its load) mean nothing on another node
+        self.info["node_threads"] = self.node_load.cpus
         self._marks: dict[str, float] = {}
         self._cpu = 0.0
         self._seen = 0

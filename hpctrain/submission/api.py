@@ -205,14 +205,15 @@ def submit_runs(
     # The back-end refuses what it cannot do (arrays on Cobalt, dependencies locally) before we register.
     scheduler.submit_argv("job.sh", dependency=dependency, array="0-0" if is_array else None)
     transport = pool.get(remote, ssh_config)
-    if remote is not None and command is None:
-        # The login node's answer for the job's interpreter (cached per node), before anything is registered.
+    python = sys.executable if remote is None else None
+    if command is None and (remote is not None or scheduler.runs_here):
+        # The answer of the job's interpreter where the job runs (the login node, or this machine with no
+        # scheduler; cached per machine), before anything is registered; --dry-run asks it too.
         from hpctrain.submission.interpreter import check_interpreter
 
-        check_interpreter(transport, job, site_profile)
+        check_interpreter(transport, job, site_profile, python=python)
     root = run_root or default_run_root(site_profile, remote)
     root = _expand_home(transport, root).rstrip("/") or "/"
-    python = sys.executable if remote is None else None
     base_id = new_run_id(job.name)
 
     if dry_run:

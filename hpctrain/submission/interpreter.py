@@ -1,13 +1,17 @@
-"""Before a job waits in a remote queue: can its interpreter, in the site's environment, import what the ranks need?
+"""Before a job waits in a queue or starts here: can its interpreter, in the site's environment, import what the
+ranks need?
 
 The batch script prepares the job's shell (modules, the site's setup lines, exports, the venv) and starts
 ``PYTHON -m hpctrain run``; a profile without ``environment.venv`` starts the login node's ``python3``, which
-usually has no hpctrain, and the job would end "FAILED exit code 1" after its wait. ``check_interpreter`` runs
-the script's own environment lines and then the job's interpreter on the login node, over the submission's
-transport, and asks it (``importlib.util.find_spec``, nothing imported) for hpctrain and the modules the ranks
-import. A yes is cached per login node, interpreter and environment (``interpreters.json`` in the user's cache
-directory, for ``CACHE_TTL_S``), so the next submission sends no command; a no refuses before anything is
-registered or queued, naming what is missing and the fix.
+usually has no hpctrain, and the job would end "FAILED exit code 1" after its wait. On a site without a scheduler
+(``local``) ``PYTHON`` is the submitting interpreter itself, and a laptop install without the training stack
+would fail at start with ``ModuleNotFoundError: torch``. ``check_interpreter`` runs the script's own environment
+lines and then the job's interpreter where the job will run (the login node over the submission's transport, or
+this machine), from a directory that is not the caller's (the job starts in its run directory), and asks it
+(``importlib.util.find_spec``, nothing imported) for hpctrain and the modules the ranks import. A yes is cached
+per machine, interpreter and environment (``interpreters.json`` in the user's cache directory, for
+``CACHE_TTL_S``), so the next submission starts no process; a no refuses before anything is registered or queued,
+naming the interpreter, what is missing and the fix.
 """
 
 from __future__ import annotations
@@ -58,12 +62,13 @@ def runtime_modules(job: JobSpec, backend: str) -> list[str]:
     return modules
 
 
-def probe_script(environment: list[str], python: str, modules: list[str]) -> str:
+def probe_script(environment: list[str], python: str, modules: list[str], workdir: str | None = None) -> str:
     """The batch script's environment lines under its ``set -eo pipefail``, then the interpreter asked for
-    ``modules``, in a subshell; the script always ends with one JSON line carrying MARKER (the answer, or the exit
-    status of the line that failed) and exits 0."""
+    ``modules`` (from ``workdir``, where given), in a subshell; the script always ends with one JSON line carrying
+    MARKER (the answer, or the exit status of the line that failed) and exits 0."""
     ask = " ".join(["exec", quote_path(python), *(quote(a) for a in probe_argv(modules)), "2>&1"])
-    return "\n".join(["(", "set -eo pipefail", *environment, ask, ")",
+    move = [f"cd {quote_path(workdir)}"] if workdir is not None else []
+    return "\n".join(["(", "set -eo pipefail", *move, *environment, ask, ")",
                       f"status=$?; [ \"$status\" -eq 0 ] || printf '{{\"{MARKER}\": \"failed\", \"status\": %s}}\\n' "
                       '"$status"'])
 
@@ -108,17 +113,21 @@ def _remember(key: str, now: float, host: str, python: str) -> None:
         pass  # no cache here: the next submission asks again
 
 
-def check_interpreter(transport: Transport, job: JobSpec, site: SiteProfile, *, now: float | None = None) -> bool:
-    """Refuse (ConfigError) when the job's interpreter on the transport's login node, after the site's environment
-    setup, cannot import what the ranks need. Returns True when it asked the login node, False when the cache
-    (or a container, whose interpreter is inside the image) answered."""
+def check_interpreter(transport: Transport, job: JobSpec, site: SiteProfile, *, python: str | None = None,
+                      now: float | None = None) -> bool:
+    """Refuse (ConfigError) when the job's interpreter where the job runs (the transport's login node, or this
+    machine for a site without a scheduler), after the site's environment setup, cannot import what the ranks
+    need. ``python``: the submitting interpreter, which a profile without ``environment.python`` or ``venv`` runs
+    the job with on this machine. Returns True when it asked the interpreter, False when the cache (or a
+    container, whose interpreter is inside the image) answered."""
     from hpctrain.submission.render import environment_lines, launch_plan, python_for
-    from hpctrain.submission.schedulers.base import place
+    from hpctrain.submission.schedulers.base import get_scheduler, place
 
     if effective(site.staging, job.staging).environment == "container":
         return False
+    here = get_scheduler(site.scheduler).runs_here
     placement = place(job, site)
-    python = python_for(site, None)
+    python = python_for(site, python)
     modules = runtime_modules(job, placement.backend)
     env = site.environment
     mpi_modules = list(site.mpi.modules) if placement.backend == "mpi" else []
@@ -128,24 +137,44 @@ def check_interpreter(transport: Transport, job: JobSpec, site: SiteProfile, *, 
     if _cached(key, now):
         return False
     plan = launch_plan(job, site, placement, python)
-    script = probe_script(environment_lines(job, site, placement, plan, python), python, modules)
+    # here, the job starts in its run directory: the caller's (a checkout, say) is not on its path
+    script = probe_script(environment_lines(job, site, placement, plan, python), python, modules,
+                          workdir="/" if here else None)
     done = transport.run(["bash", "-c", script], timeout=PROBE_TIMEOUT_S, check=False)
     answer = parse_answer(done.stdout)
     where = f"{python} on {transport.host}"
+    fix = _fix_here if here else _fix
     if answer is None or answer.get(MARKER) == "failed":
         output = [ln for ln in (done.stdout + done.stderr).splitlines() if ln.strip() and MARKER not in ln]
         detail = output[-1].strip() if output else "no output"
         status = answer.get("status") if answer else done.returncode
         raise ConfigError(f"the job's interpreter {where} did not run after the environment setup of site "
-                          f"{site.name!r} (exit status {status}: {detail})", key="environment.venv",
-                          hint=_fix(site, python, ["hpctrain"]))
+                          f"{site.name!r} (exit status {status}: {detail})",
+                          key=None if here else "environment.venv", hint=fix(site, python, ["hpctrain"]))
     missing = [str(m) for m in answer.get("missing") or []]
     if missing:
         raise ConfigError(f"the job's interpreter {where} cannot import {', '.join(missing)} after the "
                           f"environment setup of site {site.name!r}: the ranks would fail as they start",
-                          key="environment.venv", hint=_fix(site, python, missing))
+                          key=None if here else "environment.venv", hint=fix(site, python, missing))
     _remember(key, now, transport.host, python)
     return True
+
+
+def install_source() -> str:
+    """What ``pip install`` names for hpctrain: the checkout this hpctrain was installed from (README: hpctrain is
+    installed from a checkout), else the project's name."""
+    root = Path(__file__).resolve().parents[2]
+    return str(root) if (root / "setup.cfg").is_file() else "hpctrain"
+
+
+def _fix_here(site: SiteProfile, python: str, missing: list[str]) -> str:
+    """The fix on this machine: the training stack (and the one-machine MPI) for the interpreter the job runs."""
+    requirement = quote(f"{install_source()}[train,local]")
+    extra = [_PIP_NAMES.get(m, m) for m in missing if m not in _WITH_HPCTRAIN and m not in ("hpctrain", "mpi4py")]
+    chosen = ("environment.python" if site.environment.python else "environment.venv" if site.environment.venv
+              else None)
+    where = f" (site {site.name!r} names it in {chosen})" if chosen else ""
+    return f"install the training stack for it{where}: {python} -m pip install " + " ".join([requirement, *extra])
 
 
 def _fix(site: SiteProfile, python: str, missing: list[str]) -> str:

@@ -14,6 +14,7 @@ from hpctrain.errors import HpctrainError
 from hpctrain.exit_codes import EXIT_REQUEUE
 from hpctrain.submission.registry import CREATED, SUBMIT_FAILED, Registry, Run, Submission
 from hpctrain.submission.run_record import read_meta, saved_progress
+from hpctrain.submission.schedulers.exit_status import SIGNAL_DEATH, death_signal, ended_text
 from hpctrain.submission.schedulers.state import JobState
 
 # Chain entries that continue the job before them (same run, same submission) rather than start anew.
@@ -219,20 +220,18 @@ def why_it_ended(chain: list[Submission], run: Run, no_requeue: str | None = Non
     code = newest.exit_code if newest is not None else None
     if run.state == JobState.TIMEOUT.value:
         # The code of a job ended at its time limit is the scheduler's signal (-15, 0:15), not the user's.
-        parts = [p for p in parts if "exit code" not in p]
+        parts = [p for p in parts if "exit code" not in p and not SIGNAL_DEATH.fullmatch(p)]
         parts += [] if any("walltime" in p for p in parts) else ["its walltime ran out"]
         code = None
     if code == EXIT_REQUEUE and not any(f"code {code}" in p for p in parts):
         parts.append(f"stopped at its checkpoint; resume with `hpctrain resume {run.run_id}`" + (
             f" (no requeue: {no_requeue})" if no_requeue else f" (exit code {code})"))
-    elif code is not None:
-        # A shell's 128 + S, or a negative code from a process ended by signal S
-        signal = code - 128 if 128 < code < 193 else -code if code < 0 else None
-        said = any(f"code {code}" in p for p in parts)
-        if code >= 0 and not said:
-            parts.append(f"exit code {code}" + (f" (killed by signal {signal})" if signal else ""))
-        elif signal and not any("signal" in p for p in parts):
-            parts.append(f"killed by signal {signal}")
+    elif code is not None and death_signal(code) is not None:
+        # One statement of the death, as the job log's number reads: a scheduler's shorter words for it give way.
+        parts = [p for p in parts if not SIGNAL_DEATH.fullmatch(p)] + [ended_text(code)]
+    elif code is not None and not any(f"code {code}" in p or SIGNAL_DEATH.fullmatch(p) for p in parts):
+        # (Slurm's 0:9 leaves exit code 0 beside the signal its parser has already named)
+        parts.append(f"exit code {code}")
     return "; ".join(parts)
 
 

@@ -45,6 +45,7 @@ from hpctrain.submitit_plugin.params import (
 )
 from hpctrain.submitit_plugin.probe import PythonProbe, needed_modules
 from hpctrain.submitit_plugin.runner import MODULE, PAYLOAD_FILE
+from hpctrain.user_frame import PACKAGE_DIR, stacklevel_outside
 
 if TYPE_CHECKING:
     from hpctrain.config.job import JobSpec
@@ -113,11 +114,7 @@ def users_stacklevel() -> int:
     outside submitit and hpctrain."""
     import submitit
 
-    packages = tuple(str(Path(str(m.__file__)).parent) + os.sep for m in (submitit, sys.modules["hpctrain"]))
-    level, frame = 1, sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(packages):
-        frame, level = frame.f_back, level + 1
-    return level
+    return stacklevel_outside((str(Path(str(submitit.__file__)).parent) + os.sep, PACKAGE_DIR), skip=2)
 
 
 def pickled(delayed: utils.DelayedSubmission, index: int, count: int) -> bytes:

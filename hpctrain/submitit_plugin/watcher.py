@@ -20,6 +20,7 @@ from submitit.core import core, logger, utils
 from hpctrain.errors import HpctrainError
 from hpctrain.submission.registry import Registry
 from hpctrain.submission.run_record import read_meta
+from hpctrain.submission.schedulers.exit_status import SIGNAL_DEATH
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import Transport, TransportPool
 from hpctrain.submission.views import is_terminal
@@ -38,7 +39,8 @@ def reason_in_submitit_words(state: str, reason: str) -> str:
     the exit status of the signal that ended it (``exit code -15``, or Slurm's ``0``)."""
     if state.upper() != "TIMEOUT":
         return reason
-    parts = [part for part in reason.split("; ") if part and not part.startswith("exit code ")]
+    parts = [part for part in reason.split("; ")
+             if part and not part.startswith("exit code ") and not SIGNAL_DEATH.fullmatch(part)]
     if not any("walltime" in part for part in parts):
         parts.insert(0, TIMEOUT_WORDS)
     return "; ".join(parts)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import sys
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -283,14 +284,50 @@ def join_fit_volume(fit_joins: list[str] | None, job_data: dict[str, Any],
     return str(image), str(labels), fit.crop
 
 
+# A join model fitted on fewer than this share of the pairs of the one it would replace is refused (unless
+# --replace-joins): its weights' standard errors are at least twice as large (they grow as 1 / sqrt(pairs)).
+REPLACE_PAIRS_SHARE = 0.25
+
+
+def packaged_join_pairs(package: dict[str, Any] | None) -> int | None:
+    """The pairs the join model in a model package was fitted on; None where it has no join model or does not
+    say."""
+    if not package or not (package.get("chosen") or {}).get("join_model"):
+        return None
+    pairs = ((package.get("record") or {}).get("join_fit") or {}).get("pairs")
+    return pairs if isinstance(pairs, int) and not isinstance(pairs, bool) else None
+
+
+def join_fit_guard(trained: Trained) -> Callable[[Mapping[str, Any]], None] | None:
+    """A ``check_fit`` for ``tune_checkpoint`` that refuses a join fit on far fewer pairs than the join model of
+    the package it would replace (or no fit at all), naming both counts; None when there is nothing to guard."""
+    old = packaged_join_pairs(trained.package)
+    if old is None:
+        return None
+
+    def check(record: Mapping[str, Any]) -> None:
+        new = int(record.get("pairs") or 0)
+        if new >= REPLACE_PAIRS_SHARE * old:
+            return
+        fit = f"this fit has {new}" if new else f"this volume fitted none ({record.get('not_fitted')})"
+        raise ConfigError(f"{trained.package_path}: its join model was fitted on {old} pairs of pieces; {fit}: "
+                          "the model package would lose the better fit",
+                          key="--fit-joins", hint="fit on a larger labelled volume (--fit-joins IMAGE LABELS, e.g. "
+                          "the training volume), keep the package with --no-write, or replace its join model anyway "
+                          "with --replace-joins")
+
+    return check
+
+
 def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | None, labels: str | None,
                  crop: Any = None, fit_joins: list[str] | None = None, threads: int | None = None,
-                 write: bool = True) -> dict[str, Any]:
+                 write: bool = True, replace_joins: bool = False) -> dict[str, Any]:
     """Choose the inference settings for a trained model among the job's ``data.eval.tune`` candidates on a
     labelled volume (``ffn/tuning.py``) and, with ``write``, write them as its model package. Where no join model
     can be fitted (a barely trained model's floods leave no pairs of both kinds), pairs are joined by their claims,
-    as the demo does, and the record says why. Returns the tuning's record with "package" (the path written, or
-    None)."""
+    as the demo does, and the record says why. A join fit on far fewer pairs than the package's join model is
+    refused before the candidates are tried, unless ``replace_joins``. Returns the tuning's record with "package"
+    (the path written, or None)."""
     from hpctrain.ffn.perf import available_cpus
     from hpctrain.ffn.tuning import tune_checkpoint
 
@@ -301,9 +338,10 @@ def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | Non
                                "agglomerate_threshold: [0.6, 0.7, 0.8]}")
     image, labels = labelled_volume(trained, tuning, image, labels)
     base = inference_settings(job_data)
+    guard = join_fit_guard(trained) if write and not replace_joins else None
     record = tune_checkpoint(trained.checkpoint, image, labels, base, tuning.grid(), crop or tuning.crop,
                              threads=threads or available_cpus(), fit_on=join_fit_volume(fit_joins, job_data, tuning),
-                             fit_settings=tuning.fit_flood_settings(), fit_required=False)
+                             fit_settings=tuning.fit_flood_settings(), fit_required=False, check_fit=guard)
     record["volume"] = image
     package = None
     if write:

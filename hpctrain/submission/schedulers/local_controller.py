@@ -27,6 +27,7 @@ from pathlib import Path
 
 from hpctrain.exit_codes import EXIT_REQUEUE
 from hpctrain.files import write_atomic
+from hpctrain.submission.schedulers.exit_status import ended_text
 
 STATE_FILE = "job-state.json"
 PID_FILE = "job-supervisor.json"
@@ -226,20 +227,25 @@ def supervise(command: Sequence[str], run_dir: Path, walltime_s: int, signal_nam
                   f"(restart {restarts} of {max_requeues})", flush=True)
             continue
         break
-    if cancelled_at:
-        state, reason = "CANCELLED", "cancelled by the user"
-    elif timed_out:
-        state, reason = "TIMEOUT", f"walltime of {walltime_s} s reached"
-    elif code == 0:
-        state, reason = "COMPLETED", ""
-    elif code == EXIT_REQUEUE:
-        state, reason = "FAILED", (f"stopped at a checkpoint (exit {code}) and max_requeues ({max_requeues}) "
-                                   "is reached; continue with `hpctrain resume`")
-    else:
-        state, reason = "FAILED", f"the script exited with code {code}"
+    state, reason = final_state(code, cancelled=bool(cancelled_at), timed_out=timed_out, walltime_s=walltime_s,
+                                max_requeues=max_requeues)
     _write_json_atomic(run_dir / STATE_FILE, {"job": job, "state": state, "exit_code": code, "reason": reason,
                                               "restarts": restarts, "ended": time.time()})
     return 0
+
+
+def final_state(code: int, *, cancelled: bool, timed_out: bool, walltime_s: int, max_requeues: int) -> tuple[str, str]:
+    """(state, reason) of a job whose script's last run returned ``code`` (Python's: -S for a death by signal S)."""
+    if cancelled:
+        return "CANCELLED", "cancelled by the user"
+    if timed_out:
+        return "TIMEOUT", f"walltime of {walltime_s} s reached"
+    if code == 0:
+        return "COMPLETED", ""
+    if code == EXIT_REQUEUE:
+        return "FAILED", (f"stopped at a checkpoint (exit {code}) and max_requeues ({max_requeues}) is reached; "
+                          "continue with `hpctrain resume`")
+    return "FAILED", ended_text(code)
 
 
 def _run_once(command: Sequence[str], run_dir: Path, walltime_s: int, signal_name: str, lead_s: int,

@@ -30,6 +30,7 @@ from hpctrain.submission.schedulers.base import (
     requeue_block,
     resubmit_action,
 )
+from hpctrain.submission.schedulers.exit_status import PBS_SIGNAL_BASE, death_signal, ended_text
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.shell import directive_word
@@ -127,15 +128,17 @@ def pbs_exit_state(exit_status: int | None, comment: str = "") -> tuple[JobState
         return state, text
     if exit_status < 0:
         return JobState.FAILED, f"PBS exec failure code {exit_status}"
-    if exit_status > 256:
-        signal = exit_status - 256
+    if exit_status > PBS_SIGNAL_BASE:
+        signal = exit_status - PBS_SIGNAL_BASE
         # MoM kills an over-walltime job with SIGTERM then SIGKILL and says so in the comment; a plain
         # SIGTERM/SIGKILL is what qdel sends.
         if "walltime" in comment.lower():
-            return JobState.TIMEOUT, f"killed by signal {signal} after exceeding its walltime"
+            return JobState.TIMEOUT, f"{ended_text(exit_status)} after exceeding its walltime"
         if signal in (9, 15):
-            return JobState.CANCELLED, f"killed by signal {signal} (qdel)"
-        return JobState.FAILED, f"killed by signal {signal}"
+            return JobState.CANCELLED, f"{ended_text(exit_status)} (qdel)"
+        return JobState.FAILED, ended_text(exit_status)
+    if death_signal(exit_status) is not None:  # the script exited with what its launcher said of a killed rank
+        return JobState.FAILED, ended_text(exit_status)
     return JobState.FAILED, f"exited with status {exit_status}"
 
 
@@ -167,8 +170,8 @@ def parse_pbs_qstat_json(text: str) -> dict[str, JobStatus]:
         signal = None
         if raw in ("F", "X"):
             state, reason = pbs_exit_state(exit_code, comment)
-            if exit_code is not None and exit_code > 256:
-                signal = exit_code - 256
+            if exit_code is not None and exit_code > PBS_SIGNAL_BASE:
+                signal = exit_code - PBS_SIGNAL_BASE
         elif raw == "H":
             reason = "held" + (f": {comment}" if comment else "")
         elif state is JobState.PENDING and comment:

@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from hpctrain.submission.schedulers.base import NodeAvailability
+from hpctrain.submission.schedulers.exit_status import ended_text
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun
 
@@ -252,7 +253,7 @@ def _slurm_status(
     if raw.startswith("CANCELLED by"):
         words = words or f"cancelled by uid {raw.split()[-1]}"
     if signal and state in (JobState.FAILED, JobState.CANCELLED, JobState.TIMEOUT):
-        words = (words + "; " if words else "") + f"killed by signal {signal}"
+        words = (words + "; " if words else "") + ended_text(exit_code, signal)
     return JobStatus(job_id, state, words, exit_code, restarts, raw.strip(), signal,
                      run_ended=raw.strip() in ("COMPLETING", "CG"))
 
