@@ -56,6 +56,14 @@ class Cluster:
         """``argv`` on ``node`` (its network, hostname and mounts), as root."""
         return cluster_sh("exec", node, *argv, timeout=timeout)
 
+    def address(self, node: str) -> str:
+        """The node's address on the bridge (cluster.sh's nodes file: NAME ADDRESS CPUS MEMORY_MB)."""
+        for line in (self.directory / "nodes").read_text().splitlines():
+            name, address, *_ = line.split()
+            if name == node:
+                return address
+        raise KeyError(f"{node} is not in {self.directory / 'nodes'}")
+
     def local_path(self, node: str, path: str | Path) -> Path:
         """Where a file of ``node``'s /tmp or scratch lies on this machine's disk (to look without entering it)."""
         path = Path(path)

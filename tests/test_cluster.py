@@ -41,7 +41,9 @@ else:
 def test_srun_places_tasks_on_nodes_that_are_hosts_of_their_own(cluster: Cluster, cluster_tmp: Path) -> None:
     script = ("touch /tmp/mark-$SLURM_JOB_ID-$(hostname); echo $(hostname) $SLURM_NODEID"
               " $(getent hosts $(hostname) | head -n1 | cut -d' ' -f1) $(cd /tmp && ls -d mark-$SLURM_JOB_ID-*)")
-    out = srun(cluster, ["bash", "-c", script], nodes=4, cwd=cluster_tmp)
+    # These four by name: Slurm would otherwise pass over a node still finishing an earlier test's job.
+    out = srun(cluster, ["bash", "-c", script], nodes=4, cwd=cluster_tmp,
+               options=[f"--nodelist={','.join(cluster.nodes[:4])}"])
     assert out.returncode == 0, out.stderr
     rows = sorted(line.split() for line in out.stdout.splitlines())
     assert [(host, int(nodeid)) for host, nodeid, *_ in rows] == list(zip(cluster.nodes[:4], range(4), strict=True))

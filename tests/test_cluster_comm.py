@@ -35,20 +35,24 @@ def test_collectives_across_two_nodes(cluster: Cluster, cluster_tmp: Path, backe
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-4000:]
     placed = sorted(re.findall(rf"rank (\d+)/4 {backend} collectives OK on (\S+)", out.stdout))
-    a, b = cluster.nodes[:2]
+    # Slurm picks any two idle nodes (one still finishing an earlier job is passed over): two distinct nodes of
+    # the cluster, ranks 0-1 on the first and 2-3 on the second (srun's block distribution).
+    assert len(placed) == 4, text[-3000:]
+    a, b = placed[0][1], placed[2][1]
+    assert a != b and {a, b} <= set(cluster.nodes), text[-3000:]
     assert placed == [("0", a), ("1", a), ("2", b), ("3", b)], text[-3000:]
     if backend == "gloo":
         # one line per node (its local rank 0): the interface it announces and the address other nodes reach
         announced = sorted(re.findall(r"gloo uses (\w+) \((\S+)\): (\S+) resolves first to 127\.0\.1\.1", text))
-        assert announced == [("eth0", "10.251.0.11", a), ("eth0", "10.251.0.12", b)], text[-3000:]
+        assert announced == sorted([("eth0", cluster.address(a), a), ("eth0", cluster.address(b), b)]), text[-3000:]
 
 
 def test_a_plain_gloo_script_fails_across_these_nodes(cluster: Cluster, cluster_tmp: Path) -> None:
     """The control: without an interface chosen, rank 1 is told to connect to node01's loopback."""
     script = cluster_tmp / "plain.py"
     script.write_text(PLAIN_GLOO.format(master=cluster.nodes[0], port=29517))
-    out = srun(cluster, [sys.executable, str(script)], nodes=2, cwd=cluster_tmp, options=["--mpi=none"],
-               timeout=300)
+    out = srun(cluster, [sys.executable, str(script)], nodes=2, cwd=cluster_tmp,
+               options=["--mpi=none", f"--nodelist={cluster.nodes[0]},{cluster.nodes[1]}"], timeout=300)
     text = out.stdout + out.stderr
     assert out.returncode != 0 and "connected" not in out.stdout, text[-3000:]
     assert "127.0.1.1" in text, text[-3000:]

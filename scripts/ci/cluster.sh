@@ -142,10 +142,7 @@ boot_node() {  # boot_node NODE: the process that holds its hostname and mounts,
         [[ -d $SCRATCH ]] || { mkdir -p "$SCRATCH" && touch "$DIR/created-scratch"; }
         # A boot starts with empty local disks; the old contents (a staged environment: gigabytes) are deleted
         # in the background.
-        local trash
-        trash=$(mktemp -d "$DIR/trash.XXXXXX")
-        mv "$DIR/$node/tmp" "$DIR/$node/scratch" "$trash/" 2>/dev/null || true
-        setsid rm -rf "$trash" </dev/null >/dev/null 2>&1 9>&- &
+        discard "$DIR/$node/tmp" "$DIR/$node/scratch"
         mkdir -p "$DIR/$node/tmp" "$DIR/$node/scratch"
         chmod 1777 "$DIR/$node/tmp" "$DIR/$node/scratch"
         # The holder sets the node up inside fresh UTS, IPC and mount namespaces (propagation private: nothing
@@ -254,6 +251,8 @@ do_start() {
     exec 9>"$DIR/lock"
     flock -w 120 9 || die "could not lock $DIR/lock"
     local t0=$EPOCHREALTIME names=() i node
+    # What an interrupted background delete left behind goes now, in the background again.
+    if compgen -G "$DIR/trash.*" >/dev/null; then setsid rm -rf "$DIR"/trash.* </dev/null >/dev/null 2>&1 9>&- & fi
     for (( i = 1; i <= n; i++ )); do names+=("$(node_name "$i")"); done
     # Nodes of an earlier, larger layout go first.
     for node in $(known_nodes); do
@@ -285,8 +284,15 @@ remove_node() {  # a node's processes, namespace and link
     stop_node "$node"
     ip link del "$(veth "$node")" 2>/dev/null || true
     [[ -e /var/run/netns/$ns ]] && ip netns del "$ns"
-    rm -rf "${DIR:?}/$node"
-    rm -rf "$DIR"/trash.*
+    discard "${DIR:?}/$node"
+}
+
+discard() {  # discard PATH...: moved aside at once, deleted in the background (a staged environment is thousands
+    # of files: minutes on a busy disk, which neither a boot nor the end of a test run waits for)
+    local trash
+    trash=$(mktemp -d "$DIR/trash.XXXXXX")
+    mv "$@" "$trash/" 2>/dev/null || true
+    setsid rm -rf "$trash" </dev/null >/dev/null 2>&1 9>&- &
 }
 
 do_stop() {
