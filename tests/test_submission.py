@@ -216,6 +216,15 @@ def test_python_api_wait_logs_and_cancel(env: Path) -> None:
     assert hpctrain.submit is submit  # the lazy attribute
 
 
+def test_a_python_api_dry_run_returns_the_script_and_registers_nothing(env: Path) -> None:
+    done = submit(env / "tiny.yaml", "local", dry_run=True, command=WRITE_METRICS)
+    assert not isinstance(done, RunHandle | list) and done.dry_run and done.runs == []
+    assert Path(done.script_path).is_file() and "python3" in Path(done.script_path).read_text()
+    with Registry() as reg:
+        assert reg.list_runs() == []
+    assert not (env / "runs").exists()
+
+
 def test_local_site_refuses_remote_arrays_and_dependencies(env: Path) -> None:
     with Registry() as reg:
         with pytest.raises(ConfigError, match="cannot be used with --remote"):

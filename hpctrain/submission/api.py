@@ -516,15 +516,19 @@ class RunHandle:
 def submit(job: JobSpec | str | os.PathLike[str], site: SiteProfile | str | None = None, *,
            remote: str | None = None, ssh_config: str | None = None, array: str | None = None,
            registry_path: str | os.PathLike[str] | None = None, pool: TransportPool | None = None,
-           **options: Any) -> RunHandle | list[RunHandle]:
-    """Submit ``job`` (a JobSpec or a YAML path) to ``site``; a RunHandle, or one per task with ``array``.
+           **options: Any) -> RunHandle | list[RunHandle] | Submitted:
+    """Submit ``job`` (a JobSpec, a YAML path or a job spec's name) to ``site``; a RunHandle, or one per task with
+    ``array``; with ``dry_run=True`` nothing is submitted and the Submitted record (``script_path``, the
+    scheduler's ``message``) comes back instead.
 
-    ``options``: sets, nodes, walltime, queue, after, run_root, command (see ``submit_runs``).
+    ``options``: sets, nodes, walltime, queue, after, run_root, command, dry_run (see ``submit_runs``).
     """
     pool = pool or TransportPool()
     with Registry(registry_path) as reg:
         done = submit_runs(job, site, remote=remote, ssh_config=ssh_config, array=array, registry=reg, pool=pool,
                            **options)
+    if done.dry_run:
+        return done
     handles = [RunHandle(r.run_id, registry_path, pool) for r in done.runs]
     return handles if array is not None else handles[0]
 
