@@ -14,9 +14,8 @@ import os
 import shutil
 from pathlib import Path
 
+from hpctrain.config.search_path import SUFFIXES, is_file, named_files, search_path
 from hpctrain.errors import ConfigError
-
-SUFFIXES = (".yaml", ".yml")
 
 
 def shipped_jobs_dir() -> Path:
@@ -26,37 +25,18 @@ def shipped_jobs_dir() -> Path:
 
 def job_search_path() -> list[Path]:
     """Directories searched for ``NAME.yaml``, first match wins."""
-    dirs = [Path(p).expanduser() for p in os.environ.get("HPCTRAIN_JOBS", "").split(os.pathsep) if p]
-    config_home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
-    dirs.append(config_home / "hpctrain" / "jobs")
-    dirs.append(shipped_jobs_dir())
-    return dirs
+    return search_path("HPCTRAIN_JOBS", "jobs", shipped_jobs_dir())
 
 
 def available_jobs() -> dict[str, Path]:
     """Every job spec name on the search path, mapped to its file (first match wins)."""
-    found: dict[str, Path] = {}
-    for directory in job_search_path():
-        try:
-            paths = sorted(p for p in directory.glob("*.y*ml") if p.suffix in SUFFIXES) if directory.is_dir() else []
-        except OSError:  # an unreadable directory on the search path hides nothing else
-            continue
-        for path in paths:
-            found.setdefault(path.stem, path)
-    return found
+    return named_files(job_search_path())
 
 
 def is_bare_name(name_or_path: str) -> bool:
     """A name to look up, not a path: no directory separator and no YAML suffix."""
     return bool(name_or_path) and "/" not in name_or_path and os.sep not in name_or_path \
         and not name_or_path.endswith(SUFFIXES)
-
-
-def _is_file(path: Path) -> bool:
-    try:
-        return path.is_file()
-    except OSError:  # a name too long, a permission: not a file we can read
-        return False
 
 
 def _names_hint(jobs: dict[str, Path], wanted: str) -> str:
@@ -72,7 +52,7 @@ def locate_job(name_or_path: str | Path) -> Path:
     search path; neither is a ConfigError listing the names."""
     text = str(name_or_path)
     candidate = Path(text).expanduser()
-    if _is_file(candidate):
+    if is_file(candidate):
         return candidate
     jobs = available_jobs()
     if is_bare_name(text):

@@ -29,6 +29,7 @@ from hpctrain.config.common import (
     walltime_seconds,
 )
 from hpctrain.config.scheduler_rules import scheduler_rules
+from hpctrain.config.search_path import is_file, named_files, search_path
 from hpctrain.config.staging import Staging
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file
@@ -517,41 +518,19 @@ def shipped_sites_dir() -> Path:
 
 def site_search_path() -> list[Path]:
     """Directories searched for ``NAME.yaml``, first match wins."""
-    dirs = [Path(p).expanduser() for p in os.environ.get("HPCTRAIN_SITES", "").split(os.pathsep) if p]
-    config_home = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
-    dirs.append(config_home / "hpctrain" / "sites")
-    dirs.append(shipped_sites_dir())
-    return dirs
-
-
-def _is_file(path: Path) -> bool:
-    """``path.is_file()``, False where the OS refuses to look (a name too long, a permission)."""
-    try:
-        return path.is_file()
-    except OSError:
-        return False
+    return search_path("HPCTRAIN_SITES", "sites", shipped_sites_dir())
 
 
 def available_sites() -> dict[str, Path]:
     """Every profile name visible on the search path, mapped to its file (first match wins)."""
-    found: dict[str, Path] = {}
-    for directory in site_search_path():
-        try:
-            if not directory.is_dir():
-                continue
-            paths = sorted(directory.glob("*.y*ml"))
-        except OSError:  # an unreadable directory on the search path hides nothing else
-            continue
-        for path in paths:
-            found.setdefault(path.stem, path)
-    return found
+    return named_files(site_search_path())
 
 
 def locate_site(name_or_path: str) -> Path:
     """Path of the profile named ``name_or_path`` (or the path itself if it is a file)."""
     candidate = Path(name_or_path).expanduser()
     if name_or_path.endswith((".yaml", ".yml")) or os.sep in name_or_path:
-        if _is_file(candidate):
+        if is_file(candidate):
             return candidate
         raise ConfigError("site profile file not found", path=name_or_path)
     sites = available_sites()
@@ -601,7 +580,7 @@ def _load_raw(path: Path, chain: tuple[str, ...] = ()) -> tuple[dict[str, Any], 
     try:
         parent_path = locate_site(parent_name) if not parent_name.endswith((".yaml", ".yml")) else (
             (path.parent / parent_name) if not Path(parent_name).is_absolute() else Path(parent_name))
-        if not _is_file(parent_path):
+        if not is_file(parent_path):
             raise ConfigError("site profile file not found", path=str(parent_path))
     except ConfigError as exc:
         raise ConfigError(f"extends {parent_name!r}: {exc}", path=str(path), line=loaded.line_of(("extends",)),
@@ -655,7 +634,7 @@ def embedded_local_site() -> SiteProfile:
     """The default site, ``local`` (this machine, no scheduler): the shipped ``local.yaml``, read from the
     package whatever the search path holds — the one definition of the default."""
     path = shipped_sites_dir() / "local.yaml"
-    if not _is_file(path):
+    if not is_file(path):
         raise ConfigError("hpctrain's shipped site profiles are missing (no local.yaml)", path=str(path),
                           hint="reinstall hpctrain: its package data hpctrain/site_configs/*.yaml holds them")
     return load_site_file(path)
