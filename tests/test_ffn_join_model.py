@@ -229,18 +229,25 @@ def test_the_join_fit_flood_cannot_change_what_the_checkpoint_or_the_fit_decides
         assert "Traceback" not in out
 
 
+def grid_tune_job(directory: Path) -> dict:
+    """The demo's job with a join fit and two thresholds to choose, written to ``directory/job.yaml``. The model
+    these tests use floods everything: floods from a grid of seeds, bounded to 2 voxels from them, leave pieces
+    to join."""
+    job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())
+    job["data"]["eval"]["tune"] = {"agglomerate_threshold": [0.4, 0.6], "fit_joins": {}}
+    job["data"]["eval"]["inference"].update(max_seed_distance=2, min_segment_size=20, seed_policy="grid",
+                                            seed_args={"step": 6, "offsets": [0, 3]}, self_prediction=0)
+    (directory / "job.yaml").write_text(yaml.safe_dump(job))
+    return job
+
+
 def test_ffn_tune_fits_the_join_model_and_prints_it(tmp_path: Path) -> None:
     ckpt = everything_model(tmp_path / "m.pt")
     for name, seed in (("fit", 5), ("vol", 6)):
         image, labels = painted_volume((24, 32, 32), seed=seed)
         with h5py.File(tmp_path / f"{name}.h5", "w") as f:
             f["image"], f["labels"] = image, labels
-    job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())
-    job["data"]["eval"]["tune"] = {"agglomerate_threshold": [0.4, 0.6], "fit_joins": {}}
-    # this model floods everything: floods from a grid of seeds, bounded to 2 voxels from them, leave pieces to join
-    job["data"]["eval"]["inference"].update(max_seed_distance=2, min_segment_size=20, seed_policy="grid",
-                                            seed_args={"step": 6, "offsets": [0, 3]}, self_prediction=0)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    grid_tune_job(tmp_path)
     run = [sys.executable, "-m", "hpctrain", "ffn", "tune", str(ckpt), f"{tmp_path}/vol.h5:image",
            f"{tmp_path}/vol.h5:labels", "--threads", "1", "--job", str(tmp_path / "job.yaml")]
     proc = subprocess.run([*run, "--fit-joins", f"{tmp_path}/fit.h5:image", f"{tmp_path}/fit.h5:labels", "--json"],
@@ -265,11 +272,7 @@ def test_a_join_fit_on_far_fewer_pairs_does_not_replace_the_packaged_one(tmp_pat
     image, labels = painted_volume((24, 32, 32), seed=5)
     with h5py.File(tmp_path / "fit.h5", "w") as f:
         f["image"], f["labels"] = image, labels
-    job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())
-    job["data"]["eval"]["tune"] = {"agglomerate_threshold": [0.4, 0.6], "fit_joins": {}}
-    job["data"]["eval"]["inference"].update(max_seed_distance=2, min_segment_size=20, seed_policy="grid",
-                                            seed_args={"step": 6, "offsets": [0, 3]}, self_prediction=0)
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    job = grid_tune_job(tmp_path)
     volume = [f"{tmp_path}/fit.h5:image", f"{tmp_path}/fit.h5:labels"]
     first = tune_trained(find_trained(str(ckpt)), job["data"], image=volume[0], labels=volume[1], fit_joins=volume,
                          threads=1)

@@ -486,14 +486,18 @@ def test_user_plugin_schema_is_applied(tmp_path: Path, monkeypatch: pytest.Monke
         find_schema("broken:build")
 
 
+# Two warnings: a model plug-in without a schema, and no checkpoint before the end.
+WARNED = """\
+    name: warned
+    model: somewhere_else.net:build
+    train: {steps: 10, batch_per_rank: 2, lr: 0.1}
+    checkpoint: {every_steps: 50}
+    resources: {walltime: "00:05:00"}
+    """
+
+
 def test_submit_shows_preflight_warnings_once(tmp_path: Path) -> None:
-    path = spec(tmp_path, """\
-        name: warned
-        model: somewhere_else.net:build
-        train: {steps: 10, batch_per_rank: 2, lr: 0.1}
-        checkpoint: {every_steps: 50}
-        resources: {walltime: "00:05:00"}
-        """)
+    path = spec(tmp_path, WARNED)
     env = {"HPCTRAIN_HOME": str(tmp_path / "home"), "HPCTRAIN_RUNS": str(tmp_path / "runs")}
     done = cli("submit", str(path), "--site", "local", "--dry-run", cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
@@ -510,13 +514,7 @@ def test_a_python_api_warning_names_the_callers_line(tmp_path: Path, monkeypatch
 
     import hpctrain
 
-    path = spec(tmp_path, """\
-        name: warned
-        model: somewhere_else.net:build
-        train: {steps: 10, batch_per_rank: 2, lr: 0.1}
-        checkpoint: {every_steps: 50}
-        resources: {walltime: "00:05:00"}
-        """)
+    path = spec(tmp_path, WARNED)
     monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     with warnings.catch_warnings(record=True) as caught:
