@@ -157,3 +157,10 @@ def test_exit_records_resolve_jobs_the_scheduler_did_not_answer_for(tmp_path: Pa
         assert filled["500"].reason_text == "NonZeroExitCode"
         stale = apply_exit_records(reg, squeue, {"500": run}, {"500": [{"event": "exit", "job": "500", "status": 0}]})
         assert stale["500"].exit_code is None
+        # sacct prints the script's 137 (a rank killed by SIGKILL) as "9:0": the script's own status stands for it;
+        # an exit code that is not such a fold is the scheduler's and stays.
+        sacct = {"500": JobStatus("500", JobState.FAILED, "", exit_code=9)}
+        killed = [{"event": "exit", "job": "500", "status": 137}]
+        assert apply_exit_records(reg, sacct, {"500": run}, {"500": killed})["500"].exit_code == 137
+        other = {"500": JobStatus("500", JobState.FAILED, "", exit_code=3)}
+        assert apply_exit_records(reg, other, {"500": run}, {"500": killed})["500"].exit_code == 3

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import difflib
 import os
-import shutil
 from pathlib import Path
 
 from hpctrain.config.search_path import SUFFIXES, is_file, named_files, search_path
+from hpctrain.config.yamlio import read_config_text
 from hpctrain.errors import ConfigError
+from hpctrain.files import write_atomic
 
 
 def shipped_jobs_dir() -> Path:
@@ -52,8 +53,8 @@ def locate_job(name_or_path: str | Path) -> Path:
     search path; neither is a ConfigError listing the names."""
     text = str(name_or_path)
     candidate = Path(text).expanduser()
-    if is_file(candidate):
-        return candidate
+    if is_file(candidate) or (not is_bare_name(text) and os.path.lexists(candidate)):
+        return candidate  # something other than a file there is refused by its reader, naming what it is
     jobs = available_jobs()
     if is_bare_name(text):
         if text in jobs:
@@ -68,8 +69,8 @@ def locate_job(name_or_path: str | Path) -> Path:
 
 
 def copy_job(name: str, directory: Path, *, force: bool = False) -> Path:
-    """Copy the job spec ``name`` into ``directory`` as ``NAME.yaml``; an existing file there is kept (a
-    ConfigError) unless ``force``. The copy is written beside its target and renamed into place."""
+    """Copy the job spec ``name`` into ``directory`` as ``NAME.yaml``, whole or not at all; an existing file there is
+    kept (a ConfigError) unless ``force``."""
     source = locate_job(name)
     if not directory.is_dir():
         raise ConfigError("not a directory", path=str(directory), hint="create it first, or name another one")
@@ -77,11 +78,8 @@ def copy_job(name: str, directory: Path, *, force: bool = False) -> Path:
     if target.exists() and not force:
         raise ConfigError("exists already; it is kept", path=str(target),
                           hint="edit it, copy into another directory, or --force to replace it")
-    partial = target.with_name(f".{target.name}.partial")
     try:
-        shutil.copyfile(source, partial)
-        os.replace(partial, target)
+        write_atomic(target, read_config_text(source))
     except OSError as exc:
-        partial.unlink(missing_ok=True)
         raise ConfigError(f"cannot write: {exc.strerror or exc}", path=str(target)) from None
     return target

@@ -222,6 +222,10 @@ def last_json_record(text: str) -> dict[str, Any] | None:
 # --- what the run directories add -----------------------------------------------------------------------------
 
 
+# sacct prints an exit status N >= 128 as N - 128 (its ExitCode "9:0" of a job script that exited 137).
+ACCOUNTING_FOLD = 128
+
+
 def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | None, runs: Mapping[str, Run],
                        records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, JobStatus]:
     """Statuses completed from the batch scripts' own records (``EXIT_LOG`` of each run directory).
@@ -233,8 +237,8 @@ def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | N
     chain and the new job's records are read in turn (a whole resubmitted job may have run between two
     polls); ``exit`` with status 0 → COMPLETED, another status → FAILED with that exit code. A state the
     scheduler gave is kept; the records only fill in what it did not say (the exit code of a job that only
-    ``squeue`` reports ended, before accounting has it). A new job with no record yet is
-    PENDING until the next poll asks the scheduler about it.
+    ``squeue`` reports ended, before accounting has it) or said folded (sacct's 9 for the script's 137). A new
+    job with no record yet is PENDING until the next poll asks the scheduler about it.
     """
     out = dict(statuses or {})
     for job, run in runs.items():
@@ -266,9 +270,10 @@ def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | N
                     out[current] = JobStatus(current, state,
                                              "" if code == 0 else "the job script recorded a non-zero exit",
                                              exit_code=code)
-                elif known is not None and known.exit_code is None and known.state is state:
-                    # squeue has no exit code: an ended job that accounting has not recorded yet gets the
-                    # script's own (the state the scheduler gave stands)
+                elif known is not None and known.state is state and known.exit_code in (None, code - ACCOUNTING_FOLD):
+                    # The script's own status where the scheduler's says less (the state it gave stands): squeue
+                    # has no exit code for an ended job accounting has not recorded yet, and sacct prints a
+                    # status of 128 + S (a rank killed by signal S) as S ("9:0" for the log's 137)
                     out[current] = replace(known, exit_code=code)
                 break
             else:
@@ -400,7 +405,8 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
         # Another process (``logs --follow``, a second ``status``) may have stored a run's end after this poll's
         # answer was read: the metrics read with it are from before the end. Read them again, the end now stored.
         late = [fresh[r.run_id] for r in runs
-                if r.is_active and not fresh[r.run_id].is_active and not _last_progress_kept(registry, fresh[r.run_id])]
+                if r.is_active and not fresh[r.run_id].is_active and r.run_id not in polled.seen_ended
+                and not _last_progress_kept(registry, fresh[r.run_id])]
         if late:
             again = _poll_once(registry, late, pool, progress=True, ssh_config=ssh_config)
             polled.progress.update(again.progress)
@@ -417,9 +423,11 @@ def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | Non
 @dataclass
 class _Polled:
     """What one round of polling found: per run id, why it could not be polled (text, exit code), the newest
-    metrics record kept, and its step count."""
+    metrics record kept, and its step count; the runs whose end this round's answer showed (their metrics, or
+    their having none, were read after it)."""
 
     errors: dict[str, tuple[str, int]] = field(default_factory=dict)
+    seen_ended: set[str] = field(default_factory=set)
     progress: dict[str, dict[str, Any]] = field(default_factory=dict)
     totals: dict[str, int | None] = field(default_factory=dict)
 
@@ -467,11 +475,13 @@ def _poll_once(registry: Registry, runs: Sequence[Run], pool: TransportPool, *, 
                 if job not in statuses:
                     out.errors[run.run_id] = (result.error, result.error_code)
         for run, _, job in group.members:
+            # The script reads the metrics after the status commands: a job seen ended (here, or by a poll before
+            # this one) wrote no record after this one.
+            ended = job is not None and (not run.is_active or (job in statuses and statuses[job].state.is_terminal))
+            if ended and run.run_id in paths and result.statuses is not None:
+                out.seen_ended.add(run.run_id)
             record = result.metrics.get(paths.get(run.run_id, ""))
             if record:
-                # The script reads the metrics after the status commands: a job seen ended (here, or by a poll
-                # before this one) wrote no record after this one.
-                ended = job is not None and (not run.is_active or (job in statuses and statuses[job].state.is_terminal))
                 out.progress[run.run_id] = save_progress(registry, run.run_id, record,
                                                          after_end_of=job if ended else None)
     return out
