@@ -30,6 +30,7 @@ from hpctrain.config.common import (
     walltime_seconds,
 )
 from hpctrain.config.job_catalog import locate_job
+from hpctrain.config.metrics import MetricsConfig
 from hpctrain.config.origin import JobOrigin
 from hpctrain.config.precision import PrecisionRequest
 from hpctrain.config.site import MAX_MEMORY_GB, Directives
@@ -218,19 +219,6 @@ class CheckpointConfig(Strict):
     layout: Literal["node", "rank"] = Field(
         "node", description="Rank states in one file per node (packed by the node's local rank 0) or one file per "
                             "rank (docs/checkpoints.md, 'Per-node files')")
-
-
-class MlflowConfig(Strict):
-    tracking_uri: str = Field(min_length=1, description="MLflow tracking URI, or a directory (relative to the run "
-                              "directory) for MLflow's file store")
-    experiment: str | None = Field(None, min_length=1, description="Experiment name (default: the job's name)")
-
-
-class MetricsConfig(Strict):
-    tensorboard: bool = Field(False, description="Rank 0 also writes the metrics as TensorBoard event files")
-    tensorboard_dir: str = Field("tensorboard", min_length=1,
-                                 description="Where the event files go (relative to the run directory)")
-    mlflow: MlflowConfig | None = Field(None, description="Rank 0 also logs the metrics to this MLflow tracking URI")
 
 
 class JobSpec(Strict):
