@@ -73,6 +73,22 @@ def read_regular_text(path: str | os.PathLike[str], *, follow_symlinks: bool = T
     return read_regular_bytes(path, follow_symlinks=follow_symlinks).decode("utf-8")
 
 
+PATH_MAX = 4096  # Linux: the longest path a system call takes, its closing NUL included
+NAME_MAX = 255  # the longest name of one directory entry on the usual file systems (ext4, xfs, Lustre, GPFS)
+
+
+def path_too_long(path: str | os.PathLike[str]) -> str | None:
+    """Why the OS refuses ``path`` for its length (ENAMETOOLONG), said without repeating it; None when it may
+    be used."""
+    raw = os.fsencode(path)
+    if len(raw) >= PATH_MAX:
+        return f"a path of {len(raw)} bytes is longer than the {PATH_MAX - 1} the system takes"
+    longest = max((len(part) for part in raw.split(b"/")), default=0)
+    if longest > NAME_MAX:
+        return f"the path has a name of {longest} bytes, longer than the {NAME_MAX} a file name may have"
+    return None
+
+
 def within(path: Path, root: Path) -> bool:
     """Whether ``path``, every symbolic link resolved, lies inside ``root`` (resolved too)."""
     try:

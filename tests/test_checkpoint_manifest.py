@@ -129,3 +129,33 @@ def test_malformed_manifests_are_value_errors_only(tmp_path: Path, text: str) ->
     assert entries == [] and problems == []  # no step directories: nothing to rebuild, nothing to warn
     with pytest.raises(CheckpointError, match="no valid checkpoint"):
         newest_shared_file(tmp_path)
+
+
+def test_an_empty_manifest_hides_no_committed_step(tmp_path: Path) -> None:
+    """``{"format": ..., "checkpoints": []}`` is a valid manifest that names nothing: the markers of the steps
+    still show them complete, and they are used, with a warning that says so."""
+    _three(tmp_path)
+    _manifest(tmp_path, [])
+    entries, problems = read_entries(tmp_path)
+    assert [c.step for c in entries] == [10, 20, 30]
+    assert problems == [f"manifest {tmp_path / MANIFEST} names 0 checkpoint(s) but not step(s) 10, 20, 30, which "
+                        f"their {MARKER} markers show complete; added from the markers"]
+    path, _ = newest_shared_file(tmp_path)
+    assert path == tmp_path / step_dirname(30) / SHARED
+
+
+def test_a_manifest_naming_fewer_steps_than_the_markers_show_is_completed_from_them(tmp_path: Path) -> None:
+    entries = _three(tmp_path)
+    _manifest(tmp_path, entries[:1])  # a stale manifest, or a save whose marker was written and manifest not
+    (tmp_path / step_dirname(40)).mkdir()  # a save still being written (no marker yet): left out, no warning
+    listed, problems = read_entries(tmp_path)
+    assert [c.step for c in listed] == [10, 20, 30]
+    assert len(problems) == 1 and "not step(s) 20, 30" in problems[0]
+    _manifest(tmp_path, entries)
+    assert read_entries(tmp_path) == (listed, [])  # a manifest naming every marked step: no warning
+
+
+def test_an_empty_manifest_and_no_step_directory_say_there_is_no_checkpoint(tmp_path: Path) -> None:
+    _manifest(tmp_path, [])
+    with pytest.raises(CheckpointError, match=f"neither {MANIFEST} nor a step directory's {MARKER} names one"):
+        newest_shared_file(tmp_path)

@@ -136,6 +136,35 @@ def test_saving_an_earlier_step_drops_the_abandoned_later_ones(tmp_path: Path) -
     assert s.load(s.latest_valid())[0] == {"step": 22}  # type: ignore[arg-type]
 
 
+def test_an_abandoned_step_stays_dropped_while_its_directory_is_not_yet_deleted(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader adds the steps whose markers it finds to the manifest's list: the abandoned timeline's markers go
+    before the manifest drops it, so a deletion that has not run (a background prune) or failed brings it back."""
+    s = CheckpointStore(tmp_path, keep=5)
+    for step in (1, 2, 3):
+        s.save(step, {"step": step})
+    monkeypatch.setattr(CheckpointStore, "_delete", lambda self, stale: None)
+    s.save(2, {"step": 22})
+    assert (tmp_path / step_dirname(3)).is_dir() and not (tmp_path / step_dirname(3) / MARKER).exists()
+    assert [c.step for c in s.checkpoints()] == [1, 2]
+    assert s.load(s.latest_valid())[0] == {"step": 22}  # type: ignore[arg-type]
+
+
+def test_an_empty_manifest_hides_no_committed_step_from_resume(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """An empty but valid manifest made the store return no checkpoint: training would restart at step 0."""
+    s = CheckpointStore(tmp_path, keep=3)
+    for step in (10, 20):
+        s.save(step, {"step": step})
+    (tmp_path / MANIFEST).write_text(json.dumps({"format": "hpctrain-checkpoint", "checkpoints": []}))
+    ckpt = s.latest_valid()
+    assert ckpt is not None and ckpt.step == 20 and s.load(ckpt)[0] == {"step": 20}
+    (line,) = _warnings(caplog)
+    assert "names 0 checkpoint(s) but not step(s) 10, 20" in line
+    s.save(30, {"step": 30})  # the next save writes a manifest naming them again
+    assert [c["step"] for c in json.loads((tmp_path / MANIFEST).read_text())["checkpoints"]] == [10, 20, 30]
+
+
 # -------------------------------------------------------------------------------- damaged checkpoints
 
 

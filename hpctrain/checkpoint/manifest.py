@@ -272,12 +272,13 @@ def parse_manifest(text: str, root: Path) -> list[Checkpoint]:
         raise ValueError(f"{type(e).__name__}: {e}") from None
 
 
-def _markers(directory: Path) -> Iterator[tuple[Path, Checkpoint | None, str]]:
-    """Every step directory with its marker's checkpoint (None and why, when the marker is unusable)."""
+def _markers(directory: Path, skip: frozenset[str] = frozenset()) -> Iterator[tuple[Path, Checkpoint | None, str]]:
+    """Every step directory (but those named in ``skip``) with its marker's checkpoint (None and why, when the
+    marker is unusable)."""
     if not directory.is_dir():
         return
     for child in sorted(directory.iterdir()):
-        if not STEP_DIR.fullmatch(child.name) or not child.is_dir():
+        if not STEP_DIR.fullmatch(child.name) or child.name in skip or not child.is_dir():
             continue
         try:
             ckpt = load_entry(directory, read_regular_text(child / MARKER))
@@ -293,19 +294,36 @@ def _markers(directory: Path) -> Iterator[tuple[Path, Checkpoint | None, str]]:
         yield child, ckpt, ""
 
 
+def _with_unlisted(directory: Path, listed: list[Checkpoint]) -> tuple[list[Checkpoint], list[str]]:
+    """The manifest's checkpoints and those whose markers show them complete although it does not name them (an
+    emptied or stale manifest, a save whose marker was written and whose manifest was not), with what was added.
+    Only the unlisted step directories' markers are read; one without a marker is a save still being written or
+    an interrupted one, and is left out without a word, as the manifest leaves it out."""
+    found = [c for _, c, _ in _markers(directory, frozenset(c.path.name for c in listed)) if c is not None]
+    if not found:
+        return listed, []
+    merged = sorted([*listed, *found], key=lambda c: c.step)
+    steps = ", ".join(str(c.step) for c in found)
+    return merged, [f"manifest {directory / MANIFEST} names {len(listed)} checkpoint(s) but not step(s) {steps}, "
+                    f"which their {MARKER} markers show complete; added from the markers"]
+
+
 def read_entries(directory: Path) -> tuple[list[Checkpoint], list[str]]:
     """(complete checkpoints by increasing step, problems worth a warning) of a checkpoint directory.
 
-    From the manifest; when it is missing or unreadable, rebuilt from the step directories' markers, and
-    every step directory that could not be used is named in the problems (a fresh directory has none).
+    From the manifest and the markers of the step directories it does not name; when it is missing or unreadable,
+    rebuilt from the step directories' markers, and every step directory that could not be used is named in the
+    problems (a fresh directory has none).
     """
     path = directory / MANIFEST
     try:
-        return parse_manifest(read_regular_text(path), directory), []
+        listed = parse_manifest(read_regular_text(path), directory)
     except FileNotFoundError:
         problem = f"manifest {path} is missing"
     except (OSError, ValueError) as e:
         problem = f"manifest {path} is unreadable ({e})"
+    else:
+        return _with_unlisted(directory, listed)
     found = list(_markers(directory))
     if not found:
         return [], []
@@ -355,7 +373,7 @@ def newest_shared_file(directory: str | Path, verify: bool = True) -> tuple[Path
         if bad is None:
             return ckpt.path / SHARED, problems
         problems.append(f"step {ckpt.step} skipped: {bad}")
-    detail = "; ".join(problems) if problems else f"no {MANIFEST} and no step directories"
+    detail = "; ".join(problems) if problems else f"neither {MANIFEST} nor a step directory's {MARKER} names one"
     raise CheckpointError(f"no valid checkpoint in {directory}: {detail}",
                           hint="pass a checkpoint directory that training wrote, or its step-*/shared.pt file")
 

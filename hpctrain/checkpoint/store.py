@@ -565,6 +565,9 @@ class CheckpointStore:
         older = [e for e in entries if e.step < ckpt.step]  # later steps belong to an abandoned timeline
         kept = older[max(0, len(older) - (self.keep - 1)) :] if self.keep > 1 else []  # up to keep - 1 of them
         kept.append(ckpt)
+        for later in (e for e in entries if e.step > ckpt.step):
+            # before the manifest drops it: a reader adds a step whose marker it finds back to the list
+            (later.path / MARKER).unlink(missing_ok=True)
         manifest = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,

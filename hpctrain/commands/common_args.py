@@ -1,10 +1,31 @@
-"""Arguments shared by commands that take a job spec (render, submit, jobs validate)."""
+"""Arguments shared by commands: a job spec with its overrides (render, submit, jobs validate), and file paths
+refused at parse time when the OS could not take them."""
 
 from __future__ import annotations
 
 import argparse
 
 from hpctrain.config.numbers import flag_int
+from hpctrain.files import PATH_MAX, path_too_long
+
+
+def path_flag(text: str) -> str:
+    """argparse ``type=`` for a file path: refused in one line when it is too long for the OS (it would end in
+    ENAMETOOLONG wherever it is first opened)."""
+    problem = path_too_long(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def volume_flag(text: str) -> str:
+    """argparse ``type=`` for a volume, ``FILE.h5:DATASET`` or a .zarr path: its file's path as ``path_flag``."""
+    from hpctrain.config.plugins.ffn import parse_volume_spec
+
+    if len(text) >= 2 * PATH_MAX:  # too long whatever part the dataset is; not parsed
+        path_flag(text)
+    path_flag(str(parse_volume_spec(text)[0]))
+    return text
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, *, site_required: bool = False) -> None:

@@ -8,6 +8,7 @@ finite when it is a float, and inside the bounds the field states. Errors are on
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 
@@ -81,6 +82,32 @@ def check_number(value: object, field: str, bounds: Bounds = Bounds(), *, intege
     if isinstance(value, int) and value.bit_length() > 66:
         raise NumberError(f"{field}: an integer of more than {MAX_DIGITS} digits is not allowed")
     bounds.check(value, field)
+    return value
+
+
+def max_threads() -> int:
+    """The most threads one process may ask for: this machine's CPUs (more only take turns on the same cores)."""
+    return os.cpu_count() or 1
+
+
+def check_threads(value: int, field: str = "--threads") -> int:
+    """``value`` when it is a thread count this machine can run, 1 to ``max_threads()``; NumberError otherwise."""
+    most = max_threads()
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise NumberError(f"{field}: {value!r} threads; give 1 to {most} (the CPUs of this machine)")
+    return value
+
+
+def flag_threads(text: str) -> int:
+    """argparse ``type=`` for ``--threads``: an integer from 1 to this machine's CPUs (argparse names the flag)."""
+    import argparse
+
+    try:
+        value = parse_int(text, "the value")
+    except NumberError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not 1 <= value <= max_threads():
+        raise argparse.ArgumentTypeError(f"{value} threads; give 1 to {max_threads()} (the CPUs of this machine)")
     return value
 
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.errors import CheckpointError, DataError
+from hpctrain.config.numbers import NumberError, check_threads
+from hpctrain.errors import CheckpointError, ConfigError
 from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
 from hpctrain.ffn.batching import FovBatches, flood_together
 from hpctrain.ffn.canvas import Canvas, make_canvas
@@ -26,9 +27,16 @@ from hpctrain.ffn.settings import (
     SeedSettings,
     checkpoint_settings,
 )
+from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 from hpctrain.runtime.precision import resolve_precision
 
 Settings = InferenceConfig | Mapping[str, Any] | None
+# Bytes per voxel that flooding and finishing a volume hold besides its image: the canvas's float32 normalised
+# image, seed logits and int32 labels, then the pieces, claims and fill of finishing (the peak of the numpy
+# allocations of ``segment_volume`` at the default settings, measured with tracemalloc on 48^3 and 80^3: 70).
+FLOOD_BYTES_PER_VOXEL = 72
+PIECES_HINT = ("segment it in pieces: --subvolumes Z Y X reads and floods each piece on its own (with --ranks, on "
+               f"several processes), or {RAISE_HINT}")
 
 
 def as_config(cfg: Settings) -> InferenceConfig:
@@ -178,7 +186,11 @@ def prepare_inference(checkpoint_path: str | Path, config: Settings = None, *, t
     import torch
 
     if threads:
-        torch.set_num_threads(int(threads))
+        try:
+            check_threads(threads, "threads")
+        except NumberError as exc:
+            raise ConfigError(str(exc)) from None
+        torch.set_num_threads(threads)
     given = config if isinstance(config, InferenceConfig) else None
     device = given.execution.device if given else str(dict(config or {}).get("device", "cpu"))
     model, model_args, ckpt = load_model(checkpoint_path, device)
@@ -199,19 +211,21 @@ def prepare_inference(checkpoint_path: str | Path, config: Settings = None, *, t
 
 def run_segment(checkpoint_path: str | Path, volume_spec: Any, out_path: str | Path, *, config: Settings = None,
                 threads: int | None = None, tune: bool = True,
-                provenance: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                provenance: Mapping[str, Any] | None = None, budget: MemoryBudget | None = None) -> dict[str, Any]:
     """`hpctrain ffn segment`: checkpoint + image volume → segmentation HDF5; returns a summary dict.
 
     Settings as ``prepare_inference``; ``tune`` runs a copy of the model with the CPU inference settings of
     ``hpctrain.ffn.perf`` (oneDNN convolutions, channels-last; the same float32 sums up to their order). The
     segmentation's attributes record the checkpoint, the image, every setting that ran and ``provenance``
-    (e.g. the model package the settings came from)."""
-    from hpctrain.ffn.volume import load_volume
+    (e.g. the model package the settings came from). The image's shape and dtype are checked, and the volume and
+    its flood against ``budget`` (default: ``memory_budget()``), from its header before the model is loaded."""
+    from hpctrain.ffn.volume import check_image, open_volume
 
-    model, cfg, model_args = prepare_inference(checkpoint_path, config, threads=threads, tune=tune)
-    image = np.asarray(load_volume(volume_spec))
-    if image.ndim != 3:
-        raise DataError(f"image {volume_spec} has shape {image.shape}; expected a 3-D (z, y, x) volume")
+    with open_volume(volume_spec, budget) as volume:
+        check_image(volume)
+        volume.check_fits("segmenting", FLOOD_BYTES_PER_VOXEL, hint=PIECES_HINT)
+        model, cfg, model_args = prepare_inference(checkpoint_path, config, threads=threads, tune=tune)
+        image = volume.read()
     t0 = time.perf_counter()
     labels, canvas = segment_volume(model, image, cfg, return_canvas=True)
     seconds = time.perf_counter() - t0

@@ -29,8 +29,17 @@ from hpctrain.errors import DataError
 from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, join_groups, mutual_claims
 from hpctrain.ffn.inference import join_and_fill
 from hpctrain.ffn.settings import InferenceConfig
-from hpctrain.ffn.subvolumes import Subvolume, existing_part_file, mine, read_plan, renumbering, write_cores
+from hpctrain.ffn.subvolumes import (
+    Subvolume,
+    check_pieces_fit,
+    existing_part_file,
+    mine,
+    read_plan,
+    renumbering,
+    write_cores,
+)
 from hpctrain.files import write_atomic
+from hpctrain.memory_budget import MemoryBudget
 
 OVERSEGMENTATION = "oversegmentation.h5"
 PAIRS = "pairs.json"
@@ -115,7 +124,7 @@ def finish_piece(model: Any, config: InferenceConfig, image: np.ndarray, seg: np
 
 
 def finish_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads: int | None = None,
-                 model: Any = None, config: Any = None) -> list[str]:
+                 model: Any = None, config: Any = None, budget: MemoryBudget | None = None) -> list[str]:
     """Finish this rank's pieces (``finish_piece``): each writes its core and scores to ``finished-*.h5``.
     A piece already finished is skipped, so a stopped job run again does only the rest."""
     from hpctrain.ffn.inference import prepare_inference
@@ -136,9 +145,10 @@ def finish_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads
     if model is None:
         model, config, _ = prepare_inference(settings["checkpoint"], settings.get("config"), threads=threads)
     model.eval()
-    volume = open_volume(settings["volume"])
+    volume = open_volume(settings["volume"], budget)
     written = []
     try:
+        check_pieces_fit(todo, volume, together=1)
         for sub in todo:
             image = np.asarray(volume[sub.box()])
             seg = _read(parts / OVERSEGMENTATION, sub.box())

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,8 +23,10 @@ from hpctrain.config.plugins.ffn_inference import zyx
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.agglomeration import UnionFind
 from hpctrain.files import atomic_path, write_atomic
+from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 
 Zyx = tuple[int, int, int]
+TOGETHER = 4  # pieces a rank floods in lock step (their FOVs batched into one model call)
 
 
 @dataclass(frozen=True)
@@ -225,8 +228,21 @@ def reconcile(plan: list[Subvolume], parts_dir: Path, out_path: str | Path, shap
 # ------------------------------------------------------------------------------------------- the pieces
 
 
+def check_pieces_fit(plan: Sequence[Subvolume], volume: Any, together: int = TOGETHER) -> None:
+    """DataError unless the ``together`` largest pieces of ``plan``, read from ``volume`` (a ``Volume``) and
+    flooded at once, fit its budget: said before any piece is read."""
+    from hpctrain.ffn.inference import FLOOD_BYTES_PER_VOXEL
+
+    largest = sorted((math.prod(sub.shape) for sub in plan), reverse=True)[:max(1, together)]
+    need = sum(volume.bytes_for((voxels,), FLOOD_BYTES_PER_VOXEL) for voxels in largest)
+    biggest = max(plan, key=lambda sub: math.prod(sub.shape)).shape
+    volume.budget.check(need, f"flooding {len(largest)} pieces of up to {biggest} of {volume.name} {volume.dtype} "
+                              "at once", hint=f"cut it into more --subvolumes, or {RAISE_HINT}")
+
+
 def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads: int | None = None,
-                  model: Any = None, config: Any = None, together: int = 4) -> list[str]:
+                  model: Any = None, config: Any = None, together: int = TOGETHER,
+                  budget: MemoryBudget | None = None) -> list[str]:
     """Segment this rank's pieces of the plan, each read from the volume on its own; returns the files written.
 
     The pieces flood only: agglomeration and fill run once after reconciling
@@ -248,9 +264,10 @@ def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, thread
     if model is None:
         model, config, _ = prepare_inference(settings["checkpoint"], settings.get("config"), threads=threads)
     config = flood_only(config)  # agglomeration and fill run after reconciling (subvolume_finish.py)
-    volume = open_volume(settings["volume"])
+    volume = open_volume(settings["volume"], budget)
     written = []
     try:
+        check_pieces_fit(todo, volume, together)
         for first in range(0, len(todo), max(1, together)):
             group = todo[first:first + max(1, together)]
             images = [np.asarray(volume[sub.box()]) for sub in group]

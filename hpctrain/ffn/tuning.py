@@ -28,6 +28,7 @@ from hpctrain.ffn.canvas import Canvas
 from hpctrain.ffn.evaluate import evaluate_segmentation
 from hpctrain.ffn.inference import flooded_canvas, join_and_fill, pair_scores, pieces_and_claims
 from hpctrain.ffn.settings import STAGE_OF, InferenceConfig
+from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 
 TUNABLE = ("move_threshold", "segment_threshold", "agglomerate_threshold")
 FLOOD_KEYS = tuple(k for k in TUNABLE if STAGE_OF[k] == "flood")  # each value floods the crop again
@@ -157,15 +158,21 @@ def tune_inference(model: Any, image: np.ndarray, labels: np.ndarray, base: Infe
     return base.replace(**best["settings"]), rows
 
 
-def read_labelled(image_spec: Any, labels_spec: Any, crop: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
-    """(image, labels) of a central ``crop`` of a labelled volume; only the crop is read."""
-    from hpctrain.ffn.volume import open_volume
+def read_labelled(image_spec: Any, labels_spec: Any, crop: Sequence[int] | None,
+                  budget: MemoryBudget | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(image, labels) of a central ``crop`` of a labelled volume; only the crop is read, once their dtypes and
+    shapes are checked and the crop, its labels and its flood are known to fit ``budget`` (default:
+    ``memory_budget()``)."""
+    from hpctrain.ffn.inference import FLOOD_BYTES_PER_VOXEL
+    from hpctrain.ffn.volume import check_pair, open_volume, selection_shape
 
-    with open_volume(image_spec) as image_volume, open_volume(labels_spec) as labels_volume:
-        if tuple(image_volume.shape) != tuple(labels_volume.shape):
-            raise DataError(f"image {tuple(image_volume.shape)} and labels {tuple(labels_volume.shape)} "
-                            f"differ in shape ({image_spec}, {labels_spec})")
+    with open_volume(image_spec, budget) as image_volume, open_volume(labels_spec, budget) as labels_volume:
+        check_pair(image_volume, labels_volume)
         box = central_crop(image_volume.shape, crop)
+        shape = selection_shape(image_volume.shape, box)
+        image_volume.check_fits("choosing settings on", FLOOD_BYTES_PER_VOXEL + labels_volume.dtype.itemsize,
+                                shape=shape, hint=f"choose them on a smaller central crop (--crop Z Y X), or "
+                                                  f"{RAISE_HINT}")
         return np.asarray(image_volume[box]), np.asarray(labels_volume[box])
 
 
@@ -175,7 +182,8 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
                     fit_on: tuple[Any, Any, Sequence[int] | None] | None = None,
                     fit_settings: Mapping[str, Any] | None = None,
                     fit_required: bool = True,
-                    check_fit: Callable[[Mapping[str, Any]], None] | None = None) -> dict[str, Any]:
+                    check_fit: Callable[[Mapping[str, Any]], None] | None = None,
+                    budget: MemoryBudget | None = None) -> dict[str, Any]:
     """``tune_inference`` for a checkpoint on a central ``crop`` of a labelled volume (only the crop is read):
     {"chosen": {key: value}, "crop": [z, y, x], "rows": every candidate's scores, "seconds": wall time}.
     ``settings``: the base inference settings (a job's ``data.eval.inference``). ``fit_on`` = (image spec, labels
@@ -195,7 +203,7 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
     floods: list[Flood] = []
     same_volume = fit_on is not None and tuple(fit_on) == (image_spec, labels_spec, crop)
     if fit_on is not None:
-        fit_image, fit_labels = read_labelled(*fit_on)
+        fit_image, fit_labels = read_labelled(*fit_on, budget=budget)
         if say:
             changed = f" flooded with {dict(fit_settings)}" if fit_settings else ""
             say(f"fitting the join model on {'x'.join(map(str, fit_image.shape))} voxels of {fit_on[0]}{changed}:")
@@ -214,7 +222,7 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
                 say(f"no join model: {e.message}; pairs are joined by their mutual claims")
         if check_fit is not None:
             check_fit(fitted)
-    image, labels = (fit_image, fit_labels) if same_volume else read_labelled(image_spec, labels_spec, crop)
+    image, labels = (fit_image, fit_labels) if same_volume else read_labelled(image_spec, labels_spec, crop, budget)
     shape = list(image.shape)
     if say:
         say(f"choosing the inference thresholds on {'x'.join(map(str, shape))} voxels at the volume's centre, "

@@ -6,37 +6,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from hpctrain.files import write_atomic
 from hpctrain.report.collect import PROFILE_FILE, ReportData, collect
 from hpctrain.report.efficiency import try_compare
 from hpctrain.report.html import page
+from hpctrain.report.segmentation import segmentation_slices
 from hpctrain.report.source import RunSource
 
-SLICES = 3
 DEFAULT_NAME = "report.html"
-
-
-def segmentation_slices(places: tuple[Path, ...]) -> tuple[list[tuple[str, Any]], str]:
-    """Three z slices of the first label volume found (``*segmentation*.h5``, dataset ``segmentation``)."""
-    found = [p for place in places for p in sorted(place.glob("*segmentation*.h5"))]
-    if not found:
-        return [], "no segmentation in the run's files (an FFN run's *segmentation*.h5)"
-    found.sort(key=lambda p: (not p.name.startswith("heldout"), p.name))
-    try:
-        import h5py
-        import numpy as np
-    except ImportError as exc:
-        return [], f"{found[0].name} is there but h5py/numpy are not installed to read it ({exc})"
-    try:
-        with h5py.File(found[0], "r") as f:
-            labels = f["segmentation"]
-            depth = labels.shape[0]
-            zs = sorted({max(0, min(depth - 1, depth * (i + 1) // (SLICES + 1))) for i in range(SLICES)})
-            return [(f"{found[0].name} z={z}", np.asarray(labels[z])) for z in zs], ""
-    except (OSError, KeyError, ValueError, IndexError) as exc:
-        return [], f"cannot read {found[0].name}: {exc}"
 
 
 def report_data(source: RunSource, extra_dirs: tuple[Path, ...] = ()) -> ReportData:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import ConfigError, RuntimeFailure
+from hpctrain.memory_budget import MemoryBudget
 
 
 @dataclass
@@ -160,27 +161,36 @@ def parts_dir_for(output: str) -> Path:
 def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[str, Any] | None, *,
                       counts: tuple[int, int, int], overlap: int | None = None, ranks: int = 1,
                       threads: int | None = None, keep_parts: bool = False,
-                      attrs: dict[str, Any] | None = None) -> dict[str, Any]:
+                      attrs: dict[str, Any] | None = None, budget: MemoryBudget | None = None,
+                      memory_gb: float | None = None) -> dict[str, Any]:
     """Plan overlapping subvolumes; flood them with ``ranks`` local processes (the local site's launcher) or
     in this process; reconcile; then, when the settings agglomerate or fill, count the contacts, finish the
-    pieces on the ranks again and assemble ``output`` (``ffn/subvolume_finish.py``). Returns a summary."""
+    pieces on the ranks again and assemble ``output`` (``ffn/subvolume_finish.py``). Returns a summary.
+    The image is checked from its header, and the pieces a rank floods at once against ``budget`` (default:
+    ``memory_budget()``), before any work; ``memory_gb`` is passed to the ranks as their ``--memory-gb``."""
     from hpctrain.ffn.inference import load_model
     from hpctrain.ffn.settings import InferenceConfig, checkpoint_settings, finishes
     from hpctrain.ffn.subvolume_finish import OVERSEGMENTATION, assemble, assign_pairs, finish_parts
-    from hpctrain.ffn.subvolumes import plan_subvolumes, read_plan, reconcile, segment_parts, write_plan
-    from hpctrain.ffn.volume import open_volume
+    from hpctrain.ffn.subvolumes import (
+        check_pieces_fit,
+        plan_subvolumes,
+        read_plan,
+        reconcile,
+        segment_parts,
+        write_plan,
+    )
+    from hpctrain.ffn.volume import check_image, open_volume
 
     t0 = time.perf_counter()
-    _, model_args, ckpt = load_model(checkpoint)
-    settings = InferenceConfig.from_mapping({**checkpoint_settings(model_args, ckpt), **(config or {})})
-    fov = settings.flood.fov
-    with_volume = open_volume(volume)
-    try:
-        shape = tuple(int(s) for s in with_volume.shape)
-    finally:
-        with_volume.close()
-    halo = overlap if overlap is not None else max(fov)
-    plan = plan_subvolumes(shape, counts, halo, min_size=fov)
+    with open_volume(volume, budget) as image:
+        check_image(image)
+        _, model_args, ckpt = load_model(checkpoint)
+        settings = InferenceConfig.from_mapping({**checkpoint_settings(model_args, ckpt), **(config or {})})
+        fov = settings.flood.fov
+        shape = image.shape
+        halo = overlap if overlap is not None else max(fov)
+        plan = plan_subvolumes(shape, counts, halo, min_size=fov)
+        check_pieces_fit(plan, image)
     parts = parts_dir_for(output)
     plan_path = parts / "plan.json"
     if plan_path.exists():  # a rerun keeps finished pieces only if they were cut the same way
@@ -191,9 +201,9 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
         write_plan(plan_path, plan, checkpoint=str(Path(checkpoint).resolve()), volume=str(volume),
                    config=config or {}, shape=list(shape))
     if ranks > 1:
-        on_ranks("segment-parts", plan_path, ranks, threads)
+        on_ranks("segment-parts", plan_path, ranks, threads, memory_gb)
     else:
-        segment_parts(plan_path, 0, 1, threads=threads)
+        segment_parts(plan_path, 0, 1, threads=threads, budget=budget)
     attrs = {"checkpoint": checkpoint, "image": str(volume), "subvolumes": list(counts), "overlap": halo,
              **(attrs or {})}
     if not finishes(settings):
@@ -204,9 +214,9 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
             (parts / "reconciled.txt").write_text(str(joined))
         assign_pairs(plan, parts, shape, settings.joins.min_contact)
         if ranks > 1:
-            on_ranks("finish-parts", plan_path, ranks, threads)
+            on_ranks("finish-parts", plan_path, ranks, threads, memory_gb)
         else:
-            finish_parts(plan_path, 0, 1, threads=threads)
+            finish_parts(plan_path, 0, 1, threads=threads, budget=budget)
         summary = assemble(plan, parts, output, shape, settings.joins.agglomerate_threshold, attrs=attrs,
                            linkage=settings.joins.linkage)
         summary["joined_pairs"] = int((parts / "reconciled.txt").read_text())
@@ -215,13 +225,15 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
     return {**summary, "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def on_ranks(action: str, plan_path: Path, ranks: int, threads: int | None) -> None:
+def on_ranks(action: str, plan_path: Path, ranks: int, threads: int | None, memory_gb: float | None = None) -> None:
     """``hpctrain ffn ACTION PLAN`` as ``ranks`` processes of the local site's launcher."""
     from hpctrain.submission.launchers.local_launch import launch
 
     command = [sys.executable, "-m", "hpctrain", "ffn", action, str(plan_path)]
     if threads:
         command += ["--threads", str(threads)]
+    if memory_gb is not None:
+        command += ["--memory-gb", repr(memory_gb)]
     code = launch(command, ranks, log_dir=str(plan_path.parent / "logs" / action))
     if code != 0:
         raise RuntimeFailure(f"hpctrain ffn {action} {plan_path} failed (launcher exit {code})",
@@ -321,7 +333,8 @@ def join_fit_guard(trained: Trained) -> Callable[[Mapping[str, Any]], None] | No
 
 def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | None, labels: str | None,
                  crop: Any = None, fit_joins: list[str] | None = None, threads: int | None = None,
-                 write: bool = True, replace_joins: bool = False) -> dict[str, Any]:
+                 write: bool = True, replace_joins: bool = False,
+                 budget: MemoryBudget | None = None) -> dict[str, Any]:
     """Choose the inference settings for a trained model among the job's ``data.eval.tune`` candidates on a
     labelled volume (``ffn/tuning.py``) and, with ``write``, write them as its model package. Where no join model
     can be fitted (a barely trained model's floods leave no pairs of both kinds), pairs are joined by their claims,
@@ -341,7 +354,8 @@ def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | Non
     guard = join_fit_guard(trained) if write and not replace_joins else None
     record = tune_checkpoint(trained.checkpoint, image, labels, base, tuning.grid(), crop or tuning.crop,
                              threads=threads or available_cpus(), fit_on=join_fit_volume(fit_joins, job_data, tuning),
-                             fit_settings=tuning.fit_flood_settings(), fit_required=False, check_fit=guard)
+                             fit_settings=tuning.fit_flood_settings(), fit_required=False, check_fit=guard,
+                             budget=budget)
     record["volume"] = image
     package = None
     if write:
@@ -349,9 +363,11 @@ def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | Non
     return {**record, "package": str(package) if package else None}
 
 
-def baseline_scores(image_spec: str, labels: Any, train: tuple[str, str] | None) -> dict[str, dict[str, Any]]:
+def baseline_scores(image_spec: str, labels: Any, train: tuple[str, str] | None,
+                    budget: MemoryBudget | None = None) -> dict[str, dict[str, Any]]:
     """Scores of the Otsu-components baseline and of the seeded watershed on ``image_spec``; the watershed's
-    parameters are chosen on the ``train`` (image, labels) volume when given, else its defaults."""
+    parameters are chosen on the ``train`` (image, labels) volume when given, else its defaults. Each volume is
+    read whole, refused first where it does not fit ``budget``."""
     import numpy as np
 
     from hpctrain.ffn.baseline import baseline_segmentation
@@ -359,10 +375,11 @@ def baseline_scores(image_spec: str, labels: Any, train: tuple[str, str] | None)
     from hpctrain.ffn.volume import load_volume
     from hpctrain.ffn.watershed import WatershedParams, tune_watershed, watershed_segmentation
 
-    image = np.asarray(load_volume(image_spec))
+    image = np.asarray(load_volume(image_spec, budget))
     params = WatershedParams()
     if train:
-        params, _ = tune_watershed(np.asarray(load_volume(train[0])), np.asarray(load_volume(train[1])))
+        params, _ = tune_watershed(np.asarray(load_volume(train[0], budget)),
+                                   np.asarray(load_volume(train[1], budget)))
     return {"baseline (Otsu components)": evaluate_segmentation(baseline_segmentation(image), labels),
             f"watershed ({'tuned on --train' if train else 'default parameters'})":
                 {**evaluate_segmentation(watershed_segmentation(image, params), labels), "params": vars(params)}}

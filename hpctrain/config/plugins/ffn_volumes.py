@@ -4,10 +4,14 @@
 files with them on the laptop (headers only: names, shapes and dtypes, no voxels) wherever the files are
 visible, so that a wrong dataset name, a file that is not HDF5 or an image and labels of different shapes fail
 before the job waits in a queue. h5py, zarr and numpy are imported when a file is opened, never at import.
+An HDF5 volume must be a regular file and a zarr store a directory (a FIFO would block the open, a device read
+forever): checked with ``stat`` before h5py or zarr sees the path.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,9 +20,13 @@ from typing import Any, Protocol
 
 from hpctrain.config.plugins.ffn import VolumeRef, parse_volume_spec
 from hpctrain.errors import ConfigError, DataError
+from hpctrain.files import kind_of
 
 VolumeSpec = str | Mapping[str, Any] | VolumeRef
 ZARR_SUFFIX = ".zarr"
+# The files of a zarr store (v3, then v2) that zarr reads when it opens a group or an array.
+ZARR_METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs")
+SHOWN_PATH = 200  # characters of a path an error repeats
 
 
 class ArrayInfo(Protocol):
@@ -88,14 +96,51 @@ def _zarr_arrays(group: Any, prefix: str = "") -> list[str]:
     return names
 
 
+def _shown(path: Path) -> str:
+    """A path as an error repeats it: whole, or its first SHOWN_PATH characters (one refused for its length)."""
+    text = str(path)
+    return text if len(text) <= SHOWN_PATH else f"{text[:SHOWN_PATH]}… ({len(text)} characters)"
+
+
+def _stat(path: Path) -> os.stat_result:
+    """``stat`` of a volume's path; DataError when it is missing or the OS refuses it (a name too long)."""
+    try:
+        return os.stat(path)
+    except FileNotFoundError:
+        raise DataError(f"volume file {_shown(path)} does not exist",
+                        hint="check the data path in the job spec") from None
+    except (OSError, ValueError) as e:  # ValueError: a NUL byte in the path
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise DataError(f"volume file {_shown(path)} cannot be opened: {reason}") from None
+
+
+def _check_store_files(path: Path) -> None:
+    """A zarr store's metadata files, where present, are regular files (zarr opens them blocking)."""
+    for meta in ZARR_METADATA:
+        try:
+            mode = os.stat(path / meta).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise DataError(f"{path / meta} is {kind_of(mode)}, not a regular file: not a zarr store")
+
+
 def open_array(spec: VolumeSpec) -> OpenedArray:
     """Open a volume's array lazily; raise DataError naming the file and the datasets that do exist."""
     path, dataset = parse_volume_spec(spec)
     name = f"{path}:{dataset}" if dataset else str(path)
-    if not path.exists():
-        raise DataError(f"volume file {path} does not exist", hint="check the data path in the job spec")
-    if is_zarr(path):
+    mode = _stat(path).st_mode
+    if stat.S_ISDIR(mode) or path.suffix == ZARR_SUFFIX:
+        if stat.S_ISDIR(mode):
+            _check_store_files(path)
+            if dataset:
+                _check_store_files(path / dataset)
+        elif not stat.S_ISREG(mode):
+            raise DataError(f"{path} is {kind_of(mode)}, not a zarr store (a directory)")
         return _open_zarr(path, dataset, name)
+    if not stat.S_ISREG(mode):
+        raise DataError(f"volume file {path} is {kind_of(mode)}, not a regular file",
+                        hint="give FILE.h5:DATASET of an HDF5 file, or a .zarr store")
     import h5py
 
     try:
