@@ -202,11 +202,12 @@ def test_a_run_file_that_is_no_regular_file_is_refused_unread(tmp_path: Path, na
     assert str(d / name) in str(got) and ("FIFO" if kind == "fifo" else "character device") in str(got)
 
 
-@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "deep"])
-def test_the_reproductions_end_in_one_line_without_memory(tmp_path: Path, kind: str) -> None:
+@pytest.mark.parametrize("kind,serve", [("fifo", False), ("fifo", True), ("dev-zero", False), ("deep", False)])
+def test_the_reproductions_end_in_one_line_without_memory(tmp_path: Path, kind: str, serve: bool) -> None:
     d = write_run(tmp_path / "run")
     hostile(d / ("metrics.jsonl" if kind != "fifo" else "profile.json"), kind)
-    code, err, rss = cli("report", str(d), "-o", str(tmp_path / "r.html"), cwd=tmp_path)
+    code, err, rss = cli("report", str(d), "-o", str(tmp_path / "r.html"), *(["--serve"] if serve else []),
+                         cwd=tmp_path)
     assert code != 0 and one_line(err)
     assert rss < 200, f"{rss:.0f} MB"
     assert not (tmp_path / "r.html").exists()

@@ -48,12 +48,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (OSError, OverflowError) as exc:
         raise ConfigError(f"cannot listen on 127.0.0.1:{args.port} ({exc})", key="--port",
                           hint="choose a free port from 1024 to 65535, or leave --port out for any free one") from None
-    try:
-        server.live.current()  # the first build: a file the report refuses ends the command before it serves
-    finally:
-        if server.live.error is not None:
-            server.httpd.server_close()
+    server.live.current()  # the first build: a file the report refuses ends the command before it serves
     if server.live.error is not None:
+        server.httpd.server_close()
         raise server.live.error
     print(f"serving the live report of {printable(source.facts.title)} at {server.url}", flush=True)
     print("(127.0.0.1 only; it stops by itself when the run ends, or press Ctrl-C)", file=sys.stderr, flush=True)
