@@ -40,20 +40,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def write_script(out: Path, text: str) -> None:
     """Write an executable script atomically (temp file beside it, then rename); a clean error, and no
     temp file left behind, when ``out`` is a directory or cannot be written."""
-    from hpctrain.errors import HpctrainError
-    from hpctrain.files import write_atomic
+    from hpctrain.commands.out_file import check_out_file, write_out_file
 
-    parent = out.parent
-    shown = printable(str(out))  # a line break in the name is escaped: the message stays one line
-    try:
-        if out.is_dir():
-            raise HpctrainError(f"-o {shown}: is a directory", hint=f"name the script file, e.g. -o {shown}/job.sh")
-        if not parent.is_dir():
-            raise HpctrainError(f"-o {shown}: directory {printable(str(parent))} does not exist",
-                                hint=f"create it: mkdir -p {printable(str(parent))}")
-    except OSError as exc:  # a name too long, a loop of links: is_dir() raises for more than a missing path
-        raise HpctrainError(f"-o {shown}: {exc.strerror or exc}") from None
-    try:
-        write_atomic(out, text, mode=0o755)
-    except OSError as exc:
-        raise HpctrainError(f"-o {shown}: cannot write the script: {exc.strerror or exc}") from None
+    check_out_file(out, "-o", "job.sh")
+    write_out_file(out, text, "-o", "the script", mode=0o755)

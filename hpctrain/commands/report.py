@@ -7,6 +7,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from hpctrain.text import printable
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("report", help="an HTML report of a run (loss, speed, ranks, plan, checkpoints)")
@@ -25,18 +27,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from hpctrain.commands.out_file import check_out_file
     from hpctrain.errors import ConfigError
     from hpctrain.report.build import build_report
     from hpctrain.report.source import open_source
 
-    if args.refresh <= 0:
+    if not args.refresh > 0:
         raise ConfigError(f"--refresh {args.refresh}: expected seconds above 0", key="--refresh")
+    out = check_out_file(args.out, "-o", "report.html") if args.out is not None else None
     source = open_source(args.run)
-    out = Path(args.out) if args.out else None
     extra = tuple(Path(p) for p in args.extra)
     if not args.serve:
         path, _ = build_report(source, out, extra_dirs=extra)
-        print(path)
+        print(printable(str(path)))
         return 0
     from hpctrain.report.serve import ReportServer
 
@@ -45,7 +48,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     except (OSError, OverflowError) as exc:
         raise ConfigError(f"cannot listen on 127.0.0.1:{args.port} ({exc})", key="--port",
                           hint="choose a free port from 1024 to 65535, or leave --port out for any free one") from None
-    print(f"serving the live report of {source.facts.title} at {server.url}", flush=True)
+    server.live.current()  # the first build: a file the report refuses ends the command before it serves
+    if server.live.error is not None:
+        server.httpd.server_close()
+        raise server.live.error
+    print(f"serving the live report of {printable(source.facts.title)} at {server.url}", flush=True)
     print("(127.0.0.1 only; it stops by itself when the run ends, or press Ctrl-C)", file=sys.stderr, flush=True)
-    server.serve(written=lambda p: print(f"the run has ended; report written to {p}", flush=True))
+    server.serve(written=lambda p: print(f"the run has ended; report written to {printable(str(p))}", flush=True))
     return 0

@@ -7,13 +7,13 @@ backward each was ready), the wire ratio of a compressing combiner, and the star
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from hpctrain.errors import DataError
 from hpctrain.planning.model import BucketTiming
+from hpctrain.text import json_value
 
 PROFILE_FILE = "profile.json"
 PROFILE_VERSION = 1
@@ -100,7 +100,7 @@ def _stat(data: dict[str, Any], key: str, where: str) -> Stat:
 def parse_profile(text: str, where: str) -> Measurements:
     """Measurements from the text of a profile.json; DataError naming ``where`` when it cannot be read."""
     try:
-        data = json.loads(text)
+        data = json_value(text)
     except ValueError as exc:
         raise DataError(f"{where}: not JSON ({exc})", hint=_DAMAGED) from None
     if not isinstance(data, dict):

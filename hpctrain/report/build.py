@@ -7,20 +7,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from hpctrain.errors import HpctrainError
 from hpctrain.files import write_atomic
-from hpctrain.report.collect import PROFILE_FILE, ReportData, collect
+from hpctrain.report.collect import JSON_CAP, PROFILE_FILE, ReportData, collect
 from hpctrain.report.efficiency import try_compare
 from hpctrain.report.html import page
 from hpctrain.report.segmentation import segmentation_slices
 from hpctrain.report.source import RunSource
+from hpctrain.run_files import read_run_text
+from hpctrain.text import printable_short
 
 DEFAULT_NAME = "report.html"
 
 
 def report_data(source: RunSource, extra_dirs: tuple[Path, ...] = ()) -> ReportData:
     data = collect(source.directory, source.facts, extra_dirs=extra_dirs)
-    profile = source.directory / PROFILE_FILE
-    text = profile.read_text(encoding="utf-8") if profile.is_file() else None
+    try:
+        text = read_run_text(source.directory / PROFILE_FILE, JSON_CAP)
+    except OSError:
+        text = None  # noted among the problems when collected
     data.efficiency, data.efficiency_note = try_compare(source.job_file, source.site_file, source.facts.site, text,
                                                         f"{source.facts.where}/{PROFILE_FILE}")
     data.slices, data.slices_note = segmentation_slices((source.directory, *extra_dirs))
@@ -28,8 +33,12 @@ def report_data(source: RunSource, extra_dirs: tuple[Path, ...] = ()) -> ReportD
 
 
 def write_page(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, text)
+    """Write the page whole at ``path`` (its directory must exist: nothing is created but the file)."""
+    try:
+        write_atomic(path, text)
+    except OSError as exc:
+        raise HpctrainError(f"{printable_short(str(path))}: cannot write the report: {exc.strerror or exc}",
+                            hint="name a file in a directory you can write, with -o FILE.html") from None
     return path
 
 
@@ -56,8 +65,6 @@ def demo_report_line(run_dir: str | os.PathLike[str], out_dir: str | os.PathLike
                      figure: str | os.PathLike[str]) -> str:
     """``hpctrain demo``'s last line: its run's report (with the demo's scores and segmentation), beside its figure.
     The report is never why the demo fails: a report that cannot be written says why on that line."""
-    from hpctrain.errors import HpctrainError
-
     try:
         path = report_of(run_dir, Path(out_dir) / DEFAULT_NAME, extra_dirs=(out_dir,))
     except (HpctrainError, OSError, ImportError, ValueError) as exc:

@@ -2,20 +2,34 @@
 the step profile, every rank's busy time, checkpoints and their write times, the failure note, evaluation scores.
 
 Pure: it reads a directory that holds the run's files (the run directory itself, or the copy fetched from a login
-node) and the registry's facts handed in; it runs no command and imports no torch.
+node) and the registry's facts handed in; it runs no command and imports no torch. Every file goes through the one
+reader of run files (``hpctrain.run_files``: regular files only, each capped below, JSON nesting bounded); the
+JSON-lines files are streamed, and above MAX_RECORDS records (MAX_INTERVALS busy-time intervals) only an evenly
+spaced sample of them is kept for the figures, so that a long run's report takes bounded memory.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
+from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from hpctrain.text import json_lines
+from hpctrain.run_files import (
+    GIB,
+    KIB,
+    MIB,
+    json_record,
+    read_run_head,
+    read_run_json,
+    read_run_text,
+    run_json_lines,
+    run_lines,
+)
 
 METRICS_FILE = "metrics.jsonl"
 ATTEMPTS_FILE = "attempts.jsonl"
@@ -28,6 +42,20 @@ RANKS_DIR = "ranks"
 MANIFEST_FILE = "manifest.json"
 # Per-rank rows up to this many ranks; above it, one row per node (its slowest rank).
 MAX_RANK_ROWS = 64
+# The most the report reads of each file (docs/report.md); a bigger file is refused, the cap named.
+LINES_CAP = 2 * GIB  # metrics.jsonl, rank_times.jsonl: streamed, never whole in memory
+ATTEMPTS_CAP = 64 * MIB  # attempts.jsonl: a line per attempt
+JSON_CAP = 64 * MIB  # profile.json, scores.json, checkpoints/manifest.json: read whole
+NODE_FILE_CAP = 16 * MIB  # each ranks/node-*.txt: a line per rank of the node, per attempt
+NOTE_BYTES = 4 * KIB  # failure.txt: its first line is the note
+# Interval records kept for the figures: above this many, an evenly spaced sample (every k-th, k a power of 2);
+# the figures draw at most figures.MAX_POINTS of them per line anyway.
+MAX_RECORDS = 10_000
+# Busy-time intervals kept for the heat map and the per-rank means, and the cells (intervals x ranks) they may hold.
+MAX_INTERVALS = 2_000
+MAX_CELLS = 1_000_000
+# Restarts marked on the figures and listed; more are counted.
+MAX_MARKS = 100
 
 
 @dataclass(frozen=True)
@@ -140,6 +168,9 @@ class ReportData:
     slices: list[tuple[str, Any]] = field(default_factory=list)  # (title, 2-D label array)
     slices_note: str = ""
     problems: list[str] = field(default_factory=list)  # files that could not be read, in words
+    attempts: int = 0  # attempts that wrote interval records (0: count those in ``records``)
+    restarts: int = 0  # restarts found (``marks`` holds the first MAX_MARKS)
+    intervals: int = 0  # interval records in metrics.jsonl (``records`` holds a sample above MAX_RECORDS)
 
     @property
     def sample_unit(self) -> str:
@@ -156,14 +187,43 @@ def iso_epoch(text: str | None) -> float | None:
         return None
 
 
-def _read(path: Path, problems: list[str]) -> str | None:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        problems.append(f"cannot read {path.name}: {exc.strerror}")
-        return None
+class Sample:
+    """At most ``limit`` items of a stream, evenly spaced: every k-th by its index, k doubling whenever ``limit`` is
+    passed; pinned items (the first record of an attempt) are always kept. ``wants`` says before an item is
+    parsed whether it would be kept."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.every = max(1, limit), 1
+        self._kept: list[tuple[int, bool, Any]] = []
+        self._free = 0  # kept items that are not pinned
+
+    def wants(self, index: int) -> bool:
+        return index % self.every == 0
+
+    def add(self, index: int, item: Any, pinned: bool = False) -> None:
+        if pinned or self.wants(index):
+            self._kept.append((index, pinned, item))
+            self._free += not pinned
+            self._fit()
+
+    def tighten(self, limit: int) -> None:
+        """Keep at most ``limit`` from now on (the items grew bigger)."""
+        if limit < self.limit:
+            self.limit = max(1, limit)
+            self._fit()
+
+    def _fit(self) -> None:
+        while self._free > self.limit:
+            self.every *= 2
+            self._kept = [e for e in self._kept if e[1] or e[0] % self.every == 0]
+            self._free = sum(1 for _, pinned, _ in self._kept if not pinned)
+
+    @property
+    def last_index(self) -> int | None:
+        return self._kept[-1][0] if self._kept else None
+
+    def items(self) -> list[Any]:
+        return [item for _, _, item in self._kept]
 
 
 @dataclass(frozen=True)
@@ -198,47 +258,113 @@ def attempt_starts(lines: list[dict[str, Any]], chain: tuple[Attempt, ...]) -> l
             for i, a in enumerate(ordered)]
 
 
-def split_attempts(records: list[dict[str, Any]], starts: list[AttemptStart]) -> tuple[list[dict[str, Any]],
-                                                                                      list[Mark]]:
-    """Number each record by the attempt that wrote it and mark where each later attempt took over.
+class AttemptSplit:
+    """Numbers records by the attempt that wrote them, one record at a time, and marks where each later attempt
+    took over (the first MAX_MARKS; ``restarts`` counts them all).
 
     A record belongs to the latest attempt started before its time; without starts (a bare directory of an older
     run), a new attempt begins wherever the step does not go forward (a resume from an earlier checkpoint).
     """
-    starts = sorted(starts, key=lambda a: a.time)
-    out, marks = [], []
-    current, last_step = 0, None
-    for record in records:
+
+    def __init__(self, starts: list[AttemptStart]) -> None:
+        self.starts = sorted(starts, key=lambda a: a.time)
+        self._times = [a.time for a in self.starts]
+        self.marks: list[Mark] = []
+        self.restarts = 0
+        self.current, self.last_step, self.seen = 0, None, False
+        self._numbers: set[int] = set()
+
+    @property
+    def attempts(self) -> int:
+        """How many attempts wrote a record."""
+        return len(self._numbers) if self.starts else (self.current + 1 if self.seen else 0)
+
+    def attempt_of(self, record: dict[str, Any]) -> int | None:
+        """The record's attempt (None: the record has no step and is not one of the interval records)."""
         t, step = record.get("time"), record.get("step")
         if not isinstance(step, int | float):
-            continue
-        attempt = current
-        if starts and isinstance(t, int | float):
-            attempt = max(0, sum(1 for a in starts if a.time <= t) - 1)
-        elif last_step is not None and step <= last_step:
-            attempt = current + 1
-        if attempt > current and out:
-            start = starts[attempt] if attempt < len(starts) else None
-            resumed = start.step if start is not None and start.step is not None else last_step
-            when = start.time if start is not None else float(t if isinstance(t, int | float) else 0.0)
-            marks.append(Mark(int(resumed if resumed is not None else step), when,
-                              start.label if start is not None else f"restart {attempt}",
-                              start.kind if start is not None else "restart", start.how if start is not None else ""))
-        current, last_step = attempt, step
-        out.append({**record, "attempt": attempt})
-    return out, marks
+            return None
+        attempt = self.current
+        if self.starts and isinstance(t, int | float):
+            attempt = max(0, bisect_right(self._times, t) - 1)
+        elif self.last_step is not None and step <= self.last_step:
+            attempt = self.current + 1
+        if attempt > self.current and self.seen:
+            self.restarts += 1
+            if len(self.marks) < MAX_MARKS:
+                self.marks.append(self._mark(attempt, step, t))
+        self.current, self.last_step, self.seen = attempt, step, True
+        if self.starts:
+            self._numbers.add(attempt)
+        return attempt
+
+    def _mark(self, attempt: int, step: int | float, t: Any) -> Mark:
+        start = self.starts[attempt] if attempt < len(self.starts) else None
+        resumed = start.step if start is not None and start.step is not None else self.last_step
+        when = start.time if start is not None else float(t if isinstance(t, int | float) else 0.0)
+        return Mark(int(resumed if resumed is not None else step), when,
+                    start.label if start is not None else f"restart {attempt}",
+                    start.kind if start is not None else "restart", start.how if start is not None else "")
 
 
-def read_metrics(directory: Path, attempts: tuple[Attempt, ...], problems: list[str]
-                 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[Mark]]:
-    text = _read(directory / METRICS_FILE, problems)
-    if text is None:
-        return [], None, []
-    rows = json_lines(text)
-    finals = [r for r in rows if r.get("final")]
-    starts = attempt_starts(json_lines(_read(directory / ATTEMPTS_FILE, problems) or ""), attempts)
-    records, marks = split_attempts([r for r in rows if not r.get("final")], starts)
-    return records, (finals[-1] if finals else None), marks
+def split_attempts(records: Iterable[dict[str, Any]], starts: list[AttemptStart]) -> tuple[list[dict[str, Any]],
+                                                                                          list[Mark]]:
+    """Each record with the number of the attempt that wrote it, and the marks where later attempts took over
+    (``AttemptSplit`` over a whole list)."""
+    split = AttemptSplit(starts)
+    out = []
+    for record in records:
+        attempt = split.attempt_of(record)
+        if attempt is not None:
+            out.append({**record, "attempt": attempt})
+    return out, split.marks
+
+
+@dataclass
+class Metrics:
+    """What metrics.jsonl holds for the report: the kept interval records (a sample above MAX_RECORDS, the first
+    of each attempt and the newest always among them), the final record, the restarts marked and counted."""
+
+    records: list[dict[str, Any]]
+    final: dict[str, Any] | None
+    marks: list[Mark]
+    attempts: int
+    restarts: int
+    total: int  # interval records in the file
+
+
+def read_metrics(directory: Path, attempts: tuple[Attempt, ...], problems: list[str]) -> Metrics:
+    """metrics.jsonl streamed: each interval record numbered by its attempt, an evenly spaced sample kept."""
+    try:
+        starts = attempt_starts(list(run_json_lines(directory / ATTEMPTS_FILE, ATTEMPTS_CAP)), attempts)
+    except OSError as exc:
+        problems.append(f"cannot read {ATTEMPTS_FILE}: {exc.strerror}")
+        starts = attempt_starts([], attempts)
+    split = AttemptSplit(starts)
+    sample = Sample(MAX_RECORDS)
+    final: dict[str, Any] | None = None
+    newest: tuple[int, dict[str, Any]] | None = None
+    total, previous, pins = 0, None, 0
+    try:
+        for row in run_json_lines(directory / METRICS_FILE, LINES_CAP):
+            if row.get("final"):
+                final = row
+                continue
+            attempt = split.attempt_of(row)
+            if attempt is None:
+                continue
+            row["attempt"] = attempt
+            pinned = attempt != previous and pins < MAX_MARKS  # each attempt's first record: its colour is drawn
+            pins += pinned
+            sample.add(total, row, pinned)
+            newest, previous = (total, row), attempt
+            total += 1
+    except OSError as exc:
+        problems.append(f"cannot read {METRICS_FILE}: {exc.strerror}")
+    records = sample.items()
+    if newest is not None and sample.last_index != newest[0]:
+        records.append(newest[1])  # the summary's progress is the newest record
+    return Metrics(records, final, split.marks, split.attempts, split.restarts, total)
 
 
 def read_hosts(directory: Path) -> dict[int, str]:
@@ -246,7 +372,7 @@ def read_hosts(directory: Path) -> dict[int, str]:
     hosts: dict[int, str] = {}
     for path in sorted((directory / RANKS_DIR).glob("node-*.txt")):
         try:
-            lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            lines = (read_run_text(path, NODE_FILE_CAP) or "").splitlines()
         except OSError:
             continue
         for line in lines:
@@ -254,6 +380,21 @@ def read_hosts(directory: Path) -> dict[int, str]:
             if len(words) >= 6 and words[0] == "rank" and words[4] == "host" and words[1].isdigit():
                 hosts[int(words[1])] = words[5]
     return hosts
+
+
+def read_rank_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of rank_times.jsonl with busy times: all of them up to MAX_INTERVALS (and MAX_CELLS values), else
+    an evenly spaced sample; the lines left out are not parsed."""
+    sample = Sample(MAX_INTERVALS)
+    for number, raw in run_lines(path, LINES_CAP):
+        if not sample.wants(number - 1):
+            continue
+        row = json_record(raw, path, number)
+        if row is None or not isinstance(row.get("busy_s"), list) or not isinstance(row.get("step"), int):
+            continue
+        sample.tighten(MAX_CELLS // max(1, len(row["busy_s"])))
+        sample.add(number - 1, row)
+    return sample.items()
 
 
 def rank_times(rows: list[dict[str, Any]], ranks_per_node: int, hosts: dict[int, str]) -> RankTimes | None:
@@ -283,29 +424,39 @@ def rank_times(rows: list[dict[str, Any]], ranks_per_node: int, hosts: dict[int,
 
 def read_checkpoints(directory: Path, problems: list[str]) -> list[CheckpointEntry]:
     """The committed checkpoints of the run's manifest (those still kept), oldest first."""
-    text = _read(directory / "checkpoints" / MANIFEST_FILE, problems)
-    if text is None:
-        return []
     try:
-        entries = json.loads(text).get("checkpoints", [])
-    except (ValueError, AttributeError):
-        problems.append("checkpoints/manifest.json is not JSON")
+        manifest = read_run_json(directory / "checkpoints" / MANIFEST_FILE, JSON_CAP)
+    except OSError as exc:
+        problems.append(f"cannot read checkpoints/{MANIFEST_FILE}: {exc.strerror}")
+        return []
+    except ValueError:
+        problems.append(f"checkpoints/{MANIFEST_FILE} is not JSON")
+        return []
+    if manifest is None:
+        return []
+    entries = manifest.get("checkpoints", []) if isinstance(manifest, dict) else None
+    if not isinstance(entries, list):
+        problems.append(f"checkpoints/{MANIFEST_FILE} is not a checkpoint manifest")
         return []
     out = []
     for e in entries:
         if not isinstance(e, dict) or not isinstance(e.get("step"), int):
             continue
-        nbytes = sum(f.get("bytes", 0) for f in e.get("files", []) if isinstance(f, dict))
-        out.append(CheckpointEntry(e["step"], iso_epoch(e.get("created")), int(nbytes)))
+        files = e.get("files")
+        nbytes = sum(f["bytes"] for f in (files if isinstance(files, list) else [])
+                     if isinstance(f, dict) and isinstance(f.get("bytes"), int) and not isinstance(f["bytes"], bool))
+        created = e.get("created")
+        out.append(CheckpointEntry(e["step"], iso_epoch(created if isinstance(created, str) else None), nbytes))
     return sorted(out, key=lambda c: c.step)
 
 
 def read_json(directory: Path, name: str, problems: list[str]) -> dict[str, Any] | None:
-    text = _read(directory / name, problems)
-    if text is None:
-        return None
+    """A JSON object file of the run; None when missing, not an object, or not JSON yet (noted)."""
     try:
-        value = json.loads(text)
+        value = read_run_json(directory / name, JSON_CAP)
+    except OSError as exc:
+        problems.append(f"cannot read {name}: {exc.strerror}")
+        return None
     except ValueError:
         problems.append(f"{name} is not JSON (a writer may be replacing it)")
         return None
@@ -316,19 +467,34 @@ def collect(directory: Path, facts: RunFacts, *, extra_dirs: tuple[Path, ...] = 
     """Everything the report shows that the run's files hold (the plan comparison is added by the caller)."""
     data = ReportData(facts)
     problems = data.problems
-    data.records, data.final, data.marks = read_metrics(directory, facts.attempts, problems)
+    metrics = read_metrics(directory, facts.attempts, problems)
+    data.records, data.final, data.marks = metrics.records, metrics.final, metrics.marks
+    data.attempts, data.restarts, data.intervals = metrics.attempts, metrics.restarts, metrics.total
     data.profile = read_json(directory, PROFILE_FILE, problems)
-    per_node = int((data.profile or {}).get("ranks_per_node") or 1)
-    text = _read(directory / RANK_TIMES_FILE, problems)
-    if text is not None:
-        data.ranks = rank_times(json_lines(text), per_node, read_hosts(directory))
+    per_node = _count((data.profile or {}).get("ranks_per_node"))
+    try:
+        rows = read_rank_rows(directory / RANK_TIMES_FILE)
+    except OSError as exc:
+        problems.append(f"cannot read {RANK_TIMES_FILE}: {exc.strerror}")
+        rows = []
+    if rows:
+        data.ranks = rank_times(rows, per_node, read_hosts(directory))
     data.checkpoints = read_checkpoints(directory, problems)
-    note = _read(directory / FAILURE_FILE, problems)
+    try:
+        note = read_run_head(directory / FAILURE_FILE, NOTE_BYTES)
+    except OSError as exc:
+        problems.append(f"cannot read {FAILURE_FILE}: {exc.strerror}")
+        note = None
     data.failure = (note or "").strip().splitlines()[0] if (note or "").strip() else ""
     for place in (directory, *extra_dirs):
         if data.scores is None:
             data.scores = read_json(place, SCORES_FILE, problems)
     return data
+
+
+def _count(value: Any) -> int:
+    """A positive count from a file (ranks per node), 1 where it is missing or not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 def score_rows(scores: dict[str, Any]) -> tuple[list[str], list[list[str]]]:

@@ -6,6 +6,7 @@ where the run has nothing for it, the section says so.
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from typing import Any
 
 from hpctrain.report import figures
 from hpctrain.report.collect import Mark, ReportData, score_rows
+from hpctrain.text import printable
 
 SECTIONS = ("summary", "loss", "throughput", "step-time", "ranks", "plan", "checkpoints", "failure", "evaluation",
             "segmentation")
@@ -28,8 +30,18 @@ dl{display:grid;grid-template-columns:max-content auto;gap:.2em 1em;margin:0} dt
 """
 
 
+# C0 and C1 control characters but tab and line breaks: a run file's text carries them into a label or a cell.
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
 def esc(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+    """A value from the run's files as page text: control characters written as escapes, markup escaped."""
+    return html.escape(printable(str(value)), quote=True)
+
+
+def without_controls(text: str) -> str:
+    """The page with any control character left in it (a figure's label drawn from a file) written as an escape."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def stamp(epoch: float | None) -> str:
@@ -54,7 +66,7 @@ def _figure(draw: Callable[[], str], what: str) -> str:
         return draw()
     except ImportError as exc:
         return none(f"{what}: matplotlib is needed to draw it ({exc}); pip install matplotlib")
-    except (ValueError, TypeError, KeyError, ZeroDivisionError) as exc:
+    except (ValueError, TypeError, KeyError, ZeroDivisionError, OverflowError) as exc:
         return none(f"{what}: cannot be drawn from these files ({exc})")
 
 
@@ -63,10 +75,13 @@ def summary(d: ReportData) -> str:
     last = d.records[-1] if d.records else {}
     total = f.total_steps or (d.final or {}).get("step")
     progress = f"step {last.get('step', '-')}" + (f" of {total}" if total else "") if last else "no step logged yet"
-    attempts = len({r.get("attempt", 0) for r in d.records}) if d.records else len(f.attempts)
+    attempts = d.attempts or (len({r.get("attempt", 0) for r in d.records}) if d.records else len(f.attempts))
     items = [("run", f.title), ("where", f.where), ("site", f.site or "-"), ("state", f.state),
-             ("progress", progress), ("attempts", attempts_text(max(1, attempts), d.marks)),
+             ("progress", progress),
+             ("attempts", attempts_text(max(1, attempts), d.marks, max(0, d.restarts - len(d.marks)))),
              ("ranks", (d.profile or {}).get("ranks", last.get("ranks", "-")))]
+    if d.intervals > len(d.records):
+        items.append(("records", f"{d.intervals} logged; the figures draw an evenly spaced {len(d.records)} of them"))
     if f.reason:
         items.append(("reason", f.reason))
     body = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in items)
@@ -74,12 +89,15 @@ def summary(d: ReportData) -> str:
     return f"<dl>{body}</dl>{problems}"
 
 
-def attempts_text(attempts: int, marks: list[Mark]) -> str:
-    """"3 (2 requeues after a checkpoint)", "2 (1 resume by the user after a cancel)": how the run went on."""
+def attempts_text(attempts: int, marks: list[Mark], more: int = 0) -> str:
+    """"3 (2 requeues after a checkpoint)", "2 (1 resume by the user after a cancel)": how the run went on;
+    ``more``: restarts beyond those marked."""
     counts: dict[tuple[str, str], int] = {}
     for m in marks:
         counts[(m.kind, m.how)] = counts.get((m.kind, m.how), 0) + 1
     parts = [f"{n} {kind}{'s' * (n != 1)}" + (f" {how}" if how else "") for (kind, how), n in counts.items()]
+    if more:
+        parts.append(f"{more} more restart{'s' * (more != 1)} not marked")
     return f"{attempts}" + (f" ({', '.join(parts)})" if parts else "")
 
 
@@ -206,9 +224,10 @@ def page(d: ReportData, refresh_s: float | None = None) -> str:
     refresh = f'<meta http-equiv="refresh" content="{refresh_s:g}">' if refresh_s else ""
     body = "".join(f'<section id="{s}"><h2>{TITLES[s]}</h2>{BUILDERS[s](d)}</section>' for s in SECTIONS)
     made = stamp(time.time())
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{refresh}'
+    live = f" — live, reloads every {refresh_s:g} s" if refresh_s else ""
+    text = (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">{refresh}'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f"<title>hpctrain report: {esc(d.facts.title)}</title><style>{STYLE}</style></head><body>"
-            f"<h1>hpctrain report: {esc(d.facts.title)}</h1><p class=\"muted\">made {made}"
-            f"{' — live, reloads every ' + format(refresh_s, 'g') + ' s' if refresh_s else ''}</p>"
+            f"<h1>hpctrain report: {esc(d.facts.title)}</h1><p class=\"muted\">made {made}{live}</p>"
             f"{body}</body></html>\n")
+    return without_controls(text)

@@ -2,15 +2,18 @@
 
 Read-only: GET and HEAD of the page, nothing else; any path without the token is refused (403) — a browser on
 this machine gets the URL from the terminal, another user on a shared login node does not. The page reloads itself
-every ``refresh_s`` seconds while the run goes on; the report is rebuilt at most once per refresh (the files are
-fetched again for a remote run, the scheduler is polled for a registered one). When the run has ended the final
-report is written to disk, the page stops reloading, and the server stops by itself ``linger_s`` later.
+every ``refresh_s`` seconds while the run goes on; the report is rebuilt at most once per refresh (a remote run's
+files that changed are fetched again, the scheduler is polled for a registered one). When the run has ended the
+final report is written to disk, the page stops reloading, and the server stops by itself ``linger_s`` later. A
+rebuild that fails (a file the report refuses, a login node gone) stops it too, and ``serve`` raises that error.
+A client that drops its connection is no error of the server: nothing is printed for it.
 """
 
 from __future__ import annotations
 
 import hmac
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +21,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from hpctrain.errors import HpctrainError
 from hpctrain.report.build import build_report, report_data
 from hpctrain.report.collect import ReportData
 from hpctrain.report.html import page
@@ -44,11 +48,15 @@ class LiveReport:
         self._page = b""
         self.ended = False
         self.builds = 0
+        self.error: HpctrainError | None = None  # why the last rebuild failed; the page stays the one before
 
     def current(self) -> bytes:
         with self._lock:
             if not self.ended and time.monotonic() - self._built >= self.refresh_s:
-                self._rebuild()
+                try:
+                    self._rebuild()
+                except HpctrainError as exc:
+                    self.error, self.ended = exc, True
             return self._page
 
     def _rebuild(self) -> None:
@@ -99,6 +107,18 @@ def _handler(token: str, live: LiveReport) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class QuietServer(ThreadingHTTPServer):
+    """Serves each request on its own thread; a client that resets or drops its connection is not reported."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError | TimeoutError):
+            return
+        print(f"hpctrain report: a request failed: {error!r}", file=sys.stderr, flush=True)
+
+
 class ReportServer:
     """Serves one run's live report until the run ends (then ``linger_s`` more) or ``stop()``."""
 
@@ -107,8 +127,7 @@ class ReportServer:
         self.token = secrets.token_urlsafe(24)
         self.live = LiveReport(source, refresh_s, extra_dirs)
         self.out, self.linger_s = out, (2 * refresh_s if linger_s is None else linger_s)
-        self.httpd = ThreadingHTTPServer((HOST, port), _handler(self.token, self.live))
-        self.httpd.daemon_threads = True
+        self.httpd = QuietServer((HOST, port), _handler(self.token, self.live))
         self._stopped = threading.Event()
 
     @property
@@ -123,19 +142,29 @@ class ReportServer:
         self._stopped.set()
 
     def _watch(self, written: Callable[[Path], None]) -> None:
-        """Rebuild every refresh until the run ends; write the final report; stop after the linger."""
-        while not self._stopped.is_set():
-            self.live.current()
-            if self.live.ended:
-                path, _ = build_report(self.live.source, self.out, extra_dirs=self.live.extra_dirs)
-                written(path)
-                self._stopped.wait(self.linger_s)
-                break
-            self._stopped.wait(self.live.refresh_s)
-        self.httpd.shutdown()
+        """Rebuild every refresh until the run ends; write the final report; stop after the linger (or at once
+        when a rebuild or the final report fails)."""
+        try:
+            while not self._stopped.is_set():
+                self.live.current()
+                if self.live.error is not None:
+                    break
+                if self.live.ended:
+                    try:
+                        path, _ = build_report(self.live.source, self.out, extra_dirs=self.live.extra_dirs)
+                    except HpctrainError as exc:
+                        self.live.error = exc
+                        break
+                    written(path)
+                    self._stopped.wait(self.linger_s)
+                    break
+                self._stopped.wait(self.live.refresh_s)
+        finally:
+            self.httpd.shutdown()
 
     def serve(self, written: Callable[[Path], None] = lambda p: None) -> None:
-        """Block until the run has ended (and the linger passed) or ``stop()`` was called."""
+        """Block until the run has ended (and the linger passed) or ``stop()`` was called; the error of a rebuild
+        that failed is raised after the server has stopped."""
         watcher = threading.Thread(target=self._watch, args=(written,), daemon=True)
         watcher.start()
         try:
@@ -144,3 +173,5 @@ class ReportServer:
             self._stopped.set()
             self.httpd.server_close()
             watcher.join(timeout=5)
+        if self.live.error is not None:
+            raise self.live.error

@@ -1,6 +1,9 @@
 """Where a report's files come from: a run directory on this machine, or a registered run — local, or on a login
 node, whose files are copied over the run's own ssh connection (the transport ``status`` and ``logs`` use) into a
 cache directory on this machine. The registry gives the requeue chain, the state and the reason a run ended.
+
+A remote run's files are listed with their size and modification time first: a file above the size the report
+reads of it is refused there (not copied), and a refresh of the served report copies only the files that changed.
 """
 
 from __future__ import annotations
@@ -12,10 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.report.collect import (
+    ATTEMPTS_CAP,
     ATTEMPTS_FILE,
     FAILURE_FILE,
     JOB_FILE,
+    JSON_CAP,
+    LINES_CAP,
     METRICS_FILE,
+    NODE_FILE_CAP,
     PROFILE_FILE,
     RANK_TIMES_FILE,
     SCORES_FILE,
@@ -23,6 +30,8 @@ from hpctrain.report.collect import (
     RunFacts,
     iso_epoch,
 )
+from hpctrain.run_files import RunFileError, size_text
+from hpctrain.text import printable, printable_short
 
 FETCHED = (METRICS_FILE, ATTEMPTS_FILE, PROFILE_FILE, RANK_TIMES_FILE, FAILURE_FILE, JOB_FILE, SCORES_FILE,
            "checkpoints/manifest.json")
@@ -30,6 +39,16 @@ FETCHED = (METRICS_FILE, ATTEMPTS_FILE, PROFILE_FILE, RANK_TIMES_FILE, FAILURE_F
 # volumes (an FFN run's segmentation).
 FETCHED_GLOBS = ("ranks/node-*.txt", "*segmentation*.h5")
 FETCH_TIMEOUT_S = 120.0
+PATH_MAX = 4096  # Linux's longest path: a longer RUN names no directory (and no run)
+# The most copied of each file: what the report reads of it (collect's caps). A label volume is copied whole, in
+# chunks to disk; the report reads three slices of it.
+FETCH_CAPS = {METRICS_FILE: LINES_CAP, RANK_TIMES_FILE: LINES_CAP, ATTEMPTS_FILE: ATTEMPTS_CAP,
+              PROFILE_FILE: JSON_CAP, SCORES_FILE: JSON_CAP, FAILURE_FILE: JSON_CAP, JOB_FILE: JSON_CAP,
+              "checkpoints/manifest.json": JSON_CAP}
+# Each regular file listed as "SIZE MTIME NAME" (GNU stat, else BSD stat; "- -" when neither answers).
+_LIST = ("say() { [ -f \"$1\" ] || return 0; "
+         "w=$(stat -L -c '%s %Y' -- \"$1\" 2>/dev/null || stat -L -f '%z %m' -- \"$1\" 2>/dev/null || echo '- -'); "
+         "printf '%s %s\\n' \"$w\" \"$1\"; }")
 
 
 @dataclass
@@ -46,6 +65,7 @@ class RunSource:
     remote_dir: str | None = None
     ssh_config: str | None = None
     _pool: Any = field(default=None, repr=False)
+    fetched: dict[str, str] = field(default_factory=dict, repr=False)  # name -> "SIZE MTIME" of the copy here
 
     def refresh(self, poll: bool = False) -> None:
         """Fetch a remote run's files again and re-read the registry (``poll``: ask the scheduler first)."""
@@ -62,7 +82,7 @@ class RunSource:
                 run = registry.get_run(self.run_id)
             self.facts = facts_of(registry, run)
         if self.remote is not None:
-            fetch(self._pool.get(self.remote, self.ssh_config), str(self.remote_dir), self.directory)
+            fetch(self._pool.get(self.remote, self.ssh_config), str(self.remote_dir), self.directory, self.fetched)
 
 
 def facts_of(registry: Any, run: Any) -> RunFacts:
@@ -83,23 +103,44 @@ def facts_of(registry: Any, run: Any) -> RunFacts:
                     attempts=attempts, total_steps=total, ended=is_terminal(run.state))
 
 
-def fetch(transport: Any, remote_dir: str, into: Path) -> list[str]:
-    """Copy the report's files of ``remote_dir`` on the login node into ``into``; the names copied."""
+def fetch(transport: Any, remote_dir: str, into: Path, known: dict[str, str] | None = None) -> list[str]:
+    """Copy the report's files of ``remote_dir`` on the login node into ``into``; the names listed there.
+
+    ``known`` (name -> "SIZE MTIME" of the copy in ``into``, updated here) skips the files that did not change
+    since the last call and removes the copies of files that are gone. A file bigger than the report reads of it
+    is a RunFileError, before anything is copied."""
+    known = {} if known is None else known
     fixed = " ".join(shlex.quote(f) for f in FETCHED)
-    script = (f'cd "$1" || exit 3; for f in {fixed}; do [ -f "$f" ] && echo "$f"; done; '
-              f'for f in {" ".join(FETCHED_GLOBS)}; do [ -f "$f" ] && echo "$f"; done; exit 0')
+    script = (f'{_LIST}; cd "$1" || exit 3; for f in {fixed}; do say "$f"; done; '
+              f'for f in {" ".join(FETCHED_GLOBS)}; do say "$f"; done; exit 0')
     listed = transport.run(["sh", "-c", script, "sh", remote_dir], timeout=FETCH_TIMEOUT_S, check=False)
     if listed.returncode == 3:
         from hpctrain.errors import HpctrainError
 
-        raise HpctrainError(f"the run directory {remote_dir} is not on {transport.host}",
+        raise HpctrainError(f"the run directory {printable(remote_dir)} is not on {transport.host}",
                             hint="was it removed? `hpctrain runs` lists where each run is")
-    names = [n for n in listed.stdout.splitlines() if n and not n.startswith("/") and ".." not in n.split("/")]
-    for name in names:
+    found: dict[str, str] = {}
+    for line in listed.stdout.splitlines():
+        size, _, rest = line.partition(" ")
+        mtime, _, name = rest.partition(" ")
+        if name and not name.startswith("/") and ".." not in name.split("/"):
+            found[name] = f"{size} {mtime}"
+            cap = FETCH_CAPS.get(name, NODE_FILE_CAP if name.startswith("ranks/") else None)
+            if cap is not None and size.isdigit() and int(size) > cap:
+                raise RunFileError(f"{transport.host}:{printable_short(remote_dir)}/{printable(name)}: "
+                                   f"{size_text(int(size))}, above the {size_text(cap)} that hpctrain reads of this "
+                                   "file (docs/report.md)")
+    for name in [n for n in known if n not in found]:
+        (into / name).unlink(missing_ok=True)
+        del known[name]
+    for name, stamp in found.items():
         target = into / name
+        if known.get(name) == stamp and "-" not in stamp and target.is_file():
+            continue
         target.parent.mkdir(parents=True, exist_ok=True)
         transport.get(f"{remote_dir}/{name}", target)
-    return names
+        known[name] = stamp
+    return list(found)
 
 
 def registered_id(directory: Path) -> str | None:
@@ -120,12 +161,22 @@ def registered_id(directory: Path) -> str | None:
 def open_source(ref: str, *, pool: Any = None, cache_dir: Path | None = None) -> RunSource:
     """A run directory (a path that exists; the registry's facts too where it is a registered run's), else a run id
     or unique prefix in the registry."""
+    from hpctrain.errors import UnknownRun
     from hpctrain.submission.registry import Registry
     from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir
     from hpctrain.submission.transport import TransportPool
 
+    expected = "give a run id, a unique prefix of one, or a run directory"
+    if not ref:
+        raise UnknownRun("RUN is empty", hint=expected)
+    if len(ref) > PATH_MAX:
+        raise UnknownRun(f"RUN {printable_short(ref)}: longer than any path or run id", hint=expected)
     path = Path(ref)
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except OSError as exc:
+        raise UnknownRun(f"RUN {printable_short(ref)}: {exc.strerror or exc}", hint=expected) from None
+    if is_dir:
         d = path.resolve()
         registered = registered_id(d)
         if registered is None:
@@ -144,7 +195,7 @@ def open_source(ref: str, *, pool: Any = None, cache_dir: Path | None = None) ->
         base = cache_dir or Path(tempfile.mkdtemp(prefix="hpctrain-report-"))
         source.directory = base / run.run_id
         source.directory.mkdir(parents=True, exist_ok=True)
-        fetch(pool.get(run.remote, meta.ssh_config), run.run_dir, source.directory)
+        fetch(pool.get(run.remote, meta.ssh_config), run.run_dir, source.directory, source.fetched)
         if not job_file.is_file():
             source.job_file = source.directory / JOB_FILE
     return source

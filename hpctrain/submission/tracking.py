@@ -30,6 +30,9 @@ METRICS_FILE = "metrics.jsonl"
 STATUS_TIMEOUT_S = 60.0
 EXIT_RECORD_LINES = 64  # the end of a run's EXIT_LOG read per poll: 2 lines per job of its chain
 FAILURE_BYTES = 2048  # a failure note is one line; read no more of it
+# The most read of the end of a metrics file or an exit log per poll: a last line longer than that is no record
+# (it is skipped), and a run directory's files never make a poll's answer big.
+TAIL_BYTES = 64 * 1024
 _MARK = "@@hpctrain-section"
 _ARRAY_RANGE = re.compile(r"^(?P<master>[^_\[\]]+)_\[(?P<spec>[^\]]+)\](?P<rest>.*)$")
 
@@ -99,8 +102,9 @@ def combine(job_ids: Iterable[str], accounting: Mapping[str, JobStatus] | None,
 def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Sequence[str],
                  records: Sequence[str] = (), notes: Sequence[str] = ()) -> str:
     """One POSIX sh script: each chain's commands (``a || b``) with their stdout/stderr/exit status
-    between markers, then ``tail -n 1`` of each file in ``tails``, the last EXIT_RECORD_LINES lines of each
-    file in ``records`` and the first FAILURE_BYTES of each file in ``notes``."""
+    between markers, then the last line of each file in ``tails``, the last EXIT_RECORD_LINES lines of each
+    file in ``records`` (of their last TAIL_BYTES) and the first FAILURE_BYTES of each file in ``notes``. Only
+    regular files are read: a FIFO would block the poll, a device (a link to /dev/zero) would never end."""
     lines = [
         't=$(mktemp 2>/dev/null || echo "/tmp/hpctrain-status.$$")',
         f"sec() {{ printf '\\n{_MARK} %s\\n' \"$*\"; }}",
@@ -110,11 +114,15 @@ def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Seque
     for chain in chains:
         lines.append(" || ".join(f"run {name} {shlex.join(argv)}" for name, argv in chain) + " || true")
     for i, path in enumerate(tails):
-        lines.append(f"sec tail{i} out; tail -n 1 -- {shlex.quote(path)} 2>/dev/null")
+        q = shlex.quote(path)
+        lines.append(f"sec tail{i} out; [ -f {q} ] && tail -c {TAIL_BYTES} -- {q} 2>/dev/null | tail -n 1")
     for i, path in enumerate(records):
-        lines.append(f"sec rec{i} out; tail -n {EXIT_RECORD_LINES} -- {shlex.quote(path)} 2>/dev/null")
+        q = shlex.quote(path)
+        lines.append(f"sec rec{i} out; [ -f {q} ] && tail -c {TAIL_BYTES} -- {q} 2>/dev/null | "
+                     f"tail -n {EXIT_RECORD_LINES}")
     for i, path in enumerate(notes):
-        lines.append(f"sec note{i} out; head -c {FAILURE_BYTES} -- {shlex.quote(path)} 2>/dev/null")
+        q = shlex.quote(path)
+        lines.append(f"sec note{i} out; [ -f {q} ] && head -c {FAILURE_BYTES} -- {q} 2>/dev/null")
     lines.append('rm -f "$t"; sec end')
     return "\n".join(lines) + "\n"
 

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from hpctrain.errors import TransportError
 from hpctrain.files import atomic_path
@@ -254,11 +254,13 @@ class SSHTransport:
         return argv
 
     def _exec(self, argv: list[str], *, timeout: float, input: bytes | None,
-              what: str) -> tuple[int, bytes, str]:
+              what: str, into: BinaryIO | None = None) -> tuple[int, bytes, str]:
+        """Run ssh; (exit status, stdout, stderr). With ``into`` the output goes to that file instead (b"")."""
         Path(self.control_dir).mkdir(parents=True, exist_ok=True, mode=0o700)
         # Output goes to files, not pipes: a master that ssh forks off (ControlPersist) must not keep our
         # pipes open, whatever the OpenSSH version.
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        with tempfile.TemporaryFile() as spool, tempfile.TemporaryFile() as err:
+            out = spool if into is None else into
             try:
                 proc = subprocess.run(argv, input=input, stdout=out, stderr=err, timeout=timeout,
                                       stdin=None if input is not None else subprocess.DEVNULL)
@@ -268,9 +270,9 @@ class SSHTransport:
             except subprocess.TimeoutExpired:
                 raise TransportError(f"{what} on {self.destination} did not answer within {timeout:g} s",
                                      hint="the login node may be overloaded or unreachable") from None
-            out.seek(0)
+            spool.seek(0)
             err.seek(0)
-            stdout, stderr = out.read(), _decode(err.read())
+            stdout, stderr = spool.read(), _decode(err.read())
         failure = classify_ssh_failure(self.destination, proc.returncode, stderr, self.ssh_config)
         if failure is not None:
             raise failure
@@ -297,12 +299,18 @@ class SSHTransport:
             raise TransportError(f"cannot write {remote_path} on {self.destination}: {_last_line(err)}")
 
     def get(self, remote_path: str, local_path: str | os.PathLike[str], *, timeout: float = 120) -> None:
-        """Copy a file from the login node."""
-        rc, out, err = self._exec(self.ssh_argv(shlex.join(["cat", "--", remote_path])), timeout=timeout,
-                                  input=None, what="copy")
-        if rc != 0:
-            raise TransportError(f"cannot read {remote_path} on {self.destination}: {_last_line(err)}")
-        Path(local_path).write_bytes(out)
+        """Copy a regular file from the login node: ssh writes it straight to disk (it is never whole in memory),
+        beside ``local_path``, renamed into place once complete."""
+        script = ('[ -e "$1" ] || { echo "$1: no such file" >&2; exit 1; }; '
+                  '[ -f "$1" ] || { echo "$1: not a regular file" >&2; exit 1; }; exec cat -- "$1"')
+        command = shlex.join(["sh", "-c", script, "sh", remote_path])
+        try:
+            with atomic_path(local_path, durable=False) as tmp, open(tmp, "wb") as into:
+                rc, _, err = self._exec(self.ssh_argv(command), timeout=timeout, input=None, what="copy", into=into)
+                if rc != 0:
+                    raise TransportError(f"cannot read {remote_path} on {self.destination}: {_last_line(err)}")
+        except OSError as exc:
+            raise TransportError(f"cannot write {local_path} on this machine: {exc.strerror}") from None
 
     def mkdir_p(self, path: str, *, timeout: float = 60) -> None:
         """``mkdir -p`` on the login node."""
