@@ -369,6 +369,9 @@ def _ended(state: str, reason: str, code: int | None):  # noqa: ANN202 - (chain,
      "the script exited with code 140; killed by signal 12 (SIGUSR2), exit status 140"),
     ("failed", "killed by signal 9", 0, "killed by signal 9"),
     ("failed", "rank 1: DataError: no dataset 'image'", 1, "rank 1: DataError: no dataset 'image'; exit code 1"),
+    # the ranks' note names the rank: srun's 137 is the peers it killed after it, said as the log says it
+    ("failed", "rank 0 failed: RuntimeError: a bug", 137, "rank 0 failed: RuntimeError: a bug; exit status 137"),
+    ("failed", "rank 1 killed by SIGKILL", 137, "rank 1 killed by SIGKILL; exit status 137"),
 ])
 def test_why_a_run_ended_says_the_walltime_and_signals_in_words(state: str, reason: str, code: int,
                                                                   want: str) -> None:

@@ -6,6 +6,7 @@ whether it was requeued ("restart 1 of 5"), so a chain of requeues reads as one 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -207,6 +208,9 @@ def _requeue_hold_reasons(scheduler: str | None) -> frozenset[str]:
         return frozenset()
 
 
+# The ranks' failure note names the rank it is about: "rank 0 failed: ...", "rank 1 killed by SIGKILL".
+RANK_NOTE = re.compile(r"rank \d+ ")
+
 _ENDED_BADLY = frozenset(s.value for s in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED,
                                            JobState.PREEMPTED, JobState.MISSING))
 
@@ -228,7 +232,11 @@ def why_it_ended(chain: list[Submission], run: Run, no_requeue: str | None = Non
             f" (no requeue: {no_requeue})" if no_requeue else f" (exit code {code})"))
     elif code is not None and death_signal(code) is not None:
         # One statement of the death, as the job log's number reads: a scheduler's shorter words for it give way.
-        parts = [p for p in parts if not SIGNAL_DEATH.fullmatch(p)] + [ended_text(code)]
+        # Where the ranks' note already says which rank failed or died, the launcher's 128 + S is the peers it
+        # killed after that rank: the status as the log prints it, without a second story of the death.
+        parts = [p for p in parts if not SIGNAL_DEATH.fullmatch(p)]
+        named = code > 0 and any(RANK_NOTE.match(p) for p in parts)
+        parts.append(f"exit status {code}" if named else ended_text(code))
     elif code is not None and not any(f"code {code}" in p or SIGNAL_DEATH.fullmatch(p) for p in parts):
         # (Slurm's 0:9 leaves exit code 0 beside the signal its parser has already named)
         parts.append(f"exit code {code}")
