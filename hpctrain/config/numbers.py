@@ -90,11 +90,19 @@ def max_threads() -> int:
     return os.cpu_count() or 1
 
 
-def check_threads(value: int, field: str = "--threads") -> int:
-    """``value`` when it is a thread count this machine can run, 1 to ``max_threads()``; NumberError otherwise."""
+def _threads_problem(value: object) -> str | None:
+    """Why ``value`` is no thread count this machine can run (1 to ``max_threads()``); None when it is one."""
     most = max_threads()
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-        raise NumberError(f"{field}: {value!r} threads; give 1 to {most} (the CPUs of this machine)")
+        return f"{value!r} threads; give 1 to {most} (the CPUs of this machine)"
+    return None
+
+
+def check_threads(value: int, field: str = "--threads") -> int:
+    """``value`` when it is a thread count this machine can run, 1 to ``max_threads()``; NumberError otherwise."""
+    problem = _threads_problem(value)
+    if problem is not None:
+        raise NumberError(f"{field}: {problem}")
     return value
 
 
@@ -106,8 +114,9 @@ def flag_threads(text: str) -> int:
         value = parse_int(text, "the value")
     except NumberError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    if not 1 <= value <= max_threads():
-        raise argparse.ArgumentTypeError(f"{value} threads; give 1 to {max_threads()} (the CPUs of this machine)")
+    problem = _threads_problem(value)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
     return value
 
 
