@@ -22,6 +22,7 @@ from submitit.helpers import Checkpointable
 from hpctrain.submission.transport import Completed, LocalTransport
 from hpctrain.submitit_plugin.job import HpctrainJob
 from hpctrain.submitit_plugin.watcher import HpctrainInfoWatcher
+from tests.transport_record import as_recorded
 
 
 @dataclass(frozen=True)
@@ -50,13 +51,14 @@ def fresh_watcher(monkeypatch: pytest.MonkeyPatch) -> Iterator[HpctrainInfoWatch
 
 
 class CountingTransport(LocalTransport):
-    """The real LocalTransport, recording every command it runs."""
+    """The real LocalTransport, recording every command it runs (with what it sends on stdin as a last word:
+    a script run by ``run_script`` travels there)."""
 
     def __init__(self, calls: list[list[str]]) -> None:
         self.calls = calls
 
     def run(self, argv: list[str], **kw: Any) -> Completed:
-        self.calls.append(argv)
+        self.calls.append(as_recorded(argv, kw))
         return super().run(argv, **kw)
 
 

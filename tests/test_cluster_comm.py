@@ -7,6 +7,8 @@ that reaches the other nodes instead.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -45,6 +47,36 @@ def test_collectives_across_two_nodes(cluster: Cluster, cluster_tmp: Path, backe
         # one line per node (its local rank 0): the interface it announces and the address other nodes reach
         announced = sorted(re.findall(r"gloo uses (\w+) \((\S+)\): (\S+) resolves first to 127\.0\.1\.1", text))
         assert announced == sorted([("eth0", cluster.address(a), a), ("eth0", cluster.address(b), b)]), text[-3000:]
+
+
+def test_the_mpich_wheel_across_nodes_keeps_each_pmi_request_within_slurms_single_read(
+        cluster: Cluster, cluster_tmp: Path) -> None:
+    """Slurm's mpi/pmi2 plugin reads a PMI-1 request with one read() of at most 1,024 bytes. The wheel's MPICH
+    left to UCX puts a ~4.5 KiB address in segment lines of up to ~1,080 bytes: one that does not compress
+    overflows the read and MPI_Init waits for ever (seen in CI). hpctrain starts the wheel over libfabric's tcp
+    provider instead; the control (UCX, as a user may choose) shows the relay sees the segments."""
+    relay = str(REPO / "tests" / "mp_helpers" / "pmi_relay.py")
+    longest: dict[str, int] = {}
+    for case, extra in (("hpctrain", {}), ("ucx", {"MPICH_CH4_NETMOD": "ucx"})):
+        out_dir = cluster_tmp / case
+        out_dir.mkdir()
+        out = srun(cluster, [sys.executable, relay, str(out_dir), sys.executable, WORKER, "transport", str(out_dir)],
+                   nodes=2, per_node=2, cwd=cluster_tmp, options=["--mpi=pmi2"], timeout=600,
+                   env={**os.environ, **extra})
+        text = out.stdout + out.stderr
+        assert out.returncode == 0, text[-4000:]
+        ranks = [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(4)]
+        requests = [json.loads((out_dir / f"pmi-{r}.json").read_text()) for r in range(4)]
+        assert all(r["sum"] == [4.0] * 3 for r in ranks), ranks
+        assert all(q["requests"] > 5 for q in requests), requests  # the relay saw each rank's PMI traffic
+        longest[case] = max(q["longest"] for q in requests)
+        if case == "hpctrain":
+            assert all(r["set"] == {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": None}
+                       and r["ucx_transports"] == [] for r in ranks), ranks
+            assert not any(q["segments"] for q in requests) and longest[case] < 200, requests
+        else:
+            assert any(q["segments"] for q in requests) and all(r["ucx_transports"] for r in ranks), requests
+    assert longest["ucx"] > 2 * longest["hpctrain"], longest
 
 
 def test_a_plain_gloo_script_fails_across_these_nodes(cluster: Cluster, cluster_tmp: Path) -> None:

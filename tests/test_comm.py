@@ -137,19 +137,21 @@ def test_mpi_init_works_when_the_ranks_pids_have_different_lengths(tmp_path: Pat
     assert out.returncode != 0 and "truncated" in out.stderr, (pids, out.stderr[-3000:])
 
 
-def test_one_node_settings_only_for_the_wheel_on_one_node_without_a_user_choice() -> None:
-    from hpctrain.runtime.mpi_env import ONE_NODE_WHEEL, mpich_wheel_in_use, one_node_settings
+def test_wheel_settings_only_for_the_wheel_without_a_user_choice_loopback_on_one_node() -> None:
+    from hpctrain.runtime.mpi_env import ONE_NODE_WHEEL, SEVERAL_NODES_WHEEL, mpich_wheel_in_use, wheel_settings
 
     hydra = {"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "PMI_RANK": "0", "PMI_SIZE": "2"}
-    assert one_node_settings(hydra, wheel=True) == ONE_NODE_WHEEL
-    assert one_node_settings(hydra, wheel=False) == {}
-    assert one_node_settings({**hydra, "FI_PROVIDER": "tcp"}, wheel=True) == {}
-    assert one_node_settings({**hydra, "FI_TCP_IFACE": "eth0"}, wheel=True) == {}
-    assert one_node_settings({**hydra, "MPI4PY_LIBMPI": "/opt/site/libmpi.so"}, wheel=True) == {}
+    assert wheel_settings(hydra, wheel=True) == ONE_NODE_WHEEL
+    assert wheel_settings(hydra, wheel=False) == {}
+    assert wheel_settings({**hydra, "FI_PROVIDER": "tcp"}, wheel=True) == {}
+    assert wheel_settings({**hydra, "FI_TCP_IFACE": "eth0"}, wheel=True) == {}
+    assert wheel_settings({**hydra, "MPI4PY_LIBMPI": "/opt/site/libmpi.so"}, wheel=True) == {}
     two_nodes = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "0",
                  "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "2"}
-    assert one_node_settings(two_nodes, wheel=True) == {}
-    assert one_node_settings({**two_nodes, "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_STEP_NUM_NODES": "1"},
+    assert wheel_settings(two_nodes, wheel=True) == SEVERAL_NODES_WHEEL  # no UCX: see mpi_env's docstring
+    assert "FI_TCP_IFACE" not in SEVERAL_NODES_WHEEL
+    assert wheel_settings({**two_nodes, "UCX_TLS": "rc,sm"}, wheel=True) == {}
+    assert wheel_settings({**two_nodes, "SLURM_STEP_TASKS_PER_NODE": "4", "SLURM_STEP_NUM_NODES": "1"},
                              wheel=True) == ONE_NODE_WHEEL
     assert mpich_wheel_in_use()  # this environment's mpi4py loads the wheel (setup.cfg's `local` extra)
     assert not mpich_wheel_in_use(prefix="/nonexistent")

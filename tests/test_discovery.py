@@ -33,6 +33,7 @@ from hpctrain.submission.schedulers.cobalt.discovery import nodes_per_queue, tab
 from hpctrain.submission.schedulers.slurm.discovery import gres_gpus, key_values, slurm_seconds
 from hpctrain.submission.transport import Completed, LocalTransport, SSHTransport
 from tests.cluster_support import Cluster
+from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "tests" / "data" / "discovery"
@@ -76,7 +77,7 @@ class EnvTransport(LocalTransport):
         self.calls: list[list[str]] = []
 
     def run(self, argv: list[str], **kw: Any) -> Completed:
-        self.calls.append(argv)
+        self.calls.append(as_recorded(argv, kw))
         return super().run(["env", *(f"{k}={v}" for k, v in self.env.items()), *argv], **kw)
 
 

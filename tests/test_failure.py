@@ -21,6 +21,7 @@ import pytest
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.failure import FAILURE_FILE, MAX_CHARS, OWN, failure_line, record_failure
 from hpctrain.submission.registry import Registry
+from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
 TWO_RANKS = """name: twofail
@@ -98,7 +99,7 @@ def test_the_note_comes_over_ssh_in_the_same_round_trip(tmp_path: Path, monkeypa
 
     class Counting(SSHTransport):
         def run(self, argv: list[str], **kw: Any) -> Any:
-            calls.append(argv)
+            calls.append(as_recorded(argv, kw))
             return super().run(argv, **kw)
 
     pool = TransportPool(lambda r, c: Counting(r, ssh_config=c, control_dir=str(control), connect_timeout=5))

@@ -35,6 +35,7 @@ from hpctrain.submission.schedulers import local_controller
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.transport import LocalTransport, TransportPool
+from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = """name: tiny
@@ -137,7 +138,7 @@ def test_cancel_of_an_ended_run_says_so_and_sends_nothing(env: Path) -> None:
 
     class Counting(LocalTransport):
         def run(self, argv: list[str], **kw: Any) -> Any:
-            calls.append(argv)
+            calls.append(as_recorded(argv, kw))
             return super().run(argv, **kw)
 
     with Registry() as reg:

@@ -23,6 +23,7 @@ from hpctrain.planning.runs import read_run
 from hpctrain.submission.registry import Registry
 from hpctrain.submission.run_record import META_FILE, record_dir
 from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
+from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = """name: tiny
@@ -126,7 +127,7 @@ class CountingSSH(SSHTransport):
         self.calls: list[list[str]] = []
 
     def run(self, argv: list[str], **kw: Any) -> Completed:
-        self.calls.append(argv)
+        self.calls.append(as_recorded(argv, kw))
         return super().run(argv, **kw)
 
 

@@ -31,6 +31,7 @@ from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import Completed, LocalTransport, TransportPool
 from hpctrain.submission.views import view_of
+from tests.transport_record import as_recorded
 
 JOB = "4242"
 STEPS = 300
@@ -181,7 +182,7 @@ def test_the_follower_sees_the_end_first_and_status_still_shows_the_last_step(
 
     class Counting(LoginNode):
         def run(self, argv: list[str], **kw) -> Completed:  # type: ignore[no-untyped-def, override]
-            calls.append(argv)
+            calls.append(as_recorded(argv, kw))
             return super().run(argv, **kw)
 
     node = Counting()

@@ -20,7 +20,8 @@ from hpctrain.submission.registry import SUBMIT_FAILED, Registry
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.tracking import batch_script, combine, expand_array_ranges, poll_runs, split_sections
-from hpctrain.submission.transport import LocalTransport, TransportPool
+from hpctrain.submission.transport import LocalTransport, TransportPool, run_script
+from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = """name: tiny
@@ -71,6 +72,27 @@ def test_batch_script_falls_back_and_marks_sections(tmp_path: Path) -> None:
     assert sec["live3"]["out"] == "it's $HOME"  # arguments arrive verbatim
     assert json.loads(sec["tail0"]["out"]) == {"step": 5, "loss": 0.1}
     assert sec["tail1"].get("out", "") == "" and "end" in sec
+
+
+def test_a_poll_of_many_runs_with_long_paths_is_not_bounded_by_the_command_line(tmp_path: Path) -> None:
+    """1,500 run directories with 200-character paths make a poll script of ~600 KiB, past Linux's 128 KiB cap on
+    one argument (MAX_ARG_STRLEN) and past what fits in an ssh command line: it travels on stdin."""
+    deep = tmp_path / ("d" * 180)
+    deep.mkdir()
+    paths = [str(deep / f"run-{i:05d}" / "metrics.jsonl") for i in range(1500)]
+    for path in paths[::500]:
+        Path(path).parent.mkdir()
+        Path(path).write_text(f'{{"step": {len(path)}}}\n')
+    script = batch_script([[("live0", ["echo", "answered"])]], paths, paths, paths)
+    assert len(script.encode()) > 4 * 128 * 1024
+    out = run_script(LocalTransport(), script, timeout=120)
+    sec = split_sections(out.stdout)
+    assert sec["live0"]["out"] == "answered" and "end" in sec
+    assert [i for i in range(1500) if sec.get(f"tail{i}", {}).get("out")] == [0, 500, 1000]
+    assert json.loads(sec["tail500"]["out"]) == {"step": len(paths[500])}
+    args = ["it's", "$HOME", "a b", *paths]
+    echoed = run_script(LocalTransport(), 'printf "%s\\n" "$@"', args, timeout=60, check=True)
+    assert echoed.stdout.splitlines() == args  # positional parameters arrive verbatim too
 
 
 def test_combine_prefers_live_while_active_and_marks_missing() -> None:
@@ -305,7 +327,7 @@ def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> No
 
     class Counting(LocalTransport):
         def run(self, argv, **kw):  # type: ignore[no-untyped-def]
-            calls.append(argv)
+            calls.append(as_recorded(argv, kw))
             return super().run(argv, **kw)
 
     pool = TransportPool(lambda remote, cfg: Counting())
@@ -317,7 +339,7 @@ def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> No
         calls.clear()
         (view,) = poll_runs(reg, done.runs, pool)
         assert view.state == "running" and len(calls) == 1
-        assert calls[0][:2] == ["sh", "-c"] and f"{controller} status" in calls[0][2]
+        assert calls[0][:2] == ["sh", "-c"] and f"{controller} status" in calls[0][-1]
         calls.clear()
         assert RunHandle(view.run_id, pool=pool).cancel().sent
         assert [c[-3:] for c in calls if controller in c and "cancel" in c] == [["--", done.job_ids[0],

@@ -30,6 +30,7 @@ from hpctrain.submission.module_probe import MARKER
 from hpctrain.submission.registry import SUBMIT_FAILED, Registry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
+from tests.transport_record import as_recorded
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
@@ -51,7 +52,7 @@ class CountingSSH(SSHTransport):
         self.path = path
 
     def run(self, argv: list[str], **kw: Any) -> Completed:
-        self.calls.append(argv)
+        self.calls.append(as_recorded(argv, kw))
         return super().run(["env", f"PATH={self.path}", *argv] if self.path else argv, **kw)
 
 

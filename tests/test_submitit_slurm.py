@@ -106,7 +106,7 @@ def test_map_array_of_200_tasks_polls_with_two_commands_per_poll(places: Places,
     polled = [(p, c) for p, c in per_poll if p]
     assert polled and all(p == 1 and c <= 2 for p, c in polled), per_poll
     assert all(c == 0 for p, c in per_poll if not p)  # no command between polls
-    status = [argv[2] for argv in calls if argv[:2] == ["sh", "-c"] and "sacct" in argv[2]]
+    status = [argv[-1] for argv in calls if argv[:2] == ["sh", "-c"] and "sacct" in argv[-1]]
     master = jobs[0].job_id.split("_")[0]
     assert {int(i) for i in re.findall(rf"\b{master}_(\d+)\b", status[0])} == set(range(200))  # one for all
     before = len(calls)

@@ -24,6 +24,7 @@ from hpctrain.submission.transport import (
     Transport,
     classify_ssh_failure,
     default_control_dir,
+    run_script,
 )
 
 if TYPE_CHECKING:
@@ -66,6 +67,18 @@ def wrong_key_config(sshd: SshLogin, tmp_path: Path) -> Path:
 
 
 # --- SSH ---------------------------------------------------------------------------------------------------
+
+
+def test_a_script_past_the_command_line_limit_runs_over_ssh(ssh: SSHTransport, tmp_path: Path) -> None:
+    """A 400 KiB script with 3,000 hostile arguments: over ssh the remote command is ONE argument of the login
+    shell (at most 128 KiB on Linux), so the script and its arguments travel on stdin."""
+    marker = tmp_path / "pwned"
+    args = [f"{i} it's $(touch {marker}) " + "x" * 100 for i in range(3000)]
+    script = "".join(f": {'y' * 120}\n" for _ in range(3000)) + 'printf "%s\\0" "$@"'
+    assert len(script.encode()) + sum(map(len, args)) > 3 * 128 * 1024
+    got = run_script(ssh, script, args, timeout=60, check=True)
+    assert got.stdout.split("\0")[:-1] == args
+    assert not marker.exists()
 
 
 def test_hostile_arguments_arrive_verbatim(ssh: SSHTransport, tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""What MPI must be told before ``MPI_Init``: the PyPI mpich wheel on one node starts over loopback TCP.
+"""What MPI must be told before ``MPI_Init``: the PyPI mpich wheel starts over TCP (loopback on one node).
 
 The wheel's MPICH (ch4, built with the UCX and libfabric netmods) starts UCX by default, and UCX exchanges the
 address of every transport at ``MPI_Init`` even when all ranks share one node. That exchange failed once here
@@ -10,7 +10,16 @@ every rank's address has the length of its own. A job whose ranks' PIDs straddle
 or a PID counter wrapping from 32767 to 300) aborted in ``MPI_Init`` with "Message truncated"
 (tests/test_comm.py sets the PIDs to show it). A TCP address is a fixed-size ``sockaddr_in``. Messages between the
 ranks go through MPICH's own shared memory either way (ch4's posix module), not through the netmod.
-A site's own MPI (mpi4py built against it) and multi-node jobs are left as they are.
+
+On several nodes the wheel uses the same tcp provider, on the interface libfabric picks (a site sets
+``FI_TCP_IFACE`` in its environment to choose). UCX's address is about 4.5 KiB per node; MPICH puts it into the
+process manager's key-value space in segments of up to 1,022 hex digits, each a PMI-1 request line of up to
+~1,080 bytes, and Slurm's ``mpi/pmi2`` plugin reads a PMI-1 request with ONE ``read`` of at most 1,024 bytes
+(src/plugins/mpi/pmi2/pmi1.c, ``MAX_READLINE``; the wheel's MPICH speaks no PMI-2 wire protocol). A segment whose
+bytes do not compress (MPICH run-length encodes repeated bytes) overflows that read, the rest of the line is read
+as a request of its own, and every rank waits in ``MPI_Init`` for ever: seen in CI under ``srun --mpi=pmi2``
+across two namespace nodes. The tcp provider's address is one request of under 100 bytes.
+A site's own MPI (mpi4py built against it) is left as it is, and so is a transport the user chose.
 """
 
 from __future__ import annotations
@@ -27,7 +36,8 @@ from types import ModuleType
 from hpctrain.launch_env import detect_launch_env
 
 # MPICH reads MPICH_CH4_NETMOD (MPIR_CVAR_CH4_NETMOD), libfabric reads FI_PROVIDER and FI_TCP_IFACE during MPI_Init.
-ONE_NODE_WHEEL = {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "lo"}
+SEVERAL_NODES_WHEEL = {"MPICH_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
+ONE_NODE_WHEEL = {**SEVERAL_NODES_WHEEL, "FI_TCP_IFACE": "lo"}
 # Where MPICH keeps a node's shared-memory segments (POSIX shared memory on Linux).
 SHM_DIR = Path("/dev/shm")
 # Any of these set by the user or the site means they chose the transport: hpctrain then sets nothing.
@@ -46,14 +56,14 @@ def mpich_wheel_in_use(prefix: str = sys.exec_prefix) -> bool:
                for f in dist.files or ())
 
 
-def one_node_settings(environ: Mapping[str, str], wheel: bool) -> dict[str, str]:
-    """The variables to set before ``MPI_Init`` (empty when the wheel is not used, the job spans nodes, or the
-    user chose a transport)."""
+def wheel_settings(environ: Mapping[str, str], wheel: bool) -> dict[str, str]:
+    """The variables to set before ``MPI_Init``: libfabric's tcp provider, on loopback when every rank is on this
+    node; empty when the wheel is not used or the user chose a transport."""
     if not wheel or any(name in environ for name in USER_CHOICES):
         return {}
     env = detect_launch_env(environ)
-    if env.local_size < env.size:  # ranks on other nodes: they need a network netmod
-        return {}
+    if env.local_size < env.size:  # ranks on other nodes: libfabric picks the interface that reaches them
+        return dict(SEVERAL_NODES_WHEEL)
     return dict(ONE_NODE_WHEEL)
 
 
@@ -113,14 +123,14 @@ def _in_use(path: Path) -> bool:
 
 
 def import_mpi(environ: Mapping[str, str] | None = None, timeout_s: float | None = None) -> ModuleType:
-    """``mpi4py.MPI`` (importing it calls ``MPI_Init``), after putting what ``one_node_settings`` asks for
+    """``mpi4py.MPI`` (importing it calls ``MPI_Init``), after putting what ``wheel_settings`` asks for
     into this process's environment; ``environ`` (default ``os.environ``) is where the launcher's variables
     are read. ``MPI_Init`` waits for every rank of the job: with ``timeout_s`` a rank still waiting after that
     long says so and is ended by its watcher process (its launcher then ends the others) instead of waiting for
     ever."""
     if "mpi4py.MPI" not in sys.modules:
         wheel = mpich_wheel_in_use()
-        os.environ.update(one_node_settings(os.environ if environ is None else environ, wheel))
+        os.environ.update(wheel_settings(os.environ if environ is None else environ, wheel))
         if wheel:
             for path in remove_stale_segments(os.environ if environ is None else environ):
                 print(f"hpctrain: removed {path}, a shared-memory segment an earlier run of this Slurm job step "

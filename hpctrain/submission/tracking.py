@@ -22,7 +22,7 @@ from hpctrain.submission.run_record import RunMeta, kept_progress, read_meta, sa
 from hpctrain.submission.schedulers.base import EXIT_LOG, Scheduler, StatusProbe, get_scheduler
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun, is_unknown_job_error
-from hpctrain.submission.transport import Transport, TransportPool
+from hpctrain.submission.transport import Transport, TransportPool, run_script
 from hpctrain.submission.views import BY_SCHEDULER, RunView, latest_job_id, progress_from_record, view_of
 from hpctrain.text import json_lines
 
@@ -179,7 +179,7 @@ def poll_scheduler(transport: Transport, scheduler: Scheduler, jobs: Mapping[str
     names = [[(f"p{c}_{i}", probe.argv) for i, probe in enumerate(chain)] for c, chain in enumerate(chains)]
     script = batch_script(names, list(metrics_paths), list(record_paths), list(note_paths))
     try:
-        done = transport.run(["sh", "-c", script], timeout=timeout, check=False)
+        done = run_script(transport, script, timeout=timeout)
     except TransportError as exc:
         return GroupPoll(None, dict.fromkeys(metrics_paths), f"status poll on {transport.host} failed: {exc}",
                          error_code=exc.exit_code)

@@ -12,7 +12,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol, runtime_checkable
@@ -55,6 +55,19 @@ class Transport(Protocol):
     def get(self, remote_path: str, local_path: str | os.PathLike[str]) -> None: ...
 
     def mkdir_p(self, path: str) -> None: ...
+
+
+# A script is sent on standard input, not in argv: Linux caps one argument at 128 KiB (MAX_ARG_STRLEN), and over
+# ssh the whole remote command is one argument, so a poll of a few hundred runs would not fit on a command line.
+_READ_SCRIPT = 'eval "$(cat)"'
+
+
+def run_script(transport: Transport, script: str, args: Sequence[str] = (), *, timeout: float,
+               check: bool = False) -> Completed:
+    """Run the POSIX sh ``script`` with positional parameters ``args`` on ``transport``; both travel on the
+    command's standard input, so neither has a size limit (the script's own commands read an empty stdin)."""
+    body = f"set -- {shlex.join(args)}\n{script}" if args else script
+    return transport.run(["sh", "-c", _READ_SCRIPT], input=body.encode(), timeout=timeout, check=check)
 
 
 def _decode(data: bytes) -> str:

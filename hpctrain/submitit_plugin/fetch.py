@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hpctrain.errors import TransportError
 from hpctrain.files import atomic_path, write_atomic
-from hpctrain.submission.transport import Transport
+from hpctrain.submission.transport import Transport, run_script
 
 FETCH_TIMEOUT_S = 120.0
 INLINE_BYTES = 8 * 1024 * 1024
@@ -40,8 +40,7 @@ def fetch_files(transport: Transport, files: Sequence[tuple[str, Path]], *, exac
     """
     if not files:
         return set()
-    done = transport.run(["sh", "-c", _SCRIPT, "sh", str(inline_bytes), *(remote for remote, _ in files)],
-                         timeout=timeout, check=False)
+    done = run_script(transport, _SCRIPT, [str(inline_bytes), *(remote for remote, _ in files)], timeout=timeout)
     if _END not in done.stdout:
         detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise TransportError(f"reading {len(files)} file(s) of the run directory on {transport.host} failed: {detail}")
