@@ -20,6 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -28,6 +29,7 @@ import pytest
 from hpctrain.cli import main
 from hpctrain.errors import TransportError
 from hpctrain.report import collect as collect_module
+from hpctrain.report import figures
 from hpctrain.report import source as source_module
 from hpctrain.report.build import report_data
 from hpctrain.report.collect import RunFacts, collect
@@ -446,3 +448,46 @@ def test_no_control_character_of_a_run_file_reaches_the_page(tmp_path: Path) -> 
     text = page(collect(d, RunFacts(title="run\x1b[5m", where=str(d))))
     assert not any(c in text for c in "\x1b\x07\x9b"), [c for c in text if c in "\x1b\x07\x9b"]
     assert "\\x1b[2J\\x07value" in text and "ffn\\x1b]0;title\\x07" in text
+
+
+def test_figures_show_run_file_text_as_written_and_the_page_warns_nothing(tmp_path: Path) -> None:
+    """A host name with ESC reached a figure's label: matplotlib warned of the missing glyph on the terminal, the
+    raw ESC in its message; a host name between dollar signs was parsed as TeX (and a bad one lost the figure)."""
+    d = write_run(tmp_path / "run")
+    (d / "ranks" / "node-00000.txt").write_text("rank 0 pid 1 host n\x1b[31m0 parent 1\n"
+                                                "rank 1 pid 2 host $\\frac$ parent 1\n")
+    (d / "profile.json").write_text(json.dumps({"ranks": 2, "ranks_per_node": 2, "sample_unit": "img\x07",
+                                                "compute_s": {"mean": 0.03}}))
+    data = collect(d, RunFacts(title="run", where=str(d)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        heat, rate = figures.heatmap_figure(data.ranks), figures.throughput_figure(data)  # type: ignore[arg-type]
+        text = page(data)
+    assert [str(w.message) for w in caught] == []
+    assert "rank 0 (n\\x1b[31m0)" in heat and "rank 1 ($\\frac$)" in heat and "img\\x07/s" in rate
+    assert not any(c in heat + rate + text for c in "\x1b\x07")
+
+
+def test_a_profile_without_step_timings_is_said_not_drawn(tmp_path: Path) -> None:
+    """A profile.json with no timed part drew an empty bar and matplotlib warned of a legend without entries."""
+    d = write_run(tmp_path / "run")  # its profile.json: ranks only
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        text = page(collect(d, RunFacts(title="run", where=str(d))))
+    assert [str(w.message) for w in caught] == []
+    step = text.split('<section id="step-time">')[1].split("</section>")[0]
+    assert "profile.json holds no step timings" in step and "<svg" not in step
+
+
+def test_attempts_without_a_number_for_the_loss_draw_no_empty_legend(tmp_path: Path) -> None:
+    d = write_run(tmp_path / "run")
+    (d / "attempts.jsonl").unlink()  # the attempts are then told by the step going back
+    steps = [*range(1, 6), *range(3, 8)]  # a resume after step 5 from step 2: two attempts
+    (d / "metrics.jsonl").write_text("".join(json.dumps({"time": 1000.0 + i, "step": s, "loss": None}) + "\n"
+                                             for i, s in enumerate(steps)))
+    data = collect(d, RunFacts(title="run", where=str(d)))
+    assert data.attempts == 2
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        page(data)
+    assert [str(w.message) for w in caught] == []

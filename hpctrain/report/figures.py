@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from hpctrain.report.collect import Mark, RankTimes, ReportData
+from hpctrain.text import printable
 
 MAX_POINTS = 1500
 WIDE, TALL = 9.0, 3.2
@@ -27,6 +28,12 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def shown(text: str) -> str:
+    """Text from a run's files as a figure shows it: as written (control characters escaped, as the page escapes
+    them; dollar signs literal, not the start of TeX that matplotlib would parse)."""
+    return printable(text).replace("$", r"\$")
 
 
 def svg(fig: Any) -> str:
@@ -66,7 +73,7 @@ def _marks(ax: Any, marks: list[Mark], at: str, start: float = 0.0) -> None:
     for m in marks:
         x = m.step if at == "step" else (m.time - start) / 60.0
         ax.axvline(x, color="#555", linestyle="--", linewidth=1)
-        ax.annotate(m.label, (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
+        ax.annotate(shown(m.label), (x, 1.0), xycoords=("data", "axes fraction"), rotation=90, va="top", ha="right",
                     fontsize=8, color="#555")
 
 
@@ -110,7 +117,7 @@ def draw_loss(data: ReportData) -> Any:
         twin.set_ylabel("learning rate", color="#777")
         twin.spines["right"].set_visible(True)
     attempts = len({r.get("attempt", 0) for r in data.records})
-    if attempts > 1:
+    if attempts > 1 and by_step.get_legend_handles_labels()[0]:  # no loss logged: no points, no legend
         by_step.legend(loc="lower left", bbox_to_anchor=(0.0, 1.02), borderaxespad=0.0, ncol=min(attempts, 4),
                        fontsize=8, frameon=False, handletextpad=0.2, columnspacing=1.0)
     fig.tight_layout()
@@ -126,7 +133,7 @@ def throughput_figure(data: ReportData) -> str:
     _continuous(ax, _by_attempt(rows, "total_rate", "step"))
     _marks(ax, data.marks, "step")
     ax.set_xlabel("step")
-    ax.set_ylabel(f"{data.sample_unit}/s (all ranks)")
+    ax.set_ylabel(f"{shown(data.sample_unit)}/s (all ranks)")
     ax.set_ylim(bottom=0)
     fig.tight_layout()
     return svg(fig)
@@ -176,13 +183,13 @@ def heatmap_figure(ranks: RankTimes) -> str:
     ax.set_xlabel("logging interval (ends at step)")
     ticks = list(range(0, len(ranks.steps), max(1, len(ranks.steps) // 10)))
     ax.set_xticks(ticks, [str(ranks.steps[i]) for i in ticks])
-    shown = list(range(0, rows, max(1, rows // 16)))
-    ax.set_yticks(shown, [ranks.rows[i] for i in shown], fontsize=7)
+    listed = list(range(0, rows, max(1, rows // 16)))
+    ax.set_yticks(listed, [shown(ranks.rows[i]) for i in listed], fontsize=7)
     slowest = ranks.slowest()
     if slowest is not None:
         against = slowest.comparison(digits=2)
-        ax.set_title(f"slowest: {slowest.name}, {slowest.busy * 1e3:.2f} ms busy per step"
-                     + (f" ({against})" if against else ""))
+        ax.set_title(shown(f"slowest: {slowest.name}, {slowest.busy * 1e3:.2f} ms busy per step"
+                           + (f" ({against})" if against else "")))
     fig.colorbar(image, ax=ax, label="busy ms per step\n(input + compute)", fraction=0.04, pad=0.02)
     fig.tight_layout()
     return svg(fig)
@@ -215,7 +222,7 @@ def segmentation_figure(slices: list[tuple[str, Any]]) -> str:
         rgb = palette[labels % len(palette)]
         rgb[labels == 0] = 0.0
         ax.imshow(rgb, interpolation="nearest")
-        ax.set_title(title, fontsize=8)
+        ax.set_title(shown(title), fontsize=8)
         ax.axis("off")
     fig.tight_layout()
     return svg(fig)

@@ -120,6 +120,8 @@ def step_section(d: ReportData) -> str:
     if not d.profile:
         return none("no step profile (profile.json) yet: the first steps are not timed")
     parts = figures.step_parts(d.profile)
+    if not parts:
+        return none("profile.json holds no step timings (compute_s, reduction_wait_s, ...): nothing to draw")
     rows = [[label, f"{s * 1e3:.3f}", f"{100 * s / max(1e-12, sum(p[1] for p in parts)):.1f} %"]
             for label, s, _ in parts]
     return _figure(lambda: figures.step_split_figure(d.profile or {}), "step split") + \
