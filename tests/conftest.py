@@ -250,3 +250,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     groups = group_modules(items)
     for item in items:
         item.add_marker(pytest.mark.xdist_group(groups[Path(str(item.fspath))]))
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A short directory under /tmp, for ssh's ControlPath sockets (a unix socket path must fit in ~104 bytes,
+    and pytest's tmp_path can be longer)."""
+    d = Path(tempfile.mkdtemp(prefix="hts", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)

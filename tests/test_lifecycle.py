@@ -13,7 +13,6 @@ import os
 import pty
 import select
 import shlex
-import shutil
 import socket
 import struct
 import subprocess
@@ -21,7 +20,6 @@ import sys
 import tempfile
 import termios
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -308,13 +306,6 @@ def test_dry_run_says_where_its_files_are(env: Path) -> None:
 
 # --- over ssh, on Slurm ---------------------------------------------------------------------------------------
 
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """ControlPath sockets must fit in ~104 bytes: pytest's tmp_path can be too long."""
-    d = Path(tempfile.mkdtemp(prefix="hlc", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.mark.slurm

@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +109,6 @@ def test_calibrate_on_the_real_slurm(home: dict[str, str], tmp_path: Path, slurm
     _check_calibrated(out, "ci-slurm")
     assert json.loads(out.stdout)["parameters"]["backend"]["value"] == "mpi"
 
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """ssh ControlPath sockets must fit in ~104 bytes: pytest's tmp_path can be too long."""
-    d = Path(tempfile.mkdtemp(prefix="hpl", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 class CountingSSH(SSHTransport):

@@ -10,18 +10,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -380,14 +378,6 @@ def test_a_remote_file_above_its_cap_is_not_copied(tmp_path: Path, monkeypatch: 
 
 
 @pytest.fixture
-def control_dir() -> Iterator[Path]:
-    """ssh's ControlPath directory: short, as a unix socket path must be."""
-    d = Path(tempfile.mkdtemp(prefix="hts", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
-
-
-@pytest.fixture
 def fake_ssh(tmp_path: Path) -> dict[str, str]:
     """An ``ssh`` that runs its remote command on this machine: SSHTransport without a server."""
     bin_dir = tmp_path / "bin"
@@ -397,7 +387,7 @@ def fake_ssh(tmp_path: Path) -> dict[str, str]:
     return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
 
 
-def test_ssh_get_streams_to_disk(tmp_path: Path, fake_ssh: dict[str, str], control_dir: Path) -> None:
+def test_ssh_get_streams_to_disk(tmp_path: Path, fake_ssh: dict[str, str], short_dir: Path) -> None:
     big = tmp_path / "big.h5"
     with open(big, "wb") as f:
         for _ in range(96):
@@ -405,18 +395,18 @@ def test_ssh_get_streams_to_disk(tmp_path: Path, fake_ssh: dict[str, str], contr
     back = tmp_path / "back.h5"
     code = ("import sys; from hpctrain.submission.transport import SSHTransport; "
             "SSHTransport('login', control_dir=sys.argv[3]).get(sys.argv[1], sys.argv[2])")
-    done, mb = measured([sys.executable, "-c", code, str(big), str(back), str(control_dir)], tmp_path, fake_ssh)
+    done, mb = measured([sys.executable, "-c", code, str(big), str(back), str(short_dir)], tmp_path, fake_ssh)
     assert done.returncode == 0, done.stderr
     assert back.stat().st_size == big.stat().st_size and back.read_bytes() == big.read_bytes()
     assert mb < 64, f"{mb:.0f} MB for a 96 MB copy"
 
 
-def test_ssh_get_refuses_what_is_no_regular_file(tmp_path: Path, fake_ssh: dict[str, str], control_dir: Path,
+def test_ssh_get_refuses_what_is_no_regular_file(tmp_path: Path, fake_ssh: dict[str, str], short_dir: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", fake_ssh["PATH"])
     fifo = tmp_path / "metrics.jsonl"
     os.mkfifo(fifo)
-    got = unblocked(lambda: SSHTransport("login", control_dir=str(control_dir)).get(str(fifo), tmp_path / "back",
+    got = unblocked(lambda: SSHTransport("login", control_dir=str(short_dir)).get(str(fifo), tmp_path / "back",
                                                                                      timeout=300), [fifo])
     assert isinstance(got, TransportError) and "not a regular file" in str(got), got
     assert not (tmp_path / "back").exists()

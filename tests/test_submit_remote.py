@@ -14,9 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +53,6 @@ class CountingSSH(SSHTransport):
         self.calls.append(as_recorded(argv, kw))
         return super().run(["env", f"PATH={self.path}", *argv] if self.path else argv, **kw)
 
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """ControlPath sockets must fit in ~104 bytes: pytest's tmp_path can be too long."""
-    d = Path(tempfile.mkdtemp(prefix="hsr", dir="/tmp"))
-    yield d
-    shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture
