@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -221,7 +222,80 @@ def write_standin_site(directory: Path, name: str, scheduler: str) -> Path:
     return path
 
 
+# ------------------------------------------------------------------------------ shared set-ups
+@pytest.fixture
+def isolated_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own hpctrain home: the registry and caches under ``TMP/home`` (HPCTRAIN_HOME), no
+    HPCTRAIN_REGISTRY from outside, run directories under ``TMP/runs`` (HPCTRAIN_RUNS). Returns TMP (tmp_path);
+    processes the test starts inherit the same."""
+    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
+    return tmp_path
+
+
+TINY_JOB = """name: {name}
+model: resnet
+train: {{steps: {steps}, batch_per_rank: 2, lr: 0.01}}
+resources: {{nodes: 1, ranks_per_node: {ranks_per_node}, walltime: "{walltime}"}}
+"""
+
+
+class TinyJob(Protocol):
+    def __call__(self, name: str = "tiny", *, steps: int = 2, ranks_per_node: int = 1, walltime: str = "00:05:00",
+                 checkpoint: str | None = "{signal_lead_s: 10}", path: Path | None = None) -> Path: ...
+
+
+@pytest.fixture
+def tiny_job(tmp_path: Path) -> TinyJob:
+    """Writes the smallest job spec (resnet, one node of one rank, 2 steps) and returns its path, ``TMP/tiny.yaml``
+    unless ``path`` is given; the arguments vary what a test's meaning depends on (``checkpoint=None``: no
+    checkpoint section)."""
+
+    def write(name: str = "tiny", *, steps: int = 2, ranks_per_node: int = 1, walltime: str = "00:05:00",
+              checkpoint: str | None = "{signal_lead_s: 10}", path: Path | None = None) -> Path:
+        path = path or tmp_path / "tiny.yaml"
+        text = TINY_JOB.format(name=name, steps=steps, ranks_per_node=ranks_per_node, walltime=walltime)
+        path.write_text(text if checkpoint is None else f"{text}checkpoint: {checkpoint}\n")
+        return path
+
+    return write
+
+
+# ------------------------------------------------------------------------------ the fast lane (--fast)
+# What the fast lane leaves out: tests marked for a real process (pyproject.toml's markers) and tests that ask,
+# themselves or through another fixture, for a fixture that starts one (Slurm, sshd, the cluster of nodes).
+REAL_PROCESS_MARKERS = ("slurm", "sshd", "mpi", "slow")
+REAL_PROCESS_FIXTURES = ("slurm", "sshd", "cluster_session", "cluster", "cluster_tmp")
+
+
+def real_process_need(item: pytest.Item) -> str | None:
+    """Why ``item`` is left out of the fast lane (the marker or fixture that needs a real process), else None."""
+    for marker in REAL_PROCESS_MARKERS:
+        if item.get_closest_marker(marker) is not None:
+            return f"marker {marker}"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    return next((f"fixture {f}" for f in REAL_PROCESS_FIXTURES if f in fixtures), None)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--fast", action="store_true", default=False,
+                     help="deselect the tests that need real Slurm, sshd, the cluster or mpiexec, and the slow ones "
+                          f"(markers {', '.join(REAL_PROCESS_MARKERS)}; fixtures {', '.join(REAL_PROCESS_FIXTURES)})")
+
+
+def deselect_real_process_tests(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--fast``, takes out of ``items`` every test that needs a real process, reported as deselected."""
+    if not config.getoption("fast", default=False):
+        return
+    left_out = [item for item in items if real_process_need(item) is not None]
+    if left_out:
+        config.hook.pytest_deselected(items=left_out)
+        items[:] = [item for item in items if real_process_need(item) is None]
+
+
 # ------------------------------------------------------------------------------ parallel runs (pytest-xdist)
+
 def _uses_slurm(item: pytest.Item) -> bool:
     """The test asks for the ``slurm`` fixture (itself or through another fixture) or carries the ``slurm``
     marker: a module that only names sbatch or srun (a rendered script, a parser's input) does not count."""
@@ -244,7 +318,9 @@ def group_modules(items: Iterable[pytest.Item]) -> dict[Path, str]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Marks every test with its module's group. First of the hooks: xdist's worker reads the marks in its own
     ``pytest_collection_modifyitems`` (the group becomes the test id's ``@GROUP`` suffix, which ``--dist
-    loadgroup`` schedules by), and a plugin registered after this conftest is otherwise called before it."""
+    loadgroup`` schedules by), and a plugin registered after this conftest is otherwise called before it. Under
+    ``--fast`` the tests that need a real process are deselected first."""
+    deselect_real_process_tests(config, items)
     if not config.pluginmanager.hasplugin("xdist"):
         return
     groups = group_modules(items)
