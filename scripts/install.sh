@@ -2,7 +2,16 @@
 # Install everything the test suite needs on a Debian bookworm machine: the Slurm/munge/sshd packages
 # (apt, skipped when already present) and the project venv at .venv (pip, skipped when up to date).
 # Idempotent; run as root. Daemons are NOT started here: see scripts/ci/slurm.sh and scripts/ci/sshd.sh.
+# --venv-only: the venv alone, no apt and no root (what `scripts/test.sh --fast` needs).
 set -euo pipefail
+
+venv_only=0
+if [[ ${1:-} == --venv-only ]]; then
+    venv_only=1
+elif [[ $# -gt 0 ]]; then
+    echo "[install] error: unknown argument '$1' (the only one is --venv-only)" >&2
+    exit 2
+fi
 
 cd "$(dirname "$0")/.."
 REPO_ROOT=$(pwd)
@@ -23,54 +32,61 @@ phase() {  # phase NAME START_EPOCH
 }
 
 # ---- apt --------------------------------------------------------------------------------------------
-t=$(date +%s)
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-    if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]]; then
-        missing+=("$p")
-    fi
-done
-if (( ${#missing[@]} == 0 )); then
-    phase "apt (all ${#APT_PACKAGES[@]} packages already installed)" "$t"
-else
-    if [[ $(id -u) -ne 0 ]]; then
-        echo "[install] error: apt packages missing (${missing[*]}) and not running as root" >&2
-        exit 1
-    fi
-    # Postinst scripts try to start the services. There is no systemd here, so forbid it outright with a
-    # temporary policy-rc.d (exit 101 = "action forbidden"); our scripts start the daemons themselves.
-    policy=/usr/sbin/policy-rc.d
-    own_policy=0
-    if [[ ! -e $policy ]]; then
-        printf '#!/bin/sh\nexit 101\n' >"$policy"
-        chmod 0755 "$policy"
-        own_policy=1
-        trap 'if [[ $own_policy == 1 ]]; then rm -f "$policy"; fi' EXIT
-    fi
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}" >/dev/null
-    if (( own_policy )); then
-        rm -f "$policy"
+install_system() {  # the apt packages and a check that the Slurm commands are slurm-client's
+    t=$(date +%s)
+    missing=()
+    for p in "${APT_PACKAGES[@]}"; do
+        if [[ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" != "install ok installed" ]]; then
+            missing+=("$p")
+        fi
+    done
+    if (( ${#missing[@]} == 0 )); then
+        phase "apt (all ${#APT_PACKAGES[@]} packages already installed)" "$t"
+    else
+        if [[ $(id -u) -ne 0 ]]; then
+            echo "[install] error: apt packages missing (${missing[*]}) and not running as root" >&2
+            exit 1
+        fi
+        # Postinst scripts try to start the services. There is no systemd here, so forbid it outright with a
+        # temporary policy-rc.d (exit 101 = "action forbidden"); our scripts start the daemons themselves.
+        policy=/usr/sbin/policy-rc.d
         own_policy=0
+        if [[ ! -e $policy ]]; then
+            printf '#!/bin/sh\nexit 101\n' >"$policy"
+            chmod 0755 "$policy"
+            own_policy=1
+            trap 'if [[ $own_policy == 1 ]]; then rm -f "$policy"; fi' EXIT
+        fi
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${APT_PACKAGES[@]}" >/dev/null
+        if (( own_policy )); then
+            rm -f "$policy"
+            own_policy=0
+        fi
+        phase "apt (installed: ${missing[*]})" "$t"
     fi
-    phase "apt (installed: ${missing[*]})" "$t"
-fi
 
-# slurm-wlm-torque must only add the PBS wrappers, never shadow the Slurm commands.
-for cmd in sbatch squeue scontrol sinfo sacct srun sbcast qsub qstat qdel chromium ip tc nsenter unshare; do
-    if ! command -v "$cmd" >/dev/null; then
-        echo "[install] error: '$cmd' not on PATH after the apt phase" >&2
-        exit 1
-    fi
-done
-for cmd in sbatch squeue scontrol srun; do
-    owner=$(dpkg -S "$(readlink -f "$(command -v "$cmd")")" 2>/dev/null | cut -d: -f1)
-    if [[ $owner != slurm-client ]]; then
-        echo "[install] error: '$cmd' resolves to $(command -v "$cmd") (package '${owner:-none}'), not slurm-client" >&2
-        exit 1
-    fi
-done
+    # slurm-wlm-torque must only add the PBS wrappers, never shadow the Slurm commands.
+    for cmd in sbatch squeue scontrol sinfo sacct srun sbcast qsub qstat qdel chromium ip tc nsenter unshare; do
+        if ! command -v "$cmd" >/dev/null; then
+            echo "[install] error: '$cmd' not on PATH after the apt phase" >&2
+            exit 1
+        fi
+    done
+    for cmd in sbatch squeue scontrol srun; do
+        owner=$(dpkg -S "$(readlink -f "$(command -v "$cmd")")" 2>/dev/null | cut -d: -f1)
+        if [[ $owner != slurm-client ]]; then
+            echo "[install] error: '$cmd' resolves to $(command -v "$cmd") (package '${owner:-none}'), not slurm-client" >&2
+            exit 1
+        fi
+    done
+}
+if (( venv_only )); then
+    echo "[install] apt: skipped (--venv-only)"
+else
+    install_system
+fi
 
 # ---- venv -------------------------------------------------------------------------------------------
 t=$(date +%s)

@@ -4,11 +4,54 @@
 # pytest), then ruff.  Exit status is non-zero when
 # pytest or ruff fails.  Daemons this script started are stopped on exit; ones already running are left
 # alone (other work on a dev machine uses them) unless HPCTRAIN_STOP_DAEMONS=1.
+# --fast (anywhere among the arguments) is the lane for editing: only the venv is installed (no apt, no root), no
+# daemon is started or stopped, and `pytest --fast` leaves out every test that needs Slurm, sshd, the cluster or
+# mpiexec, and the slow ones (tests/conftest.py, docs/testing.md); ruff runs as always.
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
 t0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
+
+fast=0
+passed_on=()
+for a in "$@"; do
+    if [[ $a == --fast ]]; then fast=1; else passed_on+=("$a"); fi
+done
+set -- ${passed_on[@]+"${passed_on[@]}"}
+
+run_pytest() {  # run_pytest [PYTEST ARGS...]: sets pytest_rc
+    local t_py
+    t_py=$(date +%s)
+    # Two workers: tests of one module stay on one worker, and every module that uses the real Slurm shares one
+    # worker (tests/conftest.py, pytest_collection_modifyitems). HPCTRAIN_TEST_WORKERS=0 runs in one process.
+    .venv/bin/python -m pytest -q -ra --durations=30 -n "${HPCTRAIN_TEST_WORKERS:-2}" --dist loadgroup "$@"
+    pytest_rc=$?
+    echo "[test] pytest exit $pytest_rc in $(( $(date +%s) - t_py )) s"
+}
+
+run_ruff() {  # sets ruff_rc
+    local lint_paths=() p
+    for p in hpctrain tests benchmarks; do
+        [[ -e $p ]] && lint_paths+=("$p")
+    done
+    .venv/bin/ruff check "${lint_paths[@]}"
+    ruff_rc=$?
+    echo "[test] ruff exit $ruff_rc"
+}
+
+if [[ $# -eq 0 ]]; then
+    set -- tests
+fi
+
+if (( fast )); then
+    bash scripts/install.sh --venv-only || { echo "[test] install failed after $(elapsed)" >&2; exit 1; }
+    run_pytest --fast "$@"
+    run_ruff
+    echo "[test] fast lane: total $(elapsed) (pytest $pytest_rc, ruff $ruff_rc)"
+    (( pytest_rc == 0 && ruff_rc == 0 ))
+    exit
+fi
 
 bash scripts/install.sh || { echo "[test] install failed after $(elapsed)" >&2; exit 1; }
 
@@ -35,23 +78,8 @@ eval "$(bash scripts/ci/cluster.sh env)"
 eval "$(bash scripts/ci/sshd.sh env)"
 echo "[test] daemons up after $(elapsed)"
 
-if [[ $# -eq 0 ]]; then
-    set -- tests
-fi
-t_py=$(date +%s)
-# Two workers: tests of one module stay on one worker, and every module that uses the real Slurm shares one
-# worker (tests/conftest.py, pytest_collection_modifyitems). HPCTRAIN_TEST_WORKERS=0 runs in one process.
-.venv/bin/python -m pytest -q -ra --durations=30 -n "${HPCTRAIN_TEST_WORKERS:-2}" --dist loadgroup "$@"
-pytest_rc=$?
-echo "[test] pytest exit $pytest_rc in $(( $(date +%s) - t_py )) s"
-
-lint_paths=()
-for p in hpctrain tests benchmarks; do
-    [[ -e $p ]] && lint_paths+=("$p")
-done
-.venv/bin/ruff check "${lint_paths[@]}"
-ruff_rc=$?
-echo "[test] ruff exit $ruff_rc"
+run_pytest "$@"
+run_ruff
 
 echo "[test] total $(elapsed) (pytest $pytest_rc, ruff $ruff_rc)"
 (( pytest_rc == 0 && ruff_rc == 0 ))
