@@ -21,15 +21,10 @@ import pytest
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.failure import FAILURE_FILE, MAX_CHARS, OWN, failure_line, record_failure
 from hpctrain.submission.registry import Registry
+from tests.conftest import TinyJob
 from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
-TWO_RANKS = """name: twofail
-model: resnet
-train: {steps: 2, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 2, walltime: "00:05:00"}
-checkpoint: {signal_lead_s: 10}
-"""
 
 
 def test_failure_line_is_one_printable_line() -> None:
@@ -54,14 +49,11 @@ def test_first_writer_wins_among_racing_processes(tmp_path: Path) -> None:
     assert not record_failure(tmp_path, "a later failure")  # the first cause stands
 
 
-def test_failed_ranks_name_the_cause_in_status_runs_and_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                             ) -> None:
+@pytest.mark.usefixtures("isolated_home")
+def test_failed_ranks_name_the_cause_in_status_runs_and_wait(tmp_path: Path, tiny_job: TinyJob) -> None:
     """Both ranks run the real ``hpctrain run`` and refuse a value only the ranks see (``--set`` on the rank
     command): the run's reason is that rank's line, not only its exit code, wherever the run is shown."""
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    (tmp_path / "job.yaml").write_text(TWO_RANKS)
+    tiny_job("twofail", ranks_per_node=2, path=tmp_path / "job.yaml")
     rank = [sys.executable, "-m", "hpctrain", "run", "job.yaml", "--run-dir", ".", "--set", "train.lr=-1"]
     with Registry() as reg:
         run = submit_runs(tmp_path / "job.yaml", "local", command=rank, registry=reg).runs[0]
@@ -84,16 +76,15 @@ def test_failed_ranks_name_the_cause_in_status_runs_and_wait(tmp_path: Path, mon
 
 
 @pytest.mark.slurm
-def test_the_note_comes_over_ssh_in_the_same_round_trip(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                         sshd: Any, slurm: Any) -> None:
+@pytest.mark.usefixtures("isolated_home")
+def test_the_note_comes_over_ssh_in_the_same_round_trip(tmp_path: Path, tiny_job: TinyJob, sshd: Any, slurm: Any
+                                                         ) -> None:
     """A remote run on the real Slurm whose rank (srun, the real ``hpctrain run``) refuses a value: each poll
     is one ssh call, and the one that sees the job FAILED brings the rank's line with it."""
     from hpctrain.submission.tracking import poll_runs
     from hpctrain.submission.transport import SSHTransport, TransportPool
 
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    (tmp_path / "job.yaml").write_text(TWO_RANKS.replace("ranks_per_node: 2", "ranks_per_node: 1"))
+    tiny_job("twofail", path=tmp_path / "job.yaml")
     control = Path(tempfile.mkdtemp(prefix="hfn", dir="/tmp"))
     calls: list[list[str]] = []
 

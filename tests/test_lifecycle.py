@@ -33,15 +33,10 @@ from hpctrain.submission.schedulers import local_controller
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.transport import LocalTransport, TransportPool
+from tests.conftest import TinyJob
 from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: tiny
-model: resnet
-train: {{steps: 2, batch_per_rank: 2, lr: 0.01}}
-resources: {{nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}}
-checkpoint: {{signal_lead_s: 10, max_requeues: {requeues}}}
-"""
 # Exits 75 (stopped at a checkpoint) in its first run; in the second it waits for the test to create
 # `release` (so the test sees it running, however slow the machine), writes a metrics line and ends well:
 # what a run that met its walltime once does. The restart counter is the scheduler's (Slurm) or the
@@ -52,12 +47,10 @@ REQUEUE_ONCE = ("if [ \"${SLURM_RESTART_COUNT:-${HPCTRAIN_RESTART_COUNT:-0}}\" -
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    (tmp_path / "tiny.yaml").write_text(TINY.format(requeues=2))
-    return tmp_path
+def env(isolated_home: Path, tiny_job: TinyJob) -> Path:
+    """The test's own home with ``tiny.yaml``, whose run may be requeued twice."""
+    tiny_job(checkpoint="{signal_lead_s: 10, max_requeues: 2}")
+    return isolated_home
 
 
 def cli(env: Path, *args: str, timeout: float = 90, extra_env: dict[str, str] | None = None

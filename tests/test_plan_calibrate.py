@@ -20,20 +20,15 @@ from hpctrain.planning.runs import read_run
 from hpctrain.submission.registry import Registry
 from hpctrain.submission.run_record import META_FILE, record_dir
 from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
+from tests.conftest import TinyJob
 from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: tiny
-model: resnet
-train: {steps: 500, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {signal_lead_s: 10}
-"""
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> dict[str, str]:
-    (tmp_path / "tiny.yaml").write_text(TINY)
+def home(tmp_path: Path, tiny_job: TinyJob) -> dict[str, str]:
+    tiny_job(steps=500)
     return {**os.environ, "HPCTRAIN_HOME": str(tmp_path / "home"), "HPCTRAIN_RUNS": str(tmp_path / "runs")}
 
 

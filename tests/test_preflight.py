@@ -88,8 +88,8 @@ def test_jobs_validate_refuses_what_the_ranks_would_refuse(assignment: str, mess
 
 
 @pytest.mark.parametrize("assignment,message", ISSUE_CASES, ids=[c[0] for c in ISSUE_CASES])
-def test_python_api_refuses_the_same_cases(assignment: str, message: str, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("isolated_home")
+def test_python_api_refuses_the_same_cases(assignment: str, message: str, tmp_path: Path) -> None:
     from hpctrain.submission.api import submit_runs
     from hpctrain.submission.registry import Registry
     from hpctrain.submission.render import render_script
@@ -100,8 +100,6 @@ def test_python_api_refuses_the_same_cases(assignment: str, message: str, tmp_pa
     assert str(err.value).startswith(f"--set {assignment}: {message}")
     with pytest.raises(ConfigError, match=message.split(":")[0]):
         render_script(job, load_site("ci-slurm"), run_dir="/RUN", spec_path="/RUN/job.yaml")
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     with Registry() as registry, pytest.raises(ConfigError, match=message.split(":")[0]):
         submit_runs(FFN_LOCAL, "local", sets=[assignment], run_root=str(tmp_path / "runs"), dry_run=True,
                     registry=registry)
@@ -358,6 +356,7 @@ FILES_JOB = """\
     """
 
 
+@pytest.mark.usefixtures("isolated_home")
 def test_jobs_validate_reads_the_data_files_as_the_ranks_do(tmp_path: Path) -> None:
     """A wrong dataset name, a file that is not HDF5, image and labels of different shapes, a volume too small for
     one training box: each refused by ``jobs validate`` without --site (local, the default site, reads its files
@@ -376,16 +375,15 @@ def test_jobs_validate_reads_the_data_files_as_the_ranks_do(tmp_path: Path) -> N
         (f"{small}:image", f"{small}:labels", "data.train.image",
          "the file's volume of [10, 20, 20] cannot hold one training box"),
     ]
-    env = {"HPCTRAIN_HOME": str(tmp_path / "home"), "HPCTRAIN_RUNS": str(tmp_path / "runs")}
     for image, labels, key, message in cases:
         path = spec(tmp_path, FILES_JOB.format(image=image, labels=labels))
         for args in (("jobs", "validate", str(path)), ("submit", str(path), "--site", "local", "--dry-run")):
-            done = cli(*args, cwd=tmp_path, env=env)
+            done = cli(*args, cwd=tmp_path)
             assert done.returncode == 2, (args, done.stdout + done.stderr)
             assert done.stderr.startswith(f"hpctrain: error: {path}:5: {key}: "), done.stderr
             assert message in done.stderr and "Traceback" not in done.stderr, done.stderr
     path = spec(tmp_path, FILES_JOB.format(image=f"{good}:raw", labels=f"{good}:seg"))
-    done = cli("jobs", "validate", str(path), "--json", cwd=tmp_path, env=env)
+    done = cli("jobs", "validate", str(path), "--json", cwd=tmp_path)
     assert done.returncode == 0 and json.loads(done.stdout)["warnings"] == [], done.stderr
 
 
@@ -496,10 +494,10 @@ WARNED = """\
     """
 
 
+@pytest.mark.usefixtures("isolated_home")
 def test_submit_shows_preflight_warnings_once(tmp_path: Path) -> None:
     path = spec(tmp_path, WARNED)
-    env = {"HPCTRAIN_HOME": str(tmp_path / "home"), "HPCTRAIN_RUNS": str(tmp_path / "runs")}
-    done = cli("submit", str(path), "--site", "local", "--dry-run", cwd=tmp_path, env=env)
+    done = cli("submit", str(path), "--site", "local", "--dry-run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     warnings = [line for line in done.stderr.splitlines() if line.startswith("hpctrain: warning:")]
     assert len(warnings) == 2, done.stderr  # once each, although the submission and its render both check
@@ -508,15 +506,14 @@ def test_submit_shows_preflight_warnings_once(tmp_path: Path) -> None:
         warn(["model x: checked only when the ranks start"])
 
 
-def test_a_python_api_warning_names_the_callers_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.usefixtures("isolated_home")
+def test_a_python_api_warning_names_the_callers_line(tmp_path: Path) -> None:
     """``hpctrain.submit(...)`` in a script or notebook: its warnings point at that call, not at hpctrain's file."""
     import warnings
 
     import hpctrain
 
     path = spec(tmp_path, WARNED)
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         line = inspect.currentframe().f_lineno + 1  # type: ignore[union-attr]

@@ -15,6 +15,7 @@ from hpctrain.config.queue_policy import choose_queue, requeue_rule
 from hpctrain.config.site import Queue, SiteProfile, load_site, load_site_file
 from hpctrain.config.walltime import format_hms, parse_walltime
 from hpctrain.errors import ConfigError, FitError
+from tests.conftest import TinyJob
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SITES = ["theta", "polaris", "perlmutter", "frontier", "aurora", "ci-slurm"]
@@ -257,15 +258,14 @@ def test_plan_warns_where_the_queue_refuses_the_size() -> None:
 
 
 
-def test_an_array_larger_than_the_queued_jobs_limit_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+def test_an_array_larger_than_the_queued_jobs_limit_is_refused_before_anything_is_written(tmp_path: Path,
+                                                                                           tiny_job: TinyJob) -> None:
     from hpctrain.submission.api import submit_runs
 
     site = tmp_path / "limited.yaml"
     site.write_text("extends: ci-slurm\nname: limited\nqueues:\n  debug:\n    max_queued_per_user: 2\n"
                     "    source: the test's own rule\n")
-    job = tmp_path / "tiny.yaml"
-    job.write_text("name: tiny\nmodel: resnet\ntrain: {steps: 2, batch_per_rank: 2, lr: 0.01}\n"
-                   "resources: {nodes: 1, ranks_per_node: 1, walltime: '00:05:00'}\n")
+    job = tiny_job(checkpoint=None)
     with pytest.raises(FitError, match=r"an array of 3 tasks, but queue 'debug' of site 'limited' takes at most 2 "
                                        r"queued jobs per user \(the test's own rule\)"):
         submit_runs(job, str(site), array="train.lr=0.1,0.2,0.3", run_root=str(tmp_path / "runs"), dry_run=True)

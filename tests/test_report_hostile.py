@@ -38,6 +38,7 @@ from hpctrain.run_files import RunFileError
 from hpctrain.submission.tracking import batch_script, last_json_record, split_sections
 from hpctrain.submission.transport import LocalTransport, SSHTransport
 from hpctrain.text import JSONTooDeep, json_lines, json_value
+from tests.conftest import TinyJob
 
 REPO = Path(__file__).resolve().parent.parent
 DEEP = "[" * 100_000
@@ -48,11 +49,7 @@ JSON_FILES = ("metrics.jsonl", "attempts.jsonl", "rank_times.jsonl", "profile.js
 MB = 1 << 20
 
 
-@pytest.fixture(autouse=True)
-def own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No registry of the user's: a run directory is a bare directory."""
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_home")  # no registry of the user's: a run directory is a bare one
 
 
 def write_run(d: Path, steps: range = range(1, 11), *, final: bool = False) -> Path:
@@ -174,16 +171,14 @@ def test_a_deep_line_in_a_run_file_is_named_in_one_error(tmp_path: Path, name: s
 
 
 @pytest.mark.timeout(300)
-def test_status_of_a_run_whose_last_metrics_line_is_deep(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_of_a_run_whose_last_metrics_line_is_deep(tmp_path: Path, tiny_job: TinyJob) -> None:
     from hpctrain.submission.api import RunHandle, submit_runs
     from hpctrain.submission.registry import Registry
 
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    (tmp_path / "tiny.yaml").write_text('name: tiny\nmodel: resnet\ntrain: {steps: 2, batch_per_rank: 2, lr: 0.01}\n'
-                                        'resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}\n')
+    spec = tiny_job(checkpoint=None)
     write_deep = ["python3", "-c", f"open('metrics.jsonl', 'w').write('{{\"step\": 1}}\\n' + '[' * {len(DEEP)})"]
     with Registry() as registry:
-        run = submit_runs(tmp_path / "tiny.yaml", "local", command=write_deep, registry=registry).runs[0]
+        run = submit_runs(spec, "local", command=write_deep, registry=registry).runs[0]
     assert RunHandle(run.run_id).wait(timeout=240, poll_s=0.5).state == "completed"
     code, err, _ = cli("status", run.run_id, cwd=tmp_path)
     assert code == 0 and "Traceback" not in err, err[-2000:]

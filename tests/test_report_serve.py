@@ -16,14 +16,9 @@ import pytest
 
 from hpctrain.submission.api import submit_runs
 from hpctrain.submission.registry import Registry
+from tests.conftest import TinyJob
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: live
-model: resnet
-train: {steps: 20, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {signal_lead_s: 10}
-"""
 # Logs step 5, then waits for the test's `more` file, logs step 10, waits for `release` and ends well.
 STAGED = ("echo '{\"time\": 1, \"step\": 5, \"loss\": 2.5}' >> metrics.jsonl; "
           "for i in $(seq 3000); do [ -e more ] && break; sleep 0.2; done; "
@@ -38,14 +33,11 @@ def fetch(url: str, pause_s: float = 0.0) -> str:
 
 
 @pytest.mark.timeout(600)
-def test_served_report_follows_the_run_and_stops_when_it_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-                                                              ) -> None:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    (tmp_path / "live.yaml").write_text(TINY)
+@pytest.mark.usefixtures("isolated_home")
+def test_served_report_follows_the_run_and_stops_when_it_ends(tmp_path: Path, tiny_job: TinyJob) -> None:
+    spec = tiny_job("live", steps=20, path=tmp_path / "live.yaml")
     with Registry() as reg:
-        run = submit_runs(tmp_path / "live.yaml", "local", command=["sh", "-c", STAGED], registry=reg).runs[0]
+        run = submit_runs(spec, "local", command=["sh", "-c", STAGED], registry=reg).runs[0]
     run_dir = Path(run.run_dir)
     out = tmp_path / "final.html"
     server = subprocess.Popen([sys.executable, "-m", "hpctrain", "report", run.run_id, "--serve", "--refresh", "0.5",

@@ -27,7 +27,7 @@ from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import Registry
 from hpctrain.submission.resume import resume_run
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = [pytest.mark.timeout(420), pytest.mark.usefixtures("isolated_home")]
 SPEC = """name: {name}
 model: resnet
 model_args: {{channels: 8, blocks: 1}}
@@ -38,14 +38,6 @@ checkpoint: {{every_steps: 100000, keep: 2, max_requeues: 4, signal_lead_s: 90, 
 HELD, STEPS = 100, 150
 
 
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    return tmp_path
-
-
 def final_shared(run_dir: Path) -> dict[str, Any]:
     import torch
 
@@ -54,13 +46,13 @@ def final_shared(run_dir: Path) -> dict[str, Any]:
     return torch.load(run_dir / "checkpoints" / newest["dir"] / "shared.pt", weights_only=False)
 
 
-def test_local_controller_requeues_after_walltime_signal_bit_exact(env: Path) -> None:
-    spec = env / "lq.yaml"
+def test_local_controller_requeues_after_walltime_signal_bit_exact(tmp_path: Path) -> None:
+    spec = tmp_path / "lq.yaml"
     spec.write_text(SPEC.format(name="lq", steps=STEPS, extra=f"env: {{{HOLD_AT_STEP_ENV}: '{HELD}'}}"))
-    (env / "ref.yaml").write_text(SPEC.format(name="ref", steps=STEPS, extra=""))
+    (tmp_path / "ref.yaml").write_text(SPEC.format(name="ref", steps=STEPS, extra=""))
     with Registry() as reg:
         run = submit_runs(spec, "local", walltime="00:02:00", registry=reg).runs[0]
-        ref = submit_runs(env / "ref.yaml", "local", registry=reg).runs[0]  # uninterrupted: no hold, no signal
+        ref = submit_runs(tmp_path / "ref.yaml", "local", registry=reg).runs[0]  # uninterrupted: no hold, no signal
     view = RunHandle(run.run_id).wait(timeout=360, poll_s=1, max_poll_s=3)
     out = Path(run.run_dir, "job.out").read_text()
     assert view.state == "completed", out[-3000:]
@@ -85,11 +77,11 @@ def test_local_controller_requeues_after_walltime_signal_bit_exact(env: Path) ->
         resume_run(reg, run.run_id)
 
 
-def test_resume_refuses_an_active_run_and_one_without_checkpoint(env: Path) -> None:
-    (env / "t.yaml").write_text(SPEC.format(name="t", steps=10, extra=""))
+def test_resume_refuses_an_active_run_and_one_without_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / "t.yaml").write_text(SPEC.format(name="t", steps=10, extra=""))
     with Registry() as reg:
-        busy = submit_runs(env / "t.yaml", "local", command=["sleep", "60"], registry=reg).runs[0]
-        empty = submit_runs(env / "t.yaml", "local", command=["true"], registry=reg).runs[0]
+        busy = submit_runs(tmp_path / "t.yaml", "local", command=["sleep", "60"], registry=reg).runs[0]
+        empty = submit_runs(tmp_path / "t.yaml", "local", command=["true"], registry=reg).runs[0]
     environ = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     deadline = time.monotonic() + 30
     while RunHandle(empty.run_id).status().state != "completed":

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import write_standin_site
+from conftest import TinyJob, write_standin_site
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "hpctrain"
@@ -74,12 +74,6 @@ class Toy(Scheduler):
 
 SCHEDULER = Toy()
 '''
-JOB = """name: tiny-toy
-model: resnet
-train: {steps: 2, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:10:00"}
-checkpoint: {signal_lead_s: 30}
-"""
 
 
 def _tree(root: Path) -> dict[str, tuple[int, int]]:
@@ -113,7 +107,7 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.slow
-def test_an_installed_backend_renders_submits_and_is_discovered(tmp_path: Path) -> None:
+def test_an_installed_backend_renders_submits_and_is_discovered(tmp_path: Path, tiny_job: TinyJob) -> None:
     before = _tree(PACKAGE)
     site_packages = _toy_site_packages(tmp_path / "site-packages")
     record = tmp_path / "submitted.txt"
@@ -123,7 +117,7 @@ def test_an_installed_backend_renders_submits_and_is_discovered(tmp_path: Path) 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(site_packages)]), "HPCTRAIN_HOME": str(home),
            "PATH": os.pathsep.join([str(bin_dir), os.environ["PATH"]])}
     env.pop("HPCTRAIN_REGISTRY", None)
-    (tmp_path / "tiny.yaml").write_text(JOB)
+    tiny_job("tiny-toy", walltime="00:10:00", checkpoint="{signal_lead_s: 30}")
     site = write_standin_site(tmp_path, "toy-site", "toy")
 
     rendered = _cli(env, "render", str(tmp_path / "tiny.yaml"), "--site", str(site))

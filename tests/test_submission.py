@@ -21,15 +21,10 @@ from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.tracking import batch_script, combine, expand_array_ranges, poll_runs, split_sections
 from hpctrain.submission.transport import LocalTransport, TransportPool, run_script
+from tests.conftest import TinyJob
 from tests.transport_record import as_recorded
 
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: tiny
-model: resnet
-train: {steps: 2, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {signal_lead_s: 10}
-"""
 # A rank command that writes a metrics line and prints: stands in for `hpctrain run` (no torch import).
 WRITE_METRICS = ["python3", "-c", "import json; print('hello from rank'); "
                  "open('metrics.jsonl', 'a').write(json.dumps({'step': 2, 'loss': 0.25, 'per_rank_rate': 7.0})"
@@ -37,18 +32,14 @@ WRITE_METRICS = ["python3", "-c", "import json; print('hello from rank'); "
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    (tmp_path / "tiny.yaml").write_text(TINY)
-    return tmp_path
+def env(isolated_home: Path, tiny_job: TinyJob) -> Path:
+    """The test's own home (the environment its CLI processes inherit) with ``tiny.yaml`` in it."""
+    tiny_job()
+    return isolated_home
 
 
 def _cli(*args: str, env_dir: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "HPCTRAIN_HOME": str(env_dir / "home"), "HPCTRAIN_RUNS": str(env_dir / "runs"),
-               "PYTHONPATH": str(REPO)}
-    environ.pop("HPCTRAIN_REGISTRY", None)
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=env_dir, env=environ, stdin=subprocess.DEVNULL)
 
@@ -199,9 +190,7 @@ def test_logs_follow_and_status_watch_return_when_the_run_ends(env: Path) -> Non
     out = _cli("submit", "tiny.yaml", "--site", "local", "--command", " ".join(map(_q, command)), env_dir=env)
     assert out.returncode == 0, out.stderr
     run_id = out.stdout.split()[0]
-    environ = {**os.environ, "HPCTRAIN_HOME": str(env / "home"), "HPCTRAIN_RUNS": str(env / "runs"),
-               "PYTHONPATH": str(REPO), "COLUMNS": "200"}
-    environ.pop("HPCTRAIN_REGISTRY", None)
+    environ = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     watch = subprocess.Popen([sys.executable, "-m", "hpctrain", "status", run_id, "--watch"], cwd=env, env=environ,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     follow = _cli("logs", run_id, "--follow", env_dir=env, timeout=120)
@@ -300,8 +289,7 @@ def test_a_local_job_whose_interpreter_lacks_torch_is_refused_before_it_starts(e
     from hpctrain.submission.interpreter import check_interpreter
 
     python = _interpreter_without_torch(env)
-    environ = {**os.environ, "HPCTRAIN_HOME": str(env / "home"), "HPCTRAIN_RUNS": str(env / "runs")}
-    environ.pop("HPCTRAIN_REGISTRY", None)
+    environ = dict(os.environ)
     environ.pop("PYTHONPATH", None)  # the venv's .pth alone puts hpctrain on its path
     for dry in ([], ["--dry-run"]):
         out = subprocess.run([str(python), "-m", "hpctrain", "submit", "tiny.yaml", "--site", "local", *dry],
@@ -347,8 +335,7 @@ def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> No
 
 
 def test_eight_processes_submit_and_poll_at_once(env: Path) -> None:
-    environ = {**os.environ, "HPCTRAIN_HOME": str(env / "home"), "HPCTRAIN_RUNS": str(env / "runs"),
-               "PYTHONPATH": str(REPO)}
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = []
     for i in range(8):
         args = (["submit", "tiny.yaml", "--site", "local", "--command", "true"] if i % 2 == 0 else

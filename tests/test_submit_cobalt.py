@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import write_standin_site
+from conftest import TinyJob, write_standin_site
 
 from hpctrain.submission.api import read_log, submit_runs
 from hpctrain.submission.registry import Registry
@@ -24,18 +24,11 @@ from hpctrain.submission.transport import TransportPool
 from hpctrain.submission.views import is_terminal
 
 STANDINS = Path(__file__).resolve().parent / "standins"
-TINY = """name: tiny-cobalt
-model: resnet
-train: {steps: 2, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:10:00"}
-checkpoint: {signal_lead_s: 30, max_requeues: 2}
-"""
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+def env(isolated_home: Path, tiny_job: TinyJob, monkeypatch: pytest.MonkeyPatch) -> Path:
+    tmp_path = isolated_home  # the test's tmp_path
     bin_dir, state = tmp_path / "bin", tmp_path / "cobalt-state"
     bin_dir.mkdir()
     state.mkdir()
@@ -43,7 +36,8 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (bin_dir / "qstat").symlink_to(STANDINS / "cobalt_qstat")
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("COBALT_STANDIN", str(state))
-    (tmp_path / "tiny.yaml").write_text(TINY)
+    # A walltime long enough for a signal 30 s before it, and two requeues for the chain test.
+    tiny_job("tiny-cobalt", walltime="00:10:00", checkpoint="{signal_lead_s: 30, max_requeues: 2}")
     write_standin_site(tmp_path, "cobalt-standin", "cobalt")
     return tmp_path
 
