@@ -129,11 +129,8 @@ def test_kill_one_rank_under_mpiexec_then_rerun_finishes(tmp_path: Path, venv_bi
 
 
 @pytest.mark.slurm
-def test_kill_one_rank_under_srun_then_hpctrain_resume(tmp_path: Path, slurm: Any,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
+@pytest.mark.usefixtures("isolated_home")
+def test_kill_one_rank_under_srun_then_hpctrain_resume(tmp_path: Path, slurm: Any) -> None:
     spec = tmp_path / "dead.yaml"
     spec.write_text(SPEC.format(name="dead-srun", steps=STEPS))
     with Registry() as reg:

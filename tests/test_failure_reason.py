@@ -51,14 +51,6 @@ checkpoint: {{every_steps: 1000, keep: 1, signal_lead_s: 60}}
 """
 
 
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    return tmp_path
-
-
 def _volumes(tmp: Path) -> dict[str, Path]:
     """A good training volume and three wrong ones (each beside the good one)."""
     import h5py
@@ -96,11 +88,12 @@ MISTAKES = {
 
 
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
-def test_a_data_mistake_is_the_reason_on_every_rank(home: Path, mistake: str) -> None:
-    files = _volumes(home)
+@pytest.mark.usefixtures("isolated_home")
+def test_a_data_mistake_is_the_reason_on_every_rank(tmp_path: Path, mistake: str) -> None:
+    files = _volumes(tmp_path)
     which, image, labels, words = MISTAKES[mistake]
     bad = files[which]
-    job = home / "job.yaml"
+    job = tmp_path / "job.yaml"
     job.write_text(FFN_JOB.format(name=f"data-{mistake}", good=files["good"]))
     rank = [sys.executable, "-m", "hpctrain", "run", "job.yaml", "--run-dir", ".",
             "--set", f"data.train.image={image.format(f=bad)}", "--set", f"data.train.labels={labels.format(f=bad)}"]
@@ -150,9 +143,10 @@ def _metrics(run_dir: Path) -> bool:
     return path.exists() and '"step"' in path.read_text()
 
 
-def test_a_killed_rank_is_the_reason_on_the_local_site(home: Path) -> None:
+@pytest.mark.usefixtures("isolated_home")
+def test_a_killed_rank_is_the_reason_on_the_local_site(tmp_path: Path) -> None:
     """kill -9 of rank 1 while the ranks train: rank 0's broken all-reduce is not the reason, rank 1's death is."""
-    job = home / "job.yaml"
+    job = tmp_path / "job.yaml"
     job.write_text(LONG_JOB.format(name="killed-local"))
     with Registry() as reg:
         run = submit_runs(job, "local", registry=reg).runs[0]
@@ -223,9 +217,10 @@ def _rank_pid_by(run_dir: Path, variable: str, rank: int) -> int | None:
 
 
 @pytest.mark.slurm
-def test_a_killed_rank_is_the_reason_under_srun(home: Path, slurm: Any) -> None:
+@pytest.mark.usefixtures("isolated_home")
+def test_a_killed_rank_is_the_reason_under_srun(tmp_path: Path, slurm: Any) -> None:
     """kill -9 of rank 1 in a real Slurm job (srun, MPI): the reason names rank 1 and its signal."""
-    job = home / "job.yaml"
+    job = tmp_path / "job.yaml"
     job.write_text(LONG_JOB.format(name="killed-srun"))
     with Registry() as reg:
         done = submit_runs(job, "ci-slurm", registry=reg)

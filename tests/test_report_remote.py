@@ -16,15 +16,10 @@ from hpctrain.report.build import report_data
 from hpctrain.report.source import open_source
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import Registry
+from tests.conftest import TinyJob
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sshd]
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: far
-model: resnet
-train: {steps: 20, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {signal_lead_s: 10}
-"""
 # The job writes what a run of 20 steps would have logged, a rank file and a failure note (no training is needed
 # to test the copy).
 WRITE_FILES = ("for s in 5 10 15 20; do echo \"{\\\"time\\\": $s, \\\"step\\\": $s, \\\"loss\\\": 1.$s}\" "
@@ -33,13 +28,12 @@ WRITE_FILES = ("for s in 5 10 15 20; do echo \"{\\\"time\\\": $s, \\\"step\\\": 
                "echo 'rank 0: data file missing' > failure.txt")
 
 
-def test_remote_run_report_is_built_from_files_copied_over_ssh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                               sshd: Any, slurm: Any) -> None:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    (tmp_path / "far.yaml").write_text(TINY)
+@pytest.mark.usefixtures("isolated_home")
+def test_remote_run_report_is_built_from_files_copied_over_ssh(tmp_path: Path, tiny_job: TinyJob, sshd: Any,
+                                                               slurm: Any) -> None:
+    spec = tiny_job("far", steps=20, path=tmp_path / "far.yaml")
     with Registry() as reg:
-        run = submit_runs(tmp_path / "far.yaml", "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
+        run = submit_runs(spec, "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
                           run_root=str(tmp_path / "remote-runs"), command=["sh", "-c", WRITE_FILES],
                           registry=reg).runs[0]
     assert RunHandle(run.run_id).wait(timeout=300, poll_s=1).state == "completed"

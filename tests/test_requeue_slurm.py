@@ -78,14 +78,6 @@ def assert_same_parameters(a: dict[str, Any], b: dict[str, Any]) -> None:
                 assert torch.equal(value, sb[key][field]), f"optimizer state {key}.{field} differs"
 
 
-@pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    return tmp_path
-
-
 def test_walltime_signal_checkpoints_requeues_on_other_nodes_and_finishes_bit_exact(
         cluster: Cluster, cluster_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On 4 real nodes x 1 rank (the cluster of namespace nodes). While the job waits to start again, one node of
@@ -158,15 +150,16 @@ def test_walltime_signal_checkpoints_requeues_on_other_nodes_and_finishes_bit_ex
     assert_same_parameters(final_state(run_dir), final_state(Path(reference.runs[0].run_dir)))
 
 
-def test_code_error_fails_without_requeue(env: Path, slurm: Any) -> None:
-    plugin = env / "plugin"
+@pytest.mark.usefixtures("isolated_home")
+def test_code_error_fails_without_requeue(tmp_path: Path, slurm: Any) -> None:
+    plugin = tmp_path / "plugin"
     plugin.mkdir()
     # A model whose forward raises on its third call: a bug, not a walltime.
     (plugin / "boommodel.py").write_text(
         "import torch\n\n\nclass Boom(torch.nn.Linear):\n    calls = 0\n\n    def forward(self, x):\n"
         "        Boom.calls += 1\n        if Boom.calls == 3:\n            raise RuntimeError('a bug in the model "
         "at step 3')\n        return super().forward(x)\n\n\ndef factory():\n    return Boom(16, 1)\n")
-    spec = env / "boom.yaml"
+    spec = tmp_path / "boom.yaml"
     spec.write_text(SPEC.format(name="boom", steps=50, extra=f"env: {{PYTHONPATH: {plugin}}}\n")
                     .replace("model: resnet", "model: boommodel:factory")
                     .replace("model_args: {channels: 8, blocks: 1}\n", ""))
@@ -185,19 +178,20 @@ def test_code_error_fails_without_requeue(env: Path, slurm: Any) -> None:
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0"
     # rank 0's exception, then srun's status: 1, or 137 where it killed the peer still running (as the log prints)
     assert re.search(r"; (exit code 1|exit status 137)$", view.reason), view.reason
-    out = subprocess.run([str(REPO / ".venv/bin/python"), "-m", "hpctrain", "status", run.run_id], cwd=env,
+    out = subprocess.run([str(REPO / ".venv/bin/python"), "-m", "hpctrain", "status", run.run_id], cwd=tmp_path,
                          capture_output=True, text=True, timeout=60)
     assert "FAILED" in out.stdout and re.search(r"exit code 1|exit status 137", out.stdout), out.stdout + out.stderr
 
 
-def test_a_stop_reported_as_a_signal_by_srun_is_still_requeued(env: Path, slurm: Any) -> None:
+@pytest.mark.usefixtures("isolated_home")
+def test_a_stop_reported_as_a_signal_by_srun_is_still_requeued(tmp_path: Path, slurm: Any) -> None:
     """srun --kill-on-bad-exit ends a step when its first task exits non-zero: the ranks of a stop exit 75 a
     moment apart, so srun kills the later ones and reports 143 (seen in CI: the walltime test's job FAILED with
     143, never requeued). Rank 0 writes the requeue marker before any rank exits; the script then requeues.
     Here the ranks are a two-line command on the real Slurm: rank 0 writes the marker and exits 75 at once,
     rank 1 is still busy (one process, so srun's SIGTERM ends it and nothing of it exits by itself); after the
     requeue both exit 0."""
-    spec = env / "late.yaml"
+    spec = tmp_path / "late.yaml"
     spec.write_text(SPEC.format(name="late-rank", steps=10, extra=""))
     command = ["bash", "-c", 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then exit 0; fi; '
                'if [ "${SLURM_PROCID}" = 0 ]; then echo "{}" > stopped-for-requeue.json; exit 75; fi; '

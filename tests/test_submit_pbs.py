@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import write_standin_site
+from conftest import TinyJob, write_standin_site
 
 from hpctrain.submission.api import read_log, submit_runs
 from hpctrain.submission.registry import Registry
@@ -23,21 +23,13 @@ from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
 
 pytestmark = pytest.mark.slurm
-TINY = """name: tiny-pbs
-model: resnet
-train: {steps: 2, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {signal_lead_s: 10}
-"""
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    (tmp_path / "tiny.yaml").write_text(TINY)
-    write_standin_site(tmp_path, "pbs-standin", "pbs")
-    return tmp_path
+def env(isolated_home: Path, tiny_job: TinyJob) -> Path:
+    tiny_job("tiny-pbs")
+    write_standin_site(isolated_home, "pbs-standin", "pbs")
+    return isolated_home
 
 
 def test_qsub_wrapper_submits_a_pbs_script(env: Path, slurm: Any) -> None:

@@ -28,16 +28,11 @@ from hpctrain.submission.module_probe import MARKER
 from hpctrain.submission.registry import SUBMIT_FAILED, Registry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
+from tests.conftest import TinyJob
 from tests.transport_record import as_recorded
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: tiny
-model: resnet
-train: {steps: 2, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {signal_lead_s: 10}
-"""
 HELLO = ["sh", "-c", "echo remote hello; echo '{\"step\": 2, \"loss\": 0.5}' > metrics.jsonl"]
 
 
@@ -56,11 +51,9 @@ class CountingSSH(SSHTransport):
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    (tmp_path / "tiny.yaml").write_text(TINY)
-    return tmp_path
+def env(isolated_home: Path, tiny_job: TinyJob) -> Path:
+    tiny_job()
+    return isolated_home
 
 
 def _master_pid(t: SSHTransport) -> str:

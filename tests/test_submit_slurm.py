@@ -25,15 +25,10 @@ from hpctrain.submission.registry import SUBMIT_FAILED, Registry
 from hpctrain.submission.schedulers.base import get_scheduler
 from hpctrain.submission.tracking import poll_runs, poll_scheduler
 from hpctrain.submission.transport import Completed, LocalTransport, TransportPool
+from tests.conftest import TinyJob
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parent.parent
-TINY = """name: tiny
-model: resnet
-train: {steps: 2, batch_per_rank: 2, lr: 0.01}
-resources: {nodes: 1, ranks_per_node: 1, walltime: "00:05:00"}
-checkpoint: {signal_lead_s: 10}
-"""
 SLURM = get_scheduler("slurm")
 BASIC_TOOLS = ["sh", "env", "mktemp", "cat", "rm", "tail", "printf", "mkdir", "mv", "bash", "sleep", "true"]
 
@@ -62,12 +57,9 @@ def shim_path(tmp_path: Path, tools: list[str]) -> str:
 
 
 @pytest.fixture
-def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-    monkeypatch.setenv("HPCTRAIN_RUNS", str(tmp_path / "runs"))
-    (tmp_path / "tiny.yaml").write_text(TINY)
-    return tmp_path
+def env(isolated_home: Path, tiny_job: TinyJob) -> Path:
+    tiny_job()
+    return isolated_home
 
 
 def _submit(env: Path, command: list[str], pool: TransportPool | None = None, **kw: Any) -> Any:
