@@ -14,6 +14,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from hpctrain.runtime import counters
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,6 +99,7 @@ def test_counters_are_off_without_the_flag(tmp_path: Path) -> None:
     assert out.stdout.split() == ["False", "False", "None"]
 
 
+@pytest.mark.mpi
 def test_every_rank_of_four_writes_the_same_counts(tmp_path: Path) -> None:
     """A known N: 4 ranks under mpiexec each do the known work and write their own record."""
     shared_file, local_file, modules, run_dir, script = _setup(tmp_path)

@@ -92,6 +92,7 @@ def assert_intact(run_dir: Path) -> int:
     return int(newest["step"])
 
 
+@pytest.mark.mpi
 def test_kill_one_rank_under_mpiexec_then_rerun_finishes(tmp_path: Path, venv_bin: Path) -> None:
     spec = tmp_path / "dead.yaml"
     spec.write_text(SPEC.format(name="dead-mpiexec", steps=STEPS))

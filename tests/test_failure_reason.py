@@ -277,7 +277,7 @@ def test_srun_report_does_not_replace_a_ranks_own_error(tmp_path: Path) -> None:
     assert (peer / FAILURE_FILE).read_text() == "rank 1 killed by SIGKILL\n"
 
 
-@pytest.mark.parametrize("backend", ["gloo", "mpi"])
+@pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
 def test_agree_gives_every_rank_the_failing_ranks_error(backend: str, venv_bin: Path) -> None:
     """Three real ranks; rank 1 fails: ranks 0 and 2 raise RankFailure with rank 1's line and exit code, rank 1
     its own DataError, and the group still works afterwards (no collective was left half-done)."""

@@ -172,9 +172,9 @@ def test_round_robin_dealing_matches_one_rank_at_the_concatenated_batch() -> Non
 
 
 MEAN_CASES = [
-    pytest.param("mpi", 2, {}, id="mpi-2"),
+    pytest.param("mpi", 2, {}, id="mpi-2", marks=pytest.mark.mpi),
     pytest.param("mpi", 4, {"lr_scaling": "sqrt", "warmup": {"kind": "linear", "steps": 2}}, id="mpi-4-sqrt",
-                 marks=pytest.mark.slow),
+                 marks=[pytest.mark.mpi, pytest.mark.slow]),
     pytest.param("gloo", 3, {}, id="gloo-3-intel"),
 ]
 
@@ -221,7 +221,7 @@ def test_mean_keeps_ranks_identical_and_equals_one_rank_on_the_concatenated_batc
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("launcher", "nprocs", "wire", "tol"), [
-    pytest.param("mpi", 2, "fp16", 2e-3, id="mpi-2-fp16"),
+    pytest.param("mpi", 2, "fp16", 2e-3, id="mpi-2-fp16", marks=pytest.mark.mpi),
     pytest.param("gloo", 2, "bf16", 2e-2, id="gloo-2-bf16", marks=pytest.mark.slow),
 ])
 def test_mean_with_half_precision_wire_stays_in_sync_and_near_full_precision(
@@ -239,6 +239,7 @@ def test_mean_with_half_precision_wire_stays_in_sync_and_near_full_precision(
     assert not exact, f"{wire} on the wire left no trace at all: is compression applied?"
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(240)
 def test_bfloat16_forward_keeps_ranks_identical_float32_weights_and_stays_near_float32(tmp_path: Path) -> None:
     """``train.precision: bfloat16``: the forward under autocast (the conv and linear layers in bfloat16), the
@@ -260,7 +261,7 @@ def test_bfloat16_forward_keeps_ranks_identical_float32_weights_and_stays_near_f
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("launcher", "nprocs", "mode"), [
-    pytest.param("mpi", 3, "gradient", id="mpi-3-gradient"),
+    pytest.param("mpi", 3, "gradient", id="mpi-3-gradient", marks=pytest.mark.mpi),
     pytest.param("gloo", 2, "delta", id="gloo-2-delta"),
 ])
 def test_adasum_trains_and_keeps_ranks_identical(tmp_path: Path, launcher: str, nprocs: int, mode: str) -> None:
@@ -282,6 +283,7 @@ def test_adasum_trains_and_keeps_ranks_identical(tmp_path: Path, launcher: str, 
     assert full_data_loss(shared["model"]) < 0.9 * start, "adasum did not train"
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(240)
 def test_adacomp_keeps_ranks_identical_and_reports_compression_per_layer_kind(tmp_path: Path) -> None:
     spec = make_spec(tmp_path / "spec.yaml", tmp_path / "log", conv=True, combiner={"name": "adacomp"})
@@ -362,6 +364,7 @@ def test_a_killed_rank_ends_the_job_non_zero_naming_it(tmp_path: Path, launcher:
         assert "Killed (signal 9)" in out, out[-3000:]
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_an_unknown_model_is_one_readable_error_on_every_rank(tmp_path: Path) -> None:
     spec = tmp_path / "spec.yaml"
@@ -379,6 +382,7 @@ def test_an_unknown_model_is_one_readable_error_on_every_rank(tmp_path: Path) ->
     assert "Traceback" not in proc.stdout
 
 
+@pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_a_missing_ffn_volume_is_a_data_error_without_a_hang(tmp_path: Path) -> None:
     from hpctrain.errors import DataError
