@@ -162,6 +162,7 @@ def test_per_save_step_directory_work_is_per_node_not_per_rank(tmp_path: Path, p
         assert ops["mkdir"] + ops["fsync"] <= len(nodes) + 2
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_checkpoint_shared_work_grows_with_nodes_not_ranks(tmp_path: Path) -> None:
     """2 and 6 ranks on stand-in nodes of 2 (a middle node too), every rank traced (benchmarks/checkpoint_scale.py):

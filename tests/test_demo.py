@@ -19,6 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_demo_quick_run_writes_every_file(tmp_path: Path) -> None:
     env = {**os.environ, "HPCTRAIN_HOME": str(tmp_path / "home"), "HPCTRAIN_REGISTRY": str(tmp_path / "reg.db"),

@@ -30,6 +30,7 @@ def _labels(path: Path) -> np.ndarray:
         return f["segmentation"][()]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_segment_run_uses_the_package_the_demo_wrote(tmp_path: Path) -> None:
     from hpctrain.ffn.settings import PACKAGE_SCHEMA, InferenceConfig

@@ -39,6 +39,7 @@ def assert_clean(code: int, err: str) -> None:
         assert code == 2 and len(lines) == 1 and lines[0].startswith("hpctrain: error: "), err
 
 
+@pytest.mark.slow
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=st.sampled_from(sorted(SPECS)), value=HOSTILE, nodes=st.sampled_from(["1", "2,64", "4392"]))
 def test_no_set_value_ends_in_a_traceback(capsys: pytest.CaptureFixture[str], name: str, value: object,

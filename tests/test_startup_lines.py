@@ -37,6 +37,7 @@ def _run(tmp_path: Path, nodes: int, per_node: int) -> tuple[list[str], Path]:
     return [line for r in results for line in r.stdout.splitlines()], run_dir
 
 
+@pytest.mark.slow
 def test_start_up_lines_grow_with_nodes_and_the_pids_are_in_the_run_directory(tmp_path: Path) -> None:
     counts: dict[tuple[int, int], int] = {}
     for nodes, per_node in ((1, 2), (3, 2), (1, 4)):
