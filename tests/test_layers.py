@@ -84,67 +84,104 @@ def test_checkpoint_does_not_import_runtime() -> None:
     assert not bad, "\n".join(sorted(bad))
 
 
-def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One import circle in ``graph`` (module -> modules it imports), or None."""
-    state: dict[str, int] = {}
-    stack: list[str] = []
+def _module_names() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its own name, not ``pkg.__init__``)."""
+    return {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+            for p in PACKAGE.rglob("*.py")}
 
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
+
+def _imported_modules(module: str, path: Path, names: dict[str, Path]) -> set[str]:
+    """The package's modules ``module`` imports: every import statement, function-level ones and those under
+    ``if TYPE_CHECKING:`` included (an import for annotations only still makes the two modules know each other);
+    relative imports resolved; ``from pkg import mod`` names ``pkg.mod``; importing ``a.b.c`` also runs the
+    packages ``a.b`` above it, except the ones ``module`` itself sits in (they are already being imported)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    direct: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            target = node.module or ""
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([target] if target else []))
+            if target in names:
+                direct |= ({f"{target}.{a.name}" for a in node.names} & names.keys()) or {target}
+        elif isinstance(node, ast.Import):
+            direct |= {a.name for a in node.names} & names.keys()
+    found = set(direct)
+    for dep in direct:
+        parts = dep.split(".")
+        for end in range(2, len(parts)):
+            above = ".".join(parts[:end])
+            if above in names and module != above and not module.startswith(above + "."):
+                found.add(above)
+    return found - {module}
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """Which of the package's modules each module imports (``_imported_modules``)."""
+    names = _module_names()
+    return {module: _imported_modules(module, path, names) for module, path in names.items()}
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected parts of ``graph`` with more than one module: each is one or more import circles."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = len(order)
         stack.append(node)
+        on_stack.add(node)
         for dep in sorted(graph.get(node, ())):
-            if state.get(dep) == 1:
-                return stack[stack.index(dep):] + [dep]
-            if dep not in state and (found := visit(dep)) is not None:
-                return found
-        stack.pop()
-        state[node] = 2
-        return None
+            if dep not in order:
+                visit(dep)
+                low[node] = min(low[node], low[dep])
+            elif dep in on_stack:
+                low[node] = min(low[node], order[dep])
+        if low[node] == order[node]:
+            part: list[str] = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                part.append(top)
+                if top == node:
+                    break
+            if len(part) > 1:
+                found.append(sorted(part))
 
     for node in sorted(graph):
-        if node not in state and (found := visit(node)) is not None:
-            return found
-    return None
+        if node not in order:
+            visit(node)
+    return found
 
 
-def _run_time_nodes(tree: ast.AST) -> list[ast.AST]:
-    """Every node of ``tree`` outside ``if TYPE_CHECKING:`` blocks (imports for annotations never run)."""
-    out: list[ast.AST] = []
-    todo = [tree]
-    while todo:
-        node = todo.pop()
-        out.append(node)
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            todo += node.orelse
-            continue
-        todo += ast.iter_child_nodes(node)
-    return out
+def test_the_circle_finder_finds_circles_through_packages_and_annotations(tmp_path: Path) -> None:
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+    pkg = tmp_path / "hpctrain"
+    (pkg / "p").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "p" / "__init__.py").write_text("from hpctrain.p.b import B\n")
+    (pkg / "p" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                    "    from hpctrain.q import Q\n")
+    (pkg / "q.py").write_text("def f():\n    from .p import b\n")
+    names = {".".join(p.relative_to(tmp_path).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in pkg.rglob("*.py")}
+    graph = {module: _imported_modules(module, path, names) for module, path in names.items()}
+    assert graph["hpctrain.q"] == {"hpctrain.p", "hpctrain.p.b"}
+    assert graph["hpctrain.p.b"] == {"hpctrain.q"}
+    assert _circles(graph) == [["hpctrain.p", "hpctrain.p.b", "hpctrain.q"]]
 
 
-def _submission_graph() -> dict[str, set[str]]:
-    """Which submission modules each submission module imports when it runs (function-level imports included;
-    ``from pkg import mod`` names ``pkg.mod``)."""
-    root = PACKAGE / "submission"
-    names = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
-             for p in root.rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for module, path in names.items():
-        deps: set[str] = set()
-        for node in _run_time_nodes(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.ImportFrom) and node.module in names:
-                subs = {f"{node.module}.{a.name}" for a in node.names} & names.keys()
-                deps |= subs or {node.module}
-            elif isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names} & names.keys()
-        graph[module] = deps - {module}
-    return graph
-
-
-def test_no_import_circle_in_submission() -> None:
-    assert _cycle({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]  # the check itself finds a circle
-    graph = _submission_graph()
-    assert len(graph) > 40
-    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+def test_no_import_circle_in_the_package() -> None:
+    """Not one, at any depth: a deferred (function-level) import or an annotation-only one does not hide it."""
+    graph = _package_graph()
+    assert len(graph) > 200
+    circles = _circles(graph)
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
 
 def test_discovery_imports_no_concrete_backend() -> None:
