@@ -265,7 +265,7 @@ def tiny_job(tmp_path: Path) -> TinyJob:
 # ------------------------------------------------------------------------------ the fast lane (--fast)
 # What the fast lane leaves out: tests marked for a real process (pyproject.toml's markers) and tests that ask,
 # themselves or through another fixture, for a fixture that starts one (Slurm, sshd, the cluster of nodes).
-REAL_PROCESS_MARKERS = ("slurm", "sshd", "mpi", "slow")
+REAL_PROCESS_MARKERS = ("slurm", "sshd", "mpi", "processes", "slow")
 REAL_PROCESS_FIXTURES = ("slurm", "sshd", "cluster_session", "cluster", "cluster_tmp")
 
 

@@ -89,6 +89,7 @@ def test_manifest_names_node_files_and_the_ranks_they_hold() -> None:
     assert ckpt.file_for_rank(0) is None
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(400)
 def test_two_nodes_write_one_file_each_resume_fall_back_and_fail_together(tmp_path: Path) -> None:
     nodes = [tmp_path / "node0", tmp_path / "node1"]
@@ -141,6 +142,7 @@ def _benchmark() -> Any:
     return module
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("per_node", [1, 4])
 def test_per_save_step_directory_work_is_per_node_not_per_rank(tmp_path: Path, per_node: int) -> None:
     """2 stand-in nodes of 1 and of 4 ranks, every process traced: one mkdir of the step directory (rank 0), and an

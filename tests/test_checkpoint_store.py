@@ -241,6 +241,7 @@ print("saved", flush=True)
 """
 
 
+@pytest.mark.processes
 def test_kill_9_during_a_large_save_keeps_the_previous(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
@@ -341,6 +342,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.processes
 def test_two_ranks_record_every_file_and_fall_back_together(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -157,6 +157,7 @@ def test_wheel_settings_only_for_the_wheel_without_a_user_choice_loopback_on_one
     assert not mpich_wheel_in_use(prefix="/nonexistent")
 
 
+@pytest.mark.processes
 def test_no_gloo_thread_outlives_train(tmp_path: Path) -> None:
     """train() as `hpctrain run` runs it (model, optimizer, reducer, checkpoints), then close(): none of gloo's
     native threads may be left for interpreter shutdown, where they made a rank die in std::terminate (exit 134)
@@ -180,6 +181,7 @@ def test_no_gloo_thread_outlives_train(tmp_path: Path) -> None:
         assert f"rank {r}: trained to step 4; gloo threads left: []" in out.stdout, out.stdout[-3000:]
 
 
+@pytest.mark.processes
 def test_collectives_gloo_under_torchrun() -> None:
     argv = [TORCHRUN, "--nproc-per-node", "2", "--master-port", str(free_port()), WORKER, "collectives", "gloo"]
     out = _run(argv, HANG_GUARD_S)
@@ -199,6 +201,7 @@ def test_mpi_stuck_rank_aborts_job_and_is_named() -> None:
     assert "rank 2 did not arrive at collective #3 (allreduce, bucket 3) within 4 s" in out.stderr, out.stderr
 
 
+@pytest.mark.processes
 def test_gloo_stuck_rank_aborts_job_and_is_named() -> None:
     argv = [TORCHRUN, "--nproc-per-node", "3", "--master-port", str(free_port()), WORKER,
             "hang", "gloo", str(TIMEOUT_S), "2"]

@@ -59,6 +59,7 @@ def test_binomial_trees_for_broadcast_and_gather() -> None:
     assert _sent("p2p", "allreduce", 8000, 1, 6)[:2] == (5, 2 * 8000 * 3 // 4 + 8000)
 
 
+@pytest.mark.processes
 def test_counting_is_off_without_the_switch() -> None:
     code = ("import hpctrain.runtime.comm as c; from hpctrain.runtime import work_counts;"
             "comm = c.make_communicator('none', 10, environ={}); print(type(comm).__name__, work_counts.active())")

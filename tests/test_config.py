@@ -264,6 +264,7 @@ def test_local_site_refuses_many_nodes_and_unknown_queue() -> None:
         check_fit(load_job(REPO / "jobs/ffn-perlmutter.yaml", queue="gpu_debg"), load_site("perlmutter"))
 
 
+@pytest.mark.processes
 def test_cli_sites_list_show_validate_json(tmp_path: Path) -> None:
     listing = json.loads(cli("sites", "list", "--json").stdout)
     assert {r["name"] for r in listing} >= set(SHIPPED_SITES)
@@ -431,6 +432,7 @@ BILLION_LAUGHS = "".join(
     for i in range(10))
 
 
+@pytest.mark.processes
 def test_yaml_bombs_are_refused_quickly_and_cleanly(tmp_path: Path) -> None:
     """A 442-byte alias bomb, a 50 MB spec and 3000 nested lists: one error each, under a 1.5 GB memory cap."""
     assert len(BILLION_LAUGHS) < 600

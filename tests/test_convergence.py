@@ -142,6 +142,7 @@ def test_the_lstm_learns_and_its_epoch_is_its_windows(tmp_path: Path) -> None:
     assert simulate(job, 1, tmp_path).final["valid_loss"] < 2.6  # from ln(vocabulary) = 4.6 at the start
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", ["resnet-local", "lstm-local"])
 def test_each_bundled_model_s_example_job_validates_and_runs(tmp_path: Path, name: str) -> None:
     spec = REPO / "jobs" / f"{name}.yaml"

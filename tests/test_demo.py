@@ -135,6 +135,7 @@ def test_a_synthetic_validation_volume_is_written_and_chosen_on(tmp_path: Path) 
     assert tuning_volume(inference_tuning(job["data"]), volumes)[2] == "training volume"
 
 
+@pytest.mark.processes
 def test_reseed_passes_and_watershed_fill_of_the_demo_settings() -> None:
     """Two inference settings the demo adds to the reference: reseeding the unsegmented voxels with the peaks
     policy, and giving every voxel left unsegmented to the object whose intensity watershed reaches it."""

@@ -72,6 +72,7 @@ def test_backend_and_device_follow_the_gpu_kind() -> None:
     assert not devices.backend_in_torch("nccl") and not devices.backend_in_torch("xccl")
 
 
+@pytest.mark.processes
 @needs_cpu_only_torch
 def test_hpctrain_run_on_a_site_whose_backend_this_torch_lacks_exits_2_in_one_line(tmp_path: Path) -> None:
     spec = tmp_path / "job.yaml"

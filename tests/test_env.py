@@ -54,6 +54,7 @@ def test_hydra_mpiexec_real() -> None:
     assert all(r["node_rank"] == 0 and r["nodes"] == 1 for r in rows)
 
 
+@pytest.mark.processes
 def test_torchrun_real() -> None:
     port = free_port()
     rows = _run_env_worker(

@@ -62,6 +62,7 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     return venv, src, pack(venv, tmp / "cache")
 
 
+@pytest.mark.processes
 def test_unpacked_environment_runs_without_the_original(packed: tuple[Path, Path, dict], tmp_path: Path) -> None:
     venv, src, info = packed
     assert not info["reused"] and Path(info["pointer"]).resolve() == Path(info["archive"])
@@ -97,6 +98,7 @@ def test_unpacked_environment_runs_without_the_original(packed: tuple[Path, Path
     assert cfg.startswith(f"home = {local}/base/bin\n") and "include-system-site-packages = false" in cfg
 
 
+@pytest.mark.processes
 def test_the_archive_is_reused_until_the_environment_changes(tmp_path: Path) -> None:
     venv, src = make_venv(tmp_path)
     cache = tmp_path / "cache"

@@ -49,6 +49,7 @@ def test_first_writer_wins_among_racing_processes(tmp_path: Path) -> None:
     assert not record_failure(tmp_path, "a later failure")  # the first cause stands
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("isolated_home")
 def test_failed_ranks_name_the_cause_in_status_runs_and_wait(tmp_path: Path, tiny_job: TinyJob) -> None:
     """Both ranks run the real ``hpctrain run`` and refuse a value only the ranks see (``--set`` on the rank

@@ -87,6 +87,7 @@ MISTAKES = {
 }
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("mistake", sorted(MISTAKES))
 @pytest.mark.usefixtures("isolated_home")
 def test_a_data_mistake_is_the_reason_on_every_rank(tmp_path: Path, mistake: str) -> None:
@@ -143,6 +144,7 @@ def _metrics(run_dir: Path) -> bool:
     return path.exists() and '"step"' in path.read_text()
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("isolated_home")
 def test_a_killed_rank_is_the_reason_on_the_local_site(tmp_path: Path) -> None:
     """kill -9 of rank 1 while the ranks train: rank 0's broken all-reduce is not the reason, rank 1's death is."""
@@ -187,6 +189,7 @@ def test_note_levels_peer_then_own_then_signal(tmp_path: Path) -> None:
         record_failure(tmp_path, "x", 7)
 
 
+@pytest.mark.processes
 def test_racing_writers_of_every_level_end_with_the_highest(tmp_path: Path) -> None:
     """Twelve processes, four per level, write at once, ten times over: the note is always one whole line of the
     highest level."""
@@ -277,6 +280,7 @@ def test_srun_report_does_not_replace_a_ranks_own_error(tmp_path: Path) -> None:
     assert (peer / FAILURE_FILE).read_text() == "rank 1 killed by SIGKILL\n"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("backend", ["gloo", pytest.param("mpi", marks=pytest.mark.mpi)])
 def test_agree_gives_every_rank_the_failing_ranks_error(backend: str, venv_bin: Path) -> None:
     """Three real ranks; rank 1 fails: ranks 0 and 2 raise RankFailure with rank 1's line and exit code, rank 1

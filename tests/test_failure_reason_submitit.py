@@ -34,6 +34,7 @@ def hold_and_say_pid(directory: str, seconds: float) -> int:
     return rank
 
 
+@pytest.mark.processes
 def test_a_killed_task_is_the_error_of_a_multi_task_job(places: Places) -> None:
     pids = places.root / "pids"
     pids.mkdir()

@@ -58,11 +58,13 @@ def _collected(pytester: pytest.Pytester, *args: str) -> set[str]:
     return {line for line in result.outlines if "::" in line}
 
 
+@pytest.mark.processes
 def test_fast_keeps_only_the_tests_that_need_no_real_process(pytester: pytest.Pytester) -> None:
     assert _collected(pytester, "--fast") == {"test_plain.py::test_a", "test_names_srun.py::test_render",
                                               "test_marked.py::test_unmarked"}
 
 
+@pytest.mark.processes
 def test_without_fast_every_test_is_collected(pytester: pytest.Pytester) -> None:
     assert len(_collected(pytester)) == 12
 

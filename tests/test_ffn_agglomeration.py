@@ -194,6 +194,7 @@ def test_bad_agglomeration_settings_are_refused_on_the_laptop(bad: dict) -> None
     assert InferenceSettings(agglomerate_threshold=0.85, watershed_fill=True).watershed_fill
 
 
+@pytest.mark.processes
 def test_segment_command_takes_the_job_s_inference_settings_and_refuses_a_bad_one(tmp_path: Path) -> None:
     """`hpctrain ffn segment --job` floods with the job's data.eval.inference (here the demo job's: bounded
     floods, agglomeration, watershed fill), in one process and in 8 subvolumes; a job with a bad setting is

@@ -158,6 +158,7 @@ class NoCalls(OracleModel):
         raise AssertionError("the model was called: the fit's flood was not reused")
 
 
+@pytest.mark.processes
 def test_tuning_on_the_fit_volume_reuses_the_fit_flood() -> None:
     """Choosing the join threshold on the volume the join model was fitted on costs no second flood: the rows are
     those a fresh flood gives, and a candidate with other flood settings (another move threshold) floods anew."""
@@ -176,6 +177,7 @@ def test_tuning_on_the_fit_volume_reuses_the_fit_flood() -> None:
         tune_inference(NoCalls(), image, labels, with_model, {"move_threshold": [0.9, 0.8]}, floods=[flood])
 
 
+@pytest.mark.processes
 def test_the_join_fit_floods_with_its_own_settings_and_the_choice_reuses_that_flood(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``data.eval.tune.fit_joins.inference`` (the demo: ``self_prediction: 0``): the fit's flood of the training
@@ -214,6 +216,7 @@ def test_the_join_fit_floods_with_its_own_settings_and_the_choice_reuses_that_fl
     assert asked["unchecked"] < asked["checked"] - 0.9 * moves["checked"]
 
 
+@pytest.mark.processes
 def test_the_join_fit_flood_cannot_change_what_the_checkpoint_or_the_fit_decides(tmp_path: Path) -> None:
     """fit_joins.inference takes flood settings only: the FOV (from the checkpoint) or a join model (the fit makes
     it) there is refused naming the key, as is a misspelt setting; the demo job's own value validates."""
@@ -241,6 +244,7 @@ def grid_tune_job(directory: Path) -> dict:
     return job
 
 
+@pytest.mark.processes
 def test_ffn_tune_fits_the_join_model_and_prints_it(tmp_path: Path) -> None:
     ckpt = everything_model(tmp_path / "m.pt")
     for name, seed in (("fit", 5), ("vol", 6)):
@@ -261,6 +265,7 @@ def test_ffn_tune_fits_the_join_model_and_prints_it(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "data.eval.tune.fit_joins" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.processes
 def test_a_join_fit_on_far_fewer_pairs_does_not_replace_the_packaged_one(tmp_path: Path) -> None:
     """``ffn tune --fit-joins`` on a small volume must not silently replace a join model fitted on many more pairs:
     it is refused with both counts, the package left as it was, unless --replace-joins. The package here says its
@@ -316,6 +321,7 @@ def test_a_fitted_join_model_in_eight_subvolumes_matches_one_process(tmp_path: P
     assert abs(evaluate_segmentation(pieces, labels)["voi"] - whole["voi"]) <= 0.05
 
 
+@pytest.mark.processes
 def test_a_join_fit_volume_is_checked_before_any_work(tmp_path: Path) -> None:
     """data.eval.tune.fit_joins.volume: files checked by ``jobs validate --check-paths`` like the training volume."""
     job = yaml.safe_load((REPO / "jobs/ffn-local.yaml").read_text())

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -68,6 +69,7 @@ def segmentations() -> dict[str, np.ndarray]:
     return {"whole": whole, "left": halves[0], "right": halves[1]}
 
 
+@pytest.mark.processes
 def test_the_demo_settings_segment_a_fixed_volume_as_recorded() -> None:
     recorded = np.load(RECORD)
     got = segmentations()

@@ -149,6 +149,7 @@ def in_pieces(tmp_path: Path, image: np.ndarray, cfg: InferenceConfig) -> tuple[
         return plan, plan_path, summary, f["segmentation"][()]
 
 
+@pytest.mark.processes
 def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -> None:
     image, labels = painted_volume()
     # a grid of seeds: the peaks policy finds few peaks in a flat painted image
@@ -172,6 +173,7 @@ def test_eight_subvolumes_score_within_0_05_voi_of_one_process(tmp_path: Path) -
     assert not (tmp_path / "again.h5").exists()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("split_pieces", [False, True])
 def test_bounded_floods_agglomerated_after_reconciling_match_one_process(tmp_path: Path, split_pieces: bool) -> None:
     """The demo's kind of inference (bounded floods, then agglomeration by the FFN's mutual claims and the

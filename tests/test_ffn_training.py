@@ -292,6 +292,7 @@ def test_single_fov_examples_are_one_bare_seed_fov_each_then_the_policy_moves() 
     assert examples[0] == [(0, 0, 0)] and len(examples[1]) == 27
 
 
+@pytest.mark.processes
 def test_one_step_on_two_ranks_equals_one_rank_on_the_whole_batch(tmp_path: Path) -> None:
     """Data parallel FFN step (mean combiner, gloo, 2 real processes) = single process on the full batch."""
     repo = Path(__file__).resolve().parents[1]

@@ -102,6 +102,7 @@ def _job(tmp_path: Path, tune: object) -> Path:
     return path
 
 
+@pytest.mark.processes
 def test_ffn_tune_command_prints_every_candidate_and_the_choice(tmp_path: Path) -> None:
     ckpt = everything_model(tmp_path / "m.pt")
     image, labels = painted_volume((24, 32, 32))
@@ -131,6 +132,7 @@ def test_a_wrong_tune_value_is_refused_by_jobs_validate(tmp_path: Path) -> None:
     assert proc.returncode != 0 and "data.eval.tune.move_threshold" in proc.stdout + proc.stderr
 
 
+@pytest.mark.processes
 def test_a_tuning_volume_is_checked_like_the_training_volume(tmp_path: Path) -> None:
     """data.eval.tune.volume: a synthetic volume or image + labels files, checked by jobs validate before any
     work — a missing file names its key (``--check-paths``: the files are read where the job runs), and both

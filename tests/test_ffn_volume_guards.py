@@ -35,6 +35,7 @@ def declared_zarr(path: Path, side: int) -> str:
     return str(path)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("shape, dtype", [((4096,) * 3, "uint8"), ((1, 1 << 30, 1 << 30), "uint8"),
                                           ((2048,) * 3, "uint64")])
 def test_evaluate_refuses_declared_shapes_beyond_the_budget(tmp_path: Path, shape: tuple[int, ...],
@@ -46,6 +47,7 @@ def test_evaluate_refuses_declared_shapes_beyond_the_budget(tmp_path: Path, shap
     assert done.peak_mb < PEAK_MB
 
 
+@pytest.mark.processes
 def test_evaluate_refuses_a_zarr_store_of_2_to_the_40_per_side(tmp_path: Path) -> None:
     spec = declared_zarr(tmp_path / "v.zarr", 1 << 40)
     done = hpctrain("ffn", "evaluate", spec, spec)
@@ -53,6 +55,7 @@ def test_evaluate_refuses_a_zarr_store_of_2_to_the_40_per_side(tmp_path: Path) -
     assert done.peak_mb < PEAK_MB
 
 
+@pytest.mark.processes
 def test_the_budget_is_named_and_settable_by_flag_and_environment(tmp_path: Path) -> None:
     spec = declared(tmp_path / "v.h5", (64, 64, 64), "uint32")  # 25 MB to evaluate: 64^3 x (4 + 4 + 81) B
     assert "(--memory-gb 0.01)" in hpctrain("ffn", "evaluate", spec, spec, "--memory-gb", "0.01").one_line_error()
@@ -70,6 +73,7 @@ def checkpoint(tmp_path: Path) -> str:
     return str(everything_model(tmp_path / "m.pt"))
 
 
+@pytest.mark.processes
 def test_segment_checks_an_image_s_dtype_and_size_before_reading_it(tmp_path: Path, checkpoint: str) -> None:
     """A 1024^3 image was read whole (1-4 GB) before its shape or type was looked at."""
     out = str(tmp_path / "seg.h5")
@@ -86,6 +90,7 @@ def test_segment_checks_an_image_s_dtype_and_size_before_reading_it(tmp_path: Pa
     assert not Path(out).exists()
 
 
+@pytest.mark.processes
 def test_segment_in_pieces_checks_the_pieces_a_rank_floods_at_once(tmp_path: Path, checkpoint: str) -> None:
     big = declared(tmp_path / "big.h5", (1024,) * 3, "uint8")
     done = hpctrain("ffn", "segment", checkpoint, big, "-o", str(tmp_path / "seg.h5"), "--subvolumes", "2", "2",
@@ -95,6 +100,7 @@ def test_segment_in_pieces_checks_the_pieces_a_rank_floods_at_once(tmp_path: Pat
     assert not (tmp_path / "seg.parts").exists()
 
 
+@pytest.mark.processes
 def test_fifos_given_as_volumes_are_refused_without_opening_them(tmp_path: Path, checkpoint: str) -> None:
     fifo = tmp_path / "vol.h5"
     os.mkfifo(fifo)
@@ -109,6 +115,7 @@ def test_fifos_given_as_volumes_are_refused_without_opening_them(tmp_path: Path,
     assert "zarr.json is a FIFO" in hpctrain("ffn", "evaluate", str(store), str(store), timeout=60).one_line_error()
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("threads", ["-1", "0", "100000"])
 def test_threads_outside_one_to_the_cpus_are_refused_by_the_parser(tmp_path: Path, checkpoint: str,
                                                                  threads: str) -> None:
@@ -127,6 +134,7 @@ def test_threads_are_checked_where_python_code_asks_for_them(checkpoint: str) ->
         prepare_inference(checkpoint, threads=-1, tune=False)
 
 
+@pytest.mark.processes
 def test_a_path_longer_than_the_os_takes_is_one_line(tmp_path: Path, checkpoint: str) -> None:
     long = f"{tmp_path}/{'a' * 100_000}.h5:image"
     done = hpctrain("ffn", "evaluate", long, long)

@@ -56,6 +56,7 @@ def test_tuning_chooses_the_best_grid_point_on_the_given_labels() -> None:
         WatershedParams("peaks")
 
 
+@pytest.mark.processes
 def test_evaluate_baseline_prints_both_baselines(tmp_path: Path) -> None:
     image, labels = two_balls()
     with h5py.File(tmp_path / "v.h5", "w") as f:

@@ -226,6 +226,7 @@ def test_aurora_accepts_twelve_ranks_one_per_tile_bound_as_alcf_documents(tmp_pa
     assert masks == {r: str(r) for r in range(12)}
 
 
+@pytest.mark.processes
 def test_aurora_six_ranks_spread_over_all_six_gpus(tmp_path: Path) -> None:
     """One tile per rank but six ranks: one tile of each GPU, next to the rank's socket (not GPUs 0-2 only)."""
     spec = job("ffn-aurora", "resources.nodes=1", "resources.ranks_per_node=6", "resources.threads_per_rank=16")

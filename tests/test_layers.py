@@ -6,6 +6,7 @@ import each other. Read statically from the source (every import statement, func
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import hpctrain
@@ -31,6 +32,7 @@ def _part(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
+@cache
 def _imports() -> dict[str, set[str]]:
     out: dict[str, set[str]] = {}
     for path in PACKAGE.rglob("*.py"):
@@ -117,6 +119,7 @@ def _imported_modules(module: str, path: Path, names: dict[str, Path]) -> set[st
     return found - {module}
 
 
+@cache
 def _package_graph() -> dict[str, set[str]]:
     """Which of the package's modules each module imports (``_imported_modules``)."""
     names = _module_names()

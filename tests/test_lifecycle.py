@@ -68,6 +68,7 @@ def chain_of(run_id: str) -> list[tuple[str, str | None, int | None]]:
 # --- requeues -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_a_local_requeue_reads_as_restart_k_of_n(env: Path) -> None:
     with Registry() as reg:
         run = submit_runs(env / "tiny.yaml", "local", command=["sh", "-c", REQUEUE_ONCE], registry=reg).runs[0]
@@ -124,6 +125,7 @@ def test_a_slurm_requeue_is_not_waiting_for_a_start_time(env: Path, slurm: Any) 
 # --- cancel -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_cancel_of_an_ended_run_says_so_and_sends_nothing(env: Path) -> None:
     calls: list[list[str]] = []
 
@@ -148,6 +150,7 @@ def test_cancel_of_an_ended_run_says_so_and_sends_nothing(env: Path) -> None:
 # --- a profile given as a file ------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_a_run_outlives_its_site_file_resume_status_cancel(env: Path) -> None:
     """Submitted with --site FILE, trained to a checkpoint, cancelled; the file is deleted; status, resume
     (from that checkpoint, with the real ranks) and cancel of the continuation still work."""
@@ -198,6 +201,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.processes
 def test_same_cause_same_exit_code_everywhere(env: Path, tmp_path: Path) -> None:
     for command in (["status", "nosuchrun"], ["logs", "nosuchrun"], ["cancel", "nosuchrun"],
                     ["resume", "nosuchrun"]):
@@ -244,6 +248,7 @@ def three_long_ids(env: Path) -> list[str]:
     return ids
 
 
+@pytest.mark.processes
 def test_watch_into_a_pipe_prints_a_plain_table(env: Path, three_long_ids: list[str]) -> None:
     out = cli(env, "status", *three_long_ids, "--watch", extra_env={"COLUMNS": "80"})
     assert out.returncode == 0, out.stderr
@@ -280,6 +285,7 @@ def _in_terminal(argv: list[str], columns: int, cwd: Path) -> str:
     return b"".join(chunks).decode("utf-8", "replace")
 
 
+@pytest.mark.processes
 def test_watch_in_a_terminal_never_cuts_ids(env: Path, three_long_ids: list[str]) -> None:
     text = _in_terminal([sys.executable, "-m", "hpctrain", "status", *three_long_ids, "--watch"], 120, env)
     for run_id in three_long_ids:
@@ -289,6 +295,7 @@ def test_watch_in_a_terminal_never_cuts_ids(env: Path, three_long_ids: list[str]
 # --- dry runs -------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_dry_run_says_where_its_files_are(env: Path) -> None:
     out = cli(env, "submit", "tiny.yaml", "--site", "local", "--dry-run")
     assert out.returncode == 0, out.stderr

@@ -75,6 +75,7 @@ def warnings_of(caplog: pytest.LogCaptureFixture) -> list[str]:
 # --- a tracking server that refuses ---------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_a_refused_tracking_server_is_one_warning_and_the_run_trains(tmp_path: Path, refused_port: int) -> None:
     spec = spec_file(tmp_path, f"{{mlflow: {{tracking_uri: 'http://127.0.0.1:{refused_port}'}}}}")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "MLFLOW_"))}

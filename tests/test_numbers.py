@@ -146,6 +146,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("args", [
     ["--nodes", "²"], ["--nodes", "9" * 5000], ["--set", "resources.nodes=" + "9" * 5000],
     ["--set", "resources.memory_gb=1e308", "--site", "aurora", "--set", "resources.account=a"],

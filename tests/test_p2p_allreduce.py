@@ -305,6 +305,7 @@ def test_a_stuck_rank_is_named_by_the_watchdog_during_a_p2p_allreduce() -> None:
     assert "unexpected" not in said
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(400)
 def test_a_killed_rank_ends_its_peers_p2p_allreduces(tmp_path: Path) -> None:
     """Rank 2 of 6 is killed (SIGKILL) between all-reduces. The ranks are started one by one, with no launcher to

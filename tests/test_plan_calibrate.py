@@ -67,12 +67,14 @@ def _check_calibrated(out: subprocess.CompletedProcess[str], site: str) -> None:
     assert data["parameters"]["grad_bytes"]["value"] > 0
 
 
+@pytest.mark.processes
 def test_calibrate_on_the_local_site(home: dict[str, str], tmp_path: Path) -> None:
     out = plan(home, str(tmp_path / "tiny.yaml"), "--site", "local", "--calibrate", "--calibration-steps", "8",
                "--json")
     _check_calibrated(out, "local")
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("args,words", [
     (("--nodes", "1,8"), ("--nodes 8", "site 'local' has 1 nodes")),
     (("--set", "latency_us=-1"), ("latency_us",)),

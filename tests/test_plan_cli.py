@@ -52,6 +52,7 @@ def one_line_error(result: subprocess.CompletedProcess[str], code: int, *words: 
         assert word in lines[0], lines[0]
 
 
+@pytest.mark.processes
 def test_json_shape(tmp_path: Path) -> None:
     run = write_profile(tmp_path / "run")
     out = plan("jobs/ffn-local.yaml", "--site", "local", "--from", str(run), "--set", "ranks_per_node=2",
@@ -82,6 +83,7 @@ def test_json_shape(tmp_path: Path) -> None:
     assert pred["time_to_target_s"] == pytest.approx(1000 * pred["step_s"] + pred["startup_s"])
 
 
+@pytest.mark.processes
 def test_text_output_names_assumptions_and_advice(tmp_path: Path) -> None:
     out = plan("jobs/ffn-theta.yaml", "--site", "theta", "--nodes", "1,16,2048", *THETA_SETS)
     assert out.returncode == 0, out.stderr
@@ -90,6 +92,7 @@ def test_text_output_names_assumptions_and_advice(tmp_path: Path) -> None:
     assert "2048 nodes (2048 ranks):" in out.stdout and "sqrt beyond 16 ranks" in out.stdout
 
 
+@pytest.mark.processes
 def test_plot_is_written(tmp_path: Path) -> None:
     png = tmp_path / "eff.png"
     out = plan("jobs/ffn-theta.yaml", "--site", "theta", *THETA_SETS, "--plot", str(png), "--json")
@@ -98,12 +101,14 @@ def test_plot_is_written(tmp_path: Path) -> None:
     assert [p["nodes"] for p in json.loads(out.stdout)["predictions"]] == [2**i for i in range(13)]
 
 
+@pytest.mark.processes
 def test_run_directory_without_profile(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     one_line_error(plan("jobs/ffn-local.yaml", "--from", str(tmp_path / "run")), 2, "has no step profile",
                    "--calibrate")
 
 
+@pytest.mark.processes
 def test_registered_run_without_profile_and_unknown_run(tmp_path: Path) -> None:
     env = {"HPCTRAIN_REGISTRY": str(tmp_path / "registry.db")}
     with Registry(tmp_path / "registry.db") as reg:
@@ -113,6 +118,7 @@ def test_registered_run_without_profile_and_unknown_run(tmp_path: Path) -> None:
     one_line_error(plan("jobs/ffn-local.yaml", "--from", "nosuchrun", env=env), 2, "--from nosuchrun")
 
 
+@pytest.mark.processes
 def test_damaged_profile(tmp_path: Path) -> None:
     run = write_profile(tmp_path / "run", compute_s={"mean": "x", "std": 0, "count": 3})
     one_line_error(plan("jobs/ffn-local.yaml", "--from", str(run)), 2, "compute_s: mean is 'x'")
@@ -120,16 +126,19 @@ def test_damaged_profile(tmp_path: Path) -> None:
     one_line_error(plan("jobs/ffn-local.yaml", "--from", str(run)), 2, "not JSON")
 
 
+@pytest.mark.processes
 def test_unknown_site() -> None:
     one_line_error(plan("jobs/ffn-theta.yaml", "--site", "thetaa", *THETA_SETS), 2, "no site profile named",
                    "did you mean 'theta'")
 
 
+@pytest.mark.processes
 def test_node_count_over_the_machine() -> None:
     one_line_error(plan("jobs/ffn-theta.yaml", "--site", "theta", "--nodes", "1,8192", *THETA_SETS), 2,
                    "--nodes 8192", "theta", "4392 nodes")
 
 
+@pytest.mark.processes
 def test_no_measurement_and_bad_sets() -> None:
     one_line_error(plan("jobs/ffn-theta.yaml", "--site", "theta"), 2, "no measurement of compute_s",
                    "--from RUN")
@@ -142,6 +151,7 @@ def test_no_measurement_and_bad_sets() -> None:
                    "train.steps")
 
 
+@pytest.mark.processes
 def test_job_keys_in_set_reach_the_job(tmp_path: Path) -> None:
     out = plan("jobs/ffn-theta.yaml", "--site", "theta", "--nodes", "4", *THETA_SETS,
                "--set", "train.batch_per_rank=3", "--json")
@@ -149,6 +159,7 @@ def test_job_keys_in_set_reach_the_job(tmp_path: Path) -> None:
     assert json.loads(out.stdout)["parameters"]["batch_per_rank"]["value"] == 3.0
 
 
+@pytest.mark.processes
 def test_plan_imports_no_heavy_modules(tmp_path: Path) -> None:
     run = write_profile(tmp_path / "run")
     code = ("import sys; from hpctrain.cli import main; "

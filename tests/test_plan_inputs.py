@@ -63,6 +63,7 @@ def test_every_numeric_parameter_has_a_range(capsys: pytest.CaptureFixture[str],
         assert code == 2 and f"{name}: " in err  # one line naming the parameter and its rule
 
 
+@pytest.mark.processes
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(nodes=st.one_of(st.integers(min_value=-(2**64), max_value=2**64).map(str), st.text(max_size=6)),
        target=st.sampled_from(["--samples", "--steps"]), amount=st.sampled_from(["nan", "-1", "0", "inf", "1e300"]))

@@ -27,6 +27,7 @@ def test_running_stat_matches_statistics() -> None:
     assert s.std == pytest.approx(statistics.stdev(values))
 
 
+@pytest.mark.processes
 def test_one_rank_run_writes_a_profile_the_planner_reads(tmp_path: Path) -> None:
     run_dir = train_tiny(tmp_path, 1)
     raw = json.loads((run_dir / "profile.json").read_text())
@@ -53,6 +54,7 @@ def test_one_rank_run_writes_a_profile_the_planner_reads(tmp_path: Path) -> None
     assert [b["bytes"] for b in plan["buckets"]] == [b.nbytes for b in m.buckets]
 
 
+@pytest.mark.processes
 def test_two_rank_mpi_run_records_the_reduction(tmp_path: Path) -> None:
     m = parse_profile((train_tiny(tmp_path, 2) / "profile.json").read_text(), "test")
     assert m.ranks == 2 and m.ranks_per_node == 2 and m.backend == "mpi"
@@ -83,6 +85,7 @@ def test_only_rank_zero_writes_and_writes_atomically(tmp_path: Path) -> None:
     assert data["compute_s"]["count"] == 2 and data["buckets"] == [] and math.isfinite(data["step_s"]["mean"])
 
 
+@pytest.mark.processes
 def test_node_load_counts_other_work_during_the_timed_steps_only() -> None:
     """A process spinning on a core while this one sleeps is other work (/proc/stat); what ran before the first
     mark is not counted, unlike the load average."""

@@ -285,6 +285,7 @@ def test_ffn_margin_and_policy_boxes() -> None:
     assert warned and "FOV movement is never trained" in warned[0]
 
 
+@pytest.mark.processes
 def test_schemas_match_what_the_ranks_build() -> None:
     """The torch-free schemas repeat a few facts of the allocation side; these must not drift apart."""
     from sklearn.datasets import load_digits
@@ -329,6 +330,7 @@ def test_missing_local_data_names_the_key(tmp_path: Path) -> None:
     assert "relative path" in str(err.value) and err.value.key == "data.train.image"
 
 
+@pytest.mark.processes
 def test_jobs_validate_check_paths_from_the_command_line(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere.h5"
     path = spec(tmp_path, f"""\
@@ -356,6 +358,7 @@ FILES_JOB = """\
     """
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("isolated_home")
 def test_jobs_validate_reads_the_data_files_as_the_ranks_do(tmp_path: Path) -> None:
     """A wrong dataset name, a file that is not HDF5, image and labels of different shapes, a volume too small for
@@ -418,6 +421,7 @@ def test_the_ranks_move_fovs_by_the_rule_the_laptop_checks() -> None:
     assert face_max_offsets(np.ones((15, 15, 15), np.float32), (7, 7, 7), 0.5)  # the widest step is allowed
 
 
+@pytest.mark.processes
 def test_a_walltime_barely_above_the_signal_lead_is_warned() -> None:
     """Each run then spends most of its time starting; under load a restart advanced one step and the requeues
     ran out. The warning says how much time is left and the fix."""
@@ -494,6 +498,7 @@ WARNED = """\
     """
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("isolated_home")
 def test_submit_shows_preflight_warnings_once(tmp_path: Path) -> None:
     path = spec(tmp_path, WARNED)
@@ -506,6 +511,7 @@ def test_submit_shows_preflight_warnings_once(tmp_path: Path) -> None:
         warn(["model x: checked only when the ranks start"])
 
 
+@pytest.mark.processes
 @pytest.mark.usefixtures("isolated_home")
 def test_a_python_api_warning_names_the_callers_line(tmp_path: Path) -> None:
     """``hpctrain.submit(...)`` in a script or notebook: its warnings point at that call, not at hpctrain's file."""
@@ -523,6 +529,7 @@ def test_a_python_api_warning_names_the_callers_line(tmp_path: Path) -> None:
     assert {(w.filename, w.lineno) for w in found} == {(__file__, line)}
 
 
+@pytest.mark.processes
 def test_ranks_refuse_at_start_with_the_same_message(tmp_path: Path) -> None:
     path = spec(tmp_path, """\
         name: deep
@@ -549,6 +556,7 @@ def test_json_output_lists_warnings(tmp_path: Path) -> None:
                                                    "the learning rate never reaches its peak"]
 
 
+@pytest.mark.processes
 def test_ffn_prepare_keeps_centres_a_whole_training_box_from_the_border(tmp_path: Path) -> None:
     """max_pred_moves loads fov + 2 x deltas x (moves + 1) per example: with the old default margin (fov // 2 +
     deltas) centres near the border made the ranks fail with "training box ... leaves the volume"."""

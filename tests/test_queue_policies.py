@@ -170,6 +170,7 @@ def test_validate_says_which_execution_queue_it_chose() -> None:
 # Requeue only where the queue allows it
 
 
+@pytest.mark.processes
 def test_frontier_debug_renders_no_requeue_and_validate_says_so() -> None:
     """Frontier prohibits job chaining in the debug QOS: no --requeue, no scontrol requeue; the job still stops at
     its checkpoint and says how to resume."""

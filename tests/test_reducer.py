@@ -87,11 +87,13 @@ def test_prescaled_mean_mpi_equals_single_process_on_concatenated_batch(n: int, 
     _assert_close(got, _single_process_reference(n), 1e-5)
 
 
+@pytest.mark.processes
 def test_prescaled_mean_gloo_with_fp16_wire_stays_close(tmp_path: Path) -> None:
     got = _train("torchrun", 2, "gloo", "mean_prescaled", tmp_path / "p.pt", compression="fp16", bucket_mb=4.0)
     _assert_close(got, _single_process_reference(2), 5e-3)
 
 
+@pytest.mark.processes
 def test_mean_gloo_equals_single_process_on_concatenated_batch(tmp_path: Path) -> None:
     _assert_close(_train("torchrun", 2, "gloo", "mean", tmp_path / "p.pt", bucket_mb=4.0),
                   _single_process_reference(2), 1e-5)
@@ -111,6 +113,7 @@ def test_adasum_equals_adasum_reduce_of_gathered_grads(n: int, tmp_path: Path) -
     _train("mpiexec", n, "mpi", "adasum", tmp_path / "p.pt")
 
 
+@pytest.mark.processes
 def test_adasum_gloo_two_ranks(tmp_path: Path) -> None:
     _train("torchrun", 2, "gloo", "adasum", tmp_path / "p.pt")
 

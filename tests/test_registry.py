@@ -200,6 +200,7 @@ def _worker(path: str, wid: int, out: mp.Queue) -> None:
         out.put(("error", wid, traceback.format_exc(), 0))
 
 
+@pytest.mark.processes
 def test_eight_processes_at_once(tmp_path: Path) -> None:
     path = str(tmp_path / "registry.db")
     Registry(path).close()
@@ -283,6 +284,7 @@ DAMAGE = {"garbage": _garbage, "truncated": _truncate, "dropped table": _drop_ta
           "bit flips": _bit_flips}
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("kind", sorted(DAMAGE))
 def test_damage_gives_a_clear_error_and_repair_salvages_with_a_backup(tmp_path: Path, kind: str) -> None:
     path = tmp_path / "registry.db"
@@ -324,6 +326,7 @@ def test_damage_gives_a_clear_error_and_repair_salvages_with_a_backup(tmp_path: 
     assert _runs_cli(path, "--all").returncode == 0
 
 
+@pytest.mark.processes
 def test_a_row_with_malformed_json_is_reported_and_skipped(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
     ids = _filled(path, 5)
@@ -348,6 +351,7 @@ def test_a_row_with_malformed_json_is_reported_and_skipped(tmp_path: Path) -> No
         assert reg.chain(ids[3]) == []  # the submission with a text exit code could not be kept
 
 
+@pytest.mark.processes
 def test_read_only_commands_never_write(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
     ids = _filled(path, 3)
@@ -362,6 +366,7 @@ def test_read_only_commands_never_write(tmp_path: Path) -> None:
     assert _runs_cli(path).returncode == 0 and ids[0] in _runs_cli(path, "--all").stdout
 
 
+@pytest.mark.processes
 def test_runs_on_a_read_only_file_system(tmp_path: Path) -> None:
     """A registry on a file system mounted read-only (root ignores file modes, not this): listing works,
     a write is refused with a message saying so."""
@@ -414,6 +419,7 @@ def test_a_locked_registry_is_a_bounded_wait_with_a_clear_message(tmp_path: Path
         assert len(reg.list_runs()) == 2
 
 
+@pytest.mark.processes
 def test_prune_removes_only_old_runs_that_never_ran_and_old_dry_runs(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
     with Registry(path) as reg:

@@ -316,6 +316,7 @@ def check_example(root: Path, scheduler: str, side: str, field: Path_, payload: 
     return "ran to the launcher"
 
 
+@pytest.mark.processes
 @settings(max_examples=200, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(scheduler=st.sampled_from(sorted(SCHEDULERS)), where=st.sampled_from(FIELDS),

@@ -169,6 +169,7 @@ def test_the_page_names_no_other_file_or_host(tmp_path: Path) -> None:
         assert not re.search(pattern, text), (pattern, re.search(pattern, text))
 
 
+@pytest.mark.processes
 def test_the_cli_writes_the_report_of_a_run_directory(tmp_path: Path) -> None:
     d = write_run(tmp_path / "run", range(5, 25, 5))
     out = tmp_path / "r.html"
@@ -181,6 +182,7 @@ def test_the_cli_writes_the_report_of_a_run_directory(tmp_path: Path) -> None:
     assert "<svg" in sections["loss"] and "no requeue" in sections["loss"]
 
 
+@pytest.mark.processes
 def test_the_report_imports_no_torch_and_no_mpi(tmp_path: Path) -> None:
     """A laptop without the train extra draws reports: matplotlib, never the runtime."""
     d = write_run(tmp_path / "run", range(5, 25, 5))
@@ -261,6 +263,7 @@ def test_served_page_is_not_reachable_on_another_interface(served) -> None:  # t
         socket.create_connection((outside_address(), server.port), timeout=30).close()
 
 
+@pytest.mark.processes
 def test_server_stops_by_itself_once_the_run_has_ended(served) -> None:  # type: ignore[no-untyped-def]
     server, d, thread, written = served
     server.linger_s = 0.0

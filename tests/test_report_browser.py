@@ -71,6 +71,7 @@ def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in rows if not r.get("final")]
 
 
+@pytest.mark.processes
 def test_report_of_a_requeued_run_in_a_real_browser(requeued: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "report.html"
     done = cli(requeued["env"], requeued["base"], "report", requeued["run_id"], "-o", str(out))

@@ -295,6 +295,7 @@ def going_on(d: Path) -> Path:
     return d
 
 
+@pytest.mark.processes
 def test_served_mode_says_nothing_when_clients_reset(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     d = going_on(write_run(tmp_path / "run"))  # it serves until stopped
     server = ReportServer(open_source(str(d)), refresh_s=60.0, linger_s=0.0)

@@ -26,6 +26,7 @@ def run_with_segmentation(tmp_path: Path, shape: tuple[int, ...], dtype: str, ch
     return run
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("shape, dtype, chunks, titles", [
     ((3, 12000, 12000), "uint64", (1, 256, 256), ["z=0 (every 47×47)", "z=1 (every 47×47)", "z=2 (every 47×47)"]),
     ((1, 10**6, 10**6), "uint64", (1, 256, 256), ["z=0 (every 3907×3907)"]),
@@ -43,6 +44,7 @@ def test_a_declared_huge_segmentation_is_drawn_from_the_voxels_drawn(tmp_path: P
         assert f"heldout_segmentation.h5 {title}" in page
 
 
+@pytest.mark.processes
 def test_a_fifo_in_place_of_the_segmentation_is_named_not_opened(tmp_path: Path) -> None:
     run = tmp_path / "run"
     run.mkdir()

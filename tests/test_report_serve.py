@@ -32,6 +32,7 @@ def fetch(url: str, pause_s: float = 0.0) -> str:
         return answer.read().decode()
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(600)
 @pytest.mark.usefixtures("isolated_home")
 def test_served_report_follows_the_run_and_stops_when_it_ends(tmp_path: Path, tiny_job: TinyJob) -> None:

@@ -46,6 +46,7 @@ def final_shared(run_dir: Path) -> dict[str, Any]:
     return torch.load(run_dir / "checkpoints" / newest["dir"] / "shared.pt", weights_only=False)
 
 
+@pytest.mark.processes
 def test_local_controller_requeues_after_walltime_signal_bit_exact(tmp_path: Path) -> None:
     spec = tmp_path / "lq.yaml"
     spec.write_text(SPEC.format(name="lq", steps=STEPS, extra=f"env: {{{HOLD_AT_STEP_ENV}: '{HELD}'}}"))
@@ -77,6 +78,7 @@ def test_local_controller_requeues_after_walltime_signal_bit_exact(tmp_path: Pat
         resume_run(reg, run.run_id)
 
 
+@pytest.mark.processes
 def test_resume_refuses_an_active_run_and_one_without_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text(SPEC.format(name="t", steps=10, extra=""))
     with Registry() as reg:

@@ -10,9 +10,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.processes
 def test_a_segfault_in_a_model_prints_the_python_stack(tmp_path: Path) -> None:
     (tmp_path / "crashing_model.py").write_text(textwrap.dedent("""\
         import ctypes

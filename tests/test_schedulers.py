@@ -86,6 +86,7 @@ def _names_compared(path: Path, root: Path = PACKAGE) -> list[str]:
     return found
 
 
+@pytest.mark.processes
 def test_no_scheduler_is_known_by_name_outside_its_backend(tmp_path: Path) -> None:
     # the check itself finds the branches it is for, and not a launcher's or a profile file's "local"
     (tmp_path / "x.py").write_text('if site.scheduler != "slurm" or facts.name in ("pbs", "x"):\n    pass\n'

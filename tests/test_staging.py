@@ -290,6 +290,7 @@ def mpi4py_on_path(tmp: Path) -> Path:
 MPI_CASES = ["tree", "no-mpi4py", "no-libmpi", "not-the-launchers"]
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("mpi", MPI_CASES)
 @pytest.mark.parametrize(("scheduler", "launcher"), [("pbs", "mpiexec"), ("cobalt", "aprun")])
 def test_staged_script_runs_on_pbs_and_cobalt_stand_ins(tmp_path: Path, scheduler: str, launcher: str,

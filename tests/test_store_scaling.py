@@ -50,6 +50,7 @@ def _served(records: list[dict[str, Any]], phase: str) -> int:
     return sum(r["totals"][phase] for r in records)
 
 
+@pytest.mark.processes
 def test_startup_store_calls_per_rank_do_not_grow_with_ranks(tmp_path: Path, venv_bin: Path) -> None:
     """Rank 0 serves 5 N + 1 calls at start-up (it served N (2 N + 1) when every rank read every other rank's gloo
     address from it: 10, 36, 136 at N = 2, 4, 8) and accepts two connections per rank."""
@@ -67,6 +68,7 @@ def test_startup_store_calls_per_rank_do_not_grow_with_ranks(tmp_path: Path, ven
     assert per_rank[8] <= 6, per_rank
 
 
+@pytest.mark.processes
 def test_a_full_mesh_reads_every_address_in_the_rank(tmp_path: Path, venv_bin: Path) -> None:
     """With lazy pairs off (TORCH_GLOO_LAZY_INIT=0) gloo connects the full mesh at start-up: its 2 N + 1 reads of
     the addresses are answered in the rank, from the one exchange, and rank 0 serves the same 5 N + 1 calls."""
@@ -75,6 +77,7 @@ def test_a_full_mesh_reads_every_address_in_the_rank(tmp_path: Path, venv_bin: P
     assert _served(records, "startup") <= 6 * 4
 
 
+@pytest.mark.processes
 def test_training_sends_no_store_request_per_watchdog_tick(tmp_path: Path, venv_bin: Path) -> None:
     """Steps a watchdog tick apart: every rank's watchdog ticks at least ``steps`` times, and the server gets no
     call in training however many (the watchdog polled it every tick: N per tick). At close, one call per rank and

@@ -157,6 +157,7 @@ def test_parse_array_and_after() -> None:
 # --- the local site, end to end -------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_local_submit_status_logs_through_the_cli(env: Path) -> None:
     out = _cli("submit", "tiny.yaml", "--site", "local", "--command", " ".join(map(_q, WRITE_METRICS)),
                env_dir=env)
@@ -182,6 +183,7 @@ def test_local_submit_status_logs_through_the_cli(env: Path) -> None:
     assert runs[0]["chain"][0]["ok"] is True and runs[0]["chain"][0]["job_id"] == job_id
 
 
+@pytest.mark.processes
 def test_logs_follow_and_status_watch_return_when_the_run_ends(env: Path) -> None:
     """Both start while the job still runs (it prints, sleeps 4 s, prints again): ``logs --follow`` streams
     both lines and the launcher's last one, ``status --watch`` redraws until the run is completed; both then
@@ -211,6 +213,7 @@ def _q(word: str) -> str:
     return shlex.quote(word)
 
 
+@pytest.mark.processes
 def test_python_api_wait_logs_and_cancel(env: Path) -> None:
     handle = submit(env / "tiny.yaml", "local", command=WRITE_METRICS)
     assert isinstance(handle, RunHandle) and handle.job_id
@@ -280,6 +283,7 @@ def _interpreter_without_torch(root: Path) -> Path:
     return python
 
 
+@pytest.mark.processes
 def test_a_local_job_whose_interpreter_lacks_torch_is_refused_before_it_starts(env: Path) -> None:
     """A laptop install without the training stack: ``submit --site local`` (and ``--dry-run``) asks the interpreter
     that will run the job first and refuses with one line naming it and the install command; nothing is registered.
@@ -334,6 +338,7 @@ def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> No
                                                                                 done.runs[0].run_dir]]
 
 
+@pytest.mark.processes
 def test_eight_processes_submit_and_poll_at_once(env: Path) -> None:
     environ = {**os.environ, "PYTHONPATH": str(REPO)}
     procs = []

@@ -33,6 +33,7 @@ pytestmark = pytest.mark.timeout(300)
 NEEDS_NO_PLUGIN_INSTALLED = ("test_find_good_plugin", "test_skip_bad_plugin")
 
 
+@pytest.mark.processes
 def test_submitits_own_plugin_tests_pass_with_hpctrain_installed(tmp_path: Path) -> None:
     """submitit.core.test_plugins, run as submitit's CI runs it, finds hpctrain's executor and job environment
     through the entry points and holds them to the contract (``_requeue`` overridden, affinity, not active
@@ -68,6 +69,7 @@ def _chain(job: HpctrainJob) -> list[str]:
         return [s.kind for s in reg.chain(job.run_id)]
 
 
+@pytest.mark.processes
 def test_interrupt_sends_the_checkpoint_signal_now_and_the_job_is_requeued(places: Places) -> None:
     """``job._interrupt()`` (submitit's way to test preemption): the local controller hands the job its
     checkpoint signal at once, 10 minutes before the walltime would; rank 0 checkpoints, the job is run again
@@ -83,6 +85,7 @@ def test_interrupt_sends_the_checkpoint_signal_now_and_the_job_is_requeued(place
     assert "stopped at a checkpoint" in (job.stderr() or "")
 
 
+@pytest.mark.processes
 def test_interrupt_of_a_job_that_has_ended_is_a_clear_error(places: Places) -> None:
     job = _executor(places).submit(submitit_support.square, 3)
     assert job.result() == 9
@@ -91,6 +94,7 @@ def test_interrupt_of_a_job_that_has_ended_is_a_clear_error(places: Places) -> N
         job._interrupt(timeout=True)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("tasks", [1, 2])
 def test_requeue_from_the_job_environment_requeues_the_job(places: Places, tasks: int) -> None:
     """``submitit.JobEnvironment()._requeue(countdown)``, as submitit's signal handler calls it: every task

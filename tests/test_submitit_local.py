@@ -39,6 +39,7 @@ def _executor(places: Places, **parameters: object) -> submitit.AutoExecutor:
     return ex
 
 
+@pytest.mark.processes
 def test_a_function_returns_its_result_and_logs(places: Places) -> None:
     job = _executor(places).submit(add, 2, 3)
     assert isinstance(job, HpctrainJob) and job.job_id.isdigit()
@@ -60,6 +61,7 @@ def test_a_function_returns_its_result_and_logs(places: Places) -> None:
     assert again.run_id == job.run_id and again.result() == 5 and again.state == "COMPLETED"
 
 
+@pytest.mark.processes
 def test_an_exception_comes_back_with_its_traceback(places: Places) -> None:
     job = _executor(places).submit(fail, 7)
     error = job.exception()
@@ -71,6 +73,7 @@ def test_an_exception_comes_back_with_its_traceback(places: Places) -> None:
     wait_for(lambda: job.state == "FAILED", 60, f"FAILED (state {job.state})")
 
 
+@pytest.mark.processes
 def test_tasks_get_their_job_environment_from_the_local_launcher(places: Places) -> None:
     job = _executor(places, tasks_per_node=2).submit(task_environment, "two")
     results = job.results()
@@ -81,6 +84,7 @@ def test_tasks_get_their_job_environment_from_the_local_launcher(places: Places)
     assert job.task(1).result() == results[1]
 
 
+@pytest.mark.processes
 def test_map_array_and_batch_without_arrays_submit_one_run_each(places: Places) -> None:
     """The local back-end has no job arrays: each call is its own run (one controller each)."""
     ex = _executor(places)
@@ -92,6 +96,7 @@ def test_map_array_and_batch_without_arrays_submit_one_run_each(places: Places) 
     assert len({j.run_id for j in [*jobs, *batched]}) == 5
 
 
+@pytest.mark.processes
 def test_a_killed_job_is_a_clear_error_not_a_hang(places: Places) -> None:
     """The callable's process is killed (as by the OOM killer): no result ever appears; result() says how the
     job ended, with the end of its logs, as soon as hpctrain sees it ended."""
@@ -111,6 +116,7 @@ def test_a_killed_job_is_a_clear_error_not_a_hang(places: Places) -> None:
     assert isinstance(job.exception(), UncompletedJobError)
 
 
+@pytest.mark.processes
 def test_a_short_walltime_warns_about_requeues_only_when_the_callable_can_be_requeued(places: Places) -> None:
     """submitit's README example (one minute for a function of a few seconds) submits without a word about
     requeues that cannot happen; a Checkpointable with the same walltime is told that each run gets little time."""
@@ -139,6 +145,7 @@ def test_a_short_walltime_warns_about_requeues_only_when_the_callable_can_be_req
     assert not ex._executor.may_requeue([DelayedSubmission(add, 5, 7)])
 
 
+@pytest.mark.processes
 def test_cancel_stops_the_job(places: Places) -> None:
     pid_file = places.root / "pid"
     job = _executor(places).submit(hold, str(pid_file), 600)
@@ -154,6 +161,7 @@ def _runs_json(places: Places) -> list[dict[str, object]]:
     return json.loads(out.stdout)
 
 
+@pytest.mark.processes
 def test_a_checkpointable_is_requeued_at_the_walltime_signal_and_finishes(places: Places) -> None:
     """The local controller signals 10 s before a 20 s walltime; the runner checkpoints, exits 75; the
     controller runs the script again (what scontrol requeue does) and the callable continues from its state."""
@@ -172,6 +180,7 @@ def test_a_checkpointable_is_requeued_at_the_walltime_signal_and_finishes(places
     assert "stopped at a checkpoint" in (job.stderr() or "")
 
 
+@pytest.mark.processes
 def test_past_max_num_timeout_the_job_ends_at_its_walltime_with_a_clear_error(places: Places) -> None:
     """hpctrain's cap: one requeue allowed; at the second signal the callable runs on and the walltime ends
     it (TIMEOUT). No result: the error names the state and the restart."""
@@ -189,6 +198,7 @@ def test_past_max_num_timeout_the_job_ends_at_its_walltime_with_a_clear_error(pl
     assert marker.read_text() == "2\n"
 
 
+@pytest.mark.processes
 def test_a_task_that_raises_is_the_error_of_a_multi_task_job(places: Places) -> None:
     """Task 1 raises while task 0 waits for it; the launcher ends task 0, which leaves no result. result(),
     results() and exception() give task 1's own exception with its traceback, not task 0's missing result;

@@ -368,6 +368,7 @@ def test_past_max_requeues_the_signal_is_not_a_requeue(tmp_path: Path) -> None:
     assert proc.wait(timeout=30) != 75
 
 
+@pytest.mark.processes
 def test_a_callable_without_checkpoint_runs_on_after_the_signal(tmp_path: Path) -> None:
     _stage(tmp_path, submitit_support.hold, str(tmp_path / "pid"), 3.0)
     proc = _runner(tmp_path)

@@ -66,6 +66,7 @@ def cobalt(places: Places, monkeypatch: pytest.MonkeyPatch) -> Path:
     return write_standin_site(places.root, "cobalt-standin", "cobalt")
 
 
+@pytest.mark.processes
 def test_cobalt_runs_callables_one_job_each(places: Places, cobalt: Path) -> None:
     """Cobalt has no job arrays: map_array submits one job per item."""
     ex = submitit.AutoExecutor(places.folder, cluster="hpctrain", hpctrain_site=str(cobalt))
@@ -75,6 +76,7 @@ def test_cobalt_runs_callables_one_job_each(places: Places, cobalt: Path) -> Non
     assert len({j.job_id for j in jobs}) == 2 and all(j.job_id.isdigit() for j in jobs)
 
 
+@pytest.mark.processes
 def test_a_checkpointable_on_cobalt_resubmits_itself_and_finishes(places: Places, cobalt: Path) -> None:
     """The script's timer raises the signal 10 s before a 20 s walltime; the runner checkpoints and exits 75;
     the script submits itself again (Cobalt cannot requeue) and the new job continues from the checkpoint."""

@@ -65,6 +65,7 @@ def _runs() -> list[object]:
         return list(reg.list_runs())
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("started_in", ["project", "elsewhere"])
 def test_a_module_beside_the_script_is_found_in_the_job(places: Places, started_in: str) -> None:
     """``python run.py`` with mytools.py beside it, started in its directory or another: the job puts the
@@ -82,6 +83,7 @@ def test_a_module_beside_the_script_is_found_in_the_job(places: Places, started_
     assert Path(str(result["cwd"])).parent == places.runs  # it ran in its run directory
 
 
+@pytest.mark.processes
 def test_a_module_found_only_in_the_submitters_directory_is_refused_before_anything_is_queued(
         places: Places) -> None:
     """Code run in a directory holding mytools.py (``python -c``, a notebook): this process imports mytools

@@ -179,6 +179,7 @@ MEAN_CASES = [
 ]
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("launcher", "nprocs", "train"), MEAN_CASES)
 def test_mean_keeps_ranks_identical_and_equals_one_rank_on_the_concatenated_batch(
@@ -259,6 +260,7 @@ def test_bfloat16_forward_keeps_ranks_identical_float32_weights_and_stays_near_f
     assert json.loads((tmp_path / "run" / "profile.json").read_text())["precision"] == "bfloat16"
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("launcher", "nprocs", "mode"), [
     pytest.param("mpi", 3, "gradient", id="mpi-3-gradient", marks=pytest.mark.mpi),
@@ -304,6 +306,7 @@ def test_adacomp_keeps_ranks_identical_and_reports_compression_per_layer_kind(tm
         "each rank keeps its own AdaComp residue"
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(240)
 def test_dasgd_ranks_differ_between_averages_and_agree_at_the_end(tmp_path: Path) -> None:
     steps = 7  # not a multiple of the period: the last merged average leaves local progress on each rank

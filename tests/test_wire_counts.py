@@ -41,6 +41,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+@pytest.mark.processes
 def test_every_mpi_function_mpi4py_calls_is_wrapped(library: Path) -> None:
     """No MPI call can pass the interposer: each MPI_ function mpi4py's extension imports has a wrapper in the
     library (the ABI queries mpi4py makes before any MPI library is loaded aside)."""

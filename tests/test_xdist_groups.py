@@ -40,6 +40,7 @@ def test_only_modules_that_use_the_slurm_share_its_group(pytester: pytest.Pytest
                       "test_through_fixture": "slurm", "test_marked": "slurm", "test_plain": "test_plain"}
 
 
+@pytest.mark.processes
 def test_under_loadgroup_a_module_runs_on_one_worker_with_its_group_in_the_test_id(pytester: pytest.Pytester) -> None:
     """Two real xdist workers: every test id carries its group (``@slurm``, ``@MODULE``), so ``--dist loadgroup``
     keeps each module on one worker and the Slurm modules one after another."""

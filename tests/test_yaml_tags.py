@@ -43,6 +43,7 @@ def test_a_tag_the_value_does_not_fit_names_the_file_and_the_tag(tmp_path: Path,
     assert info.value.path == "--set train.lr=" + value and info.value.key == "train.lr"
 
 
+@pytest.mark.processes
 def test_a_misfit_tag_on_the_command_line_is_one_line() -> None:
     done = subprocess.run([sys.executable, "-m", "hpctrain", "render", str(JOB), "--set", "train.lr=!!float x"],
                           capture_output=True, text=True, cwd=REPO, timeout=120)
