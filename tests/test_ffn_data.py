@@ -10,7 +10,8 @@ import pytest
 import zarr
 
 from hpctrain.errors import DataError
-from hpctrain.ffn.examples import (
+from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
+from hpctrain.ffn.training.coordinates import (
     DEFAULT_THRESHOLDS,
     IGNORE_PARTITION,
     build_coordinates,
@@ -20,7 +21,6 @@ from hpctrain.ffn.examples import (
     shard,
     write_coordinates,
 )
-from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
 from hpctrain.ffn.volume import Volume, load_image_and_labels, load_volume, open_volume
 
 

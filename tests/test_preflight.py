@@ -290,8 +290,8 @@ def test_schemas_match_what_the_ranks_build() -> None:
     from sklearn.datasets import load_digits
 
     from hpctrain.ffn.synthetic import make_synthetic_volume
-    from hpctrain.ffn.task import STREAM_FIELDS
-    from hpctrain.ffn.training import StreamConfig
+    from hpctrain.ffn.training.stream import StreamConfig
+    from hpctrain.ffn.training.task import STREAM_FIELDS
 
     assert len(load_digits().images) == DIGITS_IMAGES
     assert set(SyntheticVolume.model_fields) == set(inspect.signature(make_synthetic_volume).parameters)

@@ -87,9 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_tune.add_argument("--crop", type=int, nargs=3, metavar=("Z", "Y", "X"), default=None,
                         help="central crop of the volume to segment per candidate (default: data.eval.tune.crop)")
     p_tune.add_argument("--fit-joins", nargs=2, type=volume_flag, metavar=("IMAGE", "LABELS"), default=None,
-                        help="fit a join model (hpctrain.ffn.join_model) on this labelled volume first, e.g. the "
-                             "training volume (default: data.eval.tune.fit_joins's volume, else data.train, when the "
-                             "job has data.eval.tune.fit_joins)")
+                        help="fit a join model (hpctrain.ffn.inference.join_model) on this labelled volume first, "
+                             "e.g. the training volume (default: data.eval.tune.fit_joins's volume, else data.train, "
+                             "when the job has data.eval.tune.fit_joins)")
     p_tune.add_argument("--replace-joins", action="store_true",
                         help="write the new join model even where it was fitted on far fewer pairs than the one in "
                              "the model package (refused otherwise)")
@@ -115,7 +115,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from hpctrain.config.job import load_job
     from hpctrain.config.plugins.ffn import SCHEMA, training_margin
-    from hpctrain.ffn.task import prepare_training_data
+    from hpctrain.ffn.training.task import prepare_training_data
 
     job = load_job(args.job)
     model_args, data = SCHEMA.parse(job.model_args, job.data)
@@ -128,7 +128,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_segment(args: argparse.Namespace) -> int:
-    from hpctrain.ffn.inference import run_segment
+    from hpctrain.ffn.inference.runner import run_segment
     from hpctrain.memory_budget import memory_budget
     from hpctrain.workflows.ffn import find_trained, segment_in_pieces, segment_settings
 
@@ -161,9 +161,9 @@ def cmd_segment(args: argparse.Namespace) -> int:
 def cmd_segment_parts(args: argparse.Namespace) -> int:
     import os
 
+    from hpctrain.ffn.inference.subvolume_finish import finish_parts
+    from hpctrain.ffn.inference.subvolumes import segment_parts
     from hpctrain.ffn.perf import available_cpus
-    from hpctrain.ffn.subvolume_finish import finish_parts
-    from hpctrain.ffn.subvolumes import segment_parts
     from hpctrain.launch_env import detect_launch_env
     from hpctrain.memory_budget import memory_budget
 
@@ -220,7 +220,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     from hpctrain.commands.output import print_json, print_table
     from hpctrain.errors import ConfigError
-    from hpctrain.ffn.evaluate import format_report, run_evaluate
+    from hpctrain.ffn.evaluation.evaluate import format_report, run_evaluate
     from hpctrain.ffn.volume import load_volume
     from hpctrain.memory_budget import memory_budget
     from hpctrain.workflows.ffn import baseline_scores

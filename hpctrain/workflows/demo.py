@@ -124,7 +124,7 @@ def pace_text(pace: dict[str, float] | None) -> str:
 
 def score(seg: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """VOI (total, split, merge) and adapted Rand error of ``seg`` against ``truth`` (0 = ignored)."""
-    from hpctrain.ffn.evaluate import evaluate_segmentation
+    from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 
     r = evaluate_segmentation(seg, truth)
     return {"voi": r["voi_split"] + r["voi_merge"], "voi_split": r["voi_split"], "voi_merge": r["voi_merge"],
@@ -135,7 +135,7 @@ def score(seg: np.ndarray, truth: np.ndarray) -> dict[str, float]:
 def best_threshold_baseline(image: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """The Otsu baseline at the global threshold that scores best against the ground truth (an oracle
     reference: it looks at the answer, so it is reported beside the honest baselines, not instead of them)."""
-    from hpctrain.ffn.baseline import baseline_segmentation, interior_threshold
+    from hpctrain.ffn.evaluation.baseline import baseline_segmentation, interior_threshold
 
     otsu = interior_threshold(image)
     best: dict[str, float] = {}
@@ -153,9 +153,9 @@ def baselines(volumes: dict[str, str], held_out: list[str]) -> tuple[dict[str, d
 
     import numpy as np
 
-    from hpctrain.ffn.baseline import baseline_segmentation
+    from hpctrain.ffn.evaluation.baseline import baseline_segmentation
+    from hpctrain.ffn.evaluation.watershed import tune_watershed, watershed_segmentation
     from hpctrain.ffn.volume import load_volume
-    from hpctrain.ffn.watershed import tune_watershed, watershed_segmentation
 
     train_image = np.asarray(load_volume(f"{volumes['train']}:image"))
     train_truth = np.asarray(load_volume(f"{volumes['train']}:labels"))
@@ -177,7 +177,7 @@ def segment_and_score(checkpoint: str, volume: str, out: Path, settings: dict[st
     """Flood-fill ``volume`` (an HDF5 file with image and labels) with ``checkpoint``; (summary, scores)."""
     import numpy as np
 
-    from hpctrain.ffn.inference import run_segment
+    from hpctrain.ffn.inference.runner import run_segment
     from hpctrain.ffn.volume import load_volume
 
     summary = run_segment(checkpoint, f"{volume}:image", f"{out}:segmentation", config=settings or None,
@@ -199,9 +199,9 @@ def tuning_volume(tuning: Any, volumes: dict[str, str]) -> tuple[Any, Any, str]:
 def tune_thresholds(checkpoint: str, volumes: dict[str, str], settings: dict[str, Any], tuning: Any,
                     threads: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The job's ``data.eval.tune`` candidates tried with this run's model on (a central crop of) its validation
-    volume, or the training volume where it names none (``ffn/tuning.py``); returns (the held-out settings with
-    the chosen values, a record of the choice)."""
-    from hpctrain.ffn.tuning import tune_checkpoint
+    volume, or the training volume where it names none (``ffn/inference/tuning.py``); returns (the held-out settings
+    with the chosen values, a record of the choice)."""
+    from hpctrain.ffn.inference.tuning import tune_checkpoint
 
     image, labels, where = tuning_volume(tuning, volumes)
     fit_on = None
@@ -371,10 +371,10 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     import numpy as np
 
     from hpctrain.config.job import load_job
+    from hpctrain.ffn.evaluation.watershed import watershed_segmentation
     from hpctrain.ffn.perf import available_cpus
-    from hpctrain.ffn.task import model_config, prepare_training_data
+    from hpctrain.ffn.training.task import model_config, prepare_training_data
     from hpctrain.ffn.volume import load_volume
-    from hpctrain.ffn.watershed import watershed_segmentation
     from hpctrain.workflows.ffn import (
         inference_settings,
         inference_tuning,

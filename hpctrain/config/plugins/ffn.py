@@ -1,6 +1,6 @@
 """The Flood-Filling Network's ``model_args`` and ``data`` (``model: ffn``), checked without torch or numpy.
 
-``hpctrain.ffn.task`` builds the model and the training-example stream from these validated values; the
+``hpctrain.ffn.training.task`` builds the model and the training-example stream from these validated values; the
 preflight uses the same models to refuse, on the laptop, a FOV that is even-sized, a policy that does not
 exist or a training volume too small to hold one training box.
 """
@@ -249,8 +249,8 @@ FIT_FLOOD_FIXED = ("fov", "deltas", "image_mean", "image_stddev", "join_model", 
 
 
 class JoinFit(Strict):
-    """``data.eval.tune.fit_joins``: a join model (``hpctrain.ffn.join_model``) fitted for each trained model on
-    the pieces of a labelled volume before the thresholds are chosen; the join threshold is then a probability."""
+    """``data.eval.tune.fit_joins``: a join model (``hpctrain.ffn.inference.join_model``) fitted for each trained model
+    on the pieces of a labelled volume before the thresholds are chosen; the join threshold is then a probability."""
 
     volume: _VolumeSource | None = Field(None, description="labelled volume to fit on, like data.train (default: "
                                                            "the training volume)")
@@ -272,7 +272,7 @@ class JoinFit(Strict):
 
 class InferenceTuning(Strict):
     """``data.eval.tune``: inference thresholds chosen for each trained model on a labelled volume
-    (``hpctrain.ffn.tuning``): every combination of the candidates segments (a central crop of) ``volume`` —
+    (``hpctrain.ffn.inference.tuning``): every combination of the candidates segments (a central crop of) ``volume`` —
     ``data.train`` when it is not given — and the lowest VOI against its labels wins (``hpctrain demo``,
     ``hpctrain ffn tune``)."""
 
@@ -301,7 +301,7 @@ class InferenceTuning(Strict):
         return fit.inference.model_dump(exclude_none=True) if fit is not None and fit.inference is not None else {}
 
     def grid(self) -> dict[str, list[float]]:
-        """The candidates by InferenceConfig key (``hpctrain.ffn.tuning.tune_inference``'s ``grid``)."""
+        """The candidates by InferenceConfig key (``hpctrain.ffn.inference.tuning.tune_inference``'s ``grid``)."""
         return {k: list(v) for k, v in (("move_threshold", self.move_threshold),
                                         ("segment_threshold", self.segment_threshold),
                                         ("agglomerate_threshold", self.agglomerate_threshold)) if v}

@@ -51,7 +51,7 @@ def _non_negative(sizes: Zyx) -> Zyx:
 
 
 JOIN_FEATURES = ("claim", "gap", "brightness_difference", "log_contact", "touch", "membrane_dip")
-"""The pair features a join model is over, in order (``hpctrain.ffn.join_model`` computes them)."""
+"""The pair features a join model is over, in order (``hpctrain.ffn.inference.join_model`` computes them)."""
 JOIN_MODEL_KEYS = ("features", "mean", "scale", "coef", "intercept")
 
 
@@ -128,7 +128,7 @@ class FloodSettings(_Group):
 class SeedSettings(_Group):
     """Where objects are started."""
 
-    seed_policy: Literal["peaks", "grid"] = Field("peaks", description="seed policy (hpctrain.ffn.seeds)")
+    seed_policy: Literal["peaks", "grid"] = Field("peaks", description="seed policy (hpctrain.ffn.inference.seeds)")
     seed_args: dict[str, Any] = Field(default_factory=dict, description="the policy's arguments")
     reseed_passes: int = Field(0, ge=0, description="not in the reference (0: off): passes of the peaks policy over "
                                "the voxels still unsegmented after the policy's seeds (segmented ones count as "
@@ -147,8 +147,9 @@ class JoinSettings(_Group):
     linkage: Literal["single", "average"] = Field("single", description="single: every pair at the threshold "
                                                   "joins, transitively; average: groups join best first while "
                                                   "the mean score of the pairs between them reaches it")
-    join_model: JoinModelDict = Field(None, description="a fitted join model (hpctrain.ffn.join_model.JoinModel."
-                                      "as_dict): pairs are scored by its probability instead of the mutual claim")
+    join_model: JoinModelDict = Field(None, description="a fitted join model "
+                                      "(hpctrain.ffn.inference.join_model.JoinModel.as_dict): pairs are scored by "
+                                      "its probability instead of the mutual claim")
 
 
 class FillSettings(_Group):

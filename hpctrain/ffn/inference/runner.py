@@ -15,18 +15,18 @@ import numpy as np
 
 from hpctrain.config.numbers import NumberError, check_threads
 from hpctrain.errors import CheckpointError, ConfigError
-from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
-from hpctrain.ffn.batching import FovBatches, flood_together
-from hpctrain.ffn.canvas import Canvas, make_canvas
-from hpctrain.ffn.seeds import make_seeds, within_margin
-from hpctrain.ffn.segmentation import make_labels_contiguous, split_disconnected, write_segmentation_hdf5
-from hpctrain.ffn.settings import (
+from hpctrain.ffn.inference.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
+from hpctrain.ffn.inference.batching import FovBatches, flood_together
+from hpctrain.ffn.inference.canvas import Canvas, make_canvas
+from hpctrain.ffn.inference.seeds import make_seeds, within_margin
+from hpctrain.ffn.inference.settings import (
     FillSettings,
     InferenceConfig,
     JoinSettings,
     SeedSettings,
     checkpoint_settings,
 )
+from hpctrain.ffn.segmentation import make_labels_contiguous, split_disconnected, write_segmentation_hdf5
 from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 from hpctrain.runtime.precision import resolve_precision
 
@@ -79,7 +79,7 @@ def pair_scores(image: np.ndarray, pieces: np.ndarray, claims: Mapping[tuple[int
     """The score each claimed pair is joined by: its claim, or ``joins.join_model``'s probability."""
     if joins.join_model is None:
         return dict(claims)
-    from hpctrain.ffn.join_model import JoinModel, join_scores
+    from hpctrain.ffn.inference.join_model import JoinModel, join_scores
 
     return join_scores(image, pieces, claims, JoinModel.from_mapping(joins.join_model))
 

@@ -18,7 +18,7 @@ import numpy as np
 from hpctrain.config.plugins.ffn import deltas_problem
 from hpctrain.config.plugins.ffn_inference import ExecutionSettings, FloodSettings, InferenceConfig
 from hpctrain.errors import ConfigError, DataError, RuntimeFailure
-from hpctrain.ffn.batching import FovBatches, FovRequests, Position, SeedOrder, check_output, flood_together
+from hpctrain.ffn.inference.batching import FovBatches, FovRequests, Position, SeedOrder, check_output, flood_together
 from hpctrain.ffn.movement import FaceMaxMovementPolicy
 from hpctrain.ffn.segmentation import make_labels_contiguous
 

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from hpctrain.errors import DataError
-from hpctrain.ffn.examples import shard
-from hpctrain.ffn.training_moves import (
+from hpctrain.ffn.training.coordinates import shard
+from hpctrain.ffn.training.moves import (
     BareSeed,
     FixedMoves,
     MaxPredMoves,
