@@ -193,10 +193,10 @@ def flood_vs_forward(size: Size, threads: int, rounds: int, checkpoint: Path | N
                      batch: int = 8) -> list[dict]:
     """Flood fill's FOVs per second (one canvas; four subvolume canvases in lock step) against the same
     model's forward rate at batch 1 and at ``batch``, measured in interleaved rounds of this run."""
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
     from hpctrain.ffn.inference.canvas import make_canvas
     from hpctrain.ffn.inference.runner import segment_volumes_together
     from hpctrain.ffn.inference.seeds import make_seeds, within_margin
-    from hpctrain.ffn.inference.settings import InferenceConfig
     from hpctrain.ffn.synthetic import make_synthetic_volume
 
     perf.set_threads(threads)

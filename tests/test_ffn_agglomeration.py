@@ -16,6 +16,7 @@ import pytest
 import torch
 import yaml
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 from hpctrain.ffn.inference.agglomeration import (
     agglomerate,
@@ -27,7 +28,6 @@ from hpctrain.ffn.inference.agglomeration import (
 )
 from hpctrain.ffn.inference.canvas import logit
 from hpctrain.ffn.inference.runner import segment_volume
-from hpctrain.ffn.inference.settings import InferenceConfig
 from tests.test_ffn_inference import OracleModel, cubes_volume
 
 REPO = Path(__file__).resolve().parents[1]
@@ -188,7 +188,7 @@ def test_average_linkage_equals_a_brute_force_reference() -> None:
 def test_bad_agglomeration_settings_are_refused_on_the_laptop(bad: dict) -> None:
     from pydantic import ValidationError
 
-    from hpctrain.config.plugins.ffn import InferenceSettings
+    from hpctrain.config.plugins.ffn_inference import InferenceSettings
 
     with pytest.raises(ValidationError):
         InferenceSettings(**bad)

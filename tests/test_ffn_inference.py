@@ -12,12 +12,12 @@ import pytest
 import torch
 from torch import nn
 
+from hpctrain.config.plugins.ffn_inference import FloodSettings, InferenceConfig
 from hpctrain.errors import CheckpointError, ConfigError, RuntimeFailure
 from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 from hpctrain.ffn.inference.canvas import Canvas, logit
 from hpctrain.ffn.inference.runner import load_model, pieces_and_claims, run_segment, segment_volume
 from hpctrain.ffn.inference.seeds import grid_seeds, make_seeds, peak_seeds, within_margin
-from hpctrain.ffn.inference.settings import FloodSettings, InferenceConfig
 from hpctrain.ffn.movement import FaceMaxMovementPolicy, face_max_offsets, quantize_position
 from hpctrain.ffn.segmentation import clear_dust, make_labels_contiguous, split_disconnected, write_segmentation_hdf5
 
@@ -562,3 +562,19 @@ def test_canvases_flooded_together_each_with_objects_at_once_match_each_alone() 
     assert max(model.sizes) > 2 * 2  # more FOVs in a call than one canvas with one object could ask
     for one, both in zip(alone, together, strict=True):
         assert np.array_equal(one, both) and one.max() >= 5
+
+
+def test_both_ffn_schemas_read_a_zyx_the_same_way() -> None:
+    """One integer is a cube, three are (z, y, x); a fractional size is refused by the training schema and the
+    inference settings alike, not truncated."""
+    from pydantic import ValidationError
+
+    from hpctrain.config.plugins.ffn import FFNModelArgs
+
+    assert FFNModelArgs(fov=9, deltas=[2, 3, 3]).fov == InferenceConfig(fov=9, deltas=[2, 3, 3]).flood.fov == (9, 9, 9)
+    with pytest.raises(ValidationError, match="one integer or three"):
+        FFNModelArgs(fov=[9.5, 9, 9])
+    with pytest.raises(ConfigError, match="one integer or three"):
+        InferenceConfig.from_mapping({"fov": [9.5, 9, 9]})
+    with pytest.raises(ConfigError, match="one integer or three"):
+        InferenceConfig.from_mapping({"min_boundary_dist": [True, 1, 1]})

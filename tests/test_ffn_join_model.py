@@ -20,6 +20,7 @@ import yaml
 from test_ffn_inference import OracleModel
 from test_ffn_subvolumes import REPO, everything_model, painted_volume
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.errors import ConfigError
 from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 from hpctrain.ffn.inference.join_model import (
@@ -32,7 +33,6 @@ from hpctrain.ffn.inference.join_model import (
     training_pairs,
 )
 from hpctrain.ffn.inference.runner import segment_volume
-from hpctrain.ffn.inference.settings import InferenceConfig
 from hpctrain.ffn.inference.tuning import fit_joins, tune_inference
 
 

@@ -133,3 +133,52 @@ def test_the_inference_settings_are_declared_once() -> None:
                 if len(fields & settings) >= 2:
                     elsewhere.append(f"{path.name}: class {node.name} declares {sorted(fields & settings)}")
     assert not elsewhere, "inference settings declared a second time:\n" + "\n".join(elsewhere)
+
+
+SCHEMAS = Path(hpctrain.__file__).resolve().parent / "config" / "plugins"
+
+
+def _top_level_names(path: Path) -> set[str]:
+    """Functions, classes and variables ``path`` defines at module level (loggers and ``__all__`` aside)."""
+    names: set[str] = set()
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names.add(node.target.id)
+    return names - {"log", "__all__"}
+
+
+def _defined_twice(paths: list[Path]) -> list[str]:
+    where: dict[str, list[str]] = defaultdict(list)
+    for path in paths:
+        for name in _top_level_names(path):
+            where[name].append(path.name)
+    return sorted(f"{name}: {', '.join(sorted(files))}" for name, files in where.items() if len(files) > 1)
+
+
+def test_the_ffn_schemas_write_each_rule_once_and_import_without_a_circle() -> None:
+    """The FFN's schema modules (``config/plugins/ffn*.py``) define each validator and type once, and import each
+    other without a circle (function-level imports included: a deferred import only hides one)."""
+    paths = sorted(SCHEMAS.glob("ffn*.py"))
+    assert len(paths) >= 3
+    assert not _defined_twice(paths), "defined twice:\n" + "\n".join(_defined_twice(paths))
+    names = {f"hpctrain.config.plugins.{p.stem}": p for p in paths}
+    graph = {name: {n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
+             & set(names) for name, path in names.items()}
+    done: set[str] = set()
+
+    def circle(name: str, trail: list[str]) -> list[str] | None:
+        for dep in graph[name]:
+            if dep in trail:
+                return [*trail[trail.index(dep):], dep]
+            if dep not in done and (found := circle(dep, [*trail, dep])):
+                return found
+        done.add(name)
+        return None
+
+    for name in graph:
+        found = circle(name, [name])
+        assert found is None, "import circle: " + " -> ".join(found or [])

@@ -57,8 +57,8 @@ def volume() -> np.ndarray:
 
 
 def segmentations() -> dict[str, np.ndarray]:
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
     from hpctrain.ffn.inference.runner import segment_volume, segment_volumes_together
-    from hpctrain.ffn.inference.settings import InferenceConfig
 
     torch.set_num_threads(1)
     image = volume()

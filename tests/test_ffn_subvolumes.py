@@ -21,11 +21,11 @@ import pytest
 import torch
 from test_ffn_inference import OracleModel
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 from hpctrain.ffn.inference.agglomeration import contact_pairs
 from hpctrain.ffn.inference.runner import segment_volume
-from hpctrain.ffn.inference.settings import InferenceConfig
 from hpctrain.ffn.inference.subvolume_finish import (
     OVERSEGMENTATION,
     assemble,

@@ -20,9 +20,9 @@ import yaml
 from test_ffn_inference import OracleModel
 from test_ffn_subvolumes import REPO, everything_model, painted_volume
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.inference.runner import segment_volume
-from hpctrain.ffn.inference.settings import InferenceConfig
 from hpctrain.ffn.inference.tuning import candidates, central_crop, tune_inference
 
 

@@ -407,7 +407,7 @@ def test_the_ranks_move_fovs_by_the_rule_the_laptop_checks() -> None:
     the schema's model_args check calls."""
     import numpy as np
 
-    from hpctrain.config.plugins.ffn import deltas_problem
+    from hpctrain.config.plugins.ffn_fields import deltas_problem
     from hpctrain.ffn.movement import face_max_offsets
 
     problem = deltas_problem((15, 15, 15), (9, 9, 9))

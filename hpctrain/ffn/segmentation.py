@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn import parse_volume_spec
+from hpctrain.config.plugins.ffn_volumes import parse_volume_spec
 from hpctrain.errors import DataError
 from hpctrain.files import atomic_path
 

@@ -168,8 +168,10 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
     pieces on the ranks again and assemble ``output`` (``ffn/inference/subvolume_finish.py``). Returns a summary.
     The image is checked from its header, and the pieces a rank floods at once against ``budget`` (default:
     ``memory_budget()``), before any work; ``memory_gb`` is passed to the ranks as their ``--memory-gb``."""
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
+    from hpctrain.config.plugins.ffn_volumes import check_image
     from hpctrain.ffn.inference.runner import load_model
-    from hpctrain.ffn.inference.settings import InferenceConfig, checkpoint_settings, finishes
+    from hpctrain.ffn.inference.settings import checkpoint_settings, finishes
     from hpctrain.ffn.inference.subvolume_finish import OVERSEGMENTATION, assemble, assign_pairs, finish_parts
     from hpctrain.ffn.inference.subvolumes import (
         check_pieces_fit,
@@ -179,7 +181,7 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
         segment_parts,
         write_plan,
     )
-    from hpctrain.ffn.volume import check_image, open_volume
+    from hpctrain.ffn.volume import open_volume
 
     t0 = time.perf_counter()
     with open_volume(volume, budget) as image:
@@ -246,8 +248,9 @@ def write_model_package(checkpoint: str, settings: dict[str, Any], chosen: dict[
                         record: dict[str, Any]) -> Path:
     """The settings a trained model segments with (flat keys: the job's ``data.eval.inference`` and what was
     chosen for it), resolved against its checkpoint, written as the model package beside it."""
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
     from hpctrain.ffn.inference.runner import load_model
-    from hpctrain.ffn.inference.settings import InferenceConfig, checkpoint_settings, write_package
+    from hpctrain.ffn.inference.settings import checkpoint_settings, write_package
 
     _, model_args, ckpt = load_model(checkpoint)
     resolved = InferenceConfig.from_mapping({**checkpoint_settings(model_args, ckpt), **settings})

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn import deltas_problem
+from hpctrain.config.plugins.ffn_fields import deltas_problem
 from hpctrain.config.plugins.ffn_inference import ExecutionSettings, FloodSettings, InferenceConfig
 from hpctrain.errors import ConfigError, DataError, RuntimeFailure
 from hpctrain.ffn.inference.batching import FovBatches, FovRequests, Position, SeedOrder, check_output, flood_together

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.errors import DataError
 from hpctrain.ffn.inference.agglomeration import UnionFind, contact_pairs, join_groups, mutual_claims
 from hpctrain.ffn.inference.runner import join_and_fill
-from hpctrain.ffn.inference.settings import InferenceConfig
 from hpctrain.ffn.inference.subvolumes import (
     Subvolume,
     check_pieces_fit,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn_inference import zyx
+from hpctrain.config.plugins.ffn_fields import zyx
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.inference.agglomeration import UnionFind
 from hpctrain.files import atomic_path, write_atomic

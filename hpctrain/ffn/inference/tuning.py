@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn_inference import STAGE_OF, InferenceConfig
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 from hpctrain.ffn.inference.canvas import Canvas
 from hpctrain.ffn.inference.runner import flooded_canvas, join_and_fill, pair_scores, pieces_and_claims
-from hpctrain.ffn.inference.settings import STAGE_OF, InferenceConfig
 from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 
 TUNABLE = ("move_threshold", "segment_threshold", "agglomerate_threshold")
@@ -163,8 +163,9 @@ def read_labelled(image_spec: Any, labels_spec: Any, crop: Sequence[int] | None,
     """(image, labels) of a central ``crop`` of a labelled volume; only the crop is read, once their dtypes and
     shapes are checked and the crop, its labels and its flood are known to fit ``budget`` (default:
     ``memory_budget()``)."""
+    from hpctrain.config.plugins.ffn_volumes import check_pair
     from hpctrain.ffn.inference.runner import FLOOD_BYTES_PER_VOXEL
-    from hpctrain.ffn.volume import check_pair, open_volume, selection_shape
+    from hpctrain.ffn.volume import open_volume, selection_shape
 
     with open_volume(image_spec, budget) as image_volume, open_volume(labels_spec, budget) as labels_volume:
         check_pair(image_volume, labels_volume)
