@@ -26,8 +26,8 @@ from hpctrain.ffn.inference.agglomeration import (
     seed_positions,
     watershed_fill,
 )
-from hpctrain.ffn.inference.canvas import logit
 from hpctrain.ffn.inference.runner import segment_volume
+from hpctrain.ffn.logits import logit
 from tests.test_ffn_inference import OracleModel, cubes_volume
 
 REPO = Path(__file__).resolve().parents[1]

@@ -10,12 +10,12 @@ import pytest
 import zarr
 
 from hpctrain.errors import DataError
+from hpctrain.ffn.segmentation import clear_dust
 from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
 from hpctrain.ffn.training.coordinates import (
     DEFAULT_THRESHOLDS,
     IGNORE_PARTITION,
     build_coordinates,
-    clear_dust,
     compute_partitions,
     read_coordinates,
     shard,

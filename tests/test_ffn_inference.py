@@ -15,9 +15,10 @@ from torch import nn
 from hpctrain.config.plugins.ffn_inference import FloodSettings, InferenceConfig
 from hpctrain.errors import CheckpointError, ConfigError, RuntimeFailure
 from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference.canvas import Canvas, logit
+from hpctrain.ffn.inference.canvas import Canvas
 from hpctrain.ffn.inference.runner import load_model, pieces_and_claims, run_segment, segment_volume
 from hpctrain.ffn.inference.seeds import grid_seeds, make_seeds, peak_seeds, within_margin
+from hpctrain.ffn.logits import logit
 from hpctrain.ffn.movement import FaceMaxMovementPolicy, face_max_offsets, quantize_position
 from hpctrain.ffn.segmentation import clear_dust, make_labels_contiguous, split_disconnected, write_segmentation_hdf5
 
@@ -250,8 +251,10 @@ def test_config_from_mapping_lists_valid_keys() -> None:
 
 def test_segmentation_helpers() -> None:
     seg = np.array([0, 5, 5, 9, 7, 7, 7], np.int64)
-    clear_dust(seg, 2)
-    np.testing.assert_array_equal(seg, [0, 5, 5, 0, 7, 7, 7])
+    cleared = clear_dust(seg, 2)
+    np.testing.assert_array_equal(cleared, [0, 5, 5, 0, 7, 7, 7])
+    np.testing.assert_array_equal(seg, [0, 5, 5, 9, 7, 7, 7])  # the input is left as it is
+    seg = cleared
     np.testing.assert_array_equal(make_labels_contiguous(seg), [0, 1, 1, 0, 2, 2, 2])
     np.testing.assert_array_equal(make_labels_contiguous(np.array([4, 4, 9])), [1, 1, 2])
     assert logit(0.5) == 0.0

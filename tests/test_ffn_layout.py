@@ -182,3 +182,10 @@ def test_the_ffn_schemas_write_each_rule_once_and_import_without_a_circle() -> N
     for name in graph:
         found = circle(name, [name])
         assert found is None, "import circle: " + " -> ".join(found or [])
+
+
+def test_no_name_is_defined_in_two_ffn_modules() -> None:
+    """One home per name in the FFN package: a helper (``logit``, ``clear_dust``) or an alias (``Position``) is
+    defined once and imported where it is used."""
+    paths = list(_modules().values())
+    assert not _defined_twice(paths), "defined twice:\n" + "\n".join(_defined_twice(paths))

@@ -13,26 +13,19 @@ import pytest
 import torch
 
 from hpctrain.errors import DataError
+from hpctrain.ffn.logits import logit
 from hpctrain.ffn.model import ConvStack3D
 from hpctrain.ffn.synthetic import make_synthetic_volume
 from hpctrain.ffn.training.coordinates import build_coordinates, compute_partitions, lom_radius_for
+from hpctrain.ffn.training.loss import clip_gradients_, edge_band, forward_backward, fov_loss, train_step
+from hpctrain.ffn.training.moves import crop, fixed_offsets, fixed_shifts, max_pred_offsets
 from hpctrain.ffn.training.stream import (
     ExampleStream,
     StreamConfig,
-    clip_gradients_,
-    crop,
-    edge_band,
     epoch_coordinates,
-    fixed_offsets,
-    fixed_shifts,
-    forward_backward,
-    fov_loss,
     load_example,
-    logit,
     make_seed,
-    max_pred_offsets,
     permute_and_reflect,
-    train_step,
     voxel_metrics,
 )
 

@@ -67,7 +67,7 @@ def watershed_segmentation(image: np.ndarray, params: WatershedParams | Mapping[
     else:
         markers, _ = ndimage.label(h_maxima(smooth, p.h))
         labels = watershed(-smooth, markers)
-    clear_dust(labels, p.min_size)
+    labels = clear_dust(labels, p.min_size)
     return make_labels_contiguous(labels)
 
 

@@ -19,13 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn_fields import zyx
+from hpctrain.config.plugins.ffn_fields import Zyx, zyx
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.ffn.inference.agglomeration import UnionFind
 from hpctrain.files import atomic_path, write_atomic
 from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 
-Zyx = tuple[int, int, int]
 TOGETHER = 4  # pieces a rank floods in lock step (their FOVs batched into one model call)
 
 

@@ -28,14 +28,10 @@ from hpctrain.ffn.training.coordinates import (
     lom_radius_for,
     write_coordinates,
 )
+from hpctrain.ffn.training.loss import clip_gradients_, fov_loss
 from hpctrain.ffn.training.node_volume import node_volumes
 from hpctrain.ffn.training.shards import CoordinateTable, coordinate_stream, table_path, write_table
-from hpctrain.ffn.training.stream import (
-    ExampleStream,
-    StreamConfig,
-    clip_gradients_,
-    fov_loss,
-)
+from hpctrain.ffn.training.stream import ExampleStream, StreamConfig
 from hpctrain.ffn.volume import load_image_and_labels
 from hpctrain.files import write_atomic
 from hpctrain.models.task import TaskContext, TrainingTask
