@@ -24,12 +24,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ffn", help="Flood-Filling Network: prepare data, segment, evaluate")
     sub = parser.add_subparsers(dest="ffn_command", metavar="ACTION")
     sub.required = True
+    for add in (_add_prepare, _add_segment, _add_segment_parts, _add_finish_parts, _add_tune, _add_evaluate):
+        add(sub)
 
+
+def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn prepare`` action and its flags."""
     p_prep = sub.add_parser("prepare", help="materialise a job's training volume, partitions and coordinates")
     p_prep.add_argument("job", type=path_flag, help="FFN job spec")
     p_prep.add_argument("--out", type=path_flag, required=True, help="directory for the prepared data")
     p_prep.set_defaults(handler=cmd_prepare)
 
+
+def _add_segment(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn segment`` action and its flags."""
     p_seg = sub.add_parser("segment", help="flood-fill a volume with a trained model, with the settings chosen for "
                            "it (its model package, inference.json) unless --job or the options say otherwise")
     p_seg.add_argument("checkpoint", metavar="RUN", type=path_flag, help="a run id, a run directory, its checkpoint "
@@ -57,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_seg.add_argument("--keep-parts", action="store_true", help="keep the pieces' files after reconciling")
     p_seg.set_defaults(handler=cmd_segment)
 
+
+def _add_segment_parts(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn segment-parts`` action and its flags."""
     p_parts = sub.add_parser("segment-parts", help="segment this rank's pieces of a subvolume plan (run as "
                              "ranks of a job, e.g. srun -n 64 hpctrain ffn segment-parts PLAN)")
     p_parts.add_argument("plan", type=path_flag, help="plan.json written by hpctrain ffn segment --subvolumes")
@@ -65,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_parts.add_argument("--memory-gb", type=gb_flag, default=None, help=MEMORY_HELP)
     p_parts.set_defaults(handler=cmd_segment_parts)
 
+
+def _add_finish_parts(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn finish-parts`` action and its flags."""
     p_finish = sub.add_parser("finish-parts", help="score the agglomeration pairs and fill this rank's pieces of "
                               "a reconciled subvolume plan (run as ranks of a job after segment-parts)")
     p_finish.add_argument("plan", type=path_flag, help="plan.json written by hpctrain ffn segment --subvolumes")
@@ -73,6 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_finish.add_argument("--memory-gb", type=gb_flag, default=None, help=MEMORY_HELP)
     p_finish.set_defaults(handler=cmd_segment_parts)
 
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn tune`` action and its flags."""
     p_tune = sub.add_parser("tune", help="choose the inference settings for a trained model on a labelled volume "
                             "among the candidates of its job's data.eval.tune, and write them as its model package")
     p_tune.add_argument("checkpoint", metavar="RUN", type=path_flag, help="a run id, a run directory, its checkpoint "
@@ -100,6 +117,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_tune.add_argument("--json", action="store_true")
     p_tune.set_defaults(handler=cmd_tune)
 
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn evaluate`` action and its flags."""
     p_eval = sub.add_parser("evaluate", help="VOI split/merge and adapted Rand error against ground truth")
     p_eval.add_argument("segmentation", type=volume_flag, help="FILE.h5:DATASET")
     p_eval.add_argument("labels", type=volume_flag, help="ground truth FILE.h5:DATASET")
