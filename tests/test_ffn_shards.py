@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from hpctrain.errors import DataError
-from hpctrain.ffn import node_volume
 from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
+from hpctrain.ffn.training import node_volume
 from hpctrain.ffn.training.coordinates import write_coordinates
 from hpctrain.ffn.training.shards import (
     RECORD,
