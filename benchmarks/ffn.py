@@ -176,7 +176,7 @@ def build_cases(size: Size, threads: int, compile_: bool) -> list[tuple[Row, Cal
 def flood_model(size: Size, checkpoint: Path | None) -> tuple[nn.Module, tuple[int, int, int], dict]:
     """The model whose flood is timed: a trained checkpoint, or the demo size with random weights whose last
     bias makes every voxel object (each flood then visits every FOV it can reach: the loop's per-FOV cost)."""
-    from hpctrain.ffn.inference import load_model
+    from hpctrain.ffn.inference.runner import load_model
 
     if checkpoint is not None:
         model, args, _ = load_model(checkpoint)
@@ -193,10 +193,10 @@ def flood_vs_forward(size: Size, threads: int, rounds: int, checkpoint: Path | N
                      batch: int = 8) -> list[dict]:
     """Flood fill's FOVs per second (one canvas; four subvolume canvases in lock step) against the same
     model's forward rate at batch 1 and at ``batch``, measured in interleaved rounds of this run."""
-    from hpctrain.ffn.canvas import make_canvas
-    from hpctrain.ffn.inference import segment_volumes_together
-    from hpctrain.ffn.seeds import make_seeds, within_margin
-    from hpctrain.ffn.settings import InferenceConfig
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
+    from hpctrain.ffn.inference.canvas import make_canvas
+    from hpctrain.ffn.inference.runner import segment_volumes_together
+    from hpctrain.ffn.inference.seeds import make_seeds, within_margin
     from hpctrain.ffn.synthetic import make_synthetic_volume
 
     perf.set_threads(threads)

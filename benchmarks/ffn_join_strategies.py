@@ -57,8 +57,8 @@ def volume(data: Path, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def flood(run_dir: Path, data: Path, store: Path, name: str, mode: str) -> None:
-    from hpctrain.ffn.inference import prepare_inference
-    from hpctrain.ffn.tuning import flood_pieces
+    from hpctrain.ffn.inference.runner import prepare_inference
+    from hpctrain.ffn.inference.tuning import flood_pieces
 
     checkpoint = max((run_dir / "checkpoints").glob("step-*/shared.pt"))
     model, cfg, _ = prepare_inference(checkpoint, demo_settings(), threads=1)
@@ -70,9 +70,9 @@ def flood(run_dir: Path, data: Path, store: Path, name: str, mode: str) -> None:
 
 
 def score(data: Path, store: Path, strategy: str) -> dict[str, Any]:
-    from hpctrain.ffn.evaluate import evaluate_segmentation
-    from hpctrain.ffn.inference import join_and_fill
-    from hpctrain.ffn.join_model import JoinModel, feature_matrix, fit_join_model, same_object
+    from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
+    from hpctrain.ffn.inference.join_model import JoinModel, feature_matrix, fit_join_model, same_object
+    from hpctrain.ffn.inference.runner import join_and_fill
 
     cached = {tuple(f.stem.rsplit("-", 1)): pickle.loads(f.read_bytes()) for f in store.glob("*-?.pkl")}
     cfg = next(iter(cached.values()))["cfg"]

@@ -165,7 +165,7 @@ def rerun_inference(seed_dir: Path, run_dir: Path, job: Path, threads: int | Non
     import numpy as np
     import yaml
 
-    from hpctrain.ffn.inference import run_segment
+    from hpctrain.ffn.inference.runner import run_segment
     from hpctrain.ffn.volume import load_volume
 
     recorded = json.loads((seed_dir / "scores.json").read_text())

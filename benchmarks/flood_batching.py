@@ -32,7 +32,7 @@ def main() -> int:
     import yaml
 
     from benchmarks.ffn import CountingModule
-    from hpctrain.ffn.inference import prepare_inference, segment_volume
+    from hpctrain.ffn.inference.runner import prepare_inference, segment_volume
     from hpctrain.ffn.synthetic import make_synthetic_volume
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

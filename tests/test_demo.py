@@ -143,8 +143,8 @@ def test_reseed_passes_and_watershed_fill_of_the_demo_settings() -> None:
     import torch
     from test_ffn_inference import OracleModel, cubes_volume
 
-    from hpctrain.ffn.inference import segment_volume
-    from hpctrain.ffn.settings import InferenceConfig
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
+    from hpctrain.ffn.inference.runner import segment_volume
 
     torch.set_num_threads(1)
     image, labels = cubes_volume()

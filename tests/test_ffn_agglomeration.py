@@ -1,6 +1,7 @@
-"""Agglomeration of an FFN over-segmentation (hpctrain/ffn/agglomeration.py): contact pairs, where the bare seeds of
-a pair check go, the both-ways rule, the watershed fill, and the whole path in ``segment_volume`` with the oracle
-stand-in model of tests/test_ffn_inference.py (bounded floods cut each cube into pieces; the checks join them)."""
+"""Agglomeration of an FFN over-segmentation (hpctrain/ffn/inference/agglomeration.py): contact pairs, where the bare
+seeds of a pair check go, the both-ways rule, the watershed fill, and the whole path in ``segment_volume`` with the
+oracle stand-in model of tests/test_ffn_inference.py (bounded floods cut each cube into pieces; the checks join
+them)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import pytest
 import torch
 import yaml
 
-from hpctrain.ffn.agglomeration import (
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
+from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
+from hpctrain.ffn.inference.agglomeration import (
     agglomerate,
     contact_pairs,
     join_groups,
@@ -23,10 +26,8 @@ from hpctrain.ffn.agglomeration import (
     seed_positions,
     watershed_fill,
 )
-from hpctrain.ffn.canvas import logit
-from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import segment_volume
-from hpctrain.ffn.settings import InferenceConfig
+from hpctrain.ffn.inference.runner import segment_volume
+from hpctrain.ffn.logits import logit
 from tests.test_ffn_inference import OracleModel, cubes_volume
 
 REPO = Path(__file__).resolve().parents[1]
@@ -187,7 +188,7 @@ def test_average_linkage_equals_a_brute_force_reference() -> None:
 def test_bad_agglomeration_settings_are_refused_on_the_laptop(bad: dict) -> None:
     from pydantic import ValidationError
 
-    from hpctrain.config.plugins.ffn import InferenceSettings
+    from hpctrain.config.plugins.ffn_inference import InferenceSettings
 
     with pytest.raises(ValidationError):
         InferenceSettings(**bad)

@@ -10,17 +10,17 @@ import pytest
 import zarr
 
 from hpctrain.errors import DataError
-from hpctrain.ffn.examples import (
+from hpctrain.ffn.segmentation import clear_dust
+from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
+from hpctrain.ffn.training.coordinates import (
     DEFAULT_THRESHOLDS,
     IGNORE_PARTITION,
     build_coordinates,
-    clear_dust,
     compute_partitions,
     read_coordinates,
     shard,
     write_coordinates,
 )
-from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
 from hpctrain.ffn.volume import Volume, load_image_and_labels, load_volume, open_volume
 
 

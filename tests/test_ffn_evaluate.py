@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from hpctrain.errors import DataError
-from hpctrain.ffn.baseline import baseline_segmentation, interior_threshold
-from hpctrain.ffn.evaluate import evaluate_segmentation, format_report, run_evaluate
+from hpctrain.ffn.evaluation.baseline import baseline_segmentation, interior_threshold
+from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation, format_report, run_evaluate
 
 
 def two_objects() -> np.ndarray:

@@ -12,14 +12,15 @@ import pytest
 import torch
 from torch import nn
 
+from hpctrain.config.plugins.ffn_inference import FloodSettings, InferenceConfig
 from hpctrain.errors import CheckpointError, ConfigError, RuntimeFailure
-from hpctrain.ffn.canvas import Canvas, logit
-from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import load_model, pieces_and_claims, run_segment, segment_volume
+from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
+from hpctrain.ffn.inference.canvas import Canvas
+from hpctrain.ffn.inference.runner import load_model, pieces_and_claims, run_segment, segment_volume
+from hpctrain.ffn.inference.seeds import grid_seeds, make_seeds, peak_seeds, within_margin
+from hpctrain.ffn.logits import logit
 from hpctrain.ffn.movement import FaceMaxMovementPolicy, face_max_offsets, quantize_position
-from hpctrain.ffn.seeds import grid_seeds, make_seeds, peak_seeds, within_margin
 from hpctrain.ffn.segmentation import clear_dust, make_labels_contiguous, split_disconnected, write_segmentation_hdf5
-from hpctrain.ffn.settings import FloodSettings, InferenceConfig
 
 torch.set_num_threads(1)
 
@@ -250,8 +251,10 @@ def test_config_from_mapping_lists_valid_keys() -> None:
 
 def test_segmentation_helpers() -> None:
     seg = np.array([0, 5, 5, 9, 7, 7, 7], np.int64)
-    clear_dust(seg, 2)
-    np.testing.assert_array_equal(seg, [0, 5, 5, 0, 7, 7, 7])
+    cleared = clear_dust(seg, 2)
+    np.testing.assert_array_equal(cleared, [0, 5, 5, 0, 7, 7, 7])
+    np.testing.assert_array_equal(seg, [0, 5, 5, 9, 7, 7, 7])  # the input is left as it is
+    seg = cleared
     np.testing.assert_array_equal(make_labels_contiguous(seg), [0, 1, 1, 0, 2, 2, 2])
     np.testing.assert_array_equal(make_labels_contiguous(np.array([4, 4, 9])), [1, 1, 2])
     assert logit(0.5) == 0.0
@@ -339,7 +342,7 @@ def test_run_segment_with_convstack_checkpoint(tmp_path) -> None:
 def test_bfloat16_inference_gives_float32_logits_within_rounding_and_segments(tmp_path) -> None:
     """``precision: bfloat16`` (inference settings): the model's forward under autocast, its logits float32 and
     within bfloat16's rounding of the float32 model's; ``auto`` follows the hardware; a bad name is refused."""
-    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.inference.runner import prepare_inference
     from hpctrain.ffn.model import ConvStack3D
     from hpctrain.ffn.perf import BFloat16Inference
     from hpctrain.ffn.synthetic import make_synthetic_volume
@@ -518,8 +521,8 @@ def test_unbounded_floods_go_one_at_a_time() -> None:
 
 
 def test_seed_order_lets_a_seed_go_first_only_clear_of_everything_before_it() -> None:
-    from hpctrain.ffn.batching import SeedOrder
-    from hpctrain.ffn.canvas import _Box, _Object
+    from hpctrain.ffn.inference.batching import SeedOrder
+    from hpctrain.ffn.inference.canvas import _Box, _Object
 
     def started(pos: tuple[int, int, int]) -> _Object:
         return _Object(start=pos, movement=None, visited=_Box.at(pos), written=_Box.at(pos), began=0.0)  # type: ignore[arg-type]
@@ -549,7 +552,7 @@ def test_seed_order_lets_a_seed_go_first_only_clear_of_everything_before_it() ->
 def test_canvases_flooded_together_each_with_objects_at_once_match_each_alone() -> None:
     """Subvolume pieces in one process (``segment_volumes_together``) with ``concurrent_floods``: the model sees
     the FOVs of every object in flight on every canvas in one call, and each canvas ends as it would alone."""
-    from hpctrain.ffn.inference import segment_volumes_together
+    from hpctrain.ffn.inference.runner import segment_volumes_together
 
     image = _cells_volume((30, 64, 64), 40, seed=7)
     pieces = [image[:, :40, :], image[:, 24:, :]]
@@ -562,3 +565,19 @@ def test_canvases_flooded_together_each_with_objects_at_once_match_each_alone() 
     assert max(model.sizes) > 2 * 2  # more FOVs in a call than one canvas with one object could ask
     for one, both in zip(alone, together, strict=True):
         assert np.array_equal(one, both) and one.max() >= 5
+
+
+def test_both_ffn_schemas_read_a_zyx_the_same_way() -> None:
+    """One integer is a cube, three are (z, y, x); a fractional size is refused by the training schema and the
+    inference settings alike, not truncated."""
+    from pydantic import ValidationError
+
+    from hpctrain.config.plugins.ffn import FFNModelArgs
+
+    assert FFNModelArgs(fov=9, deltas=[2, 3, 3]).fov == InferenceConfig(fov=9, deltas=[2, 3, 3]).flood.fov == (9, 9, 9)
+    with pytest.raises(ValidationError, match="one integer or three"):
+        FFNModelArgs(fov=[9.5, 9, 9])
+    with pytest.raises(ConfigError, match="one integer or three"):
+        InferenceConfig.from_mapping({"fov": [9.5, 9, 9]})
+    with pytest.raises(ConfigError, match="one integer or three"):
+        InferenceConfig.from_mapping({"min_boundary_dist": [True, 1, 1]})

@@ -1,5 +1,5 @@
-"""Learned joins (hpctrain/ffn/join_model.py): pair features, the logistic fit, and the fit inside the threshold
-tuning (``data.eval.tune.fit_joins``, ``hpctrain ffn tune --fit-joins``).
+"""Learned joins (hpctrain/ffn/inference/join_model.py): pair features, the logistic fit, and the fit inside the
+threshold tuning (``data.eval.tune.fit_joins``, ``hpctrain ffn tune --fit-joins``).
 
 The flooding model is the oracle stand-in of test_ffn_inference (a trained FFN's answer is not known in advance);
 the logistic fit is checked against scikit-learn's on the same data.
@@ -20,10 +20,10 @@ import yaml
 from test_ffn_inference import OracleModel
 from test_ffn_subvolumes import REPO, everything_model, painted_volume
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.errors import ConfigError
-from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import segment_volume
-from hpctrain.ffn.join_model import (
+from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
+from hpctrain.ffn.inference.join_model import (
     FEATURES,
     JoinModel,
     fit_join_model,
@@ -32,8 +32,8 @@ from hpctrain.ffn.join_model import (
     same_object,
     training_pairs,
 )
-from hpctrain.ffn.settings import InferenceConfig
-from hpctrain.ffn.tuning import fit_joins, tune_inference
+from hpctrain.ffn.inference.runner import segment_volume
+from hpctrain.ffn.inference.tuning import fit_joins, tune_inference
 
 
 def test_the_fit_is_scikit_learns_logistic_regression() -> None:
@@ -183,8 +183,8 @@ def test_the_join_fit_floods_with_its_own_settings_and_the_choice_reuses_that_fl
     """``data.eval.tune.fit_joins.inference`` (the demo: ``self_prediction: 0``): the fit's flood of the training
     volume skips the self-prediction check — fewer model calls —, the join threshold is chosen on that same flood
     (no second flood), and only the choice and the join model come back: the held-out settings keep the check."""
+    from hpctrain.ffn.inference.tuning import tune_checkpoint
     from hpctrain.ffn.model import ConvStack3D
-    from hpctrain.ffn.tuning import tune_checkpoint
 
     fovs = [0]  # FOVs the model was asked, all calls together
     forward = ConvStack3D.forward
@@ -270,7 +270,7 @@ def test_a_join_fit_on_far_fewer_pairs_does_not_replace_the_packaged_one(tmp_pat
     """``ffn tune --fit-joins`` on a small volume must not silently replace a join model fitted on many more pairs:
     it is refused with both counts, the package left as it was, unless --replace-joins. The package here says its
     model was fitted on 709 pairs (as one fitted on a large training volume would)."""
-    from hpctrain.ffn.settings import PACKAGE_FILE
+    from hpctrain.ffn.inference.settings import PACKAGE_FILE
     from hpctrain.workflows.ffn import find_trained, tune_trained
 
     ckpt = everything_model(tmp_path / "m.pt")

@@ -81,7 +81,7 @@ def test_inference_builds_the_network_the_checkpoint_names(tmp_path, monkeypatch
 
     from hpctrain.errors import CheckpointError
     from hpctrain.ffn import model as networks
-    from hpctrain.ffn.inference import load_model
+    from hpctrain.ffn.inference.runner import load_model
 
     class Identity(nn.Module):  # another network with the FFN's contract: returns the seed logits
         def __init__(self, fov: tuple[int, int, int] = (5, 5, 5)) -> None:

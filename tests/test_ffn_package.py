@@ -33,7 +33,8 @@ def _labels(path: Path) -> np.ndarray:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_segment_run_uses_the_package_the_demo_wrote(tmp_path: Path) -> None:
-    from hpctrain.ffn.settings import PACKAGE_SCHEMA, InferenceConfig
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
+    from hpctrain.ffn.inference.settings import PACKAGE_SCHEMA
     from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
     from hpctrain.workflows.demo import segment_and_score
     from hpctrain.workflows.ffn import inference_settings
@@ -97,8 +98,9 @@ def test_segment_run_uses_the_package_the_demo_wrote(tmp_path: Path) -> None:
 
 
 def test_a_package_of_another_schema_is_refused_naming_the_fix(tmp_path: Path) -> None:
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
     from hpctrain.errors import CheckpointError
-    from hpctrain.ffn.settings import InferenceConfig, find_package, read_package, write_package
+    from hpctrain.ffn.inference.settings import find_package, read_package, write_package
 
     step = tmp_path / "checkpoints" / "step-00000004"
     step.mkdir(parents=True)
@@ -122,7 +124,8 @@ def test_which_settings_segment_runs_with(tmp_path: Path) -> None:
     """``--job`` first, then the model package, then the run's own job, then the defaults; options override."""
     import yaml
 
-    from hpctrain.ffn.settings import InferenceConfig, write_package
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
+    from hpctrain.ffn.inference.settings import write_package
     from hpctrain.workflows.ffn import find_trained, segment_settings
 
     job = yaml.safe_load((REPO / "jobs" / "ffn-local.yaml").read_text())

@@ -137,9 +137,9 @@ def test_tune_for_inference_matches_and_leaves_model_alone(freeze: bool) -> None
 
 
 def test_tuned_inference_module_runs_in_the_canvas() -> None:
-    from hpctrain.ffn.batching import BatchPredictor
-    from hpctrain.ffn.canvas import Canvas
-    from hpctrain.ffn.settings import FloodSettings
+    from hpctrain.config.plugins.ffn_inference import FloodSettings
+    from hpctrain.ffn.inference.batching import BatchPredictor
+    from hpctrain.ffn.inference.canvas import Canvas
 
     base = _model(depth=2)
     image = np.random.default_rng(0).integers(0, 255, size=(11, 11, 11)).astype(np.uint8)

@@ -77,7 +77,7 @@ def test_tuning_chooses_the_same_settings_from_the_same_inputs() -> None:
     from test_ffn_subvolumes import painted_volume
     from test_ffn_tuning import BASE, ShyOracle
 
-    from hpctrain.ffn.tuning import tune_inference
+    from hpctrain.ffn.inference.tuning import tune_inference
 
     image, labels = painted_volume((32, 48, 48))
     grid = {"move_threshold": [0.9, 0.8], "agglomerate_threshold": [0.5, 0.9]}

@@ -19,9 +19,9 @@ import torch
 import yaml
 from test_resume import assert_bit_identical, comparable, final_state, finished, launch, stopped
 
-from hpctrain.ffn.examples import build_coordinates, compute_partitions, lom_radius_for
 from hpctrain.ffn.synthetic import make_synthetic_volume
-from hpctrain.ffn.training import ExampleStream, StreamConfig, epoch_coordinates
+from hpctrain.ffn.training.coordinates import build_coordinates, compute_partitions, lom_radius_for
+from hpctrain.ffn.training.stream import ExampleStream, StreamConfig, epoch_coordinates
 
 STEPS, STOP_AT = 8, 5
 

@@ -58,8 +58,8 @@ def volume() -> np.ndarray:
 
 
 def segmentations() -> dict[str, np.ndarray]:
-    from hpctrain.ffn.inference import segment_volume, segment_volumes_together
-    from hpctrain.ffn.settings import InferenceConfig
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
+    from hpctrain.ffn.inference.runner import segment_volume, segment_volumes_together
 
     torch.set_num_threads(1)
     image = volume()

@@ -1,5 +1,5 @@
-"""ffn/shards.py and ffn/node_volume.py: each rank reads K/N coordinates per epoch, one process per node reads
-the training volume.
+"""ffn/training/shards.py and ffn/training/node_volume.py: each rank reads K/N coordinates per epoch, one process
+per node reads the training volume.
 
 The rank-level tests run real ranks: 4 under the MPICH wheel's mpiexec (one node), and 2 real nodes of 2 ranks of
 the cluster of namespace nodes (srun, gloo).
@@ -17,9 +17,10 @@ import numpy as np
 import pytest
 
 from hpctrain.errors import DataError
-from hpctrain.ffn import node_volume
-from hpctrain.ffn.examples import write_coordinates
-from hpctrain.ffn.shards import (
+from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
+from hpctrain.ffn.training import node_volume
+from hpctrain.ffn.training.coordinates import write_coordinates
+from hpctrain.ffn.training.shards import (
     RECORD,
     CoordinateTable,
     chunk_size,
@@ -28,7 +29,6 @@ from hpctrain.ffn.shards import (
     rank_ranges,
     write_table,
 )
-from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
 from hpctrain.runtime import work_counts
 from tests.cluster_support import Cluster, srun
 from tests.mp_helpers.nodes import clean_environment

@@ -21,13 +21,12 @@ import pytest
 import torch
 from test_ffn_inference import OracleModel
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.ffn.agglomeration import contact_pairs
-from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import segment_volume
-from hpctrain.ffn.model import ConvStack3D
-from hpctrain.ffn.settings import InferenceConfig
-from hpctrain.ffn.subvolume_finish import (
+from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
+from hpctrain.ffn.inference.agglomeration import contact_pairs
+from hpctrain.ffn.inference.runner import segment_volume
+from hpctrain.ffn.inference.subvolume_finish import (
     OVERSEGMENTATION,
     assemble,
     assign_pairs,
@@ -35,7 +34,7 @@ from hpctrain.ffn.subvolume_finish import (
     finish_parts,
     finished_path,
 )
-from hpctrain.ffn.subvolumes import (
+from hpctrain.ffn.inference.subvolumes import (
     match_segments,
     mine,
     part_path,
@@ -45,6 +44,7 @@ from hpctrain.ffn.subvolumes import (
     segment_parts,
     write_plan,
 )
+from hpctrain.ffn.model import ConvStack3D
 from hpctrain.ffn.synthetic import make_synthetic_volume
 
 REPO = Path(__file__).resolve().parent.parent
@@ -301,7 +301,7 @@ class CountingOracle(OracleModel):
 
 
 def test_pieces_flooded_together_equal_each_alone() -> None:
-    from hpctrain.ffn.inference import segment_volumes_together
+    from hpctrain.ffn.inference.runner import segment_volumes_together
 
     image, _ = painted_volume((24, 40, 40), seed=6)
     pieces = [image[:, :24, :24], image[:, 16:, :24], image[:, 8:32, 16:]]

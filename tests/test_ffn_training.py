@@ -13,26 +13,19 @@ import pytest
 import torch
 
 from hpctrain.errors import DataError
-from hpctrain.ffn.examples import build_coordinates, compute_partitions, lom_radius_for
+from hpctrain.ffn.logits import logit
 from hpctrain.ffn.model import ConvStack3D
 from hpctrain.ffn.synthetic import make_synthetic_volume
-from hpctrain.ffn.training import (
+from hpctrain.ffn.training.coordinates import build_coordinates, compute_partitions, lom_radius_for
+from hpctrain.ffn.training.loss import clip_gradients_, edge_band, forward_backward, fov_loss, train_step
+from hpctrain.ffn.training.moves import crop, fixed_offsets, fixed_shifts, max_pred_offsets
+from hpctrain.ffn.training.stream import (
     ExampleStream,
     StreamConfig,
-    clip_gradients_,
-    crop,
-    edge_band,
     epoch_coordinates,
-    fixed_offsets,
-    fixed_shifts,
-    forward_backward,
-    fov_loss,
     load_example,
-    logit,
     make_seed,
-    max_pred_offsets,
     permute_and_reflect,
-    train_step,
     voxel_metrics,
 )
 
@@ -314,7 +307,7 @@ def test_one_step_on_two_ranks_equals_one_rank_on_the_whole_batch(tmp_path: Path
 
 def test_training_example_options_come_from_model_args_and_bad_ones_name_the_key() -> None:
     from hpctrain.errors import ConfigError
-    from hpctrain.ffn.task import model_config, stream_options
+    from hpctrain.ffn.training.task import model_config, stream_options
 
     args = {"fov": 15, "deltas": 3, "fov_policy": "max_pred_moves", "fov_moves": 2, "faces_only": True,
             "move_threshold": 0.8, "permutable_axes": [0, 1, 2], "reflectable_axes": [1, 2]}
@@ -339,7 +332,7 @@ def test_training_example_options_come_from_model_args_and_bad_ones_name_the_key
 def test_ffn_task_single_fov_steps_survive_a_resume(tmp_path: Path) -> None:
     """model_args.single_fov_steps reaches the task's stream as steps x batch examples, and a task restored from
     a checkpoint's state counts the examples already consumed, so movement starts at the same step."""
-    from hpctrain.ffn.task import FFNTask
+    from hpctrain.ffn.training.task import FFNTask
     from hpctrain.models.task import TaskContext
 
     def make_task() -> FFNTask:
@@ -399,8 +392,8 @@ def test_dilations_reach_the_model_and_its_checkpoint_and_bad_ones_name_the_key(
     and inference rebuilds the same network from it (a dilated model's weights fit an undilated one too, so only
     equal outputs show the dilations arrived)."""
     from hpctrain.errors import ConfigError
-    from hpctrain.ffn.inference import load_model
-    from hpctrain.ffn.task import FFNTask, model_config
+    from hpctrain.ffn.inference.runner import load_model
+    from hpctrain.ffn.training.task import FFNTask, model_config
     from hpctrain.models.task import TaskContext
 
     assert model_config({"depth": 3}).get("dilations") is None  # absent: the reference's network
@@ -428,7 +421,7 @@ def test_the_task_hands_the_model_its_batches_on_the_ranks_device(tmp_path: Path
     """A GPU rank's model lives on the GPU; the stream builds batches on the CPU. The task moves them (found by
     benchmarks/device_check.py on an H200: the first step failed with CPU inputs to CUDA weights). ``meta`` stands
     in for the GPU here: a tensor left on the CPU keeps its device and the assertion fails."""
-    from hpctrain.ffn.task import FFNTask
+    from hpctrain.ffn.training.task import FFNTask
     from hpctrain.models.task import TaskContext
 
     ctx = TaskContext(model_args={"depth": 1, "features": 4, "fov": 7, "deltas": 1},
@@ -444,7 +437,7 @@ def test_a_bfloat16_task_keeps_torchs_convolutions_and_gives_the_stream_float32_
     (the oneDNN wrapper would run them in float32 under autocast), and the logits the canvas is updated with
     are float32. The loss on the same batch differs from the float32 task's by bfloat16's rounding only."""
     from hpctrain.ffn.perf import OneDNNConv3d
-    from hpctrain.ffn.task import FFNTask
+    from hpctrain.ffn.training.task import FFNTask
     from hpctrain.models.task import TaskContext
     from hpctrain.runtime.precision import forward_context
 

@@ -1,4 +1,4 @@
-"""Inference thresholds chosen per trained model on a labelled volume (hpctrain/ffn/tuning.py, ``hpctrain ffn
+"""Inference thresholds chosen per trained model on a labelled volume (hpctrain/ffn/inference/tuning.py, ``hpctrain ffn
 tune``, ``data.eval.tune``).
 
 The models are the oracle stand-ins of test_ffn_inference (a trained FFN's answer is not known in advance);
@@ -20,10 +20,10 @@ import yaml
 from test_ffn_inference import OracleModel
 from test_ffn_subvolumes import REPO, everything_model, painted_volume
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.ffn.inference import segment_volume
-from hpctrain.ffn.settings import InferenceConfig
-from hpctrain.ffn.tuning import candidates, central_crop, tune_inference
+from hpctrain.ffn.inference.runner import segment_volume
+from hpctrain.ffn.inference.tuning import candidates, central_crop, tune_inference
 
 
 class ShyOracle(OracleModel):
@@ -75,7 +75,7 @@ def test_a_less_confident_model_gets_the_move_threshold_its_floods_need() -> Non
         segment_volume(ShyOracle(), image, BASE.replace(move_threshold=move))
     assert tuning_calls == ShyOracle.calls
     tuned = segment_volume(ShyOracle(), image, chosen)
-    from hpctrain.ffn.evaluate import evaluate_segmentation
+    from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 
     assert evaluate_segmentation(tuned, labels)["voi"] < evaluate_segmentation(stuck, labels)["voi"] - 1.0
     assert min(r["voi"] for r in rows) == pytest.approx(evaluate_segmentation(tuned, labels)["voi"])

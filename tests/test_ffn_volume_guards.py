@@ -128,7 +128,7 @@ def test_threads_outside_one_to_the_cpus_are_refused_by_the_parser(tmp_path: Pat
 
 
 def test_threads_are_checked_where_python_code_asks_for_them(checkpoint: str) -> None:
-    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.inference.runner import prepare_inference
 
     with pytest.raises(ConfigError, match="threads: -1 threads; give 1 to"):
         prepare_inference(checkpoint, threads=-1, tune=False)

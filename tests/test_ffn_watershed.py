@@ -14,9 +14,9 @@ import h5py
 import numpy as np
 import pytest
 
-from hpctrain.ffn.baseline import baseline_segmentation
-from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.watershed import WatershedParams, default_grid, tune_watershed, watershed_segmentation
+from hpctrain.ffn.evaluation.baseline import baseline_segmentation
+from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
+from hpctrain.ffn.evaluation.watershed import WatershedParams, default_grid, tune_watershed, watershed_segmentation
 
 REPO = Path(__file__).resolve().parent.parent
 

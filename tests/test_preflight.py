@@ -291,8 +291,8 @@ def test_schemas_match_what_the_ranks_build() -> None:
     from sklearn.datasets import load_digits
 
     from hpctrain.ffn.synthetic import make_synthetic_volume
-    from hpctrain.ffn.task import STREAM_FIELDS
-    from hpctrain.ffn.training import StreamConfig
+    from hpctrain.ffn.training.stream import StreamConfig
+    from hpctrain.ffn.training.task import STREAM_FIELDS
 
     assert len(load_digits().images) == DIGITS_IMAGES
     assert set(SyntheticVolume.model_fields) == set(inspect.signature(make_synthetic_volume).parameters)
@@ -410,7 +410,7 @@ def test_the_ranks_move_fovs_by_the_rule_the_laptop_checks() -> None:
     the schema's model_args check calls."""
     import numpy as np
 
-    from hpctrain.config.plugins.ffn import deltas_problem
+    from hpctrain.config.plugins.ffn_fields import deltas_problem
     from hpctrain.ffn.movement import face_max_offsets
 
     problem = deltas_problem((15, 15, 15), (9, 9, 9))

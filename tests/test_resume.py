@@ -222,7 +222,7 @@ def test_stream_reshards_the_rest_of_the_epoch_without_repeats() -> None:
 
 
 def test_ffn_position_keeps_epoch_and_fraction_on_another_world_size() -> None:
-    from hpctrain.ffn.task import resharded_start
+    from hpctrain.ffn.training.task import resharded_start
 
     assert resharded_start(consumed=150, count=400, old_world=2, new_world=4) == 75  # epoch 0, 3/4 done
     assert resharded_start(consumed=250, count=400, old_world=2, new_world=1) == 400 + 100  # epoch 1, 1/4 done

@@ -50,7 +50,7 @@ def _site(tmp: Path, node_local: str, **staging: Any) -> Path:
 
 def _ffn_data(shared: Path) -> tuple[Path, Path]:
     """A small training volume and its coordinates, written once on the shared file system."""
-    from hpctrain.ffn.task import prepare_training_data
+    from hpctrain.ffn.training.task import prepare_training_data
 
     prepared = prepare_training_data({"train": {"synthetic": {"shape": [24, 32, 32], "seed": 3}}}, (9, 9, 9),
                                      (2, 2, 2), shared)

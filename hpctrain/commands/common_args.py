@@ -20,7 +20,7 @@ def path_flag(text: str) -> str:
 
 def volume_flag(text: str) -> str:
     """argparse ``type=`` for a volume, ``FILE.h5:DATASET`` or a .zarr path: its file's path as ``path_flag``."""
-    from hpctrain.config.plugins.ffn import parse_volume_spec
+    from hpctrain.config.plugins.ffn_volumes import parse_volume_spec
 
     if len(text) >= 2 * PATH_MAX:  # too long whatever part the dataset is; not parsed
         path_flag(text)

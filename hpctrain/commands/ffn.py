@@ -24,12 +24,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("ffn", help="Flood-Filling Network: prepare data, segment, evaluate")
     sub = parser.add_subparsers(dest="ffn_command", metavar="ACTION")
     sub.required = True
+    for add in (_add_prepare, _add_segment, _add_segment_parts, _add_finish_parts, _add_tune, _add_evaluate):
+        add(sub)
 
+
+def _add_prepare(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn prepare`` action and its flags."""
     p_prep = sub.add_parser("prepare", help="materialise a job's training volume, partitions and coordinates")
     p_prep.add_argument("job", type=path_flag, help="FFN job spec")
     p_prep.add_argument("--out", type=path_flag, required=True, help="directory for the prepared data")
     p_prep.set_defaults(handler=cmd_prepare)
 
+
+def _add_segment(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn segment`` action and its flags."""
     p_seg = sub.add_parser("segment", help="flood-fill a volume with a trained model, with the settings chosen for "
                            "it (its model package, inference.json) unless --job or the options say otherwise")
     p_seg.add_argument("checkpoint", metavar="RUN", type=path_flag, help="a run id, a run directory, its checkpoint "
@@ -57,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_seg.add_argument("--keep-parts", action="store_true", help="keep the pieces' files after reconciling")
     p_seg.set_defaults(handler=cmd_segment)
 
+
+def _add_segment_parts(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn segment-parts`` action and its flags."""
     p_parts = sub.add_parser("segment-parts", help="segment this rank's pieces of a subvolume plan (run as "
                              "ranks of a job, e.g. srun -n 64 hpctrain ffn segment-parts PLAN)")
     p_parts.add_argument("plan", type=path_flag, help="plan.json written by hpctrain ffn segment --subvolumes")
@@ -65,6 +76,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_parts.add_argument("--memory-gb", type=gb_flag, default=None, help=MEMORY_HELP)
     p_parts.set_defaults(handler=cmd_segment_parts)
 
+
+def _add_finish_parts(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn finish-parts`` action and its flags."""
     p_finish = sub.add_parser("finish-parts", help="score the agglomeration pairs and fill this rank's pieces of "
                               "a reconciled subvolume plan (run as ranks of a job after segment-parts)")
     p_finish.add_argument("plan", type=path_flag, help="plan.json written by hpctrain ffn segment --subvolumes")
@@ -73,6 +87,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_finish.add_argument("--memory-gb", type=gb_flag, default=None, help=MEMORY_HELP)
     p_finish.set_defaults(handler=cmd_segment_parts)
 
+
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn tune`` action and its flags."""
     p_tune = sub.add_parser("tune", help="choose the inference settings for a trained model on a labelled volume "
                             "among the candidates of its job's data.eval.tune, and write them as its model package")
     p_tune.add_argument("checkpoint", metavar="RUN", type=path_flag, help="a run id, a run directory, its checkpoint "
@@ -87,9 +104,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_tune.add_argument("--crop", type=int, nargs=3, metavar=("Z", "Y", "X"), default=None,
                         help="central crop of the volume to segment per candidate (default: data.eval.tune.crop)")
     p_tune.add_argument("--fit-joins", nargs=2, type=volume_flag, metavar=("IMAGE", "LABELS"), default=None,
-                        help="fit a join model (hpctrain.ffn.join_model) on this labelled volume first, e.g. the "
-                             "training volume (default: data.eval.tune.fit_joins's volume, else data.train, when the "
-                             "job has data.eval.tune.fit_joins)")
+                        help="fit a join model (hpctrain.ffn.inference.join_model) on this labelled volume first, "
+                             "e.g. the training volume (default: data.eval.tune.fit_joins's volume, else data.train, "
+                             "when the job has data.eval.tune.fit_joins)")
     p_tune.add_argument("--replace-joins", action="store_true",
                         help="write the new join model even where it was fitted on far fewer pairs than the one in "
                              "the model package (refused otherwise)")
@@ -100,6 +117,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_tune.add_argument("--json", action="store_true")
     p_tune.set_defaults(handler=cmd_tune)
 
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    """The ``ffn evaluate`` action and its flags."""
     p_eval = sub.add_parser("evaluate", help="VOI split/merge and adapted Rand error against ground truth")
     p_eval.add_argument("segmentation", type=volume_flag, help="FILE.h5:DATASET")
     p_eval.add_argument("labels", type=volume_flag, help="ground truth FILE.h5:DATASET")
@@ -115,7 +135,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_prepare(args: argparse.Namespace) -> int:
     from hpctrain.config.job import load_job
     from hpctrain.config.plugins.ffn import SCHEMA, training_margin
-    from hpctrain.ffn.task import prepare_training_data
+    from hpctrain.ffn.training.task import prepare_training_data
 
     job = load_job(args.job)
     model_args, data = SCHEMA.parse(job.model_args, job.data)
@@ -128,7 +148,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_segment(args: argparse.Namespace) -> int:
-    from hpctrain.ffn.inference import run_segment
+    from hpctrain.ffn.inference.runner import run_segment
     from hpctrain.memory_budget import memory_budget
     from hpctrain.workflows.ffn import find_trained, segment_in_pieces, segment_settings
 
@@ -161,9 +181,9 @@ def cmd_segment(args: argparse.Namespace) -> int:
 def cmd_segment_parts(args: argparse.Namespace) -> int:
     import os
 
+    from hpctrain.ffn.inference.subvolume_finish import finish_parts
+    from hpctrain.ffn.inference.subvolumes import segment_parts
     from hpctrain.ffn.perf import available_cpus
-    from hpctrain.ffn.subvolume_finish import finish_parts
-    from hpctrain.ffn.subvolumes import segment_parts
     from hpctrain.launch_env import detect_launch_env
     from hpctrain.memory_budget import memory_budget
 
@@ -220,7 +240,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
     from hpctrain.commands.output import print_json, print_table
     from hpctrain.errors import ConfigError
-    from hpctrain.ffn.evaluate import format_report, run_evaluate
+    from hpctrain.ffn.evaluation.evaluate import format_report, run_evaluate
     from hpctrain.ffn.volume import load_volume
     from hpctrain.memory_budget import memory_budget
     from hpctrain.workflows.ffn import baseline_scores

@@ -34,7 +34,7 @@ class Builtin:
 # The model registry: the built-ins, and any installed package's entry point in the group ``hpctrain.models``
 # naming a ``Builtin`` (a spec may also name ``package.module:factory`` directly).
 MODELS = Registry("model", "hpctrain.models", {
-    "ffn": Builtin("hpctrain.ffn.task:FFNTask", "hpctrain.config.plugins.ffn"),
+    "ffn": Builtin("hpctrain.ffn.training.task:FFNTask", "hpctrain.config.plugins.ffn"),
     "resnet": Builtin("hpctrain.models.digits:DigitsTask", "hpctrain.config.plugins.digits"),
     "lstm": Builtin("hpctrain.models.charlm:CharLMTask", "hpctrain.config.plugins.charlm"),
 }, key="model")

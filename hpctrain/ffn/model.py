@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hpctrain.config.plugins.ffn_inference import zyx
+from hpctrain.config.plugins.ffn_fields import zyx
 
 
 class ConvStack3D(nn.Module):

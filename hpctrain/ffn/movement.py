@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn import deltas_problem
+from hpctrain.config.plugins.ffn_fields import deltas_problem
 
 Offset = tuple[int, int, int]
 Position = tuple[int, int, int]

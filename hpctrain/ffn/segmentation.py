@@ -11,20 +11,21 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn import parse_volume_spec
+from hpctrain.config.plugins.ffn_volumes import parse_volume_spec
 from hpctrain.errors import DataError
 from hpctrain.files import atomic_path
 
 
-def clear_dust(seg: np.ndarray, min_size: int) -> np.ndarray:
-    """Set objects smaller than ``min_size`` voxels to 0, in place (google/ffn ``clear_dust``)."""
+def clear_dust(labels: np.ndarray, min_size: int) -> np.ndarray:
+    """``labels`` with objects smaller than ``min_size`` voxels set to 0 (google/ffn ``clear_dust``); the input is
+    left as it is (returned itself where nothing is that small)."""
     if min_size <= 1:
-        return seg
-    ids, sizes = np.unique(seg, return_counts=True)
-    small = ids[(sizes < min_size) & (ids != 0)]
-    if len(small):
-        seg[np.isin(seg, small)] = 0
-    return seg
+        return labels
+    ids, counts = np.unique(labels, return_counts=True)
+    small = ids[(counts < min_size) & (ids != 0)]
+    if small.size == 0:
+        return labels
+    return np.where(np.isin(labels, small), 0, labels).astype(labels.dtype, copy=False)
 
 
 def split_disconnected(seg: np.ndarray, min_size: int = 1) -> np.ndarray:

@@ -72,7 +72,18 @@ def make_synthetic_volume(
     """
     if membrane_width < 2 or membrane_width % 2:
         raise ValueError(f"membrane_width must be an even number of voxels >= 2, got {membrane_width}")
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(seed)  # drawn from in this order: centrelines, then the image
+    centre = _centrelines(rng, shape, neurites, branch_prob, blobs, wiggle)
+    labels, membrane = _cells(centre, membrane_width)
+    image = _image(rng, labels, membrane, membrane_contrast=membrane_contrast, faint_fraction=faint_fraction,
+                   faint_contrast=faint_contrast, blur_sigma=blur_sigma, noise_sigma=noise_sigma, shading=shading,
+                   membrane_on_neighbours=membrane_on_neighbours)
+    return image, labels
+
+
+def _centrelines(rng: np.random.Generator, shape: tuple[int, int, int], neurites: int | None, branch_prob: float,
+                 blobs: int, wiggle: float) -> np.ndarray:
+    """The objects' centrelines (random walks, branching) and blob points, as a uint32 id volume (0 elsewhere)."""
     zyx = np.array(shape, dtype=np.int64)
     if neurites is None:
         neurites = max(4, int(round(np.prod(zyx) / 15000)))
@@ -98,7 +109,13 @@ def make_synthetic_volume(
         p = rng.integers(0, zyx)
         centre[tuple(p)] = next_id
         next_id += 1
+    return centre
 
+
+def _cells(centre: np.ndarray, membrane_width: int) -> tuple[np.ndarray, np.ndarray]:
+    """(labels 1..N with membranes 0, the membrane mask): the Voronoi cells of the centrelines, their borders
+    ``membrane_width`` voxels thick."""
+    shape = centre.shape
     # Voronoi of the centrelines: every voxel takes the id of its nearest centreline voxel.
     _, nearest = ndimage.distance_transform_edt(centre == 0, return_indices=True)
     labels = centre[nearest[0], nearest[1], nearest[2]]
@@ -117,8 +134,15 @@ def make_synthetic_volume(
     labels = np.where(membrane, 0, labels).astype(np.uint32)
     # Renumber consecutively (branches and blobs may leave gaps).
     _, labels = np.unique(labels, return_inverse=True)
-    labels = labels.reshape(shape).astype(np.uint32)
+    return labels.reshape(shape).astype(np.uint32), membrane
 
+
+def _image(rng: np.random.Generator, labels: np.ndarray, membrane: np.ndarray, *, membrane_contrast: float,
+           faint_fraction: float, faint_contrast: float, blur_sigma: float, noise_sigma: float, shading: float,
+           membrane_on_neighbours: bool) -> np.ndarray:
+    """The uint8 EM-like image of ``labels``: object brightness and texture, specks, fading membranes, blur,
+    noise and shading (``make_synthetic_volume``'s knobs)."""
+    shape = labels.shape
     base = rng.uniform(150.0, 200.0, size=int(labels.max()) + 1).astype(np.float32)
     if membrane_on_neighbours:  # no random draw: the volume's other features stay those of the default
         _, nearest = ndimage.distance_transform_edt(membrane, return_indices=True)
@@ -139,7 +163,7 @@ def make_synthetic_volume(
         # Uneven staining / illumination: a smooth field (standard deviation ``shading`` grey levels) that a
         # global threshold cannot follow but local contrast ignores; drawn last, so all else stays the same.
         image += shading * _smooth_noise(rng, shape, max(shape) / 4)
-    return np.clip(np.round(image), 0, 255).astype(np.uint8), labels
+    return np.clip(np.round(image), 0, 255).astype(np.uint8)
 
 
 def write_hdf5(path: str | Path, image: np.ndarray, labels: np.ndarray) -> Path:

@@ -7,19 +7,13 @@ the memory budget (``hpctrain.memory_budget``) from the shape and dtype alone, b
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn_volumes import check_image, check_labels, check_pair, open_array
+from hpctrain.config.plugins.ffn_volumes import VolumeSpec, check_pair, open_array
 from hpctrain.errors import DataError
 from hpctrain.memory_budget import RAISE_HINT, MemoryBudget, array_bytes, memory_budget
-
-__all__ = ["Volume", "check_image", "check_labels", "check_pair", "load_image_and_labels", "load_volume", "open_volume",
-           "selection_shape"]
-
-VolumeSpec = str | Mapping[str, Any]
 
 
 class Volume:

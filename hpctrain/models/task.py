@@ -41,7 +41,7 @@ class TaskContext:
     run_dir: Path
     device: torch.device
     barrier: Callable[[], None] = field(default=lambda: None)
-    local_rank: int = 0  # the rank on its node: 0 reads what one process per node reads (ffn/node_volume.py)
+    local_rank: int = 0  # the rank on its node: 0 reads what one process per node reads (ffn/training/node_volume.py)
     # The forward's arithmetic (train.precision, resolved for this device: runtime/precision.py). The runtime runs
     # forward_loss under bfloat16 autocast when it is "bfloat16"; a task only keeps its model autocast-able.
     precision: str = "float32"

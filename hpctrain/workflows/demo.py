@@ -124,7 +124,7 @@ def pace_text(pace: dict[str, float] | None) -> str:
 
 def score(seg: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """VOI (total, split, merge) and adapted Rand error of ``seg`` against ``truth`` (0 = ignored)."""
-    from hpctrain.ffn.evaluate import evaluate_segmentation
+    from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 
     r = evaluate_segmentation(seg, truth)
     return {"voi": r["voi_split"] + r["voi_merge"], "voi_split": r["voi_split"], "voi_merge": r["voi_merge"],
@@ -135,7 +135,7 @@ def score(seg: np.ndarray, truth: np.ndarray) -> dict[str, float]:
 def best_threshold_baseline(image: np.ndarray, truth: np.ndarray) -> dict[str, float]:
     """The Otsu baseline at the global threshold that scores best against the ground truth (an oracle
     reference: it looks at the answer, so it is reported beside the honest baselines, not instead of them)."""
-    from hpctrain.ffn.baseline import baseline_segmentation, interior_threshold
+    from hpctrain.ffn.evaluation.baseline import baseline_segmentation, interior_threshold
 
     otsu = interior_threshold(image)
     best: dict[str, float] = {}
@@ -153,9 +153,9 @@ def baselines(volumes: dict[str, str], held_out: list[str]) -> tuple[dict[str, d
 
     import numpy as np
 
-    from hpctrain.ffn.baseline import baseline_segmentation
+    from hpctrain.ffn.evaluation.baseline import baseline_segmentation
+    from hpctrain.ffn.evaluation.watershed import tune_watershed, watershed_segmentation
     from hpctrain.ffn.volume import load_volume
-    from hpctrain.ffn.watershed import tune_watershed, watershed_segmentation
 
     train_image = np.asarray(load_volume(f"{volumes['train']}:image"))
     train_truth = np.asarray(load_volume(f"{volumes['train']}:labels"))
@@ -177,7 +177,7 @@ def segment_and_score(checkpoint: str, volume: str, out: Path, settings: dict[st
     """Flood-fill ``volume`` (an HDF5 file with image and labels) with ``checkpoint``; (summary, scores)."""
     import numpy as np
 
-    from hpctrain.ffn.inference import run_segment
+    from hpctrain.ffn.inference.runner import run_segment
     from hpctrain.ffn.volume import load_volume
 
     summary = run_segment(checkpoint, f"{volume}:image", f"{out}:segmentation", config=settings or None,
@@ -199,9 +199,9 @@ def tuning_volume(tuning: Any, volumes: dict[str, str]) -> tuple[Any, Any, str]:
 def tune_thresholds(checkpoint: str, volumes: dict[str, str], settings: dict[str, Any], tuning: Any,
                     threads: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The job's ``data.eval.tune`` candidates tried with this run's model on (a central crop of) its validation
-    volume, or the training volume where it names none (``ffn/tuning.py``); returns (the held-out settings with
-    the chosen values, a record of the choice)."""
-    from hpctrain.ffn.tuning import tune_checkpoint
+    volume, or the training volume where it names none (``ffn/inference/tuning.py``); returns (the held-out settings
+    with the chosen values, a record of the choice)."""
+    from hpctrain.ffn.inference.tuning import tune_checkpoint
 
     image, labels, where = tuning_volume(tuning, volumes)
     fit_on = None
@@ -358,56 +358,64 @@ def _finished_run(run_dir: Path) -> Path:
     return run_dir.resolve()
 
 
-def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: int | None = None,
-             ranks: int = 2, volume_shape: tuple[int, int, int] | None = None, threads: int | None = None,
-             more: bool = False, curve: int = 0, from_run: str | Path | None = None) -> dict[str, Any]:
-    """The whole main job; returns the scores. Writes everything under ``out_dir``.
-
-    ``volume_shape`` replaces the job's volume shapes (a quick run); ``threads`` are the segmentation's
-    intra-op threads (default: every CPU this process may use: training is over by then). ``from_run``: a
-    finished run directory whose checkpoint is scored instead of training a new one (the volumes are
-    regenerated from their seeds, so they are the ones it was trained and scored on).
-    """
-    import numpy as np
-
-    from hpctrain.config.job import load_job
-    from hpctrain.ffn.perf import available_cpus
-    from hpctrain.ffn.task import model_config, prepare_training_data
-    from hpctrain.ffn.volume import load_volume
-    from hpctrain.ffn.watershed import watershed_segmentation
-    from hpctrain.workflows.ffn import (
-        inference_settings,
-        inference_tuning,
-        resolve_checkpoint,
-        write_model_package,
-    )
-
-    started = time.perf_counter()
-    finished = _finished_run(Path(from_run)) if from_run else None
-    out = Path(out_dir).resolve()
+def _fresh_directory(out: Path) -> Path:
+    """``out`` resolved, emptied, with its ``data`` directory."""
+    out = out.resolve()
     if out.exists():
         shutil.rmtree(out)
     (out / "data").mkdir(parents=True)
-    job_path = Path(job_path or DEMO_JOB)
-    job = load_job(job_path)
-    total_steps = steps or job.train.steps
-    _say(f"job {job_path.name}: FFN depth {job.model_args.get('depth')}, features {job.model_args.get('features')}, "
-         f"FOV {job.model_args.get('fov')}, {ranks} ranks x batch {job.train.batch_per_rank}, {total_steps} steps")
+    return out
 
-    volumes = make_volumes(dict(job.data), out / "data", volume_shape, more)
-    held_out = [name for name in volumes if name not in ("train", "validation")]
+
+def _say_volumes(volumes: dict[str, str], held_out: list[str], finished: Path | None) -> None:
     if finished:
         _say(f"scoring the checkpoint of {finished} (no training)")
     validation = f", {volumes['validation']} (validation)" if "validation" in volumes else ""
     _say(f"synthetic volumes: {volumes['train']} (training){validation}, "
          f"{', '.join(volumes[n] for n in held_out)} (held out)")
 
+
+def _say_segmented(summary: dict[str, Any], settings: str) -> None:
+    counted = summary["counters"]
+    fovs = counted.get("flood_fovs", 0) + counted.get("agglomeration_fovs", 0)
+    _say(f"segmented the held-out volume with {settings}: {summary['objects']} objects, "
+         f"{summary['ffn_calls']} moves, {fovs} FOVs through the model (with the checks and the joins' claims), "
+         f"in {summary['seconds']:.1f} s")
+
+
+def _plot_heldout(png: Path, run_dir: Path, volume: str, segmentation: Path, watershed_params: Any,
+                  scores: dict[str, dict[str, float]], movement_from: int) -> None:
+    """The demo's figure of the held-out ``volume``: the FFN's segmentation beside the watershed's."""
+    import numpy as np
+
+    from hpctrain.ffn.evaluation.watershed import watershed_segmentation
+    from hpctrain.ffn.volume import load_volume
+
+    image = np.asarray(load_volume(f"{volume}:image"))
+    truth = np.asarray(load_volume(f"{volume}:labels"))
+    ffn_seg = np.asarray(load_volume(f"{segmentation}:segmentation"))
+    plot(png, run_dir / "metrics.jsonl", image, truth, ffn_seg, watershed_segmentation(image, watershed_params),
+         scores, movement_from=movement_from)
+
+
+def _prepare_training(job: Any, volumes: dict[str, str], out: Path) -> dict[str, Any]:
+    """The training volume's partitions and balanced coordinates, prepared once under ``out/data/prepared``."""
+    import numpy as np
+
+    from hpctrain.ffn.training.task import model_config, prepare_training_data
+
     cfg = model_config(job.model_args)
     train_data = {"train": {"image": f"{volumes['train']}:image", "labels": f"{volumes['train']}:labels"}}
     prepared = prepare_training_data(train_data, cfg["fov"], cfg["deltas"], out / "data" / "prepared")
     coords = np.load(prepared["coordinates"])["coords"]
     _say(f"training coordinates: {len(coords)} balanced over partitions -> {prepared['coordinates']}")
+    return prepared
 
+
+def _training_sets(job: Any, volumes: dict[str, str], prepared: dict[str, Any], *, ranks: int, steps: int | None,
+                   curve: int) -> tuple[list[str], int]:
+    """(the ``--set`` overrides the training job is submitted with, its bare-seed steps): the prepared data, the
+    ranks, and for a quick run (``steps``) the job's warm-up and bare-seed share scaled to it."""
     sets = [f"data.train.image={volumes['train']}:image", f"data.train.labels={volumes['train']}:labels",
             f"data.coordinates={prepared['coordinates']}", f"resources.ranks_per_node={ranks}",
             f"model_args.image_mean={prepared['image_mean']}", f"model_args.image_stddev={prepared['image_stddev']}",
@@ -423,7 +431,66 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
             single_fov_steps = single_fov_steps * steps // job.train.steps
             sets.append(f"model_args.single_fov_steps={single_fov_steps}")
     if curve:
+        total_steps = steps or job.train.steps
         sets += [f"checkpoint.every_steps={max(1, total_steps // curve)}", f"checkpoint.keep={curve + 1}"]
+    return sets, single_fov_steps
+
+
+def _tune(checkpoint: str, volumes: dict[str, str], settings: dict[str, Any], tuning: Any, threads: int, *,
+          package_for: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``tune_thresholds``; where the run was trained here (``package_for``, its run directory), its model package
+    is written so that ``hpctrain ffn segment`` segments with the choice."""
+    from hpctrain.workflows.ffn import write_model_package
+
+    settings, tuned = tune_thresholds(checkpoint, volumes, settings, tuning, threads)
+    if package_for is not None:
+        tuned["package"] = str(write_model_package(checkpoint, settings, tuned["chosen"], tuned))
+        _say(f"model package {tuned['package']}: hpctrain ffn segment {package_for} VOLUME segments with these "
+             "settings")
+    return settings, tuned
+
+
+def _print_files_and_times(run_dir: Path, segmentation: Path, png: Path, out: Path, *, curve: bool,
+                           seconds: dict[str, Any]) -> None:
+    """The demo's last lines: where its files are, and how long its parts took."""
+    print(f"files: run {run_dir}\n       metrics {run_dir / 'metrics.jsonl'}\n       segmentation {segmentation}"
+          f"\n       figure {png}\n       scores {out / 'scores.json'}" + (f"\n       curve {out / 'curve.png'}"
+                                                                          if curve else ""))
+    tuning_seconds = f", choosing thresholds {seconds['tuning']:.0f} s" if seconds["tuning"] is not None else ""
+    print(f"time: training {seconds['training']:.0f} s{tuning_seconds}, segmentation {seconds['segmentation']:.0f} s, "
+          f"total {seconds['total']:.0f} s")
+    sys.stdout.flush()
+
+
+def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: int | None = None,
+             ranks: int = 2, volume_shape: tuple[int, int, int] | None = None, threads: int | None = None,
+             more: bool = False, curve: int = 0, from_run: str | Path | None = None) -> dict[str, Any]:
+    """The whole main job; returns the scores. Writes everything under ``out_dir``.
+
+    ``volume_shape`` replaces the job's volume shapes (a quick run); ``threads`` are the segmentation's
+    intra-op threads (default: every CPU this process may use: training is over by then). ``from_run``: a
+    finished run directory whose checkpoint is scored instead of training a new one (the volumes are
+    regenerated from their seeds, so they are the ones it was trained and scored on).
+    """
+    from hpctrain.config.job import load_job
+    from hpctrain.ffn.perf import available_cpus
+    from hpctrain.workflows.ffn import inference_settings, inference_tuning, resolve_checkpoint
+
+    started = time.perf_counter()
+    finished = _finished_run(Path(from_run)) if from_run else None
+    out = _fresh_directory(Path(out_dir))
+    job_path = Path(job_path or DEMO_JOB)
+    job = load_job(job_path)
+    total_steps = steps or job.train.steps
+    _say(f"job {job_path.name}: FFN depth {job.model_args.get('depth')}, features {job.model_args.get('features')}, "
+         f"FOV {job.model_args.get('fov')}, {ranks} ranks x batch {job.train.batch_per_rank}, {total_steps} steps")
+
+    volumes = make_volumes(dict(job.data), out / "data", volume_shape, more)
+    held_out = [name for name in volumes if name not in ("train", "validation")]
+    _say_volumes(volumes, held_out, finished)
+
+    prepared = _prepare_training(job, volumes, out)
+    sets, single_fov_steps = _training_sets(job, volumes, prepared, ranks=ranks, steps=steps, curve=curve)
     t_train = time.perf_counter()
     handle = None if finished else submit_training(job_path, sets, out / "runs")
     # The baselines need no training: they run while the ranks train (this process only waits on them).
@@ -441,32 +508,19 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
     tuning = inference_tuning(dict(job.data))
     tuned: dict[str, Any] = {}
     if tuning is not None:
-        settings, tuned = tune_thresholds(checkpoint, volumes, settings, tuning, seg_threads)
-        if not finished:  # the run trained here: its model package carries the choice to hpctrain ffn segment
-            tuned["package"] = str(write_model_package(checkpoint, settings, tuned["chosen"], tuned))
-            _say(f"model package {tuned['package']}: hpctrain ffn segment {run_dir} VOLUME segments with these "
-                 "settings")
+        settings, tuned = _tune(checkpoint, volumes, settings, tuning, seg_threads, package_for=None if finished
+                                else run_dir)
     segmentation = out / "heldout_segmentation.h5"
     summary, ffn_scores = segment_and_score(checkpoint, volumes["eval"], segmentation, settings, seg_threads)
-    counted = summary["counters"]
-    fovs = counted.get("flood_fovs", 0) + counted.get("agglomeration_fovs", 0)
-    _say(f"segmented the held-out volume with {settings_text(settings, tuned)}: {summary['objects']} objects, "
-         f"{summary['ffn_calls']} moves, {fovs} FOVs through the model (with the checks and the joins' claims), "
-         f"in {summary['seconds']:.1f} s")
+    _say_segmented(summary, settings_text(settings, tuned))
     to_scores = time.perf_counter() - started  # the demo's own work; --more, --curve and the figures come after
     scores = {"ffn": ffn_scores, **base["eval"]}
-    others: dict[str, dict[str, Any]] = {}
-    for name in held_out[1:]:
-        _, s = segment_and_score(checkpoint, volumes[name], out / f"{name.replace(' ', '-')}_segmentation.h5",
-                                 settings, seg_threads)
-        others[name] = {"ffn": s, **base[name]}
+    others = {name: {"ffn": segment_and_score(checkpoint, volumes[name], out / f"{name.replace(' ', '-')}"
+                                              "_segmentation.h5", settings, seg_threads)[1], **base[name]}
+              for name in held_out[1:]}
 
-    image = np.asarray(load_volume(f"{volumes['eval']}:image"))
-    truth = np.asarray(load_volume(f"{volumes['eval']}:labels"))
-    ffn_seg = np.asarray(load_volume(f"{segmentation}:segmentation"))
     png = out / "demo.png"
-    plot(png, run_dir / "metrics.jsonl", image, truth, ffn_seg, watershed_segmentation(image, watershed["params"]),
-         scores, movement_from=single_fov_steps)
+    _plot_heldout(png, run_dir, volumes["eval"], segmentation, watershed["params"], scores, single_fov_steps)
     points: list[dict[str, Any]] = []
     if curve:
         points = score_curve(run_dir, run_dir / job.checkpoint.dir, volumes, out, base_settings, seg_threads,
@@ -480,13 +534,9 @@ def run_demo(out_dir: str | Path, *, job_path: str | Path | None = None, steps: 
                      "segmentation": round(summary["seconds"], 1), "to_heldout_scores": round(to_scores, 1),
                      "total": round(total, 1)}, "training_pace": pace}, indent=2))
     report(scores, others, None if finished else to_scores)
-    print(f"files: run {run_dir}\n       metrics {run_dir / 'metrics.jsonl'}\n       segmentation {segmentation}"
-          f"\n       figure {png}\n       scores {out / 'scores.json'}" + (f"\n       curve {out / 'curve.png'}"
-                                                                          if curve else ""))
-    tuning_seconds = f", choosing thresholds {tuned['seconds']:.0f} s" if tuned else ""
-    print(f"time: training {train_seconds:.0f} s{tuning_seconds}, segmentation {summary['seconds']:.0f} s, "
-          f"total {total:.0f} s")
-    sys.stdout.flush()
+    _print_files_and_times(run_dir, segmentation, png, out, curve=bool(curve), seconds={
+        "training": train_seconds, "tuning": tuned.get("seconds") if tuned else None,
+        "segmentation": summary["seconds"], "total": total})
     better = scores["ffn"]["voi"] < scores["watershed"]["voi"]
     return {"scores": scores, "more": others, "run_dir": str(run_dir), "png": str(png), "beats_baseline": better}
 

@@ -52,7 +52,7 @@ def find_trained(target: str) -> Trained:
     Where the checkpoint directory holds a model package, its checkpoint (the one its settings were chosen for)
     is used; otherwise the newest checkpoint whose shared file checks out against the manifest."""
     from hpctrain.checkpoint.manifest import STEP_DIR
-    from hpctrain.ffn.settings import PACKAGE_FILE, find_package, read_package
+    from hpctrain.ffn.inference.settings import PACKAGE_FILE, find_package, read_package
 
     path = Path(target)
     run_dir: Path | None = None
@@ -165,13 +165,15 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
                       memory_gb: float | None = None) -> dict[str, Any]:
     """Plan overlapping subvolumes; flood them with ``ranks`` local processes (the local site's launcher) or
     in this process; reconcile; then, when the settings agglomerate or fill, count the contacts, finish the
-    pieces on the ranks again and assemble ``output`` (``ffn/subvolume_finish.py``). Returns a summary.
+    pieces on the ranks again and assemble ``output`` (``ffn/inference/subvolume_finish.py``). Returns a summary.
     The image is checked from its header, and the pieces a rank floods at once against ``budget`` (default:
     ``memory_budget()``), before any work; ``memory_gb`` is passed to the ranks as their ``--memory-gb``."""
-    from hpctrain.ffn.inference import load_model
-    from hpctrain.ffn.settings import InferenceConfig, checkpoint_settings, finishes
-    from hpctrain.ffn.subvolume_finish import OVERSEGMENTATION, assemble, assign_pairs, finish_parts
-    from hpctrain.ffn.subvolumes import (
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
+    from hpctrain.config.plugins.ffn_volumes import check_image
+    from hpctrain.ffn.inference.runner import load_model
+    from hpctrain.ffn.inference.settings import checkpoint_settings, finishes
+    from hpctrain.ffn.inference.subvolume_finish import OVERSEGMENTATION, assemble, assign_pairs, finish_parts
+    from hpctrain.ffn.inference.subvolumes import (
         check_pieces_fit,
         plan_subvolumes,
         read_plan,
@@ -179,7 +181,7 @@ def segment_in_pieces(checkpoint: str, volume: str, output: str, config: dict[st
         segment_parts,
         write_plan,
     )
-    from hpctrain.ffn.volume import check_image, open_volume
+    from hpctrain.ffn.volume import open_volume
 
     t0 = time.perf_counter()
     with open_volume(volume, budget) as image:
@@ -246,8 +248,9 @@ def write_model_package(checkpoint: str, settings: dict[str, Any], chosen: dict[
                         record: dict[str, Any]) -> Path:
     """The settings a trained model segments with (flat keys: the job's ``data.eval.inference`` and what was
     chosen for it), resolved against its checkpoint, written as the model package beside it."""
-    from hpctrain.ffn.inference import load_model
-    from hpctrain.ffn.settings import InferenceConfig, checkpoint_settings, write_package
+    from hpctrain.config.plugins.ffn_inference import InferenceConfig
+    from hpctrain.ffn.inference.runner import load_model
+    from hpctrain.ffn.inference.settings import checkpoint_settings, write_package
 
     _, model_args, ckpt = load_model(checkpoint)
     resolved = InferenceConfig.from_mapping({**checkpoint_settings(model_args, ckpt), **settings})
@@ -336,13 +339,13 @@ def tune_trained(trained: Trained, job_data: dict[str, Any], *, image: str | Non
                  write: bool = True, replace_joins: bool = False,
                  budget: MemoryBudget | None = None) -> dict[str, Any]:
     """Choose the inference settings for a trained model among the job's ``data.eval.tune`` candidates on a
-    labelled volume (``ffn/tuning.py``) and, with ``write``, write them as its model package. Where no join model
-    can be fitted (a barely trained model's floods leave no pairs of both kinds), pairs are joined by their claims,
-    as the demo does, and the record says why. A join fit on far fewer pairs than the package's join model is
+    labelled volume (``ffn/inference/tuning.py``) and, with ``write``, write them as its model package. Where no join
+    model can be fitted (a barely trained model's floods leave no pairs of both kinds), pairs are joined by their
+    claims, as the demo does, and the record says why. A join fit on far fewer pairs than the package's join model is
     refused before the candidates are tried, unless ``replace_joins``. Returns the tuning's record with "package"
     (the path written, or None)."""
+    from hpctrain.ffn.inference.tuning import tune_checkpoint
     from hpctrain.ffn.perf import available_cpus
-    from hpctrain.ffn.tuning import tune_checkpoint
 
     tuning = inference_tuning(job_data)
     if tuning is None:
@@ -370,10 +373,10 @@ def baseline_scores(image_spec: str, labels: Any, train: tuple[str, str] | None,
     read whole, refused first where it does not fit ``budget``."""
     import numpy as np
 
-    from hpctrain.ffn.baseline import baseline_segmentation
-    from hpctrain.ffn.evaluate import evaluate_segmentation
+    from hpctrain.ffn.evaluation.baseline import baseline_segmentation
+    from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
+    from hpctrain.ffn.evaluation.watershed import WatershedParams, tune_watershed, watershed_segmentation
     from hpctrain.ffn.volume import load_volume
-    from hpctrain.ffn.watershed import WatershedParams, tune_watershed, watershed_segmentation
 
     image = np.asarray(load_volume(image_spec, budget))
     params = WatershedParams()

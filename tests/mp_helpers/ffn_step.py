@@ -11,7 +11,7 @@ import sys
 import torch
 
 from hpctrain.ffn.model import ConvStack3D
-from hpctrain.ffn.training import clip_gradients_, fov_loss
+from hpctrain.ffn.training.loss import clip_gradients_, fov_loss
 from hpctrain.runtime.comm import make_communicator
 from hpctrain.runtime.reducer import Reducer, broadcast_model
 

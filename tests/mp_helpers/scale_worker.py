@@ -106,8 +106,8 @@ def ffn_input(backend: str, run_dir: str) -> None:
 
     import numpy as np
 
-    from hpctrain.ffn.shards import epoch_share, rank_ranges
-    from hpctrain.ffn.task import FFNTask
+    from hpctrain.ffn.training.shards import epoch_share, rank_ranges
+    from hpctrain.ffn.training.task import FFNTask
     from hpctrain.launch_env import detect_launch_env
     from hpctrain.models.task import TaskContext
 

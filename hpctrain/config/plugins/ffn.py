@@ -1,6 +1,6 @@
 """The Flood-Filling Network's ``model_args`` and ``data`` (``model: ffn``), checked without torch or numpy.
 
-``hpctrain.ffn.task`` builds the model and the training-example stream from these validated values; the
+``hpctrain.ffn.training.task`` builds the model and the training-example stream from these validated values; the
 preflight uses the same models to refuse, on the laptop, a FOV that is even-sized, a policy that does not
 exist or a training volume too small to hold one training box.
 """
@@ -8,8 +8,7 @@ exist or a training volume too small to hold one training box.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_validator, model_validator
@@ -17,58 +16,13 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_validator, mo
 from hpctrain.config.common import FieldProblem, Strict
 from hpctrain.config.job import JobSpec
 from hpctrain.config.plugin import ModelSchema
+from hpctrain.config.plugins.ffn_fields import FovSize, Fraction, Offsets, Shape, Zyx, deltas_problem
 from hpctrain.config.plugins.ffn_inference import InferenceSettings
-from hpctrain.errors import ConfigError, DataError
+from hpctrain.config.plugins.ffn_volumes import VolumeRef, parse_volume_spec, reader_module, source_shape
+from hpctrain.errors import ConfigError
 
-Zyx = tuple[int, int, int]
 GRADIENT_CLIP = 0.7  # google/ffn max_gradient_entry_mag
 DEFAULT_SYNTHETIC_SHAPE: Zyx = (48, 96, 96)
-
-
-def _as_triple(value: object) -> object:
-    """One integer stands for a cube; YAML gives lists, the models hold tuples."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        return (value, value, value)
-    if isinstance(value, list | tuple) and len(value) == 3:
-        return tuple(value)
-    raise ValueError("give one integer or three [z, y, x]")
-
-
-def _odd(sizes: Zyx) -> Zyx:
-    if any(s < 1 or s % 2 == 0 for s in sizes):
-        raise ValueError(f"FOV sizes must be odd and >= 1 (a FOV has a centre voxel), got {list(sizes)}")
-    return sizes
-
-
-def max_deltas(fov: Sequence[int]) -> Zyx:
-    """The largest FOV movement step on each axis: (fov - 1) // 2, the centre to the FOV's face."""
-    return tuple((int(f) - 1) // 2 for f in fov)  # type: ignore[return-value]
-
-
-def deltas_problem(fov: Sequence[int], deltas: Sequence[int]) -> str | None:
-    """Why ``deltas`` cannot move a FOV of ``fov`` (None: they can).
-
-    A move's score is read on the faces of the current FOV's predicted map at +/- deltas from its centre
-    (``hpctrain.ffn.movement.face_max_offsets``, the inference Canvas): each step must stay inside the FOV. The
-    ranks apply this rule when they move FOVs; the laptop applies it to model_args and the inference settings.
-    """
-    limit = max_deltas(fov)
-    if any(int(d) < 0 or int(d) > m for d, m in zip(deltas, limit, strict=True)):
-        return (f"deltas {[int(d) for d in deltas]} must lie within 0..(fov - 1) // 2 = {list(limit)} for fov "
-                f"{[int(f) for f in fov]}: a move is scored on the faces of the FOV at +/- deltas from its centre")
-    return None
-
-
-def _non_negative(sizes: Zyx) -> Zyx:
-    if any(s < 0 for s in sizes):
-        raise ValueError(f"must be >= 0 on every axis, got {list(sizes)}")
-    return sizes
-
-
-def _positive(sizes: Zyx) -> Zyx:
-    if any(s < 1 for s in sizes):
-        raise ValueError(f"must be >= 1 on every axis, got {list(sizes)}")
-    return sizes
 
 
 def _as_tuple(value: object) -> object:
@@ -87,12 +41,7 @@ def _thresholds(values: tuple[float, ...]) -> tuple[float, ...]:
     return values
 
 
-Triple = Annotated[tuple[int, int, int], BeforeValidator(_as_triple)]
-FovSize = Annotated[Triple, AfterValidator(_odd)]
-Offsets = Annotated[Triple, AfterValidator(_non_negative)]
-Shape = Annotated[Triple, AfterValidator(_positive)]
 Axes = Annotated[tuple[int, ...], BeforeValidator(_as_tuple), AfterValidator(_axes)]
-Fraction = Annotated[float, Field(gt=0, lt=1)]
 
 
 class FFNModelArgs(Strict):
@@ -165,32 +114,6 @@ class FFNModelArgs(Strict):
         return tuple(f // 2 + d for f, d in zip(self.fov, self.deltas, strict=True))  # type: ignore[return-value]
 
 
-class VolumeRef(Strict):
-    path: str
-    dataset: str | None = None
-
-
-VolumeSpec = str | VolumeRef
-
-
-def parse_volume_spec(spec: str | Mapping[str, Any] | VolumeRef) -> tuple[Path, str | None]:
-    """``"path.h5:dataset"`` or ``{path: ..., dataset: ...}`` -> (path, dataset or None)."""
-    if isinstance(spec, VolumeRef):
-        return Path(spec.path), spec.dataset
-    if isinstance(spec, Mapping):
-        if "path" not in spec:
-            raise DataError(f"volume spec {dict(spec)!r} has no 'path'", hint="write {path: FILE, dataset: NAME}")
-        dataset = spec.get("dataset")
-        return Path(str(spec["path"])), None if dataset is None else str(dataset)
-    text = str(spec)
-    # Split on the last ':' after the file suffix so that Windows-like or odd paths keep working.
-    for suffix in (".h5:", ".hdf5:", ".hdf:", ".zarr:"):
-        at = text.rfind(suffix)
-        if at >= 0:
-            return Path(text[: at + len(suffix) - 1]), text[at + len(suffix):] or None
-    return Path(text), None
-
-
 class SyntheticVolume(Strict):
     """A synthetic EM volume (hpctrain.ffn.synthetic.make_synthetic_volume); unset knobs keep its defaults."""
 
@@ -218,8 +141,8 @@ class SyntheticVolume(Strict):
 
 class _VolumeSource(Strict):
     synthetic: SyntheticVolume | None = None
-    image: VolumeSpec | None = Field(None, description="FILE.h5:DATASET, a .zarr, or {path, dataset}")
-    labels: VolumeSpec | None = Field(None, description="Ground-truth object ids, same shape as the image")
+    image: str | VolumeRef | None = Field(None, description="FILE.h5:DATASET, a .zarr, or {path, dataset}")
+    labels: str | VolumeRef | None = Field(None, description="Ground-truth object ids, same shape as the image")
 
     @model_validator(mode="after")
     def _one_source(self) -> _VolumeSource:
@@ -249,8 +172,8 @@ FIT_FLOOD_FIXED = ("fov", "deltas", "image_mean", "image_stddev", "join_model", 
 
 
 class JoinFit(Strict):
-    """``data.eval.tune.fit_joins``: a join model (``hpctrain.ffn.join_model``) fitted for each trained model on
-    the pieces of a labelled volume before the thresholds are chosen; the join threshold is then a probability."""
+    """``data.eval.tune.fit_joins``: a join model (``hpctrain.ffn.inference.join_model``) fitted for each trained model
+    on the pieces of a labelled volume before the thresholds are chosen; the join threshold is then a probability."""
 
     volume: _VolumeSource | None = Field(None, description="labelled volume to fit on, like data.train (default: "
                                                            "the training volume)")
@@ -272,7 +195,7 @@ class JoinFit(Strict):
 
 class InferenceTuning(Strict):
     """``data.eval.tune``: inference thresholds chosen for each trained model on a labelled volume
-    (``hpctrain.ffn.tuning``): every combination of the candidates segments (a central crop of) ``volume`` —
+    (``hpctrain.ffn.inference.tuning``): every combination of the candidates segments (a central crop of) ``volume`` —
     ``data.train`` when it is not given — and the lowest VOI against its labels wins (``hpctrain demo``,
     ``hpctrain ffn tune``)."""
 
@@ -301,7 +224,7 @@ class InferenceTuning(Strict):
         return fit.inference.model_dump(exclude_none=True) if fit is not None and fit.inference is not None else {}
 
     def grid(self) -> dict[str, list[float]]:
-        """The candidates by InferenceConfig key (``hpctrain.ffn.tuning.tune_inference``'s ``grid``)."""
+        """The candidates by InferenceConfig key (``hpctrain.ffn.inference.tuning.tune_inference``'s ``grid``)."""
         return {k: list(v) for k, v in (("move_threshold", self.move_threshold),
                                         ("segment_threshold", self.segment_threshold),
                                         ("agglomerate_threshold", self.agglomerate_threshold)) if v}
@@ -384,8 +307,6 @@ class FFNSchema(ModelSchema):
         """Open each image + labels pair given as files (headers only) with the ranks' reader: a missing dataset,
         a file that is not HDF5 (or zarr), wrong dtypes, image and labels of different shapes, a training volume
         too small for one training box or an eval volume smaller than the FOV fail here."""
-        from hpctrain.config.plugins.ffn_volumes import reader_module, source_shape
-
         fov, _, _ = inference_geometry(args, data)
         sources = [("data.train", data.train)]
         if data.eval is not None:

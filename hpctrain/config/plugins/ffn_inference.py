@@ -10,48 +10,18 @@ model package (``inference.json``) and the command line name the settings flat (
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field, ValidationError, create_model, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from hpctrain.config.common import Strict
+from hpctrain.config.plugins.ffn_fields import FovSize, Fraction, Offsets, Share
 from hpctrain.config.precision import PrecisionRequest
 from hpctrain.errors import ConfigError
 
-Zyx = tuple[int, int, int]
-
-
-def zyx(value: int | Sequence[int], name: str = "value") -> Zyx:
-    """One integer (a cube) or three (z, y, x) as a (z, y, x) tuple of ints: the one helper for sizes, offsets and
-    positions given either way; anything else raises ConfigError naming ``name``."""
-    values = [int(value)] * 3 if isinstance(value, int) else [int(v) for v in value]
-    if len(values) != 3:
-        raise ConfigError(f"{name} must be one integer or three (z, y, x), got {value!r}", key=name)
-    return (values[0], values[1], values[2])
-
-
-def _zyx(value: object) -> object:
-    if isinstance(value, bool) or not isinstance(value, int | list | tuple) or (
-            not isinstance(value, int) and len(value) != 3):
-        raise ValueError("give one integer or three [z, y, x]")
-    return zyx(value)  # type: ignore[arg-type]
-
-
-def _odd(sizes: Zyx) -> Zyx:
-    if any(s < 1 or s % 2 == 0 for s in sizes):
-        raise ValueError(f"FOV sizes must be odd and >= 1 (a FOV has a centre voxel), got {list(sizes)}")
-    return sizes
-
-
-def _non_negative(sizes: Zyx) -> Zyx:
-    if any(s < 0 for s in sizes):
-        raise ValueError(f"must be >= 0 on every axis, got {list(sizes)}")
-    return sizes
-
-
 JOIN_FEATURES = ("claim", "gap", "brightness_difference", "log_contact", "touch", "membrane_dip")
-"""The pair features a join model is over, in order (``hpctrain.ffn.join_model`` computes them)."""
+"""The pair features a join model is over, in order (``hpctrain.ffn.inference.join_model`` computes them)."""
 JOIN_MODEL_KEYS = ("features", "mean", "scale", "coef", "intercept")
 
 
@@ -83,11 +53,6 @@ def _join_model(value: dict[str, Any] | None) -> dict[str, Any] | None:
     return value
 
 
-Triple = Annotated[Zyx, BeforeValidator(_zyx)]
-FovSize = Annotated[Triple, AfterValidator(_odd)]
-Offsets = Annotated[Triple, AfterValidator(_non_negative)]
-Fraction = Annotated[float, Field(gt=0, lt=1)]
-Share = Annotated[float, Field(ge=0, le=1)]
 JoinModelDict = Annotated[dict[str, Any] | None, AfterValidator(_join_model)]
 
 # google/ffn normalises images as (image - image_mean) / image_stddev; 128 / 33 are its FIB-25 defaults.
@@ -128,7 +93,7 @@ class FloodSettings(_Group):
 class SeedSettings(_Group):
     """Where objects are started."""
 
-    seed_policy: Literal["peaks", "grid"] = Field("peaks", description="seed policy (hpctrain.ffn.seeds)")
+    seed_policy: Literal["peaks", "grid"] = Field("peaks", description="seed policy (hpctrain.ffn.inference.seeds)")
     seed_args: dict[str, Any] = Field(default_factory=dict, description="the policy's arguments")
     reseed_passes: int = Field(0, ge=0, description="not in the reference (0: off): passes of the peaks policy over "
                                "the voxels still unsegmented after the policy's seeds (segmented ones count as "
@@ -147,8 +112,9 @@ class JoinSettings(_Group):
     linkage: Literal["single", "average"] = Field("single", description="single: every pair at the threshold "
                                                   "joins, transitively; average: groups join best first while "
                                                   "the mean score of the pairs between them reaches it")
-    join_model: JoinModelDict = Field(None, description="a fitted join model (hpctrain.ffn.join_model.JoinModel."
-                                      "as_dict): pairs are scored by its probability instead of the mutual claim")
+    join_model: JoinModelDict = Field(None, description="a fitted join model "
+                                      "(hpctrain.ffn.inference.join_model.JoinModel.as_dict): pairs are scored by "
+                                      "its probability instead of the mutual claim")
 
 
 class FillSettings(_Group):

@@ -18,11 +18,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from hpctrain.config.plugins.ffn import VolumeRef, parse_volume_spec
+from hpctrain.config.common import Strict
 from hpctrain.errors import ConfigError, DataError
 from hpctrain.files import kind_of
 
+
+class VolumeRef(Strict):
+    path: str
+    dataset: str | None = None
+
+
 VolumeSpec = str | Mapping[str, Any] | VolumeRef
+
+
+def parse_volume_spec(spec: VolumeSpec) -> tuple[Path, str | None]:
+    """``"path.h5:dataset"`` or ``{path: ..., dataset: ...}`` -> (path, dataset or None)."""
+    if isinstance(spec, VolumeRef):
+        return Path(spec.path), spec.dataset
+    if isinstance(spec, Mapping):
+        if "path" not in spec:
+            raise DataError(f"volume spec {dict(spec)!r} has no 'path'", hint="write {path: FILE, dataset: NAME}")
+        dataset = spec.get("dataset")
+        return Path(str(spec["path"])), None if dataset is None else str(dataset)
+    text = str(spec)
+    # Split on the last ':' after the file suffix so that Windows-like or odd paths keep working.
+    for suffix in (".h5:", ".hdf5:", ".hdf:", ".zarr:"):
+        at = text.rfind(suffix)
+        if at >= 0:
+            return Path(text[: at + len(suffix) - 1]), text[at + len(suffix):] or None
+    return Path(text), None
+
 ZARR_SUFFIX = ".zarr"
 # The files of a zarr store (v3, then v2) that zarr reads when it opens a group or an array.
 ZARR_METADATA = ("zarr.json", ".zarray", ".zgroup", ".zattrs")

@@ -19,13 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn_inference import zyx
+from hpctrain.config.plugins.ffn_fields import Zyx, zyx
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.ffn.agglomeration import UnionFind
+from hpctrain.ffn.inference.agglomeration import UnionFind
 from hpctrain.files import atomic_path, write_atomic
 from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 
-Zyx = tuple[int, int, int]
 TOGETHER = 4  # pieces a rank floods in lock step (their FOVs batched into one model call)
 
 
@@ -231,7 +230,7 @@ def reconcile(plan: list[Subvolume], parts_dir: Path, out_path: str | Path, shap
 def check_pieces_fit(plan: Sequence[Subvolume], volume: Any, together: int = TOGETHER) -> None:
     """DataError unless the ``together`` largest pieces of ``plan``, read from ``volume`` (a ``Volume``) and
     flooded at once, fit its budget: said before any piece is read."""
-    from hpctrain.ffn.inference import FLOOD_BYTES_PER_VOXEL
+    from hpctrain.ffn.inference.runner import FLOOD_BYTES_PER_VOXEL
 
     largest = sorted((math.prod(sub.shape) for sub in plan), reverse=True)[:max(1, together)]
     need = sum(volume.bytes_for((voxels,), FLOOD_BYTES_PER_VOXEL) for voxels in largest)
@@ -251,9 +250,9 @@ def segment_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, thread
     checkpoint and settings are used unless ``model`` and ``config`` (an InferenceConfig) are given. A piece
     whose file already exists is skipped, so a job that was stopped and run again only does the rest.
     """
-    from hpctrain.ffn.inference import prepare_inference, segment_volumes_together
+    from hpctrain.ffn.inference.runner import prepare_inference, segment_volumes_together
+    from hpctrain.ffn.inference.settings import flood_only
     from hpctrain.ffn.segmentation import write_segmentation_hdf5
-    from hpctrain.ffn.settings import flood_only
     from hpctrain.ffn.volume import open_volume
 
     plan_path = Path(plan_path)

@@ -12,8 +12,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from hpctrain.errors import ConfigError, RuntimeFailure
+from hpctrain.ffn.movement import Position
 
-Position = tuple[int, int, int]
 # One object's flood yields lists of (FOV centre, seed logits) and is sent the model's logits for each, in order,
 # returning its move count; a canvas's floods (``Canvas.flood``) yield those of every object in flight at once.
 FovRequests = Generator[list[tuple[Position, np.ndarray]], list[np.ndarray], int]

@@ -67,7 +67,7 @@ def watershed_segmentation(image: np.ndarray, params: WatershedParams | Mapping[
     else:
         markers, _ = ndimage.label(h_maxima(smooth, p.h))
         labels = watershed(-smooth, markers)
-    clear_dust(labels, p.min_size)
+    labels = clear_dust(labels, p.min_size)
     return make_labels_contiguous(labels)
 
 
@@ -83,7 +83,7 @@ def default_grid() -> list[WatershedParams]:
 def tune_watershed(image: np.ndarray, labels: np.ndarray,
                    grid: Iterable[WatershedParams] | None = None) -> tuple[WatershedParams, list[dict[str, Any]]]:
     """The grid point with the lowest VOI on (``image``, ``labels``) — a training volume — and every score."""
-    from hpctrain.ffn.evaluate import evaluate_segmentation
+    from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
 
     tried: list[dict[str, Any]] = []
     for params in grid if grid is not None else default_grid():

@@ -7,7 +7,6 @@ are (z, y, x); thresholds are probabilities, kept as logits.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,19 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn import deltas_problem
+from hpctrain.config.plugins.ffn_fields import deltas_problem
 from hpctrain.config.plugins.ffn_inference import ExecutionSettings, FloodSettings, InferenceConfig
 from hpctrain.errors import ConfigError, DataError, RuntimeFailure
-from hpctrain.ffn.batching import FovBatches, FovRequests, Position, SeedOrder, check_output, flood_together
-from hpctrain.ffn.movement import FaceMaxMovementPolicy
+from hpctrain.ffn.inference.batching import FovBatches, FovRequests, SeedOrder, check_output, flood_together
+from hpctrain.ffn.logits import logit
+from hpctrain.ffn.movement import FaceMaxMovementPolicy, Position
 from hpctrain.ffn.segmentation import make_labels_contiguous
-
-
-def logit(p: float) -> float:
-    """log(p / (1 - p)) for 0 < p < 1."""
-    if not 0.0 < p < 1.0:
-        raise ValueError(f"a probability threshold must lie strictly between 0 and 1, got {p}")
-    return math.log(p / (1.0 - p))
 
 
 @dataclass

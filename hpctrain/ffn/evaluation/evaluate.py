@@ -62,8 +62,6 @@ def evaluate_segmentation(
       segments holding >= ``min_overlap`` of its voxels. ``segments``: per nonzero segment its size (on
       evaluated voxels) and ``n_gt`` = ground-truth objects it holds >= ``min_overlap`` voxels of.
     """
-    from skimage.metrics import adapted_rand_error, variation_of_information
-
     seg = np.asarray(seg)
     labels = np.asarray(labels)
     if seg.shape != labels.shape:
@@ -81,6 +79,36 @@ def evaluate_segmentation(
     gt_v = labels[keep].astype(np.int64)
     seg_v = seg[keep].astype(np.int64)
 
+    split, merge, are = _voi_and_rand_error(seg, labels, ignore_label)
+
+    gt_of, seg_of, n = _contingency(seg_v, gt_v)
+    precision, recall = _rand_pairs(gt_of, seg_of, n)
+
+    objects, segments = _object_tables(seg_v, gt_v, (gt_of, seg_of, n), min_overlap)
+
+    return {
+        "voi_split": float(split),
+        "voi_merge": float(merge),
+        "voi": float(split + merge),
+        "adapted_rand_error": float(are),
+        "rand_precision": float(precision),
+        "rand_recall": float(recall),
+        "n_gt_objects": len(objects),
+        "n_segments": len(segments),
+        "split_objects": sum(1 for o in objects if o["n_segments"] > 1),
+        "merging_segments": sum(1 for s in segments if s["n_gt"] > 1),
+        "unsegmented_fraction": float(np.mean(seg_v == 0)),
+        "evaluated_voxels": n_eval,
+        "ignore_label": ignore_label,
+        "objects": objects,
+        "segments": segments,
+    }
+
+
+def _voi_and_rand_error(seg: np.ndarray, labels: np.ndarray, ignore_label: int | None) -> tuple[float, float, float]:
+    """(VOI split, VOI merge, adapted Rand error) as skimage computes them, ``ignore_label`` left out."""
+    from skimage.metrics import adapted_rand_error, variation_of_information
+
     ignore = () if ignore_label is None else (int(ignore_label),)
     # skimage's contingency table is indexed by the label values: pass compacted ids.
     gt_c = np.unique(labels, return_inverse=True)[1].reshape(labels.shape)
@@ -91,10 +119,14 @@ def evaluate_segmentation(
         ignore_c = (int(hit[0]),) if len(hit) else ()
     split, merge = variation_of_information(gt_c, seg_c, ignore_labels=ignore_c)
     are = adapted_rand_error(gt_c, seg_c, ignore_labels=ignore_c)[0]
+    return split, merge, are
 
-    gt_of, seg_of, n = _contingency(seg_v, gt_v)
-    precision, recall = _rand_pairs(gt_of, seg_of, n)
 
+def _object_tables(seg_v: np.ndarray, gt_v: np.ndarray, table: tuple[np.ndarray, np.ndarray, np.ndarray],
+                   min_overlap: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The per-object and per-segment rows of ``evaluate_segmentation``, largest first, from the evaluated voxels'
+    ids and their contingency ``table`` (``_contingency``)."""
+    gt_of, seg_of, n = table
     objects = []
     gt_ids, gt_sizes = np.unique(gt_v, return_counts=True)
     for gid, size in zip(gt_ids, gt_sizes, strict=True):
@@ -120,24 +152,7 @@ def evaluate_segmentation(
         segments.append({"segment_id": int(sid), "size": int(size), "n_gt": int(np.sum(cnts >= min_overlap))})
     objects.sort(key=lambda o: (-o["size"], o["gt_id"]))
     segments.sort(key=lambda s: (-s["size"], s["segment_id"]))
-
-    return {
-        "voi_split": float(split),
-        "voi_merge": float(merge),
-        "voi": float(split + merge),
-        "adapted_rand_error": float(are),
-        "rand_precision": float(precision),
-        "rand_recall": float(recall),
-        "n_gt_objects": len(objects),
-        "n_segments": len(segments),
-        "split_objects": sum(1 for o in objects if o["n_segments"] > 1),
-        "merging_segments": sum(1 for s in segments if s["n_gt"] > 1),
-        "unsegmented_fraction": float(np.mean(seg_v == 0)),
-        "evaluated_voxels": n_eval,
-        "ignore_label": ignore_label,
-        "objects": objects,
-        "segments": segments,
-    }
+    return objects, segments
 
 
 def format_report(metrics: dict[str, Any], max_rows: int = 20) -> str:

@@ -16,23 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.checkpoint.manifest import STEP_DIR
-from hpctrain.config.plugins.ffn_inference import (
-    STAGE_OF,
-    STAGES,
-    ExecutionSettings,
-    FillSettings,
-    FloodSettings,
-    InferenceConfig,
-    JoinSettings,
-    SeedSettings,
-    zyx,
-)
+from hpctrain.config.plugins.ffn_fields import zyx
+from hpctrain.config.plugins.ffn_inference import FillSettings, InferenceConfig
 from hpctrain.errors import CheckpointError
 from hpctrain.files import write_atomic
-
-__all__ = ["PACKAGE_FILE", "PACKAGE_SCHEMA", "STAGES", "STAGE_OF", "ExecutionSettings", "FillSettings",
-           "FloodSettings", "InferenceConfig", "JoinSettings", "SeedSettings", "checkpoint_settings",
-           "find_package", "finishes", "flood_only", "read_package", "write_package", "zyx"]
 
 PACKAGE_FILE = "inference.json"
 PACKAGE_SCHEMA = "hpctrain.ffn.inference/2"

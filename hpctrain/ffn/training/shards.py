@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hpctrain.errors import DataError
-from hpctrain.ffn.examples import read_coordinates
+from hpctrain.ffn.training.coordinates import read_coordinates
 from hpctrain.files import write_atomic
 from hpctrain.models.shuffle import IndexPermutation, derive_key
 from hpctrain.runtime import work_counts

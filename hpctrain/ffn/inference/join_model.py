@@ -23,7 +23,7 @@ import numpy as np
 
 from hpctrain.config.plugins.ffn_inference import JOIN_FEATURES, join_model_problem
 from hpctrain.errors import ConfigError
-from hpctrain.ffn.agglomeration import Box, axis_neighbours, object_boxes
+from hpctrain.ffn.inference.agglomeration import Box, axis_neighbours, object_boxes
 
 Pair = tuple[int, int]
 

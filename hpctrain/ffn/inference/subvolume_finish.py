@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn_inference import InferenceConfig
 from hpctrain.errors import DataError
-from hpctrain.ffn.agglomeration import UnionFind, contact_pairs, join_groups, mutual_claims
-from hpctrain.ffn.inference import join_and_fill
-from hpctrain.ffn.settings import InferenceConfig
-from hpctrain.ffn.subvolumes import (
+from hpctrain.ffn.inference.agglomeration import UnionFind, contact_pairs, join_groups, mutual_claims
+from hpctrain.ffn.inference.runner import join_and_fill
+from hpctrain.ffn.inference.subvolumes import (
     Subvolume,
     check_pieces_fit,
     existing_part_file,
@@ -102,8 +102,8 @@ def finish_piece(model: Any, config: InferenceConfig, image: np.ndarray, seg: np
                  pairs: Sequence[Sequence[int]]) -> tuple[np.ndarray, dict[tuple[int, int], float]]:
     """One piece: (its box filled, with the ids of ``seg``; the score of each of ``pairs``: its mutual claim, or
     the join model's probability, from what the piece's box holds of the two)."""
-    from hpctrain.ffn.canvas import make_canvas
-    from hpctrain.ffn.inference import pair_scores
+    from hpctrain.ffn.inference.canvas import make_canvas
+    from hpctrain.ffn.inference.runner import pair_scores
 
     ids, local = np.unique(seg, return_inverse=True)  # small local ids: object boxes are a list as long as the
     local = local.reshape(seg.shape).astype(np.int64)  # largest id
@@ -127,7 +127,7 @@ def finish_parts(plan_path: str | Path, rank: int = 0, size: int = 1, *, threads
                  model: Any = None, config: Any = None, budget: MemoryBudget | None = None) -> list[str]:
     """Finish this rank's pieces (``finish_piece``): each writes its core and scores to ``finished-*.h5``.
     A piece already finished is skipped, so a stopped job run again does only the rest."""
-    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.inference.runner import prepare_inference
     from hpctrain.ffn.segmentation import write_segmentation_hdf5
     from hpctrain.ffn.volume import open_volume
 

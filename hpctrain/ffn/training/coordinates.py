@@ -14,6 +14,7 @@ import numpy as np
 from scipy import ndimage
 
 from hpctrain.errors import DataError
+from hpctrain.ffn.segmentation import clear_dust
 from hpctrain.files import write_atomic
 
 #: google/ffn README thresholds for FIB-25 (14 partitions: 0 = background, 1..13 by active fraction).
@@ -25,17 +26,6 @@ IGNORE_PARTITION = 255
 def lom_radius_for(fov: Sequence[int], deltas: Sequence[int]) -> tuple[int, int, int]:
     """The reference's recommended LOM radius: ``fov // 2 + deltas`` (z, y, x)."""
     return tuple(int(f) // 2 + int(d) for f, d in zip(fov, deltas, strict=True))  # type: ignore[return-value]
-
-
-def clear_dust(labels: np.ndarray, min_size: int) -> np.ndarray:
-    """Set objects smaller than ``min_size`` voxels to 0 (google/ffn ``segmentation.clear_dust``)."""
-    if min_size <= 0:
-        return labels
-    ids, counts = np.unique(labels, return_counts=True)
-    small = ids[(counts < min_size) & (ids != 0)]
-    if small.size == 0:
-        return labels
-    return np.where(np.isin(labels, small), 0, labels).astype(labels.dtype, copy=False)
 
 
 def _box_sums(mask: np.ndarray, radius: Sequence[int]) -> np.ndarray:

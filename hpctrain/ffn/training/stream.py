@@ -1,48 +1,25 @@
-"""FFN training examples with FOV movement, the loss, gradient clipping and per-step metrics.
+"""FFN training examples with FOV movement, batched per step, and their per-step voxel metrics.
 
-Mirrors google/ffn ``train.py`` (``define_data_input``, ``fixed_offsets``, ``max_pred_offsets``,
-``get_example``, ``get_batch``), ``ffn/training/mask.py``, ``inputs.soften_labels``, ``augmentation``
-and ``ffn/training/model.py`` (loss, ``max_gradient_entry_mag``). The data-parallel loop is not here: the
-runtime calls ``forward_backward``, reduces gradients, then ``clip_gradients_`` and ``optimizer.step()``.
-All shapes, offsets and coordinates are (z, y, x).
+Mirrors google/ffn ``train.py`` (``define_data_input``, ``get_example``, ``get_batch``), ``ffn/training/mask.py``,
+``inputs.soften_labels`` and ``augmentation``; the movement policies are ``moves``, the loss and the step
+``loss``. All shapes, offsets and coordinates are (z, y, x).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from hpctrain.config.plugins.ffn_fields import Zyx, zyx
 from hpctrain.errors import DataError
-from hpctrain.ffn.examples import shard
-from hpctrain.ffn.training_moves import (
-    BareSeed,
-    FixedMoves,
-    MaxPredMoves,
-    Moves,
-    box_slices,
-    crop,
-    fixed_offsets,  # noqa: F401  (the policies moved to training_moves; importable here as before)
-    fixed_shifts,
-    max_pred_offsets,  # noqa: F401
-)
-
-Zyx = tuple[int, int, int]
-
-
-def logit(p: float) -> float:
-    return math.log(p / (1.0 - p))
-
-
-def _zyx(values: Sequence[int]) -> Zyx:
-    return (int(values[0]), int(values[1]), int(values[2]))
-
+from hpctrain.ffn.logits import logit
+from hpctrain.ffn.training.coordinates import shard
+from hpctrain.ffn.training.moves import BareSeed, FixedMoves, MaxPredMoves, Moves, box_slices, crop, fixed_shifts
 
 # --------------------------------------------------------------------------------------------- mask helpers
 
@@ -387,7 +364,7 @@ class ExampleStream:
             if saved is None:
                 self._slots[i] = None
                 continue
-            coord = _zyx(saved["coord"])
+            coord = zyx(saved["coord"])
             transform = ([int(v) for v in saved["perm"]], [int(v) for v in saved["flips"]])
             img, lab = self._load(coord, transform)
             canvas = saved["canvas"].numpy().astype(np.float32, copy=True)
@@ -415,80 +392,7 @@ def epoch_coordinates(
         epoch += 1
 
 
-# ------------------------------------------------------------------------------------ loss, step, metrics
-
-
-def edge_band(labels: torch.Tensor, radius: int) -> torch.Tensor:
-    """1.0 where a voxel lies within ``radius`` (in the max-norm) of the seed object's edge, on either side:
-    the object mask grown by ``radius`` less the mask shrunk by ``radius``. FOV borders are not edges."""
-    mask = (labels > 0.5).to(labels.dtype)
-    # grown - shrunk = max(mask) + max(-mask) over the cube, both in one pass over (mask, -mask) stacked as
-    # channels: the same values as max-pooling, 1.2 -> 0.2 ms per 2 x 4 FOVs of 15^3 (docs/ffn_log.md)
-    channels = mask.shape[1]
-    both = _cube_max(torch.cat([mask, -mask], dim=1), radius)
-    return both[:, :channels] + both[:, channels:]
-
-
-def _cube_max(values: torch.Tensor, radius: int) -> torch.Tensor:
-    """Max over the (2·radius + 1)³ cube around each voxel of (N, C, Z, Y, X) ``values``, the border excluded:
-    per axis, each voxel takes the max of its neighbours 1..radius away on either side (exact, any order)."""
-    for dim in (2, 3, 4):
-        n = values.shape[dim]
-        out = values.clone()
-        for shift in range(1, min(radius, n - 1) + 1):
-            lower, upper = out.narrow(dim, 0, n - shift), out.narrow(dim, shift, n - shift)
-            torch.maximum(lower, values.narrow(dim, shift, n - shift), out=lower)
-            torch.maximum(upper, values.narrow(dim, 0, n - shift), out=upper)
-        values = out
-    return values
-
-
-def fov_loss(logits: torch.Tensor, labels: torch.Tensor, boundary_weight: float = 0.0,
-             boundary_radius: int = 2) -> torch.Tensor:
-    """Mean voxel-wise sigmoid cross-entropy (FFNModel.set_up_sigmoid_pixelwise_loss, unit weights).
-
-    ``boundary_weight`` > 0 (not in the reference): a weighted mean in which voxels within ``boundary_radius``
-    of the seed object's edge count ``1 + boundary_weight`` times. They are where a flood leaks into a
-    neighbour or stops short; the bulk of a FOV (deep inside the object, or far outside it) is learnt early
-    and otherwise dominates the mean."""
-    if boundary_weight <= 0:
-        return F.binary_cross_entropy_with_logits(logits, labels)
-    weights = 1.0 + boundary_weight * edge_band(labels, boundary_radius)
-    per_voxel = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
-    return (per_voxel * weights).sum() / weights.sum()
-
-
-def clip_gradients_(model: torch.nn.Module, value: float = 0.7) -> None:
-    """Clip every gradient entry to [-value, value] in place (FFNModel.set_up_optimizer,
-    ``max_gradient_entry_mag=0.7``: ``tf.clip_by_value`` per element, not a norm). Call after the
-    gradient reduction and before ``optimizer.step()``; ``value <= 0`` disables it, as in the reference."""
-    if value <= 0:
-        return
-    for p in model.parameters():
-        if p.grad is not None:
-            p.grad.clamp_(-value, value)
-
-
-def forward_backward(model: torch.nn.Module, batch: FovBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward, loss and backward (gradients accumulate into ``.grad``). Returns (loss, logits), detached."""
-    logits = model(batch.inputs())
-    loss = fov_loss(logits, batch.labels)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"non-finite FFN loss {loss.item()} (offsets {batch.offsets})")
-    loss.backward()
-    return loss.detach(), logits.detach()
-
-
-def train_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: FovBatch, clip: float = 0.7
-) -> dict[str, Any]:
-    """One single-process step: zero grads, forward_backward, clip, step. The caller feeds ``logits`` back
-    with ``ExampleStream.update``. A data-parallel runtime reduces gradients between backward and clip."""
-    optimizer.zero_grad(set_to_none=True)
-    loss, logits = forward_backward(model, batch)
-    clip_gradients_(model, clip)
-    optimizer.step()
-    return {"loss": float(loss), "logits": logits, **voxel_metrics(logits, batch.labels)}
+# ------------------------------------------------------------------------------------------------- metrics
 
 
 def _counts(

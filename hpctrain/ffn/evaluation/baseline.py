@@ -64,5 +64,5 @@ def baseline_segmentation(
         labels[~interior] = 0
     if grow > 0:
         labels = expand_labels(labels, distance=grow)
-    clear_dust(labels, min_size)
+    labels = clear_dust(labels, min_size)
     return make_labels_contiguous(labels)

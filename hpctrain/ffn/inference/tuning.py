@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn_inference import STAGE_OF, InferenceConfig
 from hpctrain.errors import ConfigError, DataError
-from hpctrain.ffn.canvas import Canvas
-from hpctrain.ffn.evaluate import evaluate_segmentation
-from hpctrain.ffn.inference import flooded_canvas, join_and_fill, pair_scores, pieces_and_claims
-from hpctrain.ffn.settings import STAGE_OF, InferenceConfig
+from hpctrain.ffn.evaluation.evaluate import evaluate_segmentation
+from hpctrain.ffn.inference.canvas import Canvas
+from hpctrain.ffn.inference.runner import flooded_canvas, join_and_fill, pair_scores, pieces_and_claims
 from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 
 TUNABLE = ("move_threshold", "segment_threshold", "agglomerate_threshold")
@@ -90,7 +90,7 @@ def fit_joins(model: Any, image: np.ndarray, labels: np.ndarray, base: Inference
     """Flood ``image`` with ``base``'s settings, label each claimed pair of pieces one object or two from
     ``labels`` and fit ``join_model.fit_join_model`` to them: (the model as ``JoinModel.as_dict``, a record, the
     flood — ``tune_inference`` reuses it where it tries the same settings on the same volume)."""
-    from hpctrain.ffn.join_model import fit_join_model, training_pairs
+    from hpctrain.ffn.inference.join_model import fit_join_model, training_pairs
 
     if image.shape != labels.shape:
         raise DataError(f"join-fitting image {image.shape} and labels {labels.shape} differ in shape")
@@ -163,8 +163,9 @@ def read_labelled(image_spec: Any, labels_spec: Any, crop: Sequence[int] | None,
     """(image, labels) of a central ``crop`` of a labelled volume; only the crop is read, once their dtypes and
     shapes are checked and the crop, its labels and its flood are known to fit ``budget`` (default:
     ``memory_budget()``)."""
-    from hpctrain.ffn.inference import FLOOD_BYTES_PER_VOXEL
-    from hpctrain.ffn.volume import check_pair, open_volume, selection_shape
+    from hpctrain.config.plugins.ffn_volumes import check_pair
+    from hpctrain.ffn.inference.runner import FLOOD_BYTES_PER_VOXEL
+    from hpctrain.ffn.volume import open_volume, selection_shape
 
     with open_volume(image_spec, budget) as image_volume, open_volume(labels_spec, budget) as labels_volume:
         check_pair(image_volume, labels_volume)
@@ -195,7 +196,7 @@ def tune_checkpoint(checkpoint: str | Path, image_spec: Any, labels_spec: Any, s
     floods leave no pairs of both kinds to fit on is an error, or with ``fit_required`` False (a quick demo run's
     barely trained model) a message, and the pairs are joined by their claims. ``check_fit`` sees the fit's record
     (``{"not_fitted": why}`` where there was none) before any candidate is tried, and may refuse it."""
-    from hpctrain.ffn.inference import prepare_inference
+    from hpctrain.ffn.inference.runner import prepare_inference
 
     t0 = time.perf_counter()
     model, base, _ = prepare_inference(checkpoint, dict(settings) if settings else None, threads=threads)

@@ -7,24 +7,15 @@ centre of the example's training box; the canvas holds logits.
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from hpctrain.config.plugins.ffn_fields import Zyx, zyx
+from hpctrain.ffn.logits import logit
 from hpctrain.ffn.movement import face_max_offsets
-
-Zyx = tuple[int, int, int]
-
-
-def _logit(p: float) -> float:
-    return math.log(p / (1.0 - p))
-
-
-def _zyx(values: Sequence[int]) -> Zyx:
-    return (int(values[0]), int(values[1]), int(values[2]))
 
 
 def box_slices(shape: Sequence[int], offset: Sequence[int], crop_shape: Sequence[int]) -> tuple[slice, ...]:
@@ -87,8 +78,8 @@ class FixedMoves:
     kind = "fixed"
 
     def __init__(self, shifts: Sequence[Zyx], threshold: float = 0.9) -> None:
-        self.order = [(0, 0, 0), *(_zyx(s) for s in shifts)]
-        self.limit = _logit(threshold)
+        self.order = [(0, 0, 0), *(zyx(s) for s in shifts)]
+        self.limit = logit(threshold)
         self.index = 0
 
     def next(self, canvas: np.ndarray) -> Zyx | None:
@@ -116,9 +107,9 @@ class MaxPredMoves:
     kind = "max_pred"
 
     def __init__(self, fov: Sequence[int], deltas: Sequence[int], threshold: float = 0.9) -> None:
-        self.fov = _zyx(fov)
-        self.deltas = _zyx(deltas)
-        self.limit = _logit(threshold)
+        self.fov = zyx(fov)
+        self.deltas = zyx(deltas)
+        self.limit = logit(threshold)
         self.queue: deque[Zyx] = deque([(0, 0, 0)])
         self.done: set[Zyx] = set()
         self.pending: Zyx | None = None  # the FOV just given; its moves are read at the next call
@@ -127,7 +118,7 @@ class MaxPredMoves:
         if self.pending is not None:
             current = crop(canvas, self.pending, self.fov)
             for _, rel in face_max_offsets(current, self.deltas, self.limit):  # sorted, best first
-                self.queue.append(_zyx([r + o for r, o in zip(rel, self.pending, strict=True)]))
+                self.queue.append(zyx([r + o for r, o in zip(rel, self.pending, strict=True)]))
             self.pending = None
         fov_r = np.array(self.fov) // 2
         box_r = np.array(canvas.shape) // 2
@@ -136,7 +127,7 @@ class MaxPredMoves:
             offset = self.queue.popleft()
             if np.any(np.abs(np.array(offset)) + fov_r > box_r):
                 continue
-            quantized = _zyx(np.array(offset) // step)
+            quantized = zyx(np.array(offset) // step)
             if quantized in self.done:
                 continue
             self.done.add(quantized)
@@ -149,9 +140,9 @@ class MaxPredMoves:
                 "pending": None if self.pending is None else list(self.pending)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.queue = deque(_zyx(q) for q in state["queue"])
-        self.done = {_zyx(d) for d in state["done"]}
-        self.pending = None if state["pending"] is None else _zyx(state["pending"])
+        self.queue = deque(zyx(q) for q in state["queue"])
+        self.done = {zyx(d) for d in state["done"]}
+        self.pending = None if state["pending"] is None else zyx(state["pending"])
 
 
 Moves = BareSeed | FixedMoves | MaxPredMoves

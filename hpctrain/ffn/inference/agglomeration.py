@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-Position = tuple[int, int, int]
+from hpctrain.ffn.movement import Position
 
 
 class UnionFind:

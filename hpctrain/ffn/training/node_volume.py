@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.config.plugins.ffn import parse_volume_spec
+from hpctrain.config.plugins.ffn_volumes import VolumeSpec, parse_volume_spec
 from hpctrain.config.staging import node_local_root
 from hpctrain.errors import DataError
-from hpctrain.ffn.volume import Volume, VolumeSpec, load_image_and_labels
+from hpctrain.ffn.volume import Volume, load_image_and_labels
 from hpctrain.files import atomic_path, write_atomic
 from hpctrain.runtime import work_counts
 

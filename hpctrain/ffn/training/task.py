@@ -19,23 +19,19 @@ import torch
 from hpctrain.config.plugin import validate_sections
 from hpctrain.config.plugins.ffn import SCHEMA, FFNData, FFNModelArgs, training_margin
 from hpctrain.errors import DataError
-from hpctrain.ffn.examples import (
+from hpctrain.ffn.model import ConvStack3D
+from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
+from hpctrain.ffn.training.coordinates import (
     DEFAULT_THRESHOLDS,
     build_coordinates,
     compute_partitions,
     lom_radius_for,
     write_coordinates,
 )
-from hpctrain.ffn.model import ConvStack3D
-from hpctrain.ffn.node_volume import node_volumes
-from hpctrain.ffn.shards import CoordinateTable, coordinate_stream, table_path, write_table
-from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
-from hpctrain.ffn.training import (
-    ExampleStream,
-    StreamConfig,
-    clip_gradients_,
-    fov_loss,
-)
+from hpctrain.ffn.training.loss import clip_gradients_, fov_loss
+from hpctrain.ffn.training.node_volume import node_volumes
+from hpctrain.ffn.training.shards import CoordinateTable, coordinate_stream, table_path, write_table
+from hpctrain.ffn.training.stream import ExampleStream, StreamConfig
 from hpctrain.ffn.volume import load_image_and_labels
 from hpctrain.files import write_atomic
 from hpctrain.models.task import TaskContext, TrainingTask
@@ -135,8 +131,8 @@ def prepare_and_hold(data: Mapping[str, Any] | FFNData, fov: Sequence[int], delt
         if counts is not None:
             counts.add_input("volume", image_array.nbytes)
         sample = image_array.astype(np.float64)
-        # The table every rank reads at its own offsets (ffn/shards.py). Its name goes into the manifest: a rank
-        # on another node sees its own staged copy of the coordinates, whose time differs from this one's.
+        # The table every rank reads at its own offsets (ffn/training/shards.py). Its name goes into the manifest: a
+        # rank on another node sees its own staged copy of the coordinates, whose time differs from this one's.
         table = write_table(coords_path, out_dir)
         prepared = {"image": image_spec, "labels": labels_spec, "coordinates": str(coords_path),
                     "coordinates_table": table.name,

@@ -14,19 +14,14 @@ from typing import Any
 import numpy as np
 
 from hpctrain.config.numbers import NumberError, check_threads
+from hpctrain.config.plugins.ffn_inference import FillSettings, InferenceConfig, JoinSettings, SeedSettings
 from hpctrain.errors import CheckpointError, ConfigError
-from hpctrain.ffn.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
-from hpctrain.ffn.batching import FovBatches, flood_together
-from hpctrain.ffn.canvas import Canvas, make_canvas
-from hpctrain.ffn.seeds import make_seeds, within_margin
+from hpctrain.ffn.inference.agglomeration import agglomerate, contact_pairs, mutual_claims, watershed_fill
+from hpctrain.ffn.inference.batching import FovBatches, flood_together
+from hpctrain.ffn.inference.canvas import Canvas, make_canvas
+from hpctrain.ffn.inference.seeds import make_seeds, within_margin
+from hpctrain.ffn.inference.settings import checkpoint_settings
 from hpctrain.ffn.segmentation import make_labels_contiguous, split_disconnected, write_segmentation_hdf5
-from hpctrain.ffn.settings import (
-    FillSettings,
-    InferenceConfig,
-    JoinSettings,
-    SeedSettings,
-    checkpoint_settings,
-)
 from hpctrain.memory_budget import RAISE_HINT, MemoryBudget
 from hpctrain.runtime.precision import resolve_precision
 
@@ -79,7 +74,7 @@ def pair_scores(image: np.ndarray, pieces: np.ndarray, claims: Mapping[tuple[int
     """The score each claimed pair is joined by: its claim, or ``joins.join_model``'s probability."""
     if joins.join_model is None:
         return dict(claims)
-    from hpctrain.ffn.join_model import JoinModel, join_scores
+    from hpctrain.ffn.inference.join_model import JoinModel, join_scores
 
     return join_scores(image, pieces, claims, JoinModel.from_mapping(joins.join_model))
 
@@ -219,7 +214,8 @@ def run_segment(checkpoint_path: str | Path, volume_spec: Any, out_path: str | P
     segmentation's attributes record the checkpoint, the image, every setting that ran and ``provenance``
     (e.g. the model package the settings came from). The image's shape and dtype are checked, and the volume and
     its flood against ``budget`` (default: ``memory_budget()``), from its header before the model is loaded."""
-    from hpctrain.ffn.volume import check_image, open_volume
+    from hpctrain.config.plugins.ffn_volumes import check_image
+    from hpctrain.ffn.volume import open_volume
 
     with open_volume(volume_spec, budget) as volume:
         check_image(volume)
