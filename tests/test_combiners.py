@@ -24,7 +24,7 @@ from hpctrain.runtime.combiners import (
     Peerless,
     build_combiner,
 )
-from hpctrain.runtime.comm import Handle, SingleProcessCommunicator
+from hpctrain.runtime.comm.base import Handle, SingleProcessCommunicator
 from hpctrain.runtime.reducer import Reducer
 
 

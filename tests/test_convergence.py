@@ -1,4 +1,4 @@
-"""Tests of runtime/simulate.py, the bundled models' learning and example jobs, and benchmarks/convergence.py.
+"""Tests of hpctrain_bench/simulate.py, the bundled models' learning and example jobs, and benchmarks/convergence.py.
 
 The simulation is checked against the trainer itself: one simulated worker against ``runtime.trainer.train`` in
 this process (bitwise), and in ``--quick`` against four real ranks under the MPICH wheel's ``mpiexec`` for every
@@ -17,7 +17,7 @@ import torch
 
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import RuntimeFailure
-from hpctrain.runtime.simulate import Diverged, Simulation, simulate
+from hpctrain_bench.simulate import Diverged, Simulation, simulate
 
 REPO = Path(__file__).resolve().parent.parent
 CLAIMS = ["ranks", "digits", "adasum", "adacomp", "dasgd", "legw", "ffn"]

@@ -33,7 +33,8 @@ from hpctrain.errors import ConfigError
 from hpctrain.runtime import combine, devices
 from hpctrain.runtime.combiners import GradBucket, build_combiner
 from hpctrain.runtime.combiners.adacomp import AdaCompCombiner
-from hpctrain.runtime.comm import Communicator, Handle, make_communicator
+from hpctrain.runtime.comm.backends import make_communicator
+from hpctrain.runtime.comm.base import Communicator, Handle
 from hpctrain.runtime.reducer import _make_buckets
 
 ROOT = Path(__file__).resolve().parents[1]

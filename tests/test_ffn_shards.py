@@ -29,7 +29,7 @@ from hpctrain.ffn.shards import (
     write_table,
 )
 from hpctrain.ffn.synthetic import make_synthetic_volume, write_hdf5
-from hpctrain.runtime import work_counts
+from hpctrain.runtime.counting import work_counts
 from tests.cluster_support import Cluster, srun
 from tests.mp_helpers.nodes import clean_environment
 

@@ -1,6 +1,6 @@
-"""Tests of runtime/p2p_allgather.py: the schedules in one process (every rank a thread, messages through the queues
-of tests/test_p2p_allreduce.py) against a direct reference and the O(log N) bound, then over real gloo groups under
-mpiexec: the Communicator's all-gathers, the module's counts against the schedule and the socket's against both,
+"""Tests of runtime/comm/p2p_allgather.py: the schedules in one process (every rank a thread, messages through the
+queues of tests/test_p2p_allreduce.py) against a direct reference and the O(log N) bound, then over real gloo groups
+under mpiexec: the Communicator's all-gathers, the module's counts against the schedule and the socket's against both,
 and torch's ring measured the same way (so the bound can fail).
 """
 
@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import torch
 
-from hpctrain.runtime import p2p_allgather as ag
-from hpctrain.runtime import p2p_allreduce as p2p
-from hpctrain.runtime import wire_counts
+from hpctrain.runtime.comm import p2p_allgather as ag
+from hpctrain.runtime.comm import p2p_allreduce as p2p
+from hpctrain_bench import wire_counts
 from tests.mp_helpers.gloo_ranks import run_gloo_ranks
 from tests.test_p2p_allreduce import Mailboxes, run_in_threads
 
@@ -124,7 +124,7 @@ def test_bad_arguments() -> None:
 
 def test_an_unknown_choice_of_gloo_all_gather_is_a_config_error() -> None:
     from hpctrain.errors import ConfigError
-    from hpctrain.runtime.comm import make_communicator
+    from hpctrain.runtime.comm.backends import make_communicator
 
     with pytest.raises(ConfigError, match="HPCTRAIN_GLOO_ALLGATHER='ring' is not p2p or gloo"):
         make_communicator("gloo", 10, environ={"HPCTRAIN_GLOO_ALLGATHER": "ring"})

@@ -1,4 +1,4 @@
-"""Tests of runtime/p2p_allreduce.py: the schedules in one process (every rank a thread, messages through queues)
+"""Tests of runtime/comm/p2p_allreduce.py: the schedules in one process (every rank a thread, messages through queues)
 against float64 references and the O(log N) bound, then over real gloo groups under mpiexec (tests further down).
 """
 
@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import torch
 
-from hpctrain.runtime import p2p_allreduce as p2p
-from hpctrain.runtime import wire_counts
+from hpctrain.runtime.comm import p2p_allreduce as p2p
+from hpctrain_bench import wire_counts
 from tests.mp_helpers.gloo_ranks import run_gloo_ranks
 
 
@@ -190,7 +190,7 @@ def test_the_tally_counts_what_the_schedule_says() -> None:
 
 def test_an_unknown_choice_of_gloo_all_reduce_is_a_config_error() -> None:
     from hpctrain.errors import ConfigError
-    from hpctrain.runtime.comm import make_communicator
+    from hpctrain.runtime.comm.backends import make_communicator
 
     with pytest.raises(ConfigError, match="HPCTRAIN_GLOO_ALLREDUCE='ring' is not p2p or gloo"):
         make_communicator("gloo", 10, environ={"HPCTRAIN_GLOO_ALLREDUCE": "ring"})

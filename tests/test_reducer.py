@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.comm import SingleProcessCommunicator
+from hpctrain.runtime.comm.base import SingleProcessCommunicator
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
 from hpctrain.submission.launchers.local_launch import free_port
 

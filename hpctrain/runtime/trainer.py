@@ -28,9 +28,12 @@ from hpctrain.files import write_atomic
 from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
-from hpctrain.runtime import counters, devices, work_counts
+from hpctrain.runtime import devices
 from hpctrain.runtime.combiners import build_combiner
-from hpctrain.runtime.comm import Communicator, make_communicator
+from hpctrain.runtime.comm.backends import make_communicator
+from hpctrain.runtime.comm.base import Communicator
+from hpctrain.runtime.counting import counters, work_counts
+from hpctrain.runtime.counting.rank_times import RANK_TIMES_FILE, RankTimes
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
 from hpctrain.runtime.metric_sinks import MetricsSink, open_sinks
 from hpctrain.runtime.metrics import MetricsLog, note_attempt
@@ -38,7 +41,6 @@ from hpctrain.runtime.optim import build_optimizer
 from hpctrain.runtime.precision import forward_context, resolve_precision
 from hpctrain.runtime.profile import start_profile
 from hpctrain.runtime.rank_list import node_summary
-from hpctrain.runtime.rank_times import RANK_TIMES_FILE, RankTimes
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
 from hpctrain.runtime.schedule import LRSchedule
 

@@ -22,7 +22,8 @@ import torch  # noqa: E402
 from hpctrain.config.job import CombinerConfig  # noqa: E402
 from hpctrain.runtime import combine  # noqa: E402
 from hpctrain.runtime.combiners import Combiner, MeanCombiner, Peerless, build_combiner  # noqa: E402
-from hpctrain.runtime.comm import Communicator, make_communicator  # noqa: E402
+from hpctrain.runtime.comm.backends import make_communicator
+from hpctrain.runtime.comm.base import Communicator  # noqa: E402
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync  # noqa: E402
 
 BATCH_PER_RANK = 4

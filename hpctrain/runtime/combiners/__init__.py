@@ -20,7 +20,7 @@ from hpctrain.runtime.combiners.adasum import AdasumCombiner
 from hpctrain.runtime.combiners.base import Combiner, GradBucket, Peerless
 from hpctrain.runtime.combiners.dasgd import DaSGDCombiner
 from hpctrain.runtime.combiners.mean import MeanCombiner
-from hpctrain.runtime.comm import Communicator
+from hpctrain.runtime.comm.base import Communicator
 
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig

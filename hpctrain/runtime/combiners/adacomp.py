@@ -16,7 +16,7 @@ import torch
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime import combine
 from hpctrain.runtime.combiners.base import Combiner, GradBucket
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig

@@ -15,7 +15,7 @@ import torch
 
 from hpctrain.runtime import combine
 from hpctrain.runtime.combiners.base import Combiner, GradBucket
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 from hpctrain.runtime.optim import apply_deltas, delta_step
 
 if TYPE_CHECKING:

@@ -11,16 +11,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from hpctrain.errors import RuntimeFailure
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig
-    from hpctrain.runtime.reducer import Reducer
 
 
 @dataclass
@@ -58,6 +57,15 @@ class GradBucket:
         return GradBucket(self.index, self.names, self.params, self.offsets, flat)
 
 
+class BucketOwner(Protocol):
+    """What a combiner uses of the reducer that owns its buckets (``runtime/reducer.py``'s ``Reducer`` is one)."""
+
+    buckets: Sequence[GradBucket]
+
+    def finish(self) -> None:
+        """Complete every bucket of this step: each ``p.grad`` then holds the combined gradient."""
+
+
 class Combiner(ABC):
     """One rank's side of a combiner. Built by ``build_combiner``; the ``Reducer`` attaches itself.
 
@@ -76,7 +84,7 @@ class Combiner(ABC):
     def __init__(self, comm: Communicator, params: Sequence[torch.Tensor]) -> None:
         self.comm = comm
         self.params = list(params)  # in model order; what an optimizer step updates
-        self._reducer: Reducer | None = None
+        self._reducer: BucketOwner | None = None
 
     @classmethod
     @abstractmethod
@@ -124,12 +132,12 @@ class Combiner(ABC):
         """Whether every rank holds the same parameters and optimizer state after a step."""
         return True
 
-    def attach(self, reducer: Reducer) -> None:
+    def attach(self, reducer: BucketOwner) -> None:
         """Called by the reducer built for this combiner, once its buckets exist."""
         self._reducer = reducer
 
     @property
-    def reducer(self) -> Reducer:
+    def reducer(self) -> BucketOwner:
         if self._reducer is None:
             raise RuntimeFailure(f"combiner {self.name!r} is used before a Reducer was built for it",
                                  hint="build Reducer(model, comm, combiner) first (report this as a bug)")
