@@ -65,10 +65,6 @@ class AdasumCombiner(Combiner):
             _reduce_into(gathered, [bucket])
         return None
 
-    @classmethod
-    def combine_workers(cls, workers: Sequence[Combiner], buckets: Sequence[GradBucket]) -> None:
-        cls.own(workers)
-        _reduce_into(list(buckets), buckets)
 
     def after_backward(self) -> None:
         if self.on == "gradient":

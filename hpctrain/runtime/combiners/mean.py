@@ -75,13 +75,3 @@ class MeanCombiner(Combiner):
             self.decode(wire, bucket)
 
         return Handle(wait)
-
-    @classmethod
-    def combine_workers(cls, workers: Sequence[Combiner], buckets: Sequence[GradBucket]) -> None:
-        wires = [w.encode(b) for w, b in zip(cls.own(workers), buckets, strict=True)]
-        total = wires[0].clone()
-        for wire in wires[1:]:  # the all-reduce's sum, taken in rank order
-            total.add_(wire)
-        for b in buckets:
-            cls.decode(total, b)
-
