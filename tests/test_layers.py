@@ -178,3 +178,36 @@ def test_modules_read_on_both_sides_import_no_torch() -> None:
             "; heavy = [m for m in ('torch', 'numpy', 'mpi4py') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _package_graph(package: str) -> dict[str, set[str]]:
+    """Which modules of ``package`` (e.g. ``runtime``) each of its modules imports, every import included: at
+    module level, inside functions and under ``if TYPE_CHECKING:`` (``from pkg import mod`` names ``pkg.mod``)."""
+    root = PACKAGE / package
+    names = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in names.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in names:
+                subs = {f"{node.module}.{a.name}" for a in node.names} & names.keys()
+                deps |= subs or {node.module}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name for a in node.names} & names.keys()
+        graph[module] = deps - {module}
+    return graph
+
+
+def test_no_import_circle_in_runtime() -> None:
+    """Not even one hidden by a function-level import or an annotation-only import."""
+    graph = _package_graph("runtime")
+    assert len(graph) > 30
+    assert {"hpctrain.runtime.comm.base", "hpctrain.runtime.counting.comm_counts"} <= graph.keys()
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])
+
+
+def test_the_package_does_not_import_its_measuring_instruments() -> None:
+    """hpctrain_bench is not in the wheel: nothing in hpctrain may import it."""
+    bad = [f"{m} -> {d}" for m, deps in _imports().items() for d in deps if d.split(".")[0] == "hpctrain_bench"]
+    assert not bad, "\n".join(sorted(bad))

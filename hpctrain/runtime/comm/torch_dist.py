@@ -60,45 +60,72 @@ class TorchDistCommunicator(WatchedCommunicator):
         import torch.distributed as dist
 
         environ = os.environ if environ is None else environ
-        allreduce = environ.get(GLOO_ALLREDUCE_ENV, "p2p")
-        if allreduce not in ("p2p", "gloo"):
-            raise ConfigError(f"{GLOO_ALLREDUCE_ENV}={allreduce!r} is not p2p or gloo", key=GLOO_ALLREDUCE_ENV,
-                              hint="unset it (hpctrain's point-to-point all-reduce) or set gloo (gloo's ring)")
-        allgather = environ.get(GLOO_ALLGATHER_ENV, "p2p")
-        if allgather not in ("p2p", "gloo"):
-            raise ConfigError(f"{GLOO_ALLGATHER_ENV}={allgather!r} is not p2p or gloo", key=GLOO_ALLGATHER_ENV,
-                              hint="unset it (hpctrain's point-to-point all-gather) or set gloo (torch's ring)")
+        allreduce = _p2p_or_gloo(environ, GLOO_ALLREDUCE_ENV, "all-reduce", "gloo's ring")
+        allgather = _p2p_or_gloo(environ, GLOO_ALLGATHER_ENV, "all-gather", "torch's ring")
         env = env or detect_launch_env(environ)
         self._dist = dist
         self.rank, self.size, self.local_rank = env.rank, env.size, env.local_rank
         self.backend, self.timeout_s = backend, float(timeout_s)
         self.timeouts = Timeouts.from_setting(timeout_s)
         self._index = 0
-        counts = store_counts.active()
         MPI = mpi_bootstrap(env, self.timeouts.rendezvous_s)
         self._side: Any = MPI.COMM_WORLD.Dup() if MPI is not None else None
+        counts = store_counts.active()
+        pg_store = self._meet(env, environ, MPI, counts)
+        self._start_group(env, environ, pg_store)
+        if counts is not None and self._exchange_store is not None:
+            counts.local_calls = self._exchange_store.local_calls
+        # gloo's own all-reduce and torch's all-gather over gloo are rings over a full mesh (O(N) messages per
+        # rank): CPU tensors are all-reduced and all-gathered by point-to-point messages instead, O(log N) of them
+        # (runtime/comm/gloo_allreduce.py).
+        self.p2p: GlooAllreduce | None = None
+        self.p2p_gather: GlooAllreduce | None = None
+        if backend == "gloo" and self.size > 1 and "p2p" in (allreduce, allgather):
+            messages = GlooAllreduce(dist, self.rank, self.size)
+            self.p2p = messages if allreduce == "p2p" else None
+            self.p2p_gather = messages if allgather == "p2p" else None
+        self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                     "min": dist.ReduceOp.MIN}
+        self._queries: MPIQueries | StoreQueries
+        if MPI is not None:
+            self._queries = MPIQueries(MPI, self._side, lambda: self._index)
+            self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._queries.answer)
+        else:
+            self._queries = StoreQueries(self._connect, self.rank, self.size, lambda: self._index)
+            self._watchdog = Watchdog(self.timeout_s, self._on_timeout)
+        self._closed = False
+
+    def _meet(self, env: LaunchEnv, environ: Mapping[str, str], MPI: Any,
+              counts: store_counts.StoreCounts | None) -> Any:
+        """Rank 0's TCPStore (joined, or served by rank 0) unless gloo bootstraps over MPI, and gloo's address
+        exchange; returns the store the process group is built on."""
         # Under torchrun the agent already serves a store at MASTER_ADDR:MASTER_PORT: join it as a client.
         agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
         self._serving = False
         self._store: Any = None
         self._host: str | None = None
         self._port: int | None = None
-        if MPI is None or backend != "gloo":
+        if MPI is None or self.backend != "gloo":
             self._host, self._port = rendezvous_address(env, environ, self.timeouts.rendezvous_s)
             self._serving = self.rank == 0 and not agent_store
-            self._store = store_counts.counted_client(dist.TCPStore(
+            self._store = store_counts.counted_client(self._dist.TCPStore(
                 self._host, self._port, self.size, self._serving,
                 timedelta(seconds=self.timeouts.store_s), wait_for_workers=False,
             ))
         pg_store: Any = self._store
         self._exchange_store: ExchangeStore | None = None
-        if backend == "gloo":
+        if self.backend == "gloo":
             exchange = (mpi_exchange(self._side, self.rank) if MPI is not None else
                         store_exchange(self._store, self.rank, self.size, timedelta(seconds=self.timeouts.store_s)))
             self._exchange_store = pg_store = ExchangeStore(self.rank, exchange, fallback=self._store)
         if counts is not None:
             counts.server = "none" if self._store is None else "launcher agent" if agent_store else "rank 0"
             counts.rendezvous = "" if self._exchange_store is None else "mpi" if MPI is not None else "store"
+        return pg_store
+
+    def _start_group(self, env: LaunchEnv, environ: Mapping[str, str], pg_store: Any) -> None:
+        """The rank's device made current, then the default process group over ``pg_store``."""
+        dist, backend = self._dist, self.backend
         # Device back-ends reduce tensors where they live: the rank's own GPU is made current first.
         self.device_type = DEVICE_TYPE.get(backend, "cpu")
         rank_device = pick_device(1, backend, env.local_rank) if self.device_type != "cpu" else None
@@ -124,27 +151,6 @@ class TorchDistCommunicator(WatchedCommunicator):
                 # NCCL told its rank's GPU binds the communicator to it (barrier() need not guess)
                 **({"device_id": rank_device} if rank_device is not None and rank_device.type == "cuda" else {}),
             )
-        if counts is not None and self._exchange_store is not None:
-            counts.local_calls = self._exchange_store.local_calls
-        # gloo's own all-reduce and torch's all-gather over gloo are rings over a full mesh (O(N) messages per
-        # rank): CPU tensors are all-reduced and all-gathered by point-to-point messages instead, O(log N) of them
-        # (runtime/comm/gloo_allreduce.py).
-        self.p2p: GlooAllreduce | None = None
-        self.p2p_gather: GlooAllreduce | None = None
-        if backend == "gloo" and self.size > 1 and "p2p" in (allreduce, allgather):
-            messages = GlooAllreduce(dist, self.rank, self.size)
-            self.p2p = messages if allreduce == "p2p" else None
-            self.p2p_gather = messages if allgather == "p2p" else None
-        self._ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
-                     "min": dist.ReduceOp.MIN}
-        self._queries: MPIQueries | StoreQueries
-        if MPI is not None:
-            self._queries = MPIQueries(MPI, self._side, lambda: self._index)
-            self._watchdog = Watchdog(self.timeout_s, self._on_timeout, poll=self._queries.answer)
-        else:
-            self._queries = StoreQueries(self._connect, self.rank, self.size, lambda: self._index)
-            self._watchdog = Watchdog(self.timeout_s, self._on_timeout)
-        self._closed = False
 
     def _connect(self) -> Any:
         """A client connection of its own to the store (the liveness listener's, a late rank's question)."""
@@ -325,6 +331,16 @@ class TorchDistCommunicator(WatchedCommunicator):
         else:
             self._queries.close(self._store, serving=self._serving, timeout_s=STORE_CLOSE_WAIT_S)
         self._store = self._exchange_store = None  # the last references: rank 0's server thread stops here
+
+
+def _p2p_or_gloo(environ: Mapping[str, str], variable: str, what: str, ring: str) -> str:
+    """What ``variable`` chooses for CPU tensors: ``p2p`` (hpctrain's point-to-point messages, the default) or
+    ``gloo``."""
+    chosen = environ.get(variable, "p2p")
+    if chosen not in ("p2p", "gloo"):
+        raise ConfigError(f"{variable}={chosen!r} is not p2p or gloo", key=variable,
+                          hint=f"unset it (hpctrain's point-to-point {what}) or set gloo ({ring})")
+    return chosen
 
 
 @contextmanager
