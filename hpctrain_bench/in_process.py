@@ -1,10 +1,10 @@
 """K ranks in one process: a communicator per rank whose collectives meet the others' in memory.
 
 ``run_ranks(K, fn)`` runs ``fn(rank, comm)`` for every rank on its own thread, one thread at a time (``Crew``),
-with ``comm`` an ``InProcessComm``: rank k of K (``InProcessGroup.run`` runs more rounds on the same ranks). A collective parks its rank until every rank has made the same
-call, then the last to arrive computes it (sums taken in rank order, as an all-reduce's tree of one level would)
-and every rank goes on with the result. A combiner's ordinary per-rank path (``launch``, ``after_step``, ...) thus
-runs unchanged on K simulated ranks: nothing in a combiner is written a second time for simulation.
+with ``comm`` an ``InProcessComm``: rank k of K (``InProcessGroup.run`` runs more rounds on the same ranks). A
+collective parks its rank until every rank has made the same call, then the last to arrive computes it (sums
+taken in rank order) and every rank goes on with the result. A combiner's ordinary per-rank path (``launch``,
+``after_step``, ...) thus runs unchanged on K simulated ranks: nothing in a combiner is written twice.
 """
 
 from __future__ import annotations

@@ -76,11 +76,6 @@ def schedule(rank: int, counts: Sequence[int]) -> list[Round]:
     return rounds
 
 
-def message_bound(size: int) -> int:
-    """The most messages one rank sends (or receives) in one all-gather: ceil(log2 N) + 2."""
-    return (size - 1).bit_length() + 2
-
-
 def run(blocks_out: torch.Tensor, counts: Sequence[int], rank: int, transport: Transport, tag: int,
         tally: Tally | None = None) -> torch.Tensor:
     """All-gather into the contiguous 1-D ``blocks_out`` (``sum(counts)`` elements, this rank's own block already
