@@ -4,7 +4,7 @@ Stand-in nodes on this machine (tests/mp_helpers/nodes.py: torchrun's variables,
 node), every rank under strace: two saves (tests/mp_helpers/scale_worker.py ``checkpoint-saves``), then a restart
 that finds and loads the newest checkpoint (``checkpoint-resume``). Counted, not modelled: mkdir and fsync of the
 step directory per save (strace), the record bytes the commit delivered to rank 0 (the store's own count of what
-its collectives returned, runtime/work_counts.py), the size of ``manifest.json`` and ``complete.json``, and the
+its collectives returned, runtime/counting/work_counts.py), the size of ``manifest.json`` and ``complete.json``, and the
 bytes each rank read at resume from the manifest, the marker and ``shared.pt`` (shared state) and from its node
 file (strace ``read``/``pread64`` on descriptors naming those files). The last line extrapolates each count to
 2048 nodes x 8 ranks from the measured rows, as the count grows: flat, per node, or per rank.

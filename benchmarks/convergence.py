@@ -1,7 +1,7 @@
 """The combiners' and LR rules' papers reproduced in miniature on K simulated workers (docs/convergence.md).
 
 Run: ``python benchmarks/convergence.py [--quick] [--out DIR] [--only NAME ...]``. Every claim runs >= 3 seeds
-(2 with ``--quick``) on ``hpctrain.runtime.simulate`` (the runtime's own combiners, optimizers and LR schedule),
+(2 with ``--quick``) on ``hpctrain_bench.simulate`` (the runtime's own combiners, optimizers and LR schedule),
 and ends in a row of the table (claim / setting / measured / holds?) and a PNG in DIR (default: a new temporary
 directory, printed; the committed results are refreshed with ``--out docs/convergence``), beside results.json
 (every number) and table.md. First, ``mpiexec -n 4`` runs ``hpctrain run``
@@ -33,7 +33,7 @@ import yaml  # noqa: E402
 
 from hpctrain.config.job import JobSpec  # noqa: E402
 from hpctrain.runtime.combiners import AdaCompCombiner  # noqa: E402
-from hpctrain.runtime.simulate import Simulation, SimulationResult  # noqa: E402
+from hpctrain_bench.simulate import Simulation, SimulationResult  # noqa: E402
 
 VENV_BIN = Path(sys.executable).parent
 TOLERANCE = 1e-5  # |simulated - real| per parameter: sums taken in another order (MPI's) differ by rounding

@@ -1,7 +1,7 @@
 """How reliably a 2-rank MPI job step starts under ``srun --mpi=pmi2`` on the local Slurm, with a CPU hog beside it.
 
 One batch job (2 tasks) runs ``--starts`` job steps in a row, each ``srun --mpi=pmi2 -n 2`` of a worker that
-imports torch (as ``hpctrain run`` does before ``MPI_Init``), calls ``hpctrain.runtime.mpi_env.import_mpi`` (the
+imports torch (as ``hpctrain run`` does before ``MPI_Init``), calls ``hpctrain.runtime.comm.mpi_env.import_mpi`` (the
 mpich wheel's one-node settings and the ``MPI_Init`` watcher, ``--init-timeout`` s) and a barrier. Each step
 prints each rank's ``MPI_Init`` seconds; a step whose ranks do not finish is a failed start. ``--hog N`` runs N
 busy processes (``stress-ng --cpu N`` when installed, else Python loops) for the whole measurement.
@@ -37,7 +37,7 @@ t0 = time.monotonic()
 sys.path.insert(0, {repo!r})
 if {torch}:
     import torch  # noqa: F401
-from hpctrain.runtime.mpi_env import import_mpi
+from hpctrain.runtime.comm.mpi_env import import_mpi
 t1 = time.monotonic()
 MPI = import_mpi(timeout_s={timeout})
 t2 = time.monotonic()

@@ -1,7 +1,7 @@
 """Validations of ``hpctrain plan``.
 
 ``python benchmarks/plan.py`` prints, in a few seconds and without training anything, the planner's prediction
-against every published scaling point (hpctrain/planning/published.py), the sensitivity of each study's largest
+against every published scaling point (hpctrain_bench/published.py), the sensitivity of each study's largest
 point to its guessed inputs, and the FFN-on-Theta fit: the tables docs/planning.md shows.
 
 ``python benchmarks/plan.py --train [--rounds 3] [--steps 60] [--probe]`` also runs the local training probe:
@@ -155,8 +155,8 @@ def probe() -> dict[str, float]:
 def published_tables() -> None:
     """The validation on published results and the Theta fit, as docs/planning.md prints them."""
     from hpctrain.config.site import load_site
-    from hpctrain.planning import ffn_theta
-    from hpctrain.planning import published as pb
+    from hpctrain_bench import ffn_theta
+    from hpctrain_bench import published as pb
 
     points = pb.validate()
     print("| study | system | what ran | nodes | published | predicted | error |")

@@ -96,8 +96,9 @@ def worker(reps: int) -> None:
     from hpctrain.config.job import CombinerConfig
     from hpctrain.runtime import combine
     from hpctrain.runtime.combiners import MeanCombiner, build_combiner
-    from hpctrain.runtime.comm import MPICommunicator, TorchDistCommunicator
-    from hpctrain.runtime.mpi_env import import_mpi
+    from hpctrain.runtime.comm.mpi import MPICommunicator
+    from hpctrain.runtime.comm.mpi_env import import_mpi
+    from hpctrain.runtime.comm.torch_dist import TorchDistCommunicator
     from hpctrain.runtime.reducer import Reducer, broadcast_model
 
     MPI = import_mpi()  # with the settings the runtime uses (one node: no UCX)
@@ -291,8 +292,8 @@ def collectives_worker(reps: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from hpctrain.runtime.comm import TorchDistCommunicator
-    from hpctrain.runtime.mpi_env import import_mpi
+    from hpctrain.runtime.comm.mpi_env import import_mpi
+    from hpctrain.runtime.comm.torch_dist import TorchDistCommunicator
 
     MPI = import_mpi()
     torch.set_num_threads(1)
@@ -347,7 +348,7 @@ def device_worker(reps: int, device_type: str) -> None:
     import torch.distributed as dist
 
     from hpctrain.runtime.combiners import MeanCombiner
-    from hpctrain.runtime.comm import TorchDistCommunicator
+    from hpctrain.runtime.comm.torch_dist import TorchDistCommunicator
     from hpctrain.runtime.devices import pick_device
     from hpctrain.runtime.reducer import Reducer, broadcast_model
 

@@ -2,10 +2,11 @@
 
 The demo job (jobs/ffn-local.yaml) with ``--set`` sizes that make a run take seconds of compute, started by the
 MPICH wheel's mpiexec on this machine (oversubscribed) with ``HPCTRAIN_COUNTERS=1``, the MPI interposer preloaded
-(runtime/wire_counts.py: every MPI call by name, every message at the socket, ``MPIR_CVAR_NOLOCAL=1``) and every
-rank under strace (runtime/syscall_trace.py: opens, stat-family calls, directory reads, bytes read). Every rank
-writes its counter record (runtime/counters.py, runtime/work_counts.py) and this script prints each count against
-N, measured, with the model of runtime/comm_counts.py on the line below where it models the same count, the ratio
+(hpctrain_bench/wire_counts.py: every MPI call by name, every message at the socket, ``MPIR_CVAR_NOLOCAL=1``) and
+every rank under strace (hpctrain_bench/syscall_trace.py: opens, stat-family calls, directory reads, bytes read).
+Every rank writes its counter record (runtime/counting/counters.py, runtime/counting/work_counts.py) and this script
+prints each count against N, measured, with the model of runtime/counting/comm_counts.py on the line below where it
+models the same count, the ratio
 between the largest and the smallest N, the count extrapolated to 2048 x 8 ranks, and the target the measured
 count is held to. Counts do not depend on how busy the machine is; the time to the first step does (a ratio, no
 target). ``--ranks-per-node K`` groups the ranks into stand-in nodes of K (rank r on node r // K): each node has
@@ -24,7 +25,7 @@ invocation (docs/scaling.md, "On real nodes").
 ``--staged`` runs each N a second time from a copy of the environment unpacked once into node-local storage
 (what ``staging.environment: archive`` does on a cluster) and counts the shared-path opens left at start-up.
 ``--backend gloo`` runs the ranks over torch.distributed gloo instead of MPI, with the rendezvous store's rows
-(runtime/store_counts.py): the ranks bootstrap over MPI (no store); ``--store`` makes them meet at a TCPStore
+(runtime/counting/store_counts.py): the ranks bootstrap over MPI (no store); ``--store`` makes them meet at a TCPStore
 on rank 0 instead (MASTER_ADDR/MASTER_PORT, as torchrun or a launcher without MPI would). ``--gloo-ring`` (with
 gloo) measures gloo's own ring all-reduce over its full mesh instead of hpctrain's point-to-point one.
 """
@@ -52,7 +53,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from hpctrain.runtime import counters, mpi_env, syscall_trace, wire_counts  # noqa: E402
+from hpctrain.runtime.comm import mpi_env  # noqa: E402
+from hpctrain.runtime.counting import counters, wire  # noqa: E402
+from hpctrain_bench import syscall_trace, wire_counts  # noqa: E402
 
 SPEC = REPO / "jobs" / "ffn-local.yaml"
 STEPS, LOG_EVERY, CKPT_EVERY = 7, 3, 3  # saves at steps 3 and 6 and the final one at 7
@@ -220,13 +223,13 @@ def _wire_windows(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
     for r in records:
         marks = r["marks"]
         saves = r.get("spans", {}).get("save", {}).get("wire", {"calls": {}, "connections": []})
-        steps = wire_counts.difference(marks["trained"]["wire"], marks["first_step"]["wire"])
+        steps = wire.difference(marks["trained"]["wire"], marks["first_step"]["wire"])
         negative = {"calls": {k: -v for k, v in saves["calls"].items()},
                     "connections": [c[:2] + [-v for v in c[2:7]] + c[7:] for c in saves["connections"]]}
         out["startup"].append(marks["first_step"]["wire"])
-        out["steps"].append(wire_counts.add(steps, negative))
+        out["steps"].append(wire.add(steps, negative))
         out["saves"].append(saves)
-        out["close"].append(wire_counts.difference(marks["exit"]["wire"], marks["trained"]["wire"]))
+        out["close"].append(wire.difference(marks["exit"]["wire"], marks["trained"]["wire"]))
     return out
 
 
@@ -282,7 +285,7 @@ class Row:
     name: str
     value: Callable[[Run], float]
     target: str  # "flat", "1/N", "log2 N", "0", "" (timing: ratio only)
-    model: Callable[[Run], float] | None = None  # runtime/comm_counts.py's figure for the same count
+    model: Callable[[Run], float] | None = None  # runtime/counting/comm_counts.py's figure for the same count
     how: str = "measured"  # "model": a row with no measurement of its own (named as such)
 
 
@@ -347,7 +350,7 @@ def _connections(run: Run) -> float:
 
 
 def _whole_run_unseen(run: Run) -> float:
-    """Rank 0's MPI communication calls the Python counter (runtime/comm_counts.py) did not see."""
+    """Rank 0's MPI communication calls the Python counter (runtime/counting/comm_counts.py) did not see."""
     record = run.records[0]
     python = sum(t["calls"] for phase in record["work"]["traffic"].values() for t in phase.values())
     return wire_counts.communication_calls(record["marks"]["exit"]["wire"]) - python
@@ -437,7 +440,8 @@ ROWS = [
 
 
 def _store(record: dict[str, Any], phase: str) -> float:
-    """Calls this rank sent to the rendezvous store's server in ``phase`` (measured, runtime/store_counts.py)."""
+    """Calls this rank sent to the rendezvous store's server in ``phase`` (measured,
+    runtime/counting/store_counts.py)."""
     return record.get("store", {}).get("totals", {}).get(phase, 0)
 
 
@@ -570,7 +574,7 @@ def extrapolate(row: Row, values: dict[int, float], ranks: int = TARGET_RANKS,
 
 
 def table(rows: list[Row], runs: list[Run]) -> tuple[str, list[dict[str, Any]]]:
-    """Each row measured, its target checked against the measured values; where runtime/comm_counts.py models
+    """Each row measured, its target checked against the measured values; where runtime/counting/comm_counts.py models
     the same count, a second line shows the model's values (no verdict)."""
     ns = [r.ranks for r in runs]
     nodes = {r.ranks: r.nodes for r in runs}
@@ -592,7 +596,8 @@ def table(rows: list[Row], runs: list[Run]) -> tuple[str, list[dict[str, Any]]]:
             model_ratio, _, _ = verdict(row, model, nodes)
             model_far = extrapolate(row, model, nodes=nodes)
             cells = " | ".join(f"{model[n]:.4g}" for n in ns)
-            lines.append(f"| ↳ the same, modelled (runtime/comm_counts.py) | model | {cells} | {model_ratio} | "
+            lines.append("| ↳ the same, modelled (runtime/counting/comm_counts.py) | model | "
+                         f"{cells} | {model_ratio} | "
                          f"{'' if model_far is None else f'{model_far:.4g}'} | | |")
             entry["model"] = model
         data.append(entry)
@@ -612,7 +617,7 @@ def beside(stand_in: list[dict[str, Any]], real: list[dict[str, Any]]) -> str:
         target = verdict(Row(one["count"], len, one["target"]), one["values"], nodes)[1].split(" (fit")[0]
         pairs = [(one["count"], one["how"], "values", target, one["verdict"], other["verdict"])]
         if "model" in one:
-            pairs.append(("↳ the same, modelled (runtime/comm_counts.py)", "model", "model", "", "", ""))
+            pairs.append(("↳ the same, modelled (runtime/counting/comm_counts.py)", "model", "model", "", "", ""))
         for name, how, key, target, ok, real_ok in pairs:
             a, b = one[key], other[key]
             cells = []

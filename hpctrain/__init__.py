@@ -9,10 +9,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# The per-rank file-open counter (hpctrain/runtime/counters.py) starts here, at the first import of hpctrain, so that
-# the imports it is meant to count are seen; when the variable is unset nothing is imported or installed.
+# The per-rank file-open counter (hpctrain/runtime/counting/counters.py) starts here, at the first import of
+# hpctrain, so that the imports it is meant to count are seen; when the variable is unset nothing is imported or
+# installed.
 if os.environ.get("HPCTRAIN_COUNTERS", "") not in ("", "0"):
-    from hpctrain.runtime.counters import enable_from_env
+    from hpctrain.runtime.counting.counters import enable_from_env
 
     enable_from_env()
 

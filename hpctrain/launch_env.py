@@ -15,7 +15,7 @@ from pathlib import Path
 from hpctrain.errors import RuntimeFailure
 
 # Set by a rendered script that stages to node-local storage, for the ranks: this job's directory there (read by
-# config/staging.py, which stages into it, and runtime/counters.py, which counts opens under it as node-local).
+# config/staging.py, which stages into it, and runtime/counting/counters.py, which counts opens under it as node-local).
 NODE_LOCAL_ENV = "HPCTRAIN_NODE_LOCAL"
 
 

@@ -32,7 +32,7 @@ run_pytest() {  # run_pytest [PYTEST ARGS...]: sets pytest_rc
 
 run_ruff() {  # sets ruff_rc
     local lint_paths=() p
-    for p in hpctrain tests benchmarks; do
+    for p in hpctrain hpctrain_bench tests benchmarks; do
         [[ -e $p ]] && lint_paths+=("$p")
     done
     .venv/bin/ruff check "${lint_paths[@]}"

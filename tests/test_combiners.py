@@ -1,8 +1,9 @@
-"""Tests of runtime/combiners/: the strategies in one process, as a simulation of K workers drives them.
+"""Tests of runtime/combiners/: the strategies on K ranks in one process (hpctrain_bench/in_process.py), as a
+simulation of K workers drives them.
 
-``combine_workers`` must give what the pure maths (runtime/combine.py, tested against float64 references in
-tests/test_combine.py) gives on the same per-worker gradients; tests/mp_helpers/train_worker.py checks on
-real ranks that ``launch`` gives what ``combine_workers`` gives.
+Each rank's ``launch`` must give what the pure maths (runtime/combine.py, tested against float64 references in
+tests/test_combine.py) gives on the same per-rank gradients; tests/mp_helpers/train_worker.py checks that real
+ranks give what the in-process ranks give.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from hpctrain.runtime.combiners import (
     Combiner,
     DaSGDCombiner,
     GradBucket,
-    Peerless,
     build_combiner,
 )
-from hpctrain.runtime.comm import Handle, SingleProcessCommunicator
+from hpctrain.runtime.comm.base import Handle, SingleProcessCommunicator
 from hpctrain.runtime.reducer import Reducer
+from hpctrain_bench.in_process import InProcessComm, InProcessGroup
 
 
 class _Net(torch.nn.Module):
@@ -47,7 +48,22 @@ def _layout() -> tuple[list[torch.Tensor], list[GradBucket]]:
 
 
 def _workers(name: str, k: int, params: list[torch.Tensor], **config: typing.Any) -> list[Combiner]:
-    return [build_combiner(CombinerConfig(name=name, **config), Peerless(r, k), params) for r in range(k)]
+    """One combiner per rank of a fresh in-process group of ``k``."""
+    group = InProcessGroup(k)
+    return [build_combiner(CombinerConfig(name=name, **config), InProcessComm(group, r), params) for r in range(k)]
+
+
+def _launch(combiner: Combiner, bucket: GradBucket) -> None:
+    handle = combiner.launch(bucket, blocking=True)
+    if handle is not None:
+        handle.wait()
+
+
+def _combine(workers: list[Combiner], buckets: list[GradBucket]) -> None:
+    """Every rank launches its bucket (``buckets[r]``), as the reducer does: it ends holding what rank r's would."""
+    comm = workers[0].comm
+    assert isinstance(comm, InProcessComm)
+    comm.group.run(lambda r: _launch(workers[r], buckets[r]))
 
 
 def _random_buckets(template: GradBucket, k: int, seed: int) -> list[GradBucket]:
@@ -74,20 +90,20 @@ def test_simulated_workers_equal_the_pure_combiners(k: int) -> None:
         # the trainer's prescaled mean: each worker's bucket is its share of the mean already
         for b in mean:
             b.flat.div_(k)
-        type(_workers("mean", k, params)[0]).combine_workers(_workers("mean", k, params), mean)
+        _combine(_workers("mean", k, params), mean)
         for i, layer in enumerate(per_layer):
             for b in mean:
                 torch.testing.assert_close(b.views[i], combine.mean(layer), rtol=1e-6, atol=1e-6)
 
         adasum = [b.with_flat(b.flat.clone()) for b in given]
         workers = _workers("adasum", k, params, adasum_on="gradient")
-        type(workers[0]).combine_workers(workers, adasum)
+        _combine(workers, adasum)
         for i, layer in enumerate(per_layer):
             assert all(torch.equal(b.views[i], combine.adasum_reduce(layer)) for b in adasum)
 
         adacomp = [b.with_flat(b.flat.clone()) for b in given]
         workers = _workers("adacomp", k, params, bin_len={"conv": 3, "linear": 5})
-        type(workers[0]).combine_workers(workers, adacomp)
+        _combine(workers, adacomp)
         for i, (name, p) in enumerate(zip(template.names, template.params, strict=True)):
             bin_len = 3 if combine.layer_kind(name, p.dim()) == "conv" else 5
             decoded = [combine.adacomp_decode(combine.adacomp_encode(torch.zeros_like(g), g, bin_len)[0])
@@ -96,14 +112,17 @@ def test_simulated_workers_equal_the_pure_combiners(k: int) -> None:
 
         local = [b.with_flat(b.flat.clone()) for b in given]
         workers = _workers("dasgd", k, params)
-        type(workers[0]).combine_workers(workers, local)
+        _combine(workers, local)
         assert all(torch.equal(a.flat, b.flat) for a, b in zip(local, given, strict=True))
 
 
-def test_combine_workers_refuses_another_combiners_workers() -> None:
+def test_ranks_that_make_different_collective_calls_fail_with_a_message() -> None:
     params, layout = _layout()
-    with pytest.raises(TypeError, match="AdaCompCombiner"):
-        COMBINERS["mean"].combine_workers(_workers("adacomp", 2, params), _random_buckets(layout[0], 2, 0))
+    group = InProcessGroup(2)
+    workers = [build_combiner(CombinerConfig(name=name), InProcessComm(group, r), params)
+               for r, name in enumerate(("mean", "adacomp"))]
+    with pytest.raises(RuntimeFailure, match="rank 1 called allgather where another called allreduce"):
+        _combine(workers, _random_buckets(layout[0], 2, 0))
 
 
 def test_adacomp_takes_the_bin_length_of_each_layer_kind_from_the_config() -> None:
@@ -132,7 +151,7 @@ def test_adacomp_residues_resume_exactly_and_refuse_another_bucket_layout() -> N
         for seed in seeds:
             for template in layout:
                 buckets = _random_buckets(template, len(workers), seed)
-                type(workers[0]).combine_workers(workers, buckets)
+                _combine(workers, buckets)
                 out.append(buckets[0].flat)
         return out
 
@@ -154,47 +173,27 @@ def test_adacomp_residues_resume_exactly_and_refuse_another_bucket_layout() -> N
         Reducer(net, SingleProcessCommunicator(), other, bucket_mb=4.0)
 
 
-class _Group:
-    """An in-process average of K simulated DaSGD workers: a round completes once all K have sent."""
-
-    def __init__(self, k: int) -> None:
-        self.k, self.rounds = k, [[]]
-
-    def start_average(self, tensors: list[torch.Tensor]) -> typing.Any:
-        if len(self.rounds[-1]) == self.k:
-            self.rounds.append([])
-        sent = self.rounds[-1]
-        sent.append([t.clone() for t in tensors])
-
-        class Pending:
-            def wait(self_inner) -> list[torch.Tensor]:
-                assert len(sent) == self.k, "a simulated average is waited for before every worker sent"
-                return [combine.mean(list(layer)) for layer in zip(*sent, strict=True)]
-
-        return Pending()
-
-
-def test_dasgd_workers_average_through_an_injected_start_average() -> None:
+def test_dasgd_workers_average_with_a_delay() -> None:
     """Period 2, delay 1, each worker r adds r + 1 per local step: sent after step 2, merged after step 3,
     sent again after step 4 and merged by flush(), where every worker holds that average exactly."""
-    k, group = 3, _Group(3)
+    k, group = 3, InProcessGroup(3)
     params = [[torch.full((2,), float(r)), torch.full((3,), 10.0 * r)] for r in range(k)]
-    workers = [DaSGDCombiner(Peerless(r, k), params[r], period=2, delay=1, start_average=group.start_average)
-               for r in range(k)]
+    workers = [DaSGDCombiner(InProcessComm(group, r), params[r], period=2, delay=1) for r in range(k)]
+
+    def local_step(r: int) -> None:
+        for p in params[r]:
+            p.add_(r + 1.0)
+        workers[r].after_step()
+
     for step in range(1, 5):
-        for r in range(k):
-            for p in params[r]:
-                p.add_(r + 1.0)
-        for w in workers:
-            w.after_step()
+        group.run(local_step)
         if step == 3:  # merged: the average of step 2 (5 and 14) plus the progress since (r + 1)
             assert [float(params[r][0][0]) for r in range(k)] == [6.0, 7.0, 8.0]
             assert [float(params[r][1][0]) for r in range(k)] == [15.0, 16.0, 17.0]
-    for w in workers:
-        w.flush()
+    group.run(lambda r: workers[r].flush())
     assert all(torch.equal(params[r][0], torch.full((2,), 9.0)) for r in range(k))
     assert all(torch.equal(params[r][1], torch.full((3,), 18.0)) for r in range(k))
-    assert not any(w.ranks_in_sync for w in workers) and len(group.rounds) == 2
+    assert not any(w.ranks_in_sync for w in workers)
 
 
 def test_a_new_combiner_is_one_class_the_reducer_calls_per_bucket() -> None:
@@ -212,11 +211,6 @@ def test_a_new_combiner_is_one_class_the_reducer_calls_per_bucket() -> None:
             self.launched.append(bucket.index)
             return Handle(lambda: bucket.flat.mul_(0.5))
 
-        @classmethod
-        def combine_workers(cls, workers: typing.Sequence[Combiner], buckets: typing.Sequence[GradBucket]) -> None:
-            for b in buckets:
-                b.flat.mul_(0.5)
-
     net = _Net()
     reducer = Reducer(net, SingleProcessCommunicator(), Halve(SingleProcessCommunicator(), net.parameters()),
                       bucket_mb=100 / 2**20)
@@ -226,8 +220,9 @@ def test_a_new_combiner_is_one_class_the_reducer_calls_per_bucket() -> None:
     want = torch.autograd.grad(net(x).square().sum(), list(net.parameters()))
     assert all(torch.allclose(p.grad, 0.5 * g) for p, g in zip(net.parameters(), want, strict=True))
     assert Halve.launched == list(range(len(reducer.buckets)))
-
-
-def test_a_simulated_worker_has_no_peers() -> None:
-    with pytest.raises(RuntimeFailure, match="simulated worker 1 of 4"):
-        Peerless(1, 4).allreduce_(torch.ones(2))
+    # and the same class, unchanged, on simulated ranks
+    group = InProcessGroup(2)
+    buckets = _random_buckets(reducer.buckets[0], 2, 3)
+    given = [b.flat.clone() for b in buckets]
+    _combine([Halve(InProcessComm(group, r), net.parameters()) for r in range(2)], buckets)
+    assert all(torch.equal(b.flat, 0.5 * g) for b, g in zip(buckets, given, strict=True))

@@ -1,4 +1,4 @@
-"""Tests of runtime/comm.py and runtime/watchdog.py with real launchers (MPICH hydra mpiexec, torchrun).
+"""Tests of runtime/comm/ and runtime/comm/watchdog.py with real launchers (MPICH hydra mpiexec, torchrun).
 
 The timeout tests really hang one rank and check that the whole job exits non-zero, on time, naming it.
 """
@@ -17,13 +17,10 @@ import torch
 
 from hpctrain.errors import ConfigError, RuntimeFailure
 from hpctrain.launch_env import LaunchEnv
-from hpctrain.runtime.comm import (
-    SingleProcessCommunicator,
-    make_communicator,
-    port_from_job_id,
-    rendezvous_address,
-)
-from hpctrain.runtime.watchdog import Pending, Watchdog
+from hpctrain.runtime.comm.backends import make_communicator
+from hpctrain.runtime.comm.base import SingleProcessCommunicator
+from hpctrain.runtime.comm.rendezvous import port_from_job_id, rendezvous_address
+from hpctrain.runtime.comm.watchdog import Pending, Watchdog
 from hpctrain.submission.launchers.local_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,7 +135,7 @@ def test_mpi_init_works_when_the_ranks_pids_have_different_lengths(tmp_path: Pat
 
 
 def test_wheel_settings_only_for_the_wheel_without_a_user_choice_loopback_on_one_node() -> None:
-    from hpctrain.runtime.mpi_env import ONE_NODE_WHEEL, SEVERAL_NODES_WHEEL, mpich_wheel_in_use, wheel_settings
+    from hpctrain.runtime.comm.mpi_env import ONE_NODE_WHEEL, SEVERAL_NODES_WHEEL, mpich_wheel_in_use, wheel_settings
 
     hydra = {"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "2", "PMI_RANK": "0", "PMI_SIZE": "2"}
     assert wheel_settings(hydra, wheel=True) == ONE_NODE_WHEEL
@@ -255,8 +252,8 @@ def test_watchdog_close_waits_for_a_poll_in_progress() -> None:
 
 
 def test_watchdog_waits_longer_than_any_side_store_call() -> None:
-    from hpctrain.runtime.comm import SIDE_STORE_TIMEOUT_S
-    from hpctrain.runtime.watchdog import CLOSE_WAIT_S
+    from hpctrain.runtime.comm.torch_dist import SIDE_STORE_TIMEOUT_S
+    from hpctrain.runtime.comm.watchdog import CLOSE_WAIT_S
 
     assert CLOSE_WAIT_S > SIDE_STORE_TIMEOUT_S
 

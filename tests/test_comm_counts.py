@@ -1,4 +1,5 @@
-"""runtime/comm_counts.py and runtime/work_counts.py: every call counted with its bytes, messages per algorithm.
+"""runtime/counting/comm_counts.py and runtime/counting/work_counts.py: every call counted with its bytes, messages per
+algorithm.
 
 The model of each algorithm is checked against hand-worked trees; the counts are checked exactly on real ranks
 started by the MPICH wheel's mpiexec (MPI and gloo), with a known number of collectives of known sizes.
@@ -15,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.runtime import comm_counts
-from hpctrain.runtime.comm_counts import traffic
+from hpctrain.runtime.counting import comm_counts
+from hpctrain.runtime.counting.comm_counts import traffic
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -61,7 +62,7 @@ def test_binomial_trees_for_broadcast_and_gather() -> None:
 
 @pytest.mark.processes
 def test_counting_is_off_without_the_switch() -> None:
-    code = ("import hpctrain.runtime.comm as c; from hpctrain.runtime import work_counts;"
+    code = ("import hpctrain.runtime.comm.backends as c; from hpctrain.runtime.counting import work_counts;"
             "comm = c.make_communicator('none', 10, environ={}); print(type(comm).__name__, work_counts.active())")
     env = {k: v for k, v in os.environ.items() if k != "HPCTRAIN_COUNTERS"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, cwd=ROOT)
@@ -111,7 +112,7 @@ def test_counts_are_exact_for_known_collectives_on_real_ranks(tmp_path: Path, ba
 
 
 def test_one_setting_orders_every_timeout() -> None:
-    from hpctrain.runtime.comm import PROCESS_GROUP_MARGIN_S, RENDEZVOUS_MIN_S, Timeouts
+    from hpctrain.runtime.comm.timeouts import PROCESS_GROUP_MARGIN_S, RENDEZVOUS_MIN_S, Timeouts
 
     for setting in (5.0, 20.0, 300.0, 3600.0):
         t = Timeouts.from_setting(setting)

@@ -1,4 +1,4 @@
-"""Tests of runtime/simulate.py, the bundled models' learning and example jobs, and benchmarks/convergence.py.
+"""Tests of hpctrain_bench/simulate.py, the bundled models' learning and example jobs, and benchmarks/convergence.py.
 
 The simulation is checked against the trainer itself: one simulated worker against ``runtime.trainer.train`` in
 this process (bitwise), and in ``--quick`` against four real ranks under the MPICH wheel's ``mpiexec`` for every
@@ -17,7 +17,7 @@ import torch
 
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import RuntimeFailure
-from hpctrain.runtime.simulate import Diverged, Simulation, simulate
+from hpctrain_bench.simulate import Diverged, Simulation, simulate
 
 REPO = Path(__file__).resolve().parent.parent
 CLAIMS = ["ranks", "digits", "adasum", "adacomp", "dasgd", "legw", "ffn"]
@@ -69,7 +69,7 @@ def test_batched_gradients_equal_each_worker_s_own_backward(tmp_path: Path, comb
 
 def test_dasgd_averaging_every_step_without_delay_is_synchronous_sgd(tmp_path: Path) -> None:
     # SGD with momentum is linear in the gradients, so averaging the models after every local step equals
-    # averaging the gradients before it: the simulated all-reduce of models against combine_workers of buckets.
+    # averaging the gradients before it: the all-reduce of models against the all-reduce of buckets.
     sync = simulate(digits_job({"name": "mean"}, steps=6), 4, tmp_path)
     averaged = simulate(digits_job({"name": "dasgd", "period": 1, "delay": 0}, steps=6), 4, tmp_path)
     delayed = simulate(digits_job({"name": "dasgd", "period": 1, "delay": 1}, steps=6), 4, tmp_path)

@@ -1,4 +1,4 @@
-"""runtime/counters.py: the audit-hook count of files a rank opens, node-local versus shared.
+"""runtime/counting/counters.py: the audit-hook count of files a rank opens, node-local versus shared.
 
 Counts are checked exactly on known work (a file opened a known number of times in each place, a module imported
 from a known directory), between two marks so that the interpreter's own start-up does not enter them; ranks are
@@ -16,14 +16,14 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.runtime import counters
+from hpctrain.runtime.counting import counters
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = ROOT / ".venv" / "bin" / "mpiexec"
 
 KNOWN_WORK = """
 import os, sys
-from hpctrain.runtime import counters
+from hpctrain.runtime.counting import counters
 from hpctrain.launch_env import detect_launch_env
 
 shared_file, local_file, module_dir, run_dir = sys.argv[1:5]
@@ -87,8 +87,9 @@ def test_counts_of_known_work_are_exact(tmp_path: Path) -> None:
 
 
 def test_counters_are_off_without_the_flag(tmp_path: Path) -> None:
-    code = ("import sys, hpctrain; print('hpctrain.runtime.counters' in sys.modules); "
-            "from hpctrain.runtime import counters; print(counters.enabled(), counters.write_record('x', 0, 1))")
+    code = ("import sys, hpctrain; print('hpctrain.runtime.counting.counters' in sys.modules); "
+            "from hpctrain.runtime.counting import counters; "
+            "print(counters.enabled(), counters.write_record('x', 0, 1))")
     env = {k: v for k, v in os.environ.items() if k != counters.ENV_FLAG}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
                          check=True, cwd=tmp_path)
@@ -137,7 +138,7 @@ def test_node_local_prefixes_come_from_the_environment() -> None:
 
 def test_write_record_is_atomic_and_readable(tmp_path: Path) -> None:
     code = textwrap.dedent(f"""
-        from hpctrain.runtime import counters
+        from hpctrain.runtime.counting import counters
         counters.enable(())
         counters.mark("startup")
         counters.write_record({str(tmp_path)!r}, 2, 4, messages={{"sent": 5}})

@@ -32,9 +32,10 @@ from hpctrain.config.job import CombinerConfig
 from hpctrain.errors import ConfigError
 from hpctrain.runtime import combine, devices
 from hpctrain.runtime.combiners import GradBucket, build_combiner
-from hpctrain.runtime.combiners.adacomp import AdaCompCombiner
-from hpctrain.runtime.comm import Communicator, Handle, make_communicator
+from hpctrain.runtime.comm.backends import make_communicator
+from hpctrain.runtime.comm.base import Communicator, Handle
 from hpctrain.runtime.reducer import _make_buckets
+from hpctrain_bench.in_process import run_ranks as in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where the buckets of the combiner tests live: the GPU when this torch sees one (a device machine), else the CPU.
@@ -293,9 +294,8 @@ def test_adacomp_messages_are_built_and_decoded_on_the_buckets_device() -> None:
     assert problems == []  # the packed message, the gather's padding and the decoded mean: all on the device
     assert {device for _, device, _ in shared.seen} == {outputs[0].device}
     params = _params()
-    workers = [build_combiner(CombinerConfig(name="adacomp"), _Peer(r, 2), params) for r in range(2)]
-    buckets = [_bucket(params, r) for r in range(2)]
-    AdaCompCombiner.combine_workers(workers, buckets)
+    buckets = [_bucket(params, r) for r in range(2)]  # the same ranks' buckets on the host, in one process
+    in_process(2, lambda r, comm: build_combiner(CombinerConfig(name="adacomp"), comm, params).launch(buckets[r], True))
     for out in outputs:
         torch.testing.assert_close(out, buckets[0].flat)
 
@@ -348,28 +348,3 @@ def test_the_guard_catches_what_it_is_for() -> None:
         torch.zeros(2)
         combine.adacomp_decode(combine.adacomp_encode(residue, grad, 2)[0])  # device-clean: adds nothing
     assert guard.problems == [".numpy()", ".to(cpu)", "torch.zeros() without device="]
-
-
-class _Peer(Communicator):
-    """A rank with no peers (simulated workers for combine_workers)."""
-
-    def __init__(self, rank: int, size: int) -> None:
-        self.rank, self.size, self.local_rank, self.backend, self.timeout_s = rank, size, rank, "none", 0.0
-
-    def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
-        raise AssertionError("no peers")
-
-    def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
-        raise AssertionError("no peers")
-
-    def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
-        raise AssertionError("no peers")
-
-    def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
-        raise AssertionError("no peers")
-
-    def barrier(self, label: str = "") -> None:
-        raise AssertionError("no peers")
-
-    def close(self) -> None:
-        return None

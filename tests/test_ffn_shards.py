@@ -29,7 +29,7 @@ from hpctrain.ffn.training.shards import (
     rank_ranges,
     write_table,
 )
-from hpctrain.runtime import work_counts
+from hpctrain.runtime.counting import work_counts
 from tests.cluster_support import Cluster, srun
 from tests.mp_helpers.nodes import clean_environment
 

@@ -218,3 +218,9 @@ def test_modules_read_on_both_sides_import_no_torch() -> None:
             "; heavy = [m for m in ('torch', 'numpy', 'mpi4py') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_the_package_does_not_import_its_measuring_instruments() -> None:
+    """hpctrain_bench is not in the wheel: nothing in hpctrain may import it."""
+    bad = [f"{m} -> {d}" for m, deps in _imports().items() for d in deps if d.split(".")[0] == "hpctrain_bench"]
+    assert not bad, "\n".join(sorted(bad))

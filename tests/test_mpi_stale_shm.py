@@ -15,13 +15,13 @@ from typing import Any
 
 import pytest
 
-from hpctrain.runtime.mpi_env import mpich_world_id
+from hpctrain.runtime.comm.mpi_env import mpich_world_id
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi, pytest.mark.timeout(400)]
 
 WORKER = """\
 import os, signal
-from hpctrain.runtime.mpi_env import import_mpi
+from hpctrain.runtime.comm.mpi_env import import_mpi
 MPI = import_mpi(timeout_s=60)
 MPI.COMM_WORLD.Barrier()
 restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))

@@ -1,6 +1,6 @@
-"""Tests of runtime/p2p_allgather.py: the schedules in one process (every rank a thread, messages through the queues
-of tests/test_p2p_allreduce.py) against a direct reference and the O(log N) bound, then over real gloo groups under
-mpiexec: the Communicator's all-gathers, the module's counts against the schedule and the socket's against both,
+"""Tests of runtime/comm/p2p_allgather.py: the schedules in one process (every rank a thread, messages through the
+queues of tests/test_p2p_allreduce.py) against a direct reference and the O(log N) bound, then over real gloo groups
+under mpiexec: the Communicator's all-gathers, the module's counts against the schedule and the socket's against both,
 and torch's ring measured the same way (so the bound can fail).
 """
 
@@ -15,11 +15,16 @@ from typing import Any
 import pytest
 import torch
 
-from hpctrain.runtime import p2p_allgather as ag
-from hpctrain.runtime import p2p_allreduce as p2p
-from hpctrain.runtime import wire_counts
+from hpctrain.runtime.comm import p2p_allgather as ag
+from hpctrain.runtime.comm import p2p_allreduce as p2p
+from hpctrain_bench import wire_counts
 from tests.mp_helpers.gloo_ranks import run_gloo_ranks
 from tests.test_p2p_allreduce import Mailboxes, run_in_threads
+
+
+def message_bound(size: int) -> int:
+    """The most messages one rank sends (or receives) in one all-gather: ceil(log2 N) + 2."""
+    return (size - 1).bit_length() + 2
 
 
 def allgather_threads(blocks: list[torch.Tensor]) -> tuple[list[list[torch.Tensor]], list[p2p.Tally]]:
@@ -83,8 +88,8 @@ def test_messages_per_rank_are_logarithmic_and_the_peers_are_the_all_reduces(n: 
     for r in range(n):
         rounds = ag.schedule(r, counts)
         sent, received = sum(x.sends for x in rounds), sum(x.receives for x in rounds)
-        assert sent <= ag.message_bound(n) and received <= ag.message_bound(n), (n, r, rounds)
-        assert ag.message_bound(n) <= math.ceil(math.log2(n)) + 2
+        assert sent <= message_bound(n) and received <= message_bound(n), (n, r, rounds)
+        assert message_bound(n) <= math.ceil(math.log2(n)) + 2
         assert sum(x.recv[1] - x.recv[0] for x in rounds) == 64 * (n - 1)
         peers = {x.peer for x in rounds}
         assert r not in peers
@@ -124,7 +129,7 @@ def test_bad_arguments() -> None:
 
 def test_an_unknown_choice_of_gloo_all_gather_is_a_config_error() -> None:
     from hpctrain.errors import ConfigError
-    from hpctrain.runtime.comm import make_communicator
+    from hpctrain.runtime.comm.backends import make_communicator
 
     with pytest.raises(ConfigError, match="HPCTRAIN_GLOO_ALLGATHER='ring' is not p2p or gloo"):
         make_communicator("gloo", 10, environ={"HPCTRAIN_GLOO_ALLGATHER": "ring"})
@@ -167,7 +172,7 @@ def test_gloo_all_gathers_are_the_reference_on_every_rank_in_log_n_messages(tmp_
             sent, received, nbytes = _expected(n, r, count)
             assert (w["sent_messages"], w["received_messages"]) == (K * sent, K * received), (r, name)
             assert w["received_bytes"] == K * nbytes == K * 4 * count * (n - 1)
-            assert sent <= ag.message_bound(n) and received <= ag.message_bound(n)
+            assert sent <= message_bound(n) and received <= message_bound(n)
         assert set(x["peers"]) <= {q.peer for q in p2p.schedule(r, n, 1, "recursive doubling")}
 
 
@@ -194,7 +199,7 @@ def test_gloo_all_gather_messages_at_the_socket_are_the_schedules(tmp_path: Path
         for name in ("small", "large"):
             w = x["window"][name]
             assert w["wire"]["sent_messages"] == 2 * w["sent_messages"] + w["received_messages"], (r, name, w)
-    assert max(_socket_messages_per_call(reports).values()) <= 3 * ag.message_bound(n)
+    assert max(_socket_messages_per_call(reports).values()) <= 3 * message_bound(n)
 
 
 @pytest.mark.mpi
@@ -209,4 +214,4 @@ def test_torchs_ring_all_gather_breaks_the_bound(tmp_path: Path, library: Path) 
     reports = _gloo_ranks(n, tmp_path, **env)
     assert all(all(x["results"][c]["equal"] for c in x["results"]) for x in reports)
     per_call = _socket_messages_per_call(reports)
-    assert min(per_call.values()) >= 3 * (n - 1) > 3 * ag.message_bound(n), per_call
+    assert min(per_call.values()) >= 3 * (n - 1) > 3 * message_bound(n), per_call

@@ -1,4 +1,4 @@
-"""Tests of runtime/p2p_allreduce.py: the schedules in one process (every rank a thread, messages through queues)
+"""Tests of runtime/comm/p2p_allreduce.py: the schedules in one process (every rank a thread, messages through queues)
 against float64 references and the O(log N) bound, then over real gloo groups under mpiexec (tests further down).
 """
 
@@ -18,9 +18,14 @@ from typing import Any
 import pytest
 import torch
 
-from hpctrain.runtime import p2p_allreduce as p2p
-from hpctrain.runtime import wire_counts
+from hpctrain.runtime.comm import p2p_allreduce as p2p
+from hpctrain_bench import wire_counts
 from tests.mp_helpers.gloo_ranks import run_gloo_ranks
+
+
+def message_bound(size: int) -> int:
+    """The most messages one rank sends (or receives) in one all-reduce: 2 ceil(log2 N) + 2."""
+    return 2 * (size - 1).bit_length() + 2
 
 
 class _Done:
@@ -144,7 +149,7 @@ def test_messages_and_peers_per_rank_are_logarithmic(n: int) -> None:
             rounds = p2p.schedule(r, n, count, kind)
             sent = sum(x.sends for x in rounds)
             received = sum(x.receives for x in rounds)
-            assert sent <= p2p.message_bound(n) and received <= p2p.message_bound(n), (n, r, rounds)
+            assert sent <= message_bound(n) and received <= message_bound(n), (n, r, rounds)
             assert len({x.peer for x in rounds}) <= math.ceil(math.log2(n)) + 1
             assert r not in {x.peer for x in rounds}
 
@@ -190,7 +195,7 @@ def test_the_tally_counts_what_the_schedule_says() -> None:
 
 def test_an_unknown_choice_of_gloo_all_reduce_is_a_config_error() -> None:
     from hpctrain.errors import ConfigError
-    from hpctrain.runtime.comm import make_communicator
+    from hpctrain.runtime.comm.backends import make_communicator
 
     with pytest.raises(ConfigError, match="HPCTRAIN_GLOO_ALLREDUCE='ring' is not p2p or gloo"):
         make_communicator("gloo", 10, environ={"HPCTRAIN_GLOO_ALLREDUCE": "ring"})
@@ -243,7 +248,7 @@ def test_gloo_ranks_end_with_the_same_bits_in_log_n_messages(tmp_path: Path, n: 
     for case, first in reports[0]["results"].items():
         assert all(x["results"][case]["digest"] == first["digest"] for x in reports), case  # the same bits
         assert all(x["results"][case]["error"] <= (0 if case == "max" else 2e-6) for x in reports), case
-    bound = p2p.message_bound(n)
+    bound = message_bound(n)
     for r, x in enumerate(reports):
         for name, count in (("small", 16), ("large", 100_000)):
             sent, received = x["window"][name]["sent_messages"], x["window"][name]["received_messages"]
@@ -271,7 +276,7 @@ def test_gloo_messages_at_the_socket_are_the_schedules(tmp_path: Path, library: 
             assert w["wire"] is not None
             assert w["wire"]["sent_messages"] == 2 * w["sent_messages"] + w["received_messages"], (r, name, w)
             per_call[(r, name)] = w["wire"]["sent_messages"] / K
-    assert max(per_call.values()) <= 3 * p2p.message_bound(n)
+    assert max(per_call.values()) <= 3 * message_bound(n)
     assert [len(c) for c in _connected(reports, "sockets")] == [max(1, int(math.log2(n)))] * n
 
 

@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +28,10 @@ from hpctrain.config.site import embedded_local_site, load_site, load_site_file
 from hpctrain.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
-# What a source distribution of hpctrain holds (setup.cfg, pyproject.toml); the wheel is built from a copy of
-# these so that the build writes nothing into the shared working tree (build/, hpctrain.egg-info).
-SOURCE_ENTRIES = ("hpctrain", "setup.cfg", "pyproject.toml", "README.md", "MANIFEST.in")
+# What a checkout of hpctrain holds for a build (setup.cfg, pyproject.toml, the instruments beside the package);
+# the wheel is built from a copy of these so that the build writes nothing into the shared working tree (build/,
+# hpctrain.egg-info).
+SOURCE_ENTRIES = ("hpctrain", "hpctrain_bench", "setup.cfg", "pyproject.toml", "README.md", "MANIFEST.in")
 # The smallest real training job: the digits CNN (data bundled with scikit-learn), 2 ranks, 2 steps.
 TINY_JOB = """name: tiny
 model: resnet
@@ -109,6 +111,18 @@ def test_an_install_without_its_profiles_says_so(tmp_path: Path, monkeypatch: py
     assert str(raised.value) == (f"{tmp_path / 'site_configs' / 'local.yaml'}: hpctrain's shipped site profiles "
                                  "are missing (no local.yaml); reinstall hpctrain: its package data "
                                  "hpctrain/site_configs/*.yaml holds them")
+
+
+def test_the_wheel_ships_the_package_and_not_its_measuring_instruments(tmp_path: Path) -> None:
+    """hpctrain_bench (the wire interposer, the syscall tracer, the simulator, the published studies) sits beside
+    the package in the checkout the wheel is built from, and stays out of the wheel."""
+    assert (REPO / "hpctrain_bench" / "__init__.py").is_file()
+    with zipfile.ZipFile(_build_wheel(tmp_path)) as wheel:
+        names = wheel.namelist()
+    assert "hpctrain/__init__.py" in names and "hpctrain/cli.py" in names
+    tops = {name.split("/", 1)[0] for name in names}
+    assert "hpctrain_bench" not in tops, sorted(tops)
+    assert not [n for n in names if n.endswith(".c")], [n for n in names if n.endswith(".c")]
 
 
 @pytest.fixture(scope="module")

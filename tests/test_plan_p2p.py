@@ -1,6 +1,6 @@
-"""The planner's cost of hpctrain's gloo all-reduce (planning/collectives.py, ``p2p_allreduce``) against the
-algorithm it runs (runtime/p2p_allreduce.py's ``schedule``, and the message counts of runtime/comm_counts.py):
-the same choice by size, as many messages on the slowest rank's path, the same bytes.
+"""The planner's cost of hpctrain's gloo all-reduce (planning/collectives.py, ``p2p_allreduce``) against the algorithm
+it runs (runtime/comm/p2p_allreduce.py's ``schedule``, and the message counts of runtime/counting/comm_counts.py): the
+same choice by size, as many messages on the slowest rank's path, the same bytes.
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.planning import collectives as c
-from hpctrain.runtime import comm_counts, p2p_allreduce
+from hpctrain.runtime.comm import p2p_allreduce
+from hpctrain.runtime.counting import comm_counts
 
 ELEMENT = 4  # float32
 MESSAGES = c.Link(alpha=1.0, beta=0.0, gamma=0.0)  # a cost that counts messages in a row

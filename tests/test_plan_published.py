@@ -1,4 +1,4 @@
-"""Validation on published scaling results (hpctrain/planning/published.py): the studies cover what the method
+"""Validation on published scaling results (hpctrain_bench/published.py): the studies cover what the method
 needs (a communication-bound model whose efficiency falls with N, several GPUs per node, a run above 1000
 nodes), every input has a source or is marked guessed, nothing is fitted, the network terms move the
 predictions, and docs/planning.md prints the table the code computes.
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hpctrain.config.site import load_site
-from hpctrain.planning import ffn_theta
-from hpctrain.planning import published as pb
+from hpctrain_bench import ffn_theta
+from hpctrain_bench import published as pb
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "planning.md"
 

@@ -1,7 +1,7 @@
 """Validation 1: the planner reproduces the FFN-on-Theta scaling figure (Dong et al., DLS@SC 2019) within
 +-0.05 at every published point with two fitted parameters, and predicts hpctrain's design on Theta.
 
-The study's conditions, the Theta profile's figures and the assumptions are in hpctrain/planning/ffn_theta.py
+The study's conditions, the Theta profile's figures and the assumptions are in hpctrain_bench/ffn_theta.py
 and docs/planning.md; this test checks the claims the docs make about them.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from hpctrain.config.site import load_site
-from hpctrain.planning import ffn_theta
 from hpctrain.planning.model import predict
+from hpctrain_bench import ffn_theta
 
 
 @pytest.fixture(scope="module")

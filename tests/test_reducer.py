@@ -2,7 +2,7 @@
 
 Each worker (tests/mp_helpers/train_worker.py) itself asserts that the first step's combined gradient equals
 the pure combiner (combine.mean / adasum_reduce / AdaComp decode-mean) on every rank's local gradient and
-the combiner's own ``combine_workers`` simulating every rank in one process, and that all ranks end in sync;
+the same combiner launched on every rank simulated in one process, and that all ranks end in sync;
 here we also compare ``mean`` with a single-process run on the whole batch.
 """
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hpctrain.errors import ConfigError
-from hpctrain.runtime.comm import SingleProcessCommunicator
+from hpctrain.runtime.comm.base import SingleProcessCommunicator
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
 from hpctrain.submission.launchers.local_launch import free_port
 

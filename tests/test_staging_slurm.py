@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from hpctrain.runtime import counters
+from hpctrain.runtime.counting import counters
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import Registry
 from tests.cluster_support import Cluster, OpenCounter

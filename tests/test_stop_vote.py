@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from hpctrain.checkpoint.session import HOLD_AT_STEP_ENV, STOP_AT_STEP_ENV, CheckpointSession
 from hpctrain.config.job import JobSpec
-from hpctrain.runtime.comm import Handle, SingleProcessCommunicator
+from hpctrain.runtime.comm.base import Handle, SingleProcessCommunicator
 
 
 class VoteCounter(SingleProcessCommunicator):

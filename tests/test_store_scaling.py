@@ -1,6 +1,7 @@
-"""What torch.distributed ranks ask of the rendezvous store, counted on real gloo groups (runtime/store_counts.py):
-start-up calls per rank that do not grow with N, nothing per watchdog tick in training, O(1) per rank at close,
-and no store at all when an MPI launcher started the ranks. docs/scaling.md, "torch.distributed at scale".
+"""What torch.distributed ranks ask of the rendezvous store, counted on real gloo groups
+(runtime/counting/store_counts.py): start-up calls per rank that do not grow with N, nothing per watchdog tick in
+training, O(1) per rank at close, and no store at all when an MPI launcher started the ranks. docs/scaling.md,
+"torch.distributed at scale".
 """
 
 from __future__ import annotations
@@ -108,8 +109,8 @@ def test_store_listener_rearms_its_wait_and_answers_a_late_ranks_question() -> N
     another's), answers a question with the collective it reached, and stops at close."""
     import torch.distributed as dist
 
-    from hpctrain.runtime.exchange_store import CountingStore
-    from hpctrain.runtime.liveness import StoreQueries
+    from hpctrain.runtime.comm.exchange_store import CountingStore
+    from hpctrain.runtime.comm.liveness import StoreQueries
 
     port = _free_port()
     server = dist.TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=10), wait_for_workers=False)
@@ -136,7 +137,7 @@ def test_store_listener_rearms_its_wait_and_answers_a_late_ranks_question() -> N
 
 def test_exchange_store_without_a_fallback_names_what_it_was_asked() -> None:
     from hpctrain.errors import RuntimeFailure
-    from hpctrain.runtime.exchange_store import ExchangeStore
+    from hpctrain.runtime.comm.exchange_store import ExchangeStore
 
     store = ExchangeStore(1, lambda prefix, value: [b"a", value, b"c"])
     store.set("pg/0/cpu/1", b"mine")

@@ -1,4 +1,4 @@
-"""runtime/wire_counts.py and runtime/syscall_trace.py: what ranks send and what they look up, measured.
+"""hpctrain_bench/wire_counts.py and hpctrain_bench/syscall_trace.py: what ranks send and what they look up, measured.
 
 Real ranks started by the MPICH wheel's mpiexec with the interposer preloaded: the messages each rank sends and
 receives over its sockets are those a known sequence of collectives with a fixed algorithm must send, and every
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.runtime import syscall_trace, wire_counts
+from hpctrain_bench import syscall_trace, wire_counts
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIEXEC = str(Path(sys.executable).parent / "mpiexec")
@@ -62,8 +62,8 @@ def test_every_mpi_function_mpi4py_calls_is_wrapped(library: Path) -> None:
 
 
 def test_nothing_is_loaded_or_counted_without_the_switch() -> None:
-    code = ("from hpctrain.runtime import wire_counts, counters; counters.enable(); counters.mark('x');"
-            "print(wire_counts.snapshot(), 'wire' in counters.current().marks['x'])")
+    code = ("from hpctrain.runtime.counting import counters, wire; counters.enable(); counters.mark('x');"
+            "print(wire.snapshot(), 'wire' in counters.current().marks['x'])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_clean_env(),
                          check=True, cwd=ROOT)
     assert out.stdout.split() == ["None", "False"]

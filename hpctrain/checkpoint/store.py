@@ -79,7 +79,8 @@ class Exchange(Protocol):
 
 
 class WorkTally(Protocol):
-    """Where the store counts the files and bytes it writes (runtime/work_counts.py's ``WorkCounts`` is one)."""
+    """Where the store counts the files and bytes it writes (runtime/counting/work_counts.py's ``WorkCounts`` is
+    one)."""
 
     def add_checkpoint_file(self, step: int, nbytes: int, node_local: bool = False) -> None:
         """One file of ``nbytes`` written for checkpoint ``step``."""

@@ -127,10 +127,10 @@ def _preflight(job: JobSpec) -> None:
 
 
 def _write_counters(run_dir: Path) -> None:
-    """This rank's file-open counts (runtime/counters.py), work counts (runtime/work_counts.py: input, messages,
-    checkpoint files) and rendezvous store calls (runtime/store_counts.py), when HPCTRAIN_COUNTERS turned counting
-    on."""
-    from hpctrain.runtime import counters, store_counts, work_counts
+    """This rank's file-open counts (runtime/counting/counters.py), work counts (runtime/counting/work_counts.py: input,
+    messages, checkpoint files) and rendezvous store calls (runtime/counting/store_counts.py), when HPCTRAIN_COUNTERS
+    turned counting on."""
+    from hpctrain.runtime.counting import counters, store_counts, work_counts
 
     if counters.enabled():
         from hpctrain.launch_env import detect_launch_env
@@ -142,7 +142,7 @@ def _write_counters(run_dir: Path) -> None:
 def _failure_line(exc: BaseException) -> str:
     """"rank N: message" (an hpctrain error), "rank N failed: Type: message" (anything else); another rank's error
     received through the runtime's agreement (RankFailure) keeps that rank's line."""
-    comm = sys.modules.get("hpctrain.runtime.comm")  # loaded (with torch) once the runtime has started
+    comm = sys.modules.get("hpctrain.runtime.comm.base")  # loaded (with torch) once the runtime has started
     if comm is not None:
         return str(comm.failure_text(_rank(), exc))
     from hpctrain.errors import HpctrainError
@@ -153,9 +153,9 @@ def _failure_line(exc: BaseException) -> str:
 
 
 def _is_peer_failure(exc: BaseException) -> bool:
-    if "hpctrain.runtime.comm" not in sys.modules:
+    if "hpctrain.runtime.comm.base" not in sys.modules:
         return False
-    from hpctrain.runtime.comm import is_peer_failure
+    from hpctrain.runtime.comm.base import is_peer_failure
 
     return is_peer_failure(exc)
 

@@ -46,7 +46,7 @@ class TaskContext:
     # forward_loss under bfloat16 autocast when it is "bfloat16"; a task only keeps its model autocast-able.
     precision: str = "float32"
     # Collective: every rank passes its error (None when its step went well); when any rank failed, every rank
-    # raises that rank's error (runtime/comm.py, Communicator.agree). A step only some ranks take (rank 0
+    # raises that rank's error (runtime/comm/base.py, Communicator.agree). A step only some ranks take (rank 0
     # prepares the data) ends in it instead of a barrier, so a failure there reaches every rank as itself.
     agree: Callable[[BaseException | None], None] | None = None
 

@@ -4,7 +4,7 @@ A message of n bytes between two ranks costs alpha + n*beta; reducing n bytes lo
 formulas are the textbook ones (Thakur, Rabenseifner & Gropp 2005, "Optimization of collective
 communication operations in MPICH"); the choice by size follows each library: MPICH takes recursive doubling
 up to MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE (2048 bytes) and reduce-scatter + allgather (Rabenseifner) above;
-hpctrain's gloo path runs its own point-to-point all-reduce over every rank (runtime/p2p_allreduce.py: recursive
+hpctrain's gloo path runs its own point-to-point all-reduce over every rank (runtime/comm/p2p_allreduce.py: recursive
 doubling below 2048 bytes, Rabenseifner above, the same fold), costed round by round (``p2p_allreduce``), with
 gloo's own ring (torch's choice) selectable; NCCL predicts ring and tree times and takes the faster
 (oneCCL, torch's xccl on Intel GPUs, is modelled the same way), with the latencies of NCCL's own cost model
@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 MPICH_SHORT_MSG_BYTES = 2048
-# hpctrain's point-to-point all-reduce over gloo (runtime/p2p_allreduce.py, RABENSEIFNER_MIN_BYTES): recursive
+# hpctrain's point-to-point all-reduce over gloo (runtime/comm/p2p_allreduce.py, RABENSEIFNER_MIN_BYTES): recursive
 # doubling below this many bytes or for fewer elements than the power of two below the rank count, Rabenseifner's
 # reduce-scatter + allgather otherwise. Kept here as a number: the planner imports no torch.
 P2P_RABENSEIFNER_MIN_BYTES = 2048
@@ -159,7 +159,7 @@ def ring_reduce_scatter(p: int, n: float, link: Link) -> float:
 
 def p2p_algorithm(p: int, n: float, element_size: int = FLOAT32_BYTES) -> str:
     """The algorithm hpctrain's point-to-point all-reduce takes for ``n`` bytes of ``element_size``-byte elements
-    on ``p`` ranks: ``recursive doubling`` or ``rabenseifner`` (runtime/p2p_allreduce.py's ``algorithm``)."""
+    on ``p`` ranks: ``recursive doubling`` or ``rabenseifner`` (runtime/comm/p2p_allreduce.py's ``algorithm``)."""
     if n < P2P_RABENSEIFNER_MIN_BYTES or n / element_size < _pof2_below(max(1, p)):
         return "recursive doubling"
     return "rabenseifner"
@@ -167,7 +167,7 @@ def p2p_algorithm(p: int, n: float, element_size: int = FLOAT32_BYTES) -> str:
 
 def p2p_allreduce(nodes: int, per_node: int, n: float, intra: Link, inter: Link,
                   element_size: int = FLOAT32_BYTES) -> tuple[float, str]:
-    """hpctrain's gloo all-reduce (runtime/p2p_allreduce.py) of ``n`` bytes over ``nodes`` x ``per_node`` ranks,
+    """hpctrain's gloo all-reduce (runtime/comm/p2p_allreduce.py) of ``n`` bytes over ``nodes`` x ``per_node`` ranks,
     placed node by node as the launchers place them, costed round by round.
 
     Every rank takes the same rounds at once, each with one partner ``mask`` virtual ranks away. Recursive

@@ -116,11 +116,6 @@ def _coefficients64(a64: Tensor, b64: Tensor, eps: float) -> tuple[float, float]
     return acoeff, bcoeff
 
 
-def adasum_coefficients(a: Tensor, b: Tensor, eps: float = ADASUM_EPS) -> tuple[float, float]:
-    """(acoeff, bcoeff) of Adasum(a, b): dot product and norms accumulated in float64."""
-    return _coefficients64(a.reshape(-1).to(torch.float64), b.reshape(-1).to(torch.float64), eps)
-
-
 def adasum(a: Tensor, b: Tensor, eps: float = ADASUM_EPS) -> Tensor:
     """Horovod's pairwise Adasum of one layer: a·(1 − a·b/2‖a‖²) + b·(1 − a·b/2‖b‖²).
 

@@ -20,7 +20,7 @@ import torch
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.combiners.base import Combiner, GradBucket
 from hpctrain.runtime.combiners.mean import MeanCombiner
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 
 
 @dataclass

@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,19 +28,24 @@ from hpctrain.files import write_atomic
 from hpctrain.launch_env import detect_launch_env
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
-from hpctrain.runtime import counters, devices, work_counts
-from hpctrain.runtime.combiners import build_combiner
-from hpctrain.runtime.comm import Communicator, make_communicator
+from hpctrain.runtime import devices
+from hpctrain.runtime.combiners import Combiner, build_combiner
+from hpctrain.runtime.comm.backends import make_communicator
+from hpctrain.runtime.comm.base import Communicator
+from hpctrain.runtime.counting import counters, work_counts
+from hpctrain.runtime.counting.rank_times import RANK_TIMES_FILE, RankTimes
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
 from hpctrain.runtime.metric_sinks import MetricsSink, open_sinks
 from hpctrain.runtime.metrics import MetricsLog, note_attempt
 from hpctrain.runtime.optim import build_optimizer
-from hpctrain.runtime.precision import forward_context, resolve_precision
-from hpctrain.runtime.profile import start_profile
+from hpctrain.runtime.precision import Precision, forward_context, resolve_precision
+from hpctrain.runtime.profile import StepProfiler, start_profile
 from hpctrain.runtime.rank_list import node_summary
-from hpctrain.runtime.rank_times import RANK_TIMES_FILE, RankTimes
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync
 from hpctrain.runtime.schedule import LRSchedule
+
+if TYPE_CHECKING:
+    from hpctrain.checkpoint.session import CheckpointSession
 
 log = logging.getLogger("hpctrain.train")
 
@@ -118,24 +123,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     precision = resolve_precision(job.train.precision, device)
     if rank == 0 and job.train.precision != "float32":
         log.info("precision %s: the forward runs in %s on %s", job.train.precision, precision, device)
-    ctx = TaskContext(model_args=dict(job.model_args), data=dict(job.data), batch_per_rank=job.train.batch_per_rank,
-                      seed=job.train.seed, rank=rank, world_size=size, run_dir=run_dir, device=device,
-                      barrier=lambda: comm.barrier("data preparation"), local_rank=local_rank, precision=precision,
-                      agree=lambda error: comm.agree(error, "data preparation"))
-    # Every rank reports how its data preparation went before any training collective: one rank's error (a
-    # missing dataset, a file that is not HDF5) ends every rank with that error instead of a broken collective.
-    error: Exception | None = None
-    sinks: list[MetricsSink] = []
-    try:
-        task: TrainingTask = build_task(job.model, ctx)
-        sinks = open_sinks(job.metrics, run_dir, job.name) if rank == 0 else []
-    except Exception as exc:
-        error = exc
-    comm.agree(error, "data preparation")
-    if local_rank == 0:  # every rank of the node recorded its pid before the agreement: one line per node
-        summary = node_summary(run_dir, os.environ)
-        if summary is not None:
-            print(summary, file=sys.stderr, flush=True)
+    task, sinks = _prepare_task(job, run_dir, comm, local_rank, device, precision)
     model = task.model.to(device)
     broadcast_model(model, comm)
     schedule = LRSchedule.from_spec(job.schedule_config(), size, steps_per_epoch(job, size))
@@ -154,7 +142,6 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
         note_attempt(run_dir, start)
     metrics = MetricsLog(run_dir / "metrics.jsonl" if rank == 0 else None, job.train.steps, task.sample_unit,
                          sinks=sinks)
-    clip = getattr(task, "clip_gradients", None)
     # timings for `hpctrain plan`
     profiler = start_profile(job, run_dir, comm, model, reducer, combiner, task, precision)
     rank_times = RankTimes(profiler.stats, run_dir / RANK_TIMES_FILE if rank == 0 else None)
@@ -165,29 +152,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     counters.mark("startup")  # file-open counts up to the first step (free when counting is off)
     try:
         while step < job.train.steps:
-            profiler.begin()
             lr = schedule.lr_at(step)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            batch = task.next_batch()
-            profiler.mark("input")
-            reducer.zero_grad()
-            with forward_context(precision, device):
-                loss, aux = task.forward_loss(batch)
-            if not torch.isfinite(loss):
-                raise RuntimeFailure(f"rank {rank}: loss is {loss.item()} at step {step}",
-                                     hint="lower train.lr or check the data")
-            scale = combiner.loss_scale  # the mean's 1/ranks: the reducer then only sums
-            (loss * scale if scale != 1.0 else loss).backward()
-            profiler.mark("backward")
-            combiner.after_backward()
-            profiler.mark("reduced")
-            if clip is not None:
-                clip()
-            combiner.optimizer_step(optimizer)
-            combiner.after_step()
-            task.observe(batch, aux)
-            profiler.end()
+            loss = _train_step(task, reducer, combiner, optimizer, lr, profiler, precision, device, rank, step)
             step += 1
             work_counts.step_done()  # per-rank counts per step (one test when counting is off)
             loss_sum, loss_count, interval_steps = loss_sum + float(loss.detach()), loss_count + 1, interval_steps + 1
@@ -206,18 +172,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
                 if differing:
                     names = ", ".join(differing[:5])
                     raise RuntimeFailure(f"parameters differ across ranks after step {step}: {names}")
-            if step == job.train.steps:
-                combiner.finish_training()  # before the final checkpoint, so it holds the model every rank has
-            if session.due(step) or step == job.train.steps:
-                with counters.span("save"):
-                    session.save(step)
-            voting = time.perf_counter()
-            stop = session.stop_requested(step)
-            profiler.control(time.perf_counter() - voting)
-            if stop:
-                if not session.saved_at(step):
-                    with counters.span("save"):
-                        session.save(step)
+            if _save_and_vote(session, combiner, profiler, step, job.train.steps):
                 stopped = step < job.train.steps
                 if stopped and rank == 0:  # before comm.close()'s barrier: no rank exits before it exists
                     _write_requeue_marker(run_dir, step)
@@ -236,6 +191,81 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
         metrics.close()
     return TrainOutcome(start_step=start, end_step=step, stopped_by_signal=stopped, final=final,
                         parameters_checksum=parameters_checksum(model))
+
+
+def _prepare_task(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int, device: torch.device,
+                  precision: Precision) -> tuple[TrainingTask, list[MetricsSink]]:
+    """This rank's task (its data prepared) and, on rank 0, the metrics sinks; every rank learns whether every
+    other rank's preparation went well before any training collective."""
+    rank = comm.rank
+    ctx = TaskContext(model_args=dict(job.model_args), data=dict(job.data), batch_per_rank=job.train.batch_per_rank,
+                      seed=job.train.seed, rank=rank, world_size=comm.size, run_dir=run_dir, device=device,
+                      barrier=lambda: comm.barrier("data preparation"), local_rank=local_rank, precision=precision,
+                      agree=lambda error: comm.agree(error, "data preparation"))
+    # Every rank reports how its data preparation went before any training collective: one rank's error (a
+    # missing dataset, a file that is not HDF5) ends every rank with that error instead of a broken collective.
+    error: Exception | None = None
+    sinks: list[MetricsSink] = []
+    try:
+        task: TrainingTask = build_task(job.model, ctx)
+        sinks = open_sinks(job.metrics, run_dir, job.name) if rank == 0 else []
+    except Exception as exc:
+        error = exc
+    comm.agree(error, "data preparation")
+    if local_rank == 0:  # every rank of the node recorded its pid before the agreement: one line per node
+        summary = node_summary(run_dir, os.environ)
+        if summary is not None:
+            print(summary, file=sys.stderr, flush=True)
+    return task, sinks
+
+
+def _train_step(task: TrainingTask, reducer: Reducer, combiner: Combiner, optimizer: torch.optim.Optimizer,
+                lr: float, profiler: StepProfiler, precision: Precision, device: torch.device, rank: int,
+                step: int) -> torch.Tensor:
+    """One step at learning rate ``lr``: input, forward, backward, the combined gradient, the optimizer step;
+    returns this rank's loss."""
+    profiler.begin()
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    batch = task.next_batch()
+    profiler.mark("input")
+    reducer.zero_grad()
+    with forward_context(precision, device):
+        loss, aux = task.forward_loss(batch)
+    if not torch.isfinite(loss):
+        raise RuntimeFailure(f"rank {rank}: loss is {loss.item()} at step {step}",
+                             hint="lower train.lr or check the data")
+    scale = combiner.loss_scale  # the mean's 1/ranks: the reducer then only sums
+    (loss * scale if scale != 1.0 else loss).backward()
+    profiler.mark("backward")
+    combiner.after_backward()
+    profiler.mark("reduced")
+    clip = getattr(task, "clip_gradients", None)
+    if clip is not None:
+        clip()
+    combiner.optimizer_step(optimizer)
+    combiner.after_step()
+    task.observe(batch, aux)
+    profiler.end()
+    return loss
+
+
+def _save_and_vote(session: CheckpointSession, combiner: Combiner, profiler: StepProfiler, step: int,
+                   steps: int) -> bool:
+    """After step ``step``: the checkpoint when one is due (and the last one), then the ranks' stop vote; a stop
+    saves this step first when it is not saved yet. Returns whether to stop."""
+    if step == steps:
+        combiner.finish_training()  # before the final checkpoint, so it holds the model every rank has
+    if session.due(step) or step == steps:
+        with counters.span("save"):
+            session.save(step)
+    voting = time.perf_counter()
+    stop = session.stop_requested(step)
+    profiler.control(time.perf_counter() - voting)
+    if stop and not session.saved_at(step):
+        with counters.span("save"):
+            session.save(step)
+    return bool(stop)
 
 
 def _write_requeue_marker(run_dir: Path, step: int) -> None:

@@ -8,7 +8,8 @@ import sys
 import torch
 
 from hpctrain.errors import DataError
-from hpctrain.runtime.comm import RankFailure, make_communicator
+from hpctrain.runtime.comm.backends import make_communicator
+from hpctrain.runtime.comm.base import RankFailure
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 
 from hpctrain.launch_env import detect_launch_env  # noqa: E402
-from hpctrain.runtime.comm import make_communicator  # noqa: E402
+from hpctrain.runtime.comm.backends import make_communicator  # noqa: E402
 
 
 def collectives(backend: str) -> None:
@@ -127,8 +127,9 @@ def hang(backend: str, timeout_s: float, stuck: int) -> None:
 
 
 def store_counts(steps: int, pause_s: float, out_dir: str) -> None:
-    """The rank's calls to the rendezvous store in each phase (runtime/store_counts.py), over real gloo ranks."""
-    from hpctrain.runtime import counters, store_counts, work_counts
+    """The rank's calls to the rendezvous store in each phase (runtime/counting/store_counts.py), over real gloo
+    ranks."""
+    from hpctrain.runtime.counting import counters, store_counts, work_counts
 
     counters.enable()
     comm = make_communicator("gloo", timeout_s=10)

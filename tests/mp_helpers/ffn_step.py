@@ -12,7 +12,7 @@ import torch
 
 from hpctrain.ffn.model import ConvStack3D
 from hpctrain.ffn.training.loss import clip_gradients_, fov_loss
-from hpctrain.runtime.comm import make_communicator
+from hpctrain.runtime.comm.backends import make_communicator
 from hpctrain.runtime.reducer import Reducer, broadcast_model
 
 

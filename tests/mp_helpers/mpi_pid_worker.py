@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from hpctrain.runtime.mpi_env import import_mpi  # noqa: E402
+from hpctrain.runtime.comm.mpi_env import import_mpi  # noqa: E402
 
 
 def main(out_dir: str) -> None:

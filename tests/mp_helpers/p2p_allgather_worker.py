@@ -1,9 +1,9 @@
 """Worker for tests/test_p2p_allgather.py, started by the MPICH wheel's mpiexec: gloo ranks (MPI bootstrap).
 
 ``python p2p_allgather_worker.py K OUT_DIR``: through ``make_communicator("gloo")``, all-gathers of known inputs
-(several shapes and dtypes, equal and differing lengths, empty blocks), then a window of K all-gathers of 16 and of
-K of 100,000 float32 per rank; writes ``OUT_DIR/rank-R.json`` with a digest of every result and whether it equals
-the reference, the point-to-point module's own counts and the socket interposer's (runtime/wire_counts.py, where it
+(several shapes and dtypes, equal and differing lengths, empty blocks), then a window of K all-gathers of 16 and of K of
+100,000 float32 per rank; writes ``OUT_DIR/rank-R.json`` with a digest of every result and whether it equals the
+reference, the point-to-point module's own counts and the socket interposer's (hpctrain_bench/wire_counts.py, where it
 is preloaded) in each window, and the rank's established TCP connections at the end. Under
 ``HPCTRAIN_GLOO_ALLGATHER=gloo`` the same calls go to torch's ring (the module's counts are then zero).
 """
@@ -20,8 +20,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from hpctrain.runtime import wire_counts  # noqa: E402
-from hpctrain.runtime.comm import make_communicator  # noqa: E402
+from hpctrain.runtime.comm.backends import make_communicator  # noqa: E402
+from hpctrain.runtime.counting import wire  # noqa: E402
+from hpctrain_bench import wire_counts  # noqa: E402
 from tests.mp_helpers.p2p_worker import established_tcp_connections  # noqa: E402
 
 SMALL, LARGE = 16, 100_000
@@ -69,17 +70,17 @@ def main(k: int, out_dir: str) -> None:
     window: dict[str, dict[str, object]] = {}
     for name, count in (("small", SMALL), ("large", LARGE)):
         tally = messages.allgather_tally if messages is not None else None
-        before = wire_counts.snapshot()
+        before = wire.snapshot()
         sent0, received0 = (tally.sent_messages, tally.received_messages) if tally else (0, 0)
         bytes0 = tally.received_bytes if tally else 0
         for i in range(k):
             got = comm.allgather(torch.full((count,), float(r)), f"{name} {i}")
             assert all(torch.equal(g, torch.full((count,), float(q))) for q, g in enumerate(got)), name
-        after = wire_counts.snapshot()
+        after = wire.snapshot()
         window[name] = {"sent_messages": (tally.sent_messages - sent0) if tally else 0,
                         "received_messages": (tally.received_messages - received0) if tally else 0,
                         "received_bytes": (tally.received_bytes - bytes0) if tally else 0,
-                        "wire": None if after is None else wire_counts.totals(wire_counts.difference(after, before))}
+                        "wire": None if after is None else wire_counts.totals(wire.difference(after, before))}
     report = {"rank": r, "size": n, "results": results, "window": window,
               "peers": sorted(messages.allgather_tally.peers) if messages is not None else [],
               "sockets": established_tcp_connections()}

@@ -8,7 +8,7 @@ watchdog's message naming D.
 sides of the algorithm switch, float32 and float64, sum and max, blocking and asynchronous), then a window of K
 small and K large all-reduces; writes ``OUT_DIR/rank-R.json`` with a digest of every result, its largest error
 against the float64 sum of every rank's inputs, the point-to-point module's own counts and the interposer's
-(runtime/wire_counts.py, where it is preloaded) in the window, and the rank's established TCP connections
+(hpctrain_bench/wire_counts.py, where it is preloaded) in the window, and the rank's established TCP connections
 (their ports) after init and at the end.
 """
 
@@ -25,8 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from hpctrain.runtime import wire_counts  # noqa: E402
-from hpctrain.runtime.comm import make_communicator  # noqa: E402
+from hpctrain.runtime.comm.backends import make_communicator  # noqa: E402
+from hpctrain.runtime.counting import wire  # noqa: E402
+from hpctrain_bench import wire_counts  # noqa: E402
 
 SIZES = (1, 7, 300, 5000, 100_000)
 SMALL, LARGE = 16, 100_000  # float32 elements: recursive doubling, Rabenseifner
@@ -99,15 +100,15 @@ def main(k: int, out_dir: str) -> None:
 
     window: dict[str, dict[str, object]] = {}
     for name, count in (("small", SMALL), ("large", LARGE)):
-        before, tally = wire_counts.snapshot(), (p2p.tally.sent_messages, p2p.tally.received_messages)
+        before, tally = wire.snapshot(), (p2p.tally.sent_messages, p2p.tally.received_messages)
         for i in range(k):
             t = torch.full((count,), float(r))
             comm.allreduce_(t, "sum", f"{name} {i}")
             assert torch.equal(t, torch.full((count,), float(n * (n - 1) // 2))), t
-        after = wire_counts.snapshot()
+        after = wire.snapshot()
         window[name] = {"sent_messages": p2p.tally.sent_messages - tally[0],
                         "received_messages": p2p.tally.received_messages - tally[1],
-                        "wire": None if after is None else wire_counts.totals(wire_counts.difference(after, before))}
+                        "wire": None if after is None else wire_counts.totals(wire.difference(after, before))}
     connections = established_tcp_connections()
     report = {"rank": r, "size": n, "results": results, "window": window, "k": k,
               "peers": sorted(p2p.tally.peers), "sockets_at_start": connections_at_start, "sockets": connections}
@@ -118,7 +119,7 @@ def main(k: int, out_dir: str) -> None:
 def lose(how: str, victim: int, timeout_s: float) -> None:
     import signal
 
-    from hpctrain.runtime.comm import is_peer_failure
+    from hpctrain.runtime.comm.base import is_peer_failure
 
     comm = make_communicator("gloo", timeout_s=timeout_s)
     r, n = comm.rank, comm.size

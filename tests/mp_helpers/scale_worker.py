@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from hpctrain.runtime import counters, work_counts  # noqa: E402
-from hpctrain.runtime.comm import make_communicator  # noqa: E402
+from hpctrain.runtime.comm.backends import make_communicator  # noqa: E402
+from hpctrain.runtime.counting import counters, work_counts  # noqa: E402
 
 # (label, float32 elements): every rank all-reduces each of these this many times
 ALLREDUCES = (("bucket 0", 1000), ("stop flag", 2))
@@ -69,8 +69,8 @@ def rendezvous(timeout_s: float, delay_s: float, stage: str, sync_dir: str) -> N
 
     from hpctrain.errors import RuntimeFailure
     from hpctrain.launch_env import detect_launch_env
-    from hpctrain.runtime.comm import rendezvous_address
-    from hpctrain.runtime.mpi_env import import_mpi
+    from hpctrain.runtime.comm.mpi_env import import_mpi
+    from hpctrain.runtime.comm.rendezvous import rendezvous_address
 
     env = detect_launch_env(os.environ)
     if stage == "init":

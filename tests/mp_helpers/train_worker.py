@@ -1,13 +1,13 @@
 """Worker for tests/test_reducer.py, run under mpiexec or torchrun.
 
-``python train_worker.py BACKEND COMBINER STEPS OUT [COMPRESSION] [BUCKET_MB]``: trains ``tiny_model()``
-with the Reducer and a combiner strategy on this rank's slice of a fixed global batch. At the first step it
-checks the combined gradient twice: against the pure combiner (combine.mean / adasum_reduce / AdaComp
-decode-mean) applied to every rank's local gradient, and against the strategy's own ``combine_workers``
-simulating all ranks in this one process (the simulation equals the real ranks). It checks the ranks stay in
-sync, and rank 0 saves the final parameters to OUT. COMBINER ``mean_prescaled`` is the mean as the trainer
-uses it: the loss is scaled by ``reducer.loss_scale`` before backward and the reducer only sums. ``dasgd``
-with a period longer than the run leaves every gradient local.
+``python train_worker.py BACKEND COMBINER STEPS OUT [COMPRESSION] [BUCKET_MB]``: trains ``tiny_model()`` with the
+Reducer and a combiner strategy on this rank's slice of a fixed global batch. At the first step it checks the combined
+gradient twice: against the pure combiner (combine.mean / adasum_reduce / AdaComp decode-mean) applied to every rank's
+local gradient, and against the same strategy's ``launch`` on every rank simulated in this one process
+(hpctrain_bench/in_process.py: the simulation equals the real ranks). It checks the ranks stay in sync, and rank 0 saves
+the final parameters to OUT. COMBINER ``mean_prescaled`` is the mean as the trainer uses it: the loss is scaled by
+``reducer.loss_scale`` before backward and the reducer only sums. ``dasgd`` with a period longer than the run leaves
+every gradient local.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ import torch  # noqa: E402
 
 from hpctrain.config.job import CombinerConfig  # noqa: E402
 from hpctrain.runtime import combine  # noqa: E402
-from hpctrain.runtime.combiners import Combiner, MeanCombiner, Peerless, build_combiner  # noqa: E402
-from hpctrain.runtime.comm import Communicator, make_communicator  # noqa: E402
+from hpctrain.runtime.combiners import Combiner, GradBucket, MeanCombiner, build_combiner  # noqa: E402
+from hpctrain.runtime.comm.backends import make_communicator  # noqa: E402
+from hpctrain.runtime.comm.base import Communicator  # noqa: E402
 from hpctrain.runtime.reducer import Reducer, broadcast_model, check_sync  # noqa: E402
+from hpctrain_bench.in_process import InProcessComm, InProcessGroup  # noqa: E402
 
 BATCH_PER_RANK = 4
 LR = 0.1
@@ -51,10 +53,11 @@ def make_combiner(name: str, comm: Communicator, params: list[torch.Tensor], com
 
 def simulated(reducer: Reducer, combiner: str, compression: str, per_rank: list[list[torch.Tensor]],
               params: list[torch.Tensor]) -> dict[int, torch.Tensor]:
-    """Every bucket combined by ``combine_workers`` over one simulated worker per rank: id(param) -> the
-    gradient this rank's worker ends with. ``per_rank[layer][rank]`` are the ranks' local gradients."""
+    """Every bucket launched by one simulated rank per rank, in one process: id(param) -> the gradient this
+    rank's simulated twin ends with. ``per_rank[layer][rank]`` are the ranks' local gradients."""
     n = len(per_rank[0])
-    workers = [make_combiner(combiner, Peerless(k, n), params, compression) for k in range(n)]
+    group = InProcessGroup(n)
+    workers = [make_combiner(combiner, InProcessComm(group, k), params, compression) for k in range(n)]
     grads = {id(p): layer for p, layer in zip(params, per_rank, strict=True)}
     mine: dict[int, torch.Tensor] = {}
     for b in reducer.buckets:
@@ -62,10 +65,16 @@ def simulated(reducer: Reducer, combiner: str, compression: str, per_rank: list[
         for i, p in enumerate(b.params):
             for k in range(n):
                 buckets[k].views[i].copy_(grads[id(p)][k])
-        type(workers[0]).combine_workers(workers, buckets)
+        group.run(lambda k, buckets=buckets: _launch(workers[k], buckets[k]))
         for i, p in enumerate(b.params):
             mine[id(p)] = buckets[reducer.comm.rank].views[i].clone()
     return mine
+
+
+def _launch(combiner: Combiner, bucket: GradBucket) -> None:
+    handle = combiner.launch(bucket, blocking=True)
+    if handle is not None:
+        handle.wait()
 
 
 def main(backend: str, combiner: str, steps: int, out: str, compression: str, bucket_mb: float) -> None:

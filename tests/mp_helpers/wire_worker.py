@@ -17,8 +17,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from hpctrain.runtime import counters, wire_counts, work_counts  # noqa: E402
-from hpctrain.runtime.comm import make_communicator  # noqa: E402
+from hpctrain.runtime.comm.backends import make_communicator  # noqa: E402
+from hpctrain.runtime.counting import counters, wire, work_counts  # noqa: E402
 
 ELEMENTS = 16  # float32: 64 bytes per all-reduce and per exchange
 
@@ -27,24 +27,24 @@ def main(k: int, out_dir: str) -> None:
     comm = make_communicator("mpi", timeout_s=120)
     r, n = comm.rank, comm.size
     comm.barrier("start")
-    before = wire_counts.snapshot()
+    before = wire.snapshot()
     for i in range(k):
         t = torch.full((ELEMENTS,), float(r))
         comm.allreduce_(t, "sum", f"bucket {i}")
         assert torch.equal(t, torch.full((ELEMENTS,), float(n * (n - 1) / 2)))
     comm.barrier("between")
-    middle = wire_counts.snapshot()
+    middle = wire.snapshot()
     for _ in range(k):
         got = comm.sendrecv(torch.full((ELEMENTS,), float(r)), peer=r ^ 1)
         assert torch.equal(got, torch.full((ELEMENTS,), float(r ^ 1)))
     comm.barrier("end")
-    after = wire_counts.snapshot()
+    after = wire.snapshot()
     comm.close()
     assert before is not None and middle is not None and after is not None
     python_calls = sum(t["calls"] for phase in work_counts.sections()["work"]["traffic"].values()
                        for t in phase.values())
-    result = {"rank": r, "size": n, "allreduce": wire_counts.difference(middle, before),
-              "sendrecv": wire_counts.difference(after, middle), "whole": wire_counts.snapshot(),
+    result = {"rank": r, "size": n, "allreduce": wire.difference(middle, before),
+              "sendrecv": wire.difference(after, middle), "whole": wire.snapshot(),
               "python_calls": python_calls, "counting": counters.enabled()}
     (Path(out_dir) / f"rank-{r}.json").write_text(json.dumps(result))
 

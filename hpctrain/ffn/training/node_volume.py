@@ -24,7 +24,7 @@ from hpctrain.config.staging import node_local_root
 from hpctrain.errors import DataError
 from hpctrain.ffn.volume import Volume, load_image_and_labels
 from hpctrain.files import atomic_path, write_atomic
-from hpctrain.runtime import work_counts
+from hpctrain.runtime.counting import work_counts
 
 log = logging.getLogger("hpctrain.ffn")
 

@@ -21,7 +21,7 @@ from hpctrain.errors import DataError
 from hpctrain.ffn.training.coordinates import read_coordinates
 from hpctrain.files import write_atomic
 from hpctrain.models.shuffle import IndexPermutation, derive_key
-from hpctrain.runtime import work_counts
+from hpctrain.runtime.counting import work_counts
 
 RECORD = 3 * 8  # one (z, y, x) int64 coordinate
 MAX_CHUNK = 4096  # coordinates per contiguous read (96 KiB): a few large reads, not one per coordinate

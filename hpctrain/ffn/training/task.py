@@ -35,7 +35,7 @@ from hpctrain.ffn.training.stream import ExampleStream, StreamConfig
 from hpctrain.ffn.volume import load_image_and_labels
 from hpctrain.files import write_atomic
 from hpctrain.models.task import TaskContext, TrainingTask
-from hpctrain.runtime import work_counts
+from hpctrain.runtime.counting import work_counts
 
 # Training volumes up to this size are held in memory (image + labels) instead of read box by box.
 IN_MEMORY_BYTES = 512 * 2**20

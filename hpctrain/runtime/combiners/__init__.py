@@ -17,16 +17,16 @@ from hpctrain.config.backends import COMBINERS
 from hpctrain.errors import ConfigError
 from hpctrain.runtime.combiners.adacomp import AdaCompCombiner
 from hpctrain.runtime.combiners.adasum import AdasumCombiner
-from hpctrain.runtime.combiners.base import Combiner, GradBucket, Peerless
+from hpctrain.runtime.combiners.base import Combiner, GradBucket
 from hpctrain.runtime.combiners.dasgd import DaSGDCombiner
 from hpctrain.runtime.combiners.mean import MeanCombiner
-from hpctrain.runtime.comm import Communicator
+from hpctrain.runtime.comm.base import Communicator
 
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig
 
 __all__ = ["COMBINERS", "AdaCompCombiner", "AdasumCombiner", "Combiner", "DaSGDCombiner", "GradBucket",
-           "MeanCombiner", "Peerless", "build_combiner"]
+           "MeanCombiner", "build_combiner"]
 
 
 def build_combiner(config: CombinerConfig, comm: Communicator, params: Sequence[torch.Tensor]) -> Combiner:

@@ -16,7 +16,7 @@ import torch
 from hpctrain.errors import CheckpointError
 from hpctrain.runtime import combine
 from hpctrain.runtime.combiners.base import Combiner, GradBucket
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig
@@ -93,12 +93,6 @@ class AdaCompCombiner(Combiner):
         bucket.flat.copy_(self.decode_mean(gathered, bucket))
         return None
 
-    @classmethod
-    def combine_workers(cls, workers: Sequence[Combiner], buckets: Sequence[GradBucket]) -> None:
-        messages = [w.encode(b) for w, b in zip(cls.own(workers), buckets, strict=True)]
-        mean = cls.decode_mean(messages, buckets[0])
-        for b in buckets:
-            b.flat.copy_(mean)
 
     def attach(self, reducer: Any) -> None:
         super().attach(reducer)

@@ -15,7 +15,7 @@ import torch
 
 from hpctrain.runtime import combine
 from hpctrain.runtime.combiners.base import Combiner, GradBucket
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 from hpctrain.runtime.optim import apply_deltas, delta_step
 
 if TYPE_CHECKING:
@@ -65,10 +65,6 @@ class AdasumCombiner(Combiner):
             _reduce_into(gathered, [bucket])
         return None
 
-    @classmethod
-    def combine_workers(cls, workers: Sequence[Combiner], buckets: Sequence[GradBucket]) -> None:
-        cls.own(workers)
-        _reduce_into(list(buckets), buckets)
 
     def after_backward(self) -> None:
         if self.on == "gradient":

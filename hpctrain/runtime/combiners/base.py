@@ -11,24 +11,23 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 
 from hpctrain.errors import RuntimeFailure
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig
-    from hpctrain.runtime.reducer import Reducer
 
 
 @dataclass
 class GradBucket:
     """One flat buffer and the parameters whose gradients are views into it (DDP's ``GradBucket``).
 
-    ``params`` give each gradient's shape and memory layout; a combiner never reads their values. A simulated
-    worker's bucket is ``bucket.with_flat(its_gradients)``: the same layout over another buffer.
+    ``params`` give each gradient's shape and memory layout; a combiner never reads their values. Another
+    rank's bucket is ``bucket.with_flat(its_gradients)``: the same layout over another buffer.
     """
 
     index: int
@@ -58,16 +57,21 @@ class GradBucket:
         return GradBucket(self.index, self.names, self.params, self.offsets, flat)
 
 
+class BucketOwner(Protocol):
+    """What a combiner uses of the reducer that owns its buckets (``runtime/reducer.py``'s ``Reducer`` is one)."""
+
+    buckets: Sequence[GradBucket]
+
+    def finish(self) -> None:
+        """Complete every bucket of this step: each ``p.grad`` then holds the combined gradient."""
+
+
 class Combiner(ABC):
     """One rank's side of a combiner. Built by ``build_combiner``; the ``Reducer`` attaches itself.
 
     Per step the training loop calls: ``loss_scale`` (before backward), ``after_backward``, ``optimizer_step``,
     ``after_step``; at the last step ``finish_training``; after the loop ``flush``. The reducer calls
     ``launch`` for every bucket, in bucket order, on every rank.
-
-    For a simulation of K workers in one process (no communicator, no ranks), build one combiner per worker
-    with ``Peerless(k, K)`` and call ``combine_workers(workers, buckets)``: it runs the same encode and decode
-    code as ``launch`` and leaves in every worker's bucket what that rank's bucket holds after ``launch``.
     """
 
     name: ClassVar[str]
@@ -76,7 +80,7 @@ class Combiner(ABC):
     def __init__(self, comm: Communicator, params: Sequence[torch.Tensor]) -> None:
         self.comm = comm
         self.params = list(params)  # in model order; what an optimizer step updates
-        self._reducer: Reducer | None = None
+        self._reducer: BucketOwner | None = None
 
     @classmethod
     @abstractmethod
@@ -92,20 +96,6 @@ class Combiner(ABC):
         Returns a handle whose ``wait()`` completes it, or None when it is complete already. ``blocking`` asks
         for completion before returning (the reducer's last bucket: nothing is left to overlap it with).
         """
-
-    @classmethod
-    @abstractmethod
-    def combine_workers(cls, workers: Sequence[Combiner], buckets: Sequence[GradBucket]) -> None:
-        """One bucket of K simulated workers combined in one process: ``buckets[k]`` is worker k's bucket and
-        ends holding what rank k's would after ``launch``; ``workers[k]`` keeps worker k's state."""
-
-    @classmethod
-    def own(cls, workers: Sequence[Combiner]) -> list[Any]:
-        """``workers``, checked to be this combiner's (for ``combine_workers``)."""
-        strangers = sorted({type(w).__name__ for w in workers if not isinstance(w, cls)})
-        if strangers:
-            raise TypeError(f"{cls.__name__}.combine_workers got {', '.join(strangers)} workers")
-        return list(workers)
 
     @property
     def combines_in_backward(self) -> bool:
@@ -124,12 +114,12 @@ class Combiner(ABC):
         """Whether every rank holds the same parameters and optimizer state after a step."""
         return True
 
-    def attach(self, reducer: Reducer) -> None:
+    def attach(self, reducer: BucketOwner) -> None:
         """Called by the reducer built for this combiner, once its buckets exist."""
         self._reducer = reducer
 
     @property
-    def reducer(self) -> Reducer:
+    def reducer(self) -> BucketOwner:
         if self._reducer is None:
             raise RuntimeFailure(f"combiner {self.name!r} is used before a Reducer was built for it",
                                  hint="build Reducer(model, comm, combiner) first (report this as a bug)")
@@ -171,35 +161,3 @@ class Combiner(ABC):
     def interval_metrics(self) -> dict[str, float]:
         """Values for this logging interval's metrics record (averaged over ranks by the caller)."""
         return {}
-
-
-class Peerless(Communicator):
-    """Rank ``rank`` of ``size`` with no peers: what a simulated worker's combiner is built with.
-
-    Combiners read ``rank`` and ``size`` from it; any collective is a bug (combine with ``combine_workers``).
-    """
-
-    def __init__(self, rank: int, size: int) -> None:
-        self.rank, self.size, self.local_rank, self.backend, self.timeout_s = rank, size, rank, "none", 0.0
-
-    def _no_peers(self, what: str) -> RuntimeFailure:
-        return RuntimeFailure(f"{what} on simulated worker {self.rank} of {self.size}: it has no peers",
-                              hint="combine simulated workers with Combiner.combine_workers")
-
-    def allreduce_async_(self, tensor: torch.Tensor, op: str = "sum", label: str = "") -> Handle:
-        raise self._no_peers("allreduce")
-
-    def broadcast_(self, tensor: torch.Tensor, root: int = 0, label: str = "") -> torch.Tensor:
-        raise self._no_peers("broadcast")
-
-    def allgather(self, tensor: torch.Tensor, label: str = "") -> list[torch.Tensor]:
-        raise self._no_peers("allgather")
-
-    def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
-        raise self._no_peers("sendrecv")
-
-    def barrier(self, label: str = "") -> None:
-        raise self._no_peers("barrier")
-
-    def close(self) -> None:
-        return None

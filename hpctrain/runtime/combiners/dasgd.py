@@ -8,31 +8,28 @@ end the ranks average once more so that all hold the same final model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hpctrain.runtime.combine import AverageHandle, DelayedAverager
 from hpctrain.runtime.combiners.base import Combiner, GradBucket
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig
 
-StartAverage = Callable[[list[torch.Tensor]], AverageHandle]
-
-
 class DaSGDCombiner(Combiner):
-    """``start_average`` (default: an all-reduce over ``comm``) starts the average of a list of tensors; a
-    simulation of K workers in one process passes one that completes once every worker has sent."""
+    """Each rank steps on its own gradient; every ``period`` steps an all-reduce over ``comm`` starts the average
+    of the parameters, merged ``delay`` steps later (``combine.DelayedAverager``)."""
 
     name = "dasgd"
 
     def __init__(self, comm: Communicator, params: Sequence[torch.Tensor] = (), *, period: int = 1,
-                 delay: int = 1, start_average: StartAverage | None = None) -> None:
+                 delay: int = 1) -> None:
         super().__init__(comm, params)
-        self.averager = DelayedAverager(start_average or self._all_reduce_average, period, delay)
+        self.averager = DelayedAverager(self._all_reduce_average, period, delay)
 
     @classmethod
     def from_config(cls, config: CombinerConfig, comm: Communicator,
@@ -46,9 +43,6 @@ class DaSGDCombiner(Combiner):
     def launch(self, bucket: GradBucket, blocking: bool) -> Handle | None:
         return None  # each rank steps on its own gradient
 
-    @classmethod
-    def combine_workers(cls, workers: Sequence[Combiner], buckets: Sequence[GradBucket]) -> None:
-        cls.own(workers)  # gradients stay each worker's own
 
     def after_step(self) -> None:
         self.averager.after_step(self.params)

@@ -16,7 +16,7 @@ import torch
 from hpctrain.errors import ConfigError
 from hpctrain.runtime import combine
 from hpctrain.runtime.combiners.base import Combiner, GradBucket
-from hpctrain.runtime.comm import Communicator, Handle
+from hpctrain.runtime.comm.base import Communicator, Handle
 
 if TYPE_CHECKING:
     from hpctrain.config.job import CombinerConfig
@@ -75,13 +75,3 @@ class MeanCombiner(Combiner):
             self.decode(wire, bucket)
 
         return Handle(wait)
-
-    @classmethod
-    def combine_workers(cls, workers: Sequence[Combiner], buckets: Sequence[GradBucket]) -> None:
-        wires = [w.encode(b) for w, b in zip(cls.own(workers), buckets, strict=True)]
-        total = wires[0].clone()
-        for wire in wires[1:]:  # the all-reduce's sum, taken in rank order
-            total.add_(wire)
-        for b in buckets:
-            cls.decode(total, b)
-

@@ -22,6 +22,7 @@ from typing import Any
 
 from hpctrain.files import write_atomic
 from hpctrain.launch_env import NODE_LOCAL_ENV
+from hpctrain.runtime.counting import wire
 
 # HPCTRAIN_COUNTERS=1 in a rank's environment turns counting on at the first ``import hpctrain``.
 ENV_FLAG = "HPCTRAIN_COUNTERS"
@@ -93,15 +94,13 @@ class OpenCounter:
                 self.shared_code_opens += 1
 
     def snapshot(self) -> dict[str, Any]:
-        """The counts as of now (a copy); with the MPI interposer preloaded (runtime/wire_counts.py) also its
+        """The counts as of now (a copy); with the MPI interposer preloaded (runtime/counting/wire.py) also its
         counts, under ``wire``."""
-        from hpctrain.runtime import wire_counts
-
         snap: dict[str, Any] = {"opens": dict(self.opens), "listdirs": dict(self.listdirs),
                                 "shared_code_opens": self.shared_code_opens, "shared_files": len(self.shared_paths)}
-        wire = wire_counts.snapshot()
-        if wire is not None:
-            snap["wire"] = wire
+        counts = wire.snapshot()
+        if counts is not None:
+            snap["wire"] = counts
         return snap
 
     def shared_outside(self, directory: str | os.PathLike[str] | None) -> tuple[int, list[str]]:
@@ -166,17 +165,15 @@ def span(name: str) -> Iterator[None]:
     if _counter is None:
         yield
         return
-    from hpctrain.runtime import wire_counts
-
-    before = wire_counts.snapshot()
+    before = wire.snapshot()
     try:
         yield
     finally:
         entry = _counter.spans.setdefault(name, {"count": 0, "wire": {"calls": {}, "connections": []}})
         entry["count"] += 1
-        after = wire_counts.snapshot()
+        after = wire.snapshot()
         if before is not None and after is not None:
-            wire_counts.add(entry["wire"], wire_counts.difference(after, before))
+            wire.add(entry["wire"], wire.difference(after, before))
 
 
 def write_record(run_dir: str | os.PathLike[str], rank: int, size: int, **sections: Any) -> Path | None:

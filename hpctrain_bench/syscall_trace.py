@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.runtime.counters import LOCATIONS, MARK_PATH, SYSTEM_PREFIXES
+from hpctrain.runtime.counting.counters import LOCATIONS, MARK_PATH, SYSTEM_PREFIXES
 
 OPENS = ("open", "openat", "openat2", "creat")
 STATS = ("stat", "lstat", "newfstatat", "statx", "access", "faccessat", "faccessat2", "readlink", "readlinkat")
@@ -56,7 +56,7 @@ class Window:
 
 
 def location(path: str, node_local: tuple[str, ...]) -> str:
-    """``node_local``, ``system`` or ``shared``, as runtime/counters.py tells them apart."""
+    """``node_local``, ``system`` or ``shared``, as runtime/counting/counters.py tells them apart."""
     path += os.sep
     if path.startswith(node_local):
         return "node_local"

@@ -1,10 +1,10 @@
 """K data-parallel workers simulated in one process, each a rank as ``runtime/trainer.py`` runs it.
 
-Every worker has its own task (its shard of the data), model, optimizer and combiner (built on ``Peerless(k, K)``)
-and takes the trainer's steps; where the ranks would communicate, the workers meet and the combiner's own
-``combine_workers`` (the encode/decode code ``launch`` runs on real ranks) combines their buckets. Whatever a
-strategy does around the optimizer (Adasum's step on the update, DaSGD's delayed average) runs unchanged,
-because each worker is a thread that waits at those meeting points as a rank waits in a collective. Use it to
+Every worker has its own task (its shard of the data), model, optimizer and combiner, built on rank k of an
+in-process group (``in_process.py``), and takes the trainer's steps; the combiner runs its ordinary per-rank
+path (``launch`` for every bucket, then whatever it does around the optimizer: Adasum's step on the update,
+DaSGD's delayed average), and its collectives meet the other workers' in memory. Each worker is a thread that
+waits in a collective as a rank does; one runs at a time, so a run is deterministic. Use it to
 try a combiner at a rank count you do not have before a large run; docs/convergence.md shows it against the
 combiners' papers and against real ranks.
 """
@@ -12,7 +12,6 @@ combiners' papers and against real ranks.
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,10 +26,11 @@ from hpctrain.config.preflight import steps_per_epoch
 from hpctrain.errors import RuntimeFailure
 from hpctrain.models.registry import build_task
 from hpctrain.models.task import TaskContext, TrainingTask
-from hpctrain.runtime.combiners import Combiner, DaSGDCombiner, GradBucket, Peerless, build_combiner
+from hpctrain.runtime.combiners import Combiner, GradBucket, build_combiner
 from hpctrain.runtime.optim import build_optimizer
 from hpctrain.runtime.reducer import Reducer
 from hpctrain.runtime.schedule import LRSchedule
+from hpctrain_bench.in_process import Crew, InProcessComm, InProcessGroup
 
 GRADIENTS = ("per_worker", "batched")
 
@@ -73,12 +73,13 @@ class _Worker:
 
 class SimulatedReducer:
     """What a combiner needs of its reducer, for one simulated worker: the buckets (rows of buffers shared by
-    every worker, in the real reducer's layout, each ``p.grad`` a view into them) and ``finish()``, where the
-    workers meet and ``combine_workers`` combines every bucket in bucket order."""
+    every worker, in the real reducer's layout, each ``p.grad`` a view into them) and ``finish()``, which
+    launches every bucket in bucket order through the combiner (the last one blocking, as the reducer does) and
+    waits for them."""
 
-    def __init__(self, world: Simulation, rank: int, buckets: list[GradBucket],
-                 named: dict[str, torch.Tensor]) -> None:
-        self.world, self.rank, self.buckets = world, rank, buckets
+    def __init__(self, buckets: list[GradBucket], named: dict[str, torch.Tensor]) -> None:
+        self.buckets = buckets
+        self.combiner: Combiner | None = None
         self._slots = [(named[name], b.views[i]) for b in buckets for i, name in enumerate(b.names)]
         for p, view in self._slots:
             p.grad = view
@@ -105,139 +106,15 @@ class SimulatedReducer:
 
     def finish(self) -> None:
         self.gather()
-        self.world.meet(self.rank, "combine")
+        assert self.combiner is not None
+        last = len(self.buckets) - 1
+        handles = [self.combiner.launch(b, blocking=b.index == last) for b in self.buckets]
+        for handle in handles:
+            if handle is not None:
+                handle.wait()
 
     def close(self) -> None:
         return None
-
-
-class _CalledOff(Exception):
-    """Another worker failed while this one waited for it."""
-
-
-class _Crew:
-    """One thread per worker, run one at a time as coroutines: ``run(fn)`` calls ``fn(k)`` for every worker k.
-
-    A worker that must wait for the others (a meeting, an average in flight) calls ``park(k, until)``: control
-    goes back to the crew, which resumes the next worker; a parked worker is resumed once ``until()`` holds.
-    Only one thread runs at a time, in rank order, so the simulation is deterministic and needs no locks, and
-    a thousand workers do not fight over the interpreter lock.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._wake = [threading.Semaphore(0) for _ in range(size)]
-        self._back = threading.Semaphore(0)
-        self._fn: Callable[[int], None] | None = None
-        self._until: list[Callable[[], bool] | None] = [None] * size
-        self._errors: list[BaseException | None] = [None] * size
-        self._called_off = False
-        self._threads = [threading.Thread(target=self._serve, args=(k,), name=f"simulated-worker-{k}", daemon=True)
-                         for k in range(size)]
-        for t in self._threads:
-            t.start()
-
-    def _serve(self, k: int) -> None:
-        while True:
-            self._wake[k].acquire()
-            fn = self._fn
-            if fn is None:
-                return
-            try:
-                fn(k)
-            except BaseException as exc:  # noqa: BLE001 - handed to run(), which raises it in the main thread
-                self._errors[k] = exc
-            self._until[k] = None
-            self._back.release()
-
-    def park(self, k: int, until: Callable[[], bool]) -> None:
-        """Called on worker k's thread: wait until ``until()`` holds (the crew runs the others meanwhile)."""
-        self._until[k] = until
-        self._back.release()
-        self._wake[k].acquire()
-        if self._called_off:
-            raise _CalledOff("another simulated worker failed")
-
-    def _resume(self, k: int) -> None:
-        self._wake[k].release()
-        self._back.acquire()
-
-    def run(self, fn: Callable[[int], None]) -> None:
-        self._fn, self._called_off = fn, False
-        self._errors = [None] * self.size
-        started = [False] * self.size
-        finished = [False] * self.size
-        while not all(finished):
-            progressed = False
-            for k in range(self.size):
-                if finished[k]:
-                    continue
-                if not started[k]:
-                    if self._called_off:
-                        finished[k] = True
-                        continue
-                    started[k] = True
-                else:
-                    until = self._until[k]
-                    if until is None or not (self._called_off or until()):
-                        continue
-                self._resume(k)
-                progressed = True
-                if self._until[k] is None:  # it returned (or raised) rather than parked
-                    finished[k] = True
-                    if self._errors[k] is not None:
-                        self._called_off = True
-            if not progressed:  # every unfinished worker waits for something no one will do
-                self._called_off = True
-                self._errors.append(RuntimeFailure(
-                    "simulated workers wait for each other forever",
-                    hint="a combiner must make the same collective calls, in the same order, on every rank"))
-        errors = [e for e in self._errors if e is not None]
-        if errors:
-            raise next((e for e in errors if not isinstance(e, _CalledOff)), errors[0])
-
-    def close(self) -> None:
-        self._fn = None
-        for wake in self._wake:
-            wake.release()
-        for t in self._threads:
-            t.join()
-
-
-class _AverageRound:
-    """One DaSGD average of every worker's parameters, complete once all K have sent (a simulated all-reduce)."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.sent: dict[int, torch.Tensor] = {}
-        self.averaged: list[torch.Tensor] | None = None
-
-    def send(self, rank: int, tensors: list[torch.Tensor]) -> None:
-        self.sent[rank] = torch.cat([t.reshape(-1) for t in tensors])
-        if len(self.sent) < self.size:
-            return
-        total = self.sent[0].clone()
-        for k in range(1, self.size):  # the all-reduce's sum, taken in rank order
-            total.add_(self.sent[k])
-        total.div_(self.size)
-        out, offset = [], 0
-        for t in tensors:
-            out.append(total[offset : offset + t.numel()].view_as(t))
-            offset += t.numel()
-        self.averaged, self.sent = out, {}
-
-
-class _AverageHandle:
-    """Worker ``rank``'s handle on an average round: ``wait()`` parks it until every worker has sent."""
-
-    def __init__(self, rnd: _AverageRound, rank: int, crew: Callable[[], _Crew]) -> None:
-        self.rnd, self.rank, self.crew = rnd, rank, crew
-
-    def wait(self) -> list[torch.Tensor]:
-        if self.rnd.averaged is None:
-            self.crew().park(self.rank, lambda: self.rnd.averaged is not None)
-        assert self.rnd.averaged is not None
-        return self.rnd.averaged
 
 
 class Simulation:
@@ -261,12 +138,7 @@ class Simulation:
         self.gradients, self.eval_every, self.stop_on_divergence = gradients, eval_every, stop_on_divergence
         self.observe = observe  # called between steps with (step, workers), e.g. to record per-layer metrics
         self.schedule = LRSchedule.from_spec(job.schedule_config(), workers, steps_per_epoch(job, workers))
-        self._arrivals: list[tuple[str, Any]] = [("", None)] * workers
-        self._arrived, self._meetings = 0, 0
-        self._results: list[Any] = [None] * workers
-        self._rounds: dict[int, _AverageRound] = {}
-        self._sent = [0] * workers
-        self._crew: _Crew | None = None
+        self.group = InProcessGroup(workers)
         self.workers = self._build_workers()
 
     # ------------------------------------------------------------------------------------------------ setup
@@ -283,74 +155,22 @@ class Simulation:
             t.model.load_state_dict(start)
         train = self.job.train
         # The bucket layout of the real reducer (the same bucket_mb), over buffers with one row per worker.
-        layout = Reducer(tasks[0].model, Peerless(0, self.size), None, bucket_mb=train.combiner.bucket_mb)
+        layout = Reducer(tasks[0].model, InProcessComm(self.group, 0), None, bucket_mb=train.combiner.bucket_mb)
         layout.close()
         rows = [torch.zeros(self.size, b.flat.numel(), dtype=b.flat.dtype) for b in layout.buckets]
         out = []
         for k, task in enumerate(tasks):
             params = [p for p in task.model.parameters() if p.requires_grad]
             buckets = [b.with_flat(rows[j][k]) for j, b in enumerate(layout.buckets)]
-            reducer = SimulatedReducer(self, k, buckets, dict(task.model.named_parameters()))
+            reducer = SimulatedReducer(buckets, dict(task.model.named_parameters()))
             optimizer = build_optimizer(task.model.parameters(), train.optimizer.model_dump(exclude_none=True),
                                         lr=self.schedule.lr_at(0))
-            combiner = self._combiner(k, params)
-            combiner.attach(reducer)  # type: ignore[arg-type]  # what a combiner uses of a Reducer
+            combiner = build_combiner(train.combiner, InProcessComm(self.group, k), params)
+            combiner.attach(reducer)
+            reducer.combiner = combiner
             out.append(_Worker(k, task, optimizer, combiner, reducer))
         self._rows = rows
         return out
-
-    def _combiner(self, rank: int, params: list[torch.Tensor]) -> Combiner:
-        config, comm = self.job.train.combiner, Peerless(rank, self.size)
-        combiner = build_combiner(config, comm, params)
-        if isinstance(combiner, DaSGDCombiner):  # its averages go through the simulated all-reduce
-            return DaSGDCombiner(comm, params, period=config.period, delay=config.delay,
-                                 start_average=lambda tensors: self._start_average(rank, tensors))
-        return combiner
-
-    # -------------------------------------------------------------------------------------- meeting points
-
-    def crew(self) -> _Crew:
-        if self._crew is None:
-            raise RuntimeFailure("simulated workers communicate only inside Simulation.run()")
-        return self._crew
-
-    def meet(self, rank: int, kind: str, payload: Any = None) -> Any:
-        """Worker ``rank`` waits here until every worker has come; the last one runs what ``kind`` needs."""
-        meeting = self._meetings
-        self._arrivals[rank] = (kind, payload)
-        self._arrived += 1
-        if self._arrived == self.size:
-            self._arrived = 0
-            self._all_met()
-            self._meetings += 1
-        else:
-            self.crew().park(rank, lambda: self._meetings != meeting)
-        return self._results[rank]
-
-    def _all_met(self) -> None:
-        kinds = {kind for kind, _ in self._arrivals}
-        if len(kinds) != 1:
-            raise RuntimeFailure(f"simulated workers met at different points: {sorted(kinds)}",
-                                 hint="a combiner must make the same collective calls on every rank")
-        kind = kinds.pop()
-        if kind == "combine":
-            combiners = [w.combiner for w in self.workers]
-            for j in range(len(self._rows)):
-                type(combiners[0]).combine_workers(combiners, [w.reducer.buckets[j] for w in self.workers])
-            self._results = [None] * self.size
-        elif kind == "gradients":
-            self._results = self._batched_gradients([payload for _, payload in self._arrivals])
-        else:
-            raise RuntimeFailure(f"unknown meeting point {kind!r}")
-
-    def _start_average(self, rank: int, tensors: list[torch.Tensor]) -> _AverageHandle:
-        index = self._sent[rank]
-        self._sent[rank] += 1
-        rnd = self._rounds.setdefault(index, _AverageRound(self.size))
-        rnd.send(rank, tensors)
-        if rnd.averaged is not None:
-            del self._rounds[index]  # every worker has sent and holds its handle
-        return _AverageHandle(rnd, rank, self.crew)
 
     # ------------------------------------------------------------------------------------------ gradients
 
@@ -392,7 +212,7 @@ class Simulation:
             batch = w.task.next_batch()
             w.reducer.zero_grad()
             if self.gradients == "batched":
-                loss, aux = self.meet(k, "gradients", batch)
+                loss, aux = self.group.arrive(k, "gradients", batch, self._batched_gradients)()
             else:
                 loss, aux = w.task.forward_loss(batch)
             w.loss = float(loss.detach())
@@ -417,7 +237,7 @@ class Simulation:
         train = self.job.train
         result = SimulationResult(workers=self.size, steps=0)
         started = time.perf_counter()
-        crew = self._crew = _Crew(self.size)
+        crew = self.group.crew = Crew(self.size)
         try:
             for step in range(train.steps):
                 last = step == train.steps - 1
@@ -444,7 +264,7 @@ class Simulation:
                 result.evaluations.append((result.steps, result.final))
         finally:
             crew.close()
-            self._crew = None
+            self.group.crew = None
         result.state = {k: v.detach().clone() for k, v in self.workers[0].model.state_dict().items()}
         result.seconds = time.perf_counter() - started
         return result

@@ -1,4 +1,4 @@
-"""The gloo (CPU) path's all-reduce and all-gather: runtime/p2p_allreduce.py and runtime/p2p_allgather.py over
+"""The gloo (CPU) path's all-reduce and all-gather: runtime/comm/p2p_allreduce.py and runtime/comm/p2p_allgather.py over
 torch.distributed's isend/irecv, so each rank sends O(log N) messages to O(log N) peers per call instead of gloo's
 rings (2 (N-1) and N - 1 messages to its two neighbours) over a full mesh.
 
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from hpctrain.runtime import p2p_allgather
-from hpctrain.runtime import p2p_allreduce as p2p
+from hpctrain.runtime.comm import p2p_allgather
+from hpctrain.runtime.comm import p2p_allreduce as p2p
 
 TAG_SPACE = 1 << 30  # gloo tags are C ints; the sequence wraps long after any all-reduce in flight has ended
 

@@ -1,8 +1,8 @@
 """An all-gather made of point-to-point messages, O(log N) of them per rank: recursive doubling over the ranks'
-blocks laid out in rank order, and the all-reduce's fold where N is not a power of two (runtime/p2p_allreduce.py),
+blocks laid out in rank order, and the all-reduce's fold where N is not a power of two (runtime/comm/p2p_allreduce.py),
 so the two collectives use the same pairs of ranks and a lazily connected group opens no others.
 
-Blocks may differ in length. ``schedule`` is pure: the rounds of runtime/p2p_allreduce.py (none reduces), element
+Blocks may differ in length. ``schedule`` is pure: the rounds of runtime/comm/p2p_allreduce.py (none reduces), element
 ranges of the output buffer that holds every rank's block in rank order. Each rank receives exactly the N - 1
 blocks it does not hold, once, straight into their place, so every rank ends with the same bits.
 """
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from hpctrain.runtime.p2p_allreduce import Round, Tally, Transport, execute
+from hpctrain.runtime.comm.p2p_allreduce import Round, Tally, Transport, execute
 
 
 def offsets(counts: Sequence[int]) -> list[int]:
@@ -74,11 +74,6 @@ def schedule(rank: int, counts: Sequence[int]) -> list[Round]:
         rounds.append(Round(e, (0, off[e]), empty, False, False))
         rounds.append(Round(e, (off[e + 1], total), empty, False, False))
     return rounds
-
-
-def message_bound(size: int) -> int:
-    """The most messages one rank sends (or receives) in one all-gather: ceil(log2 N) + 2."""
-    return (size - 1).bit_length() + 2
 
 
 def run(blocks_out: torch.Tensor, counts: Sequence[int], rank: int, transport: Transport, tag: int,

@@ -3,8 +3,8 @@ launcher agent's): every call, by operation and phase, counted where the rank ma
 opens. Summed over ranks this is what the server serves. gloo's own C++ calls are in the count: gloo reaches the
 store only through the Python store objects this module wraps.
 
-Switched on with runtime/counters.py's switch (``HPCTRAIN_COUNTERS``); written as the record's ``store`` section.
-Record format: docs/scaling.md, "Counters".
+Switched on with runtime/counting/counters.py's switch (``HPCTRAIN_COUNTERS``); written as the record's ``store``
+section. Record format: docs/scaling.md, "Counters".
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hpctrain.runtime import counters
+from hpctrain.runtime.counting import counters
 
 PHASES = ("startup", "train", "close")
 
@@ -39,7 +39,7 @@ class StoreCounts:
     def phase(self) -> str:
         if self.closing:
             return "close"
-        from hpctrain.runtime import work_counts
+        from hpctrain.runtime.counting import work_counts
 
         counts = work_counts.active()
         return counts.phase if counts is not None else "startup"
@@ -76,7 +76,7 @@ def counted_client(store: Any) -> Any:
     counts = active()
     if counts is None:
         return store
-    from hpctrain.runtime.exchange_store import CountingStore
+    from hpctrain.runtime.comm.exchange_store import CountingStore
 
     counts.connections += 1
     return CountingStore(store, counts.call)

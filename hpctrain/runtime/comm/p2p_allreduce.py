@@ -123,11 +123,6 @@ def _schedule(rank: int, size: int, count: int, kind: str) -> list[Round]:
     return rounds
 
 
-def message_bound(size: int) -> int:
-    """The most messages one rank sends (or receives) in one all-reduce: 2 ceil(log2 N) + 2."""
-    return 2 * (size - 1).bit_length() + 2
-
-
 class Work(Protocol):
     def wait(self) -> object: ...
 

@@ -34,7 +34,7 @@ class Watchdog:
     """Background thread; ``on_timeout(pending)`` runs once, on the watchdog thread, for the oldest late one.
 
     ``poll`` (optional) runs every tick, even when nothing is pending: a communicator whose side channel is MPI
-    uses it to answer another rank's "which collective have you reached?" from its own queue (runtime/liveness.py);
+    uses it to answer another rank's "which collective have you reached?" from its own queue (runtime/comm/liveness.py);
     it must not send a request to another process, or every tick of every rank would.
     """
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.config.site import SiteProfile
-from hpctrain.planning.fit import fit_nonnegative
 from hpctrain.planning.inputs import ASSUMED, site_parameters
 from hpctrain.planning.model import BucketTiming, Prediction, Workload, even_buckets, predict
 from hpctrain.planning.parameters import Param, Parameters
+from hpctrain_bench.fit import fit_nonnegative
 
 # Weak-scaling efficiency against one node, read from the study's scaling figure (each +-0.02).
 PUBLISHED = {2: 0.88, 4: 0.90, 8: 0.85, 16: 0.82, 32: 0.81, 64: 0.80, 128: 0.79, 256: 0.81, 512: 0.78,

@@ -1,7 +1,7 @@
 """Counting every collective and point-to-point call of a Communicator, with the messages its algorithm sends.
 
-``counted(comm)`` wraps a communicator when counting is on (runtime/work_counts.py) and returns it unchanged when
-off, so an uncounted run executes no counting code at all. Calls and payload bytes are measured; the messages and
+``counted(comm)`` wraps a communicator when counting is on (runtime/counting/work_counts.py) and returns it unchanged
+when off, so an uncounted run executes no counting code at all. Calls and payload bytes are measured; the messages and
 bytes each call sends and receives on this rank are those of the algorithm the back-end documents for that size
 (``traffic``): MPI cannot report them, and counts that follow the algorithm are what the scaling table checks.
 """
@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from hpctrain.runtime import p2p_allgather, p2p_allreduce
-from hpctrain.runtime.comm import Communicator, Handle
-from hpctrain.runtime.work_counts import Traffic, WorkCounts, active
+from hpctrain.runtime.comm import p2p_allgather, p2p_allreduce
+from hpctrain.runtime.comm.base import Communicator, Handle
+from hpctrain.runtime.counting.work_counts import Traffic, WorkCounts, active
 
 # MPICH's default switch points (MPIR_CVAR_*; Thakur, Rabenseifner & Gropp 2005, and MPICH's coll/ sources).
 ALLREDUCE_SHORT = 2048          # recursive doubling up to here, then reduce-scatter + allgather (Rabenseifner)
@@ -121,7 +121,7 @@ def traffic(backend: str, kind: str, nbytes: int, rank: int, size: int, root: in
 
     ``nbytes``: the payload this rank passes (for allgather and gather, one rank's contribution). MPI: MPICH's
     defaults by size. ``p2p``: gloo's all-reduce and all-gather as hpctrain makes them (the schedules of
-    runtime/p2p_allreduce.py, for elements of ``element_size`` bytes, and runtime/p2p_allgather.py). gloo: the
+    runtime/comm/p2p_allreduce.py, for elements of ``element_size`` bytes, and runtime/comm/p2p_allgather.py). gloo: the
     ring torch asks gloo for (all-reduce, allgather), a binomial broadcast, a linear gather (every rank sends to
     the root). nccl and xccl are counted as rings.
     """

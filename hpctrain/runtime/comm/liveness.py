@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hpctrain.runtime.watchdog import Pending
+from hpctrain.runtime.comm.watchdog import Pending
 
 _QUERY_TAG, _REPLY_TAG = 7301, 7302
 STORE_PREFIX = "hpctrain/"
@@ -31,7 +31,7 @@ def grace_s(timeout_s: float, tick_s: float) -> float:
     return min(10.0, max(2.0, 5 * tick_s, 0.25 * timeout_s))
 
 
-def _log(msg: str) -> None:
+def log_line(msg: str) -> None:
     print(f"hpctrain: {msg}", file=sys.stderr, flush=True)
 
 
@@ -123,7 +123,7 @@ class StoreQueries:
                 msg = store.get(self._key("abort")).decode()
             except Exception:
                 return
-            _log(f"rank {self.rank}: aborting because another rank reported: {msg}")
+            log_line(f"rank {self.rank}: aborting because another rank reported: {msg}")
             os._exit(1)
 
     def ask(self, pending: Pending, grace: float) -> tuple[list[int], list[int], Any]:
@@ -157,7 +157,7 @@ class StoreQueries:
             pass
         self._thread.join(timeout=timeout_s)
         if self._thread.is_alive():
-            _log(f"rank {self.rank}: the liveness listener did not stop within {timeout_s:g} s")
+            log_line(f"rank {self.rank}: the liveness listener did not stop within {timeout_s:g} s")
         if serving:
             try:
                 store.wait([self._key(f"ask/{r}") for r in range(self.size)], timedelta(seconds=timeout_s))

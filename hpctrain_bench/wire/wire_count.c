@@ -1,6 +1,7 @@
 /* What an MPI rank sends, counted where it leaves the process: loaded with LD_PRELOAD into the ranks only.
 
-   Two counts, both read from Python through ctypes (hpctrain/runtime/wire_counts.py):
+   Two counts, both read from Python through ctypes (hpctrain/runtime/counting/wire.py; hpctrain_bench/wire_counts.py
+   builds this library):
    - every MPI call by name: a wrapper per function of the MPI library counts the call and forwards it to
      PMPI_<name> in the MPI library (the wrappers are generated from its mpi_proto.h and appended to this file; the library is linked
      against libmpi, the standard PMPI way);

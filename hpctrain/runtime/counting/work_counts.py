@@ -1,8 +1,8 @@
 """Per-rank counts of the work that must not grow with the number of ranks: input bytes read, collective calls
 with their messages and bytes, checkpoint files and bytes, steps, and when the first step ended.
 
-Switched on with runtime/counters.py's switch (``HPCTRAIN_COUNTERS``) and written into the same per-rank record,
-as its ``work`` section. Off, ``active()`` is None: callers skip counting after one test, nothing is wrapped.
+Switched on with runtime/counting/counters.py's switch (``HPCTRAIN_COUNTERS``) and written into the same per-rank
+record, as its ``work`` section. Off, ``active()`` is None: callers skip counting after one test, nothing is wrapped.
 Record format and the table built from it: docs/scaling.md, "Counters".
 """
 
@@ -12,7 +12,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hpctrain.runtime import counters
+from hpctrain.runtime.counting import counters
 
 
 @dataclass
@@ -20,7 +20,7 @@ class Traffic:
     """Collective or point-to-point calls and what they cost this rank.
 
     ``calls`` and ``payload_bytes`` (the tensor handed to the call) are measured; messages and bytes sent and
-    received are the algorithm's (runtime/comm_counts.py says which), summed over the calls.
+    received are the algorithm's (runtime/counting/comm_counts.py says which), summed over the calls.
     """
 
     calls: int = 0

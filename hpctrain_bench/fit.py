@@ -1,7 +1,7 @@
 """Least-squares fit of a few non-negative model parameters to measured points, in plain Python.
 
 Nelder-Mead on the sum of squared residuals; parameters are kept non-negative by evaluating at |x|. Used
-to fit what a scaling study does not publish (validation 1) or what a multi-node run shows.
+to fit what a scaling study does not publish (``ffn_theta``).
 """
 
 from __future__ import annotations
