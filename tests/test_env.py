@@ -20,11 +20,10 @@ from hpctrain.errors import RuntimeFailure
 from hpctrain.launch_env import (
     LaunchEnv,
     detect_launch_env,
-    expand_slurm_nodelist,
-    read_pbs_nodefile,
     scheduler_job_id,
     scheduler_nodes,
 )
+from hpctrain.node_lists import expand_slurm_nodelist, read_pbs_nodefile
 from hpctrain.submission.launchers.local_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
