@@ -44,7 +44,8 @@ class JobEnvironment:
     """What one back-end sets in its jobs. A launcher fills ``ranks``; a scheduler the job fields. ``node_list``
     names variables in Slurm's hostlist syntax (``nid[001-004]``), ``node_file`` variables naming a file of one
     host per line; a back-end whose node list reads otherwise overrides ``nodes``. ``array_job_id`` with
-    ``array_index`` make the id hpctrain records, as ``array_id_format`` writes it. ``walltime_signal``: the
+    ``array_index`` make the id hpctrain records, as ``array_id_format`` writes it (None: ``job_id`` already
+    names the task). ``walltime_signal``: the
     signal the scheduler sends before the walltime whatever the job asked (None: the job's checkpoint signal,
     ``HPCTRAIN_STOP_SIGNAL``, sent by the scheduler where the script asks it or by the script's own timer)."""
 
@@ -55,7 +56,7 @@ class JobEnvironment:
     node_file: tuple[str, ...] = ()
     array_job_id: tuple[str, ...] = ()
     array_index: tuple[str, ...] = ()
-    array_id_format: str = "{job}_{index}"
+    array_id_format: str | None = "{job}_{index}"
     restart_count: tuple[str, ...] = ()
     walltime_signal: str | None = None
 
@@ -112,7 +113,7 @@ SLURM = JobEnvironment(
     array_job_id=("SLURM_ARRAY_JOB_ID",), array_index=("SLURM_ARRAY_TASK_ID",),
     restart_count=("SLURM_RESTART_COUNT",))
 PBS = JobEnvironment("pbs", job_id=("PBS_JOBID",), node_file=("PBS_NODEFILE",), array_job_id=("PBS_ARRAY_ID",),
-                     array_index=("PBS_ARRAY_INDEX",))
+                     array_index=("PBS_ARRAY_INDEX",), array_id_format=None)  # PBS_JOBID is 12[3].server
 COBALT = JobEnvironment("cobalt", job_id=("COBALT_JOBID",), node_file=("COBALT_NODEFILE",))
 # torchrun-style variables set by hand or by another tool (no TORCHELASTIC_RUN_ID): hpctrain's local launcher sets
 # exactly these (``torchrun_variables``).

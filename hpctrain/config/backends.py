@@ -94,9 +94,9 @@ COMBINERS = Registry("gradient combiner", "hpctrain.combiners", {
     "dasgd": "hpctrain.runtime.combiners.dasgd:DaSGDCombiner",
 }, key="train.combiner.name")
 LAUNCHERS = Registry("launcher", "hpctrain.launchers", {
-    name: f"hpctrain.submission.launchers:{function}" for name, function in (
-        ("srun", "srun"), ("aprun", "aprun"), ("mpiexec-pals", "mpiexec_pals"), ("mpiexec-hydra", "mpiexec_hydra"),
-        ("local", "local"))}, key="launcher")
+    name: f"hpctrain.submission.launchers:{backend}" for name, backend in (
+        ("srun", "SRUN"), ("aprun", "APRUN"), ("mpiexec-pals", "MPIEXEC_PALS"), ("mpiexec-hydra", "MPIEXEC_HYDRA"),
+        ("local", "LOCAL"))}, key="launcher")
 SCHEDULERS = Registry("scheduler back-end", "hpctrain.schedulers", {
     name: f"hpctrain.submission.schedulers.{name}:SCHEDULER" for name in ("cobalt", "local", "pbs", "slurm")},
     key="scheduler")

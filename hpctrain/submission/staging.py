@@ -41,9 +41,6 @@ if TYPE_CHECKING:
     from hpctrain.submission.transport import Transport
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
-# Launchers whose family has a broadcast that reads a file once and fans it out to the job's nodes; every other
-# launcher gets stage_tree.py, run one process per node.
-BROADCAST = {"srun": ("sbcast", "-f")}
 STAGE_TREE = Path(__file__).resolve().parent / "stage_tree.py"
 TREE_CHUNK_MB = 64  # stage_tree.py's buffer per node: the memory it takes, and the size of one MPI_Bcast
 # GPU flags of each container runtime, by the node's GPU kind (apptainer's docs; podman-hpc's and shifter's at NERSC).
@@ -186,7 +183,7 @@ def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: 
                   exit_record: str) -> list[str]:
     """The script's staging section: runs after the environment is set up, before the launch."""
     staging = plan.staging
-    broadcast = BROADCAST.get(launcher)
+    broadcast = get_launcher(launcher).broadcast  # empty: stage_tree.py, run one process per node
     what = [w for w, on in (("the Python environment (packed by `hpctrain submit`)", staging.environment == "archive"),
                             ("the container image", plan.image is not None),
                             (f"{len(plan.data)} input file{'s' if len(plan.data) != 1 else ''}", bool(plan.data)))

@@ -184,6 +184,7 @@ class PBSPro(Scheduler):
     name = "pbs"
     directive_prefix = "#PBS"
     job_id_variable = "PBS_JOBID"
+    job_environment = "hpctrain.job_environment:PBS"
     needs_signal_timer = True
     array_index_variable = "PBS_ARRAY_INDEX"
     mpiexec_launcher = "mpiexec-pals"  # HPE Cray PALS, the mpiexec of PBS Pro machines (Polaris, Aurora)

@@ -56,6 +56,7 @@ class Slurm(Scheduler):
     name = "slurm"
     directive_prefix = "#SBATCH"
     job_id_variable = "SLURM_JOB_ID"
+    job_environment = "hpctrain.job_environment:SLURM"
     array_index_variable = "SLURM_ARRAY_TASK_ID"
     launchers = ("srun", "mpiexec", "local")  # or MPICH's hydra (proxies started through Slurm), one node
     dependency_kinds = ("afterok", "afterany", "afternotok", "after")
