@@ -178,3 +178,20 @@ def test_modules_read_on_both_sides_import_no_torch() -> None:
             "; heavy = [m for m in ('torch', 'numpy', 'mpi4py') if m in sys.modules]; print(heavy)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_no_import_circle_in_submission_counting_annotations() -> None:
+    """The circle check again with the imports made for annotations only (``if TYPE_CHECKING:``): a module that
+    imports another at run time is not imported back even for its types (discovery's probe is handed the
+    back-ends instead of finding them)."""
+    root = PACKAGE / "submission"
+    names = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for module, path in names.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module in names:
+                deps |= {f"{node.module}.{a.name}" for a in node.names} & names.keys() or {node.module}
+        graph[module] = deps - {module}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph) or [])

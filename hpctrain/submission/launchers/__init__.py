@@ -18,7 +18,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.submission.launchers.binding import RankSets, device_map, pals_cpu_list
 
 if TYPE_CHECKING:  # the in-job helpers below this package start on every rank: no pydantic import at run time
-    from hpctrain.config.site import NodeShape
+    from hpctrain.config.node_shape import NodeShape
 
 
 @dataclass(frozen=True)

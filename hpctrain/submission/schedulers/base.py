@@ -174,6 +174,7 @@ class Scheduler(ABC):
     script_note: ClassVar[str] = ""  # comment lines of the script on how the walltime warning comes (template)
     runs_here: ClassVar[bool] = False  # no scheduler: jobs run on the machine they are submitted from
     has_qos: ClassVar[bool] = False  # a queue may name a QOS beside its partition
+    queue_options: ClassVar[tuple[str, ...]] = ()  # a profile's queue_option values, the default first; (): none
     # Directive rules (config/scheduler_rules.py asks them): options hpctrain writes from the job, the allow-list
     # (None: any option), options only the site's trusted environment.directives may set, and options that
     # are keys of a job's resources.
@@ -323,6 +324,10 @@ class Scheduler(ABC):
     def is_qos_limit(self, fact: Fact[Any]) -> bool:
         """Whether a discovered queue limit was set by a QOS (the profile cites that QOS beside the queue)."""
         return False
+
+    def queue_option(self, site: SiteProfile) -> str | None:
+        """The option carrying the queue name on ``site``: its queue_option, else this back-end's default."""
+        return site.queue_option or (self.queue_options[0] if self.queue_options else None)
 
     # -- what fits ---------------------------------------------------------------------------------------
     def launcher_for(self, site: SiteProfile) -> str:
