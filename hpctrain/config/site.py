@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from hpctrain.config.backends import LAUNCHERS, SCHEDULERS
+from hpctrain.config.backends import LAUNCHERS, SCHEDULERS, SITE_FOLDERS
 from hpctrain.config.common import (
     MAX_COUNT,
     DirectiveValue,
@@ -36,8 +36,16 @@ from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file
 from hpctrain.errors import ConfigError, ConfigErrors
 
+
+def _scheduler_name(name: str) -> str:
+    if name not in SCHEDULERS:
+        raise ValueError(f"scheduler {name!r} is not installed: pip install the package that provides it (an entry "
+                         f"point {name} in group {SCHEDULERS.group}); installed: {', '.join(SCHEDULERS.names())}")
+    return name
+
+
 # A registered scheduler back-end (config/backends.py): the built-ins or an installed package's entry point.
-SchedulerName = Annotated[str, AfterValidator(SCHEDULERS.check)]
+SchedulerName = Annotated[str, AfterValidator(_scheduler_name)]
 MPIEXEC = "mpiexec"  # the profile's word for the scheduler's own mpiexec (its back-end's mpiexec_launcher)
 
 
@@ -413,8 +421,20 @@ def shipped_sites_dir() -> Path:
 
 
 def site_search_path() -> list[Path]:
-    """Directories searched for ``NAME.yaml``, first match wins."""
-    return search_path("HPCTRAIN_SITES", "sites", shipped_sites_dir())
+    """Directories searched for ``NAME.yaml``, first match wins: the user's, hpctrain's, then those installed
+    back-end packages ship (entry point group ``hpctrain.sites``)."""
+    return [*search_path("HPCTRAIN_SITES", "sites", shipped_sites_dir()), *plugin_site_dirs()]
+
+
+def plugin_site_dirs() -> list[Path]:
+    """The site profile folders installed packages declare; one that cannot be loaded hides no other."""
+    found = []
+    for name in SITE_FOLDERS.names():
+        try:
+            found.append(Path(SITE_FOLDERS.load(name)))
+        except (ConfigError, TypeError):
+            continue
+    return found
 
 
 def available_sites() -> dict[str, Path]:
