@@ -192,8 +192,6 @@ class Scheduler(ABC):
     detect_order: ClassVar[int] = 100
     # Its command names: a missing one is reported as "load the <title> module" (transport.py).
     commands: ClassVar[tuple[str, ...]] = ()
-    # Variables set in an array task: the array job's id and the task's index (the submitit plug-in reads them).
-    array_job_variable: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)

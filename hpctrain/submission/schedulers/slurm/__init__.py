@@ -70,7 +70,6 @@ class Slurm(Scheduler):
                    "script's end requeues the job\n# (--requeue) where the queue allows it.")
     has_qos = True
     queue_options = ("partition", "qos")  # sbatch --partition (the default) or --qos carries the queue name
-    array_job_variable = "SLURM_ARRAY_JOB_ID"
     commands = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "salloc")
     detect_programs = ("sinfo", "scontrol")
     probe_programs = ("sacctmgr", "srun", "sbatch", "squeue")
