@@ -1,7 +1,8 @@
 """Rank, size and node layout of this process, read from the launcher's environment variables.
 
-One table (``LAUNCHERS``) says which variables each launcher sets; the first row whose marker variable is
-present wins. Pure Python on purpose: no torch/mpi4py import, so it is cheap and testable anywhere.
+The job environments (job_environment.py: the built-in back-ends' and the plug-in this job's script names) say
+which variables each launcher sets; the first whose marker variable is present wins. Pure Python on purpose: no
+torch/mpi4py import, so it is cheap and testable anywhere.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from hpctrain.errors import RuntimeFailure
+from hpctrain.job_environment import LOCAL, RankVariables, job_environments, rank_variables
 
 # Set by a rendered script that stages to node-local storage, for the ranks: this job's directory there (read by
 # config/staging.py, which stages into it, and runtime/counting/counters.py, which counts opens under it as node-local).
@@ -34,68 +35,8 @@ class LaunchEnv:
     master_port: int | None = None
 
 
-@dataclass(frozen=True)
-class LauncherRow:
-    """The variables one launcher sets. Each field lists candidates, first present wins."""
-
-    name: str
-    marker: str  # present only under this launcher (checked in table order)
-    rank: tuple[str, ...]
-    size: tuple[str, ...]
-    local_rank: tuple[str, ...] = ()
-    local_size: tuple[str, ...] = ()
-    node_rank: tuple[str, ...] = ()
-    nodes: tuple[str, ...] = ()
-
-
-# Order matters: a launcher started inside another's allocation inherits the outer variables (mpirun or
-# torchrun inside a Slurm batch script sees SLURM_*), so the innermost launchers come first.
-# Sources: torch elastic docs (torchrun), Open MPI 5 docs "Environment variables set for MPI applications",
-# MPICH/Intel hydra docs (MPI_LOCALRANKID, MPI_LOCALNRANKS), Slurm's mpi/cray_shasta plugin (PALS_* and
-# PMI_LOCAL_RANK/PMI_LOCAL_SIZE; PBS's PALS mpiexec sets the same names), Cray ALPS (ALPS_APP_PE), Slurm
-# srun output environment (SLURM_PROCID, SLURM_LOCALID, SLURM_NODEID, SLURM_STEP_TASKS_PER_NODE).
-LAUNCHERS: tuple[LauncherRow, ...] = (
-    LauncherRow(
-        "torchrun", "TORCHELASTIC_RUN_ID",
-        rank=("RANK",), size=("WORLD_SIZE",), local_rank=("LOCAL_RANK",),
-        local_size=("LOCAL_WORLD_SIZE",), node_rank=("GROUP_RANK",), nodes=("GROUP_WORLD_SIZE",),
-    ),
-    LauncherRow(
-        "openmpi", "OMPI_COMM_WORLD_RANK",
-        rank=("OMPI_COMM_WORLD_RANK",), size=("OMPI_COMM_WORLD_SIZE",),
-        local_rank=("OMPI_COMM_WORLD_LOCAL_RANK",), local_size=("OMPI_COMM_WORLD_LOCAL_SIZE",),
-    ),
-    LauncherRow(
-        "pals", "PALS_RANKID",
-        rank=("PALS_RANKID", "PMI_RANK"), size=("PMI_SIZE", "PALS_SIZE"),
-        local_rank=("PALS_LOCAL_RANKID", "PMI_LOCAL_RANK"), local_size=("PALS_LOCAL_SIZE", "PMI_LOCAL_SIZE"),
-        node_rank=("PALS_NODEID",),
-    ),
-    LauncherRow(
-        "alps", "ALPS_APP_PE",
-        rank=("ALPS_APP_PE", "PMI_RANK"), size=("PMI_SIZE",),
-        local_rank=("PMI_LOCAL_RANK",), local_size=("PMI_LOCAL_SIZE", "HPCTRAIN_RANKS_PER_NODE"),
-    ),
-    LauncherRow(
-        "hydra", "MPI_LOCALRANKID",
-        rank=("PMI_RANK",), size=("PMI_SIZE",),
-        local_rank=("MPI_LOCALRANKID",), local_size=("MPI_LOCALNRANKS",),
-    ),
-    LauncherRow(
-        "slurm", "SLURM_STEP_ID",
-        rank=("SLURM_PROCID",), size=("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"),
-        local_rank=("SLURM_LOCALID",), local_size=("SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"),
-        node_rank=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES"),
-    ),
-    # torchrun-style variables set by hand or by another tool (no TORCHELASTIC_RUN_ID): hpctrain's local
-    # launcher sets exactly these (``torchrun_variables``).
-    LauncherRow(
-        "env", "WORLD_SIZE",
-        rank=("RANK",), size=("WORLD_SIZE",), local_rank=("LOCAL_RANK",),
-        local_size=("LOCAL_WORLD_SIZE",), node_rank=("GROUP_RANK", "NODE_RANK"), nodes=("GROUP_WORLD_SIZE",),
-    ),
-)
-ENV_ROW = LAUNCHERS[-1]
+# hpctrain's local launcher sets exactly the torchrun-style variables of the ``local`` job environment.
+ENV_ROW = LOCAL.ranks[0]
 
 
 def torchrun_variables(rank: int, size: int, local_rank: int, local_size: int) -> dict[str, str]:
@@ -131,7 +72,7 @@ def _tasks_on_node(spec: str, node_rank: int) -> int:
     return counts[min(node_rank, len(counts) - 1)]
 
 
-def _int(environ: Mapping[str, str], row: LauncherRow, field: str, spec: tuple[str, str]) -> int:
+def _int(environ: Mapping[str, str], row: RankVariables, field: str, spec: tuple[str, str]) -> int:
     name, value = spec
     try:
         if field == "local_size" and "TASKS_PER_NODE" in name:
@@ -147,7 +88,7 @@ def _int(environ: Mapping[str, str], row: LauncherRow, field: str, spec: tuple[s
 
 def detect_launch_env(environ: Mapping[str, str]) -> LaunchEnv:
     """Rank/size/local rank/node of this process from ``environ`` (pass ``os.environ``)."""
-    for row in LAUNCHERS:
+    for row in rank_variables(environ):
         if row.marker not in environ:
             continue
         got: dict[str, int] = {}
@@ -162,7 +103,7 @@ def detect_launch_env(environ: Mapping[str, str]) -> LaunchEnv:
                 hint=f"unset {row.marker} or launch the job with {row.name}",
             )
         rank, size = got["rank"], got["size"]
-        local_size = got.get("local_size") or _local_size_fallback(environ, size)
+        local_size = got.get("local_size") or _local_size_fallback(environ, size, got.get("nodes"))
         # ALPS without PMI_LOCAL_RANK: ranks are placed in blocks of ranks-per-node (aprun -N).
         local_rank = got.get("local_rank", rank % local_size)
         node_rank = got.get("node_rank", rank // local_size)
@@ -183,7 +124,11 @@ def detect_launch_env(environ: Mapping[str, str]) -> LaunchEnv:
     return LaunchEnv(rank=0, size=1, local_rank=0, local_size=1, node_rank=0, nodes=1, launcher="none")
 
 
-def _local_size_fallback(environ: Mapping[str, str], size: int) -> int:
+def _local_size_fallback(environ: Mapping[str, str], size: int, node_count: int | None) -> int:
+    """Ranks per node where the launcher does not say: the size over the launcher's node count, else over the
+    scheduler's nodes."""
+    if node_count:
+        return math.ceil(size / node_count)
     nodes = scheduler_nodes(environ)
     return math.ceil(size / len(nodes)) if nodes else size
 
@@ -193,77 +138,21 @@ def _nodes_fallback(environ: Mapping[str, str], size: int, local_size: int) -> i
     return len(nodes) if nodes else math.ceil(size / local_size)
 
 
-def expand_slurm_nodelist(nodelist: str) -> list[str]:
-    """``nid[001-003,007],login1`` -> ``['nid001', 'nid002', 'nid003', 'nid007', 'login1']``.
-
-    Handles zero padding, several bracket groups in one name (``r[1-2]n[01-02]``) and comma lists.
-    """
-    names: list[str] = []
-    for item in _split_top_level(nodelist.strip()):
-        if item:
-            names += _expand_one(item)
-    return names
-
-
-def _split_top_level(text: str) -> list[str]:
-    parts, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-            if depth < 0:
-                raise ValueError(f"unbalanced ']' in node list {text!r}")
-        elif ch == "," and depth == 0:
-            parts.append(text[start:i])
-            start = i + 1
-    if depth != 0:
-        raise ValueError(f"unbalanced '[' in node list {text!r}")
-    parts.append(text[start:])
-    return parts
-
-
-def _expand_one(item: str) -> list[str]:
-    m = re.search(r"\[([^\]]*)\]", item)
-    if not m:
-        return [item]
-    head, tail = item[: m.start()], item[m.end() :]
-    out: list[str] = []
-    for rng in m.group(1).split(","):
-        lo, _, hi = rng.partition("-")
-        if not lo.isdigit() or (hi and not hi.isdigit()):
-            raise ValueError(f"bad range {rng!r} in node list {item!r}")
-        width = len(lo)
-        rests = _expand_one(tail)
-        for n in range(int(lo), int(hi or lo) + 1):
-            out += [head + str(n).zfill(width) + rest for rest in rests]
-    return out
-
-
-def read_pbs_nodefile(path: str | Path) -> list[str]:
-    """Unique host names of a PBS node file, in first-seen order (PBS lists a host once per rank/cpu)."""
-    seen: dict[str, None] = {}
-    for line in Path(path).read_text().splitlines():
-        host = line.strip()
-        if host and not host.startswith("#"):
-            seen.setdefault(host, None)
-    return list(seen)
-
-
 def scheduler_nodes(environ: Mapping[str, str]) -> list[str]:
-    """The job's hosts from the scheduler (SLURM_JOB_NODELIST, else PBS_NODEFILE), or [] outside a job."""
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
-    if nodelist:
-        return expand_slurm_nodelist(nodelist)
-    nodefile = environ.get("PBS_NODEFILE") or environ.get("COBALT_NODEFILE")
-    if nodefile and Path(nodefile).is_file():
-        return read_pbs_nodefile(nodefile)
+    """The job's hosts from the first scheduler whose variables are set (SLURM_JOB_NODELIST, PBS_NODEFILE, ...),
+    or [] outside a job."""
+    for env in job_environments(environ):
+        nodes = env.nodes(environ)
+        if nodes is not None:
+            return nodes
     return []
 
 
 def scheduler_job_id(environ: Mapping[str, str]) -> str | None:
-    """The scheduler's job id (Slurm, PBS, Cobalt), used to derive a rendezvous port."""
-    for name in ("SLURM_JOB_ID", "PBS_JOBID", "COBALT_JOBID"):
-        if environ.get(name):
-            return environ[name]
+    """The scheduler's job id (SLURM_JOB_ID, PBS_JOBID, COBALT_JOBID, a plug-in's), used to derive a rendezvous
+    port."""
+    for env in job_environments(environ):
+        for name in env.job_id:
+            if environ.get(name):
+                return environ[name]
     return None

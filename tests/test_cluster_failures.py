@@ -132,6 +132,6 @@ def test_a_link_cut_under_a_running_job_names_the_node_and_the_run_goes_on(home:
 
 
 def expand(nodelist: str) -> list[str]:
-    from hpctrain.launch_env import expand_slurm_nodelist
+    from hpctrain.node_lists import expand_slurm_nodelist
 
     return expand_slurm_nodelist(nodelist)

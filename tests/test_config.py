@@ -605,3 +605,22 @@ def test_a_launcher_its_scheduler_cannot_start_is_refused(tmp_path: Path, schedu
         place(load_job(REPO / "jobs/ffn-local.yaml"), load_site_file(path))
     done = cli("jobs", "validate", "jobs/ffn-local.yaml", "--site", str(path))
     assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_queue_option_is_the_schedulers_rule(tmp_path: Path) -> None:
+    """queue_option takes the values the scheduler's back-end lists (Slurm: partition, its default, or qos); a
+    scheduler without the choice refuses it, naming the key."""
+    base = "node: {cores: 2, gpus: 0, memory_gb: 1}\nlauncher: mpiexec\n"
+    cases = {"slurm-qos": ("slurm", "qos", None), "slurm-bad": ("slurm", "queue", "Slurm takes queue_option "
+                                                                 "partition or qos, not 'queue'"),
+             "pbs-qos": ("pbs", "qos", "PBS has no choice of queue option: remove queue_option")}
+    for name, (scheduler, value, error) in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(f"name: {name}\nscheduler: {scheduler}\nqueue_option: {value}\n{base}")
+        if error is None:
+            assert load_site_file(path).queue_option == value
+            continue
+        with pytest.raises(ConfigError) as info:
+            load_site_file(path)
+        assert error in str(info.value) and "queue_option" in str(info.value)
+    assert load_site("perlmutter").queue_option == "qos" and load_site("frontier").queue_option is None

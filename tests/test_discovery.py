@@ -25,10 +25,12 @@ import pytest
 
 from hpctrain.config.site import load_site_file
 from hpctrain.errors import ConfigError, SchedulerError, TransportError
-from hpctrain.submission.discovery import compare_profile, discover, draft_profile, findings_from, write_profile
-from hpctrain.submission.discovery.detect import which_scheduler
+from hpctrain.submission.discovery.check import compare_profile
+from hpctrain.submission.discovery.detect import discover, findings_from, which_scheduler
 from hpctrain.submission.discovery.facts import NO_LIMIT_S, gpu_kind_of, size_gb
 from hpctrain.submission.discovery.probe import MARK, Probe, Section, probe_script, run_probe, split_sections
+from hpctrain.submission.discovery.profile import draft_profile, write_profile
+from hpctrain.submission.schedulers.base import all_schedulers
 from hpctrain.submission.schedulers.cobalt.discovery import nodes_per_queue, table
 from hpctrain.submission.schedulers.slurm.discovery import gres_gpus, key_values, slurm_seconds
 from hpctrain.submission.transport import Completed, LocalTransport, SSHTransport
@@ -153,7 +155,7 @@ def test_sections_keep_each_commands_output_error_and_status_apart() -> None:
 
 
 def test_the_probe_is_posix_sh_and_runs_only_commands_that_exist() -> None:
-    script = probe_script()
+    script = probe_script(all_schedulers())
     dash = shutil.which("dash")
     if dash:  # Debian's /bin/sh: the strictest POSIX shell here
         assert subprocess.run([dash, "-n", "-c", script]).returncode == 0
@@ -586,7 +588,7 @@ def test_a_program_that_leaves_a_daemon_behind_does_not_hold_the_probe(tmp_path:
     (bin_dir / "mpiexec").write_text(f"#!/bin/sh\nsleep 300 & echo $! > {pid_file}\necho 'HYDRA build details:'\n")
     (bin_dir / "mpiexec").chmod(0o755)
     try:
-        probe = run_probe(EnvTransport(PATH=str(bin_dir)), timeout=120)
+        probe = run_probe(EnvTransport(PATH=str(bin_dir)), all_schedulers(), timeout=120)
     finally:
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), 15)
@@ -620,7 +622,7 @@ def test_a_slurm_that_does_not_answer_gives_a_guessed_profile_and_a_clear_messag
 def test_an_unreachable_login_node_is_one_message(tmp_path: Path) -> None:
     control = short_dir()
     with pytest.raises(TransportError, match="cannot reach"):
-        run_probe(SSHTransport("nobody@hpctrain-nowhere.invalid", control_dir=control))
+        run_probe(SSHTransport("nobody@hpctrain-nowhere.invalid", control_dir=control), all_schedulers())
     shutil.rmtree(control, ignore_errors=True)
     cli = run_cli("sites", "discover", "--remote", "nobody@hpctrain-nowhere.invalid",
                   env={"XDG_CACHE_HOME": str(tmp_path / "cache")})

@@ -20,11 +20,10 @@ from hpctrain.errors import RuntimeFailure
 from hpctrain.launch_env import (
     LaunchEnv,
     detect_launch_env,
-    expand_slurm_nodelist,
-    read_pbs_nodefile,
     scheduler_job_id,
     scheduler_nodes,
 )
+from hpctrain.node_lists import expand_slurm_nodelist, read_pbs_nodefile
 from hpctrain.submission.launchers.local_launch import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,3 +198,33 @@ def test_module_imports_no_torch() -> None:
     code = "import sys, hpctrain.launch_env; print('torch' in sys.modules, 'mpi4py' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def test_a_plug_in_job_environment_named_by_the_script(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A back-end hpctrain does not ship: the script names its job environment (module:attribute), the rank imports
+    that module alone and reads rank, job id, nodes, array task and restarts from it; torchrun still comes first,
+    the plug-in before the built-in launchers whose variables it may also set."""
+    import types
+
+    from hpctrain.job_environment import JobEnvironment, RankVariables
+    from hpctrain.submission.launchers.gpu_affinity import local_rank
+    from hpctrain.submitit_plugin.runner import job_id_of, restarts_of
+
+    module = types.ModuleType("toy_job_env")
+    module.TOY = JobEnvironment(  # type: ignore[attr-defined]
+        "toy", ranks=(RankVariables("toyrun", "TOY_RANK", rank=("TOY_RANK",), size=("TOY_SIZE",),
+                                    local_rank=("TOY_LOCAL",), nodes=("TOY_NODES",)),),
+        job_id=("TOY_JOB",), node_list=("TOY_HOSTS",), array_job_id=("TOY_JOB",), array_index=("TOY_INDEX",),
+        array_id_format="{job}.{index}", restart_count=("TOY_RESTARTS",))
+    monkeypatch.setitem(sys.modules, "toy_job_env", module)
+    env = {"HPCTRAIN_JOB_ENVIRONMENT": "toy_job_env:TOY", "TOY_RANK": "3", "TOY_SIZE": "4", "TOY_LOCAL": "1",
+           "TOY_NODES": "2", "TOY_JOB": "77", "TOY_HOSTS": "n[1-2]", "TOY_INDEX": "5", "TOY_RESTARTS": "2",
+           "PALS_RANKID": "0", "PMI_SIZE": "4", "PALS_LOCAL_RANKID": "0"}
+    got = detect_launch_env(env)
+    assert (got.launcher, got.rank, got.size, got.local_rank, got.local_size, got.node_rank, got.nodes) == (
+        "toyrun", 3, 4, 1, 2, 1, 2)
+    assert scheduler_job_id(env) == "77" and scheduler_nodes(env) == ["n1", "n2"]
+    assert local_rank(env) == 1 and job_id_of(env) == "77.5" and restarts_of(env) == 2
+    torchrun = {**env, "TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "1"}
+    assert detect_launch_env(torchrun).launcher == "torchrun"
+    assert detect_launch_env({k: v for k, v in env.items() if k != "HPCTRAIN_JOB_ENVIRONMENT"}).launcher == "pals"

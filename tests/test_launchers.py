@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.config.site import NodeShape, SiteProfile
+from hpctrain.config.node_shape import NodeShape
+from hpctrain.config.site import SiteProfile
 from hpctrain.errors import ConfigError, FitError
 from hpctrain.submission.launchers import (
     LAUNCHERS,

@@ -18,9 +18,9 @@ from hpctrain.config import numbers
 from hpctrain.config.job import JobSpec, load_job
 from hpctrain.config.site import SiteProfile, load_site_file
 from hpctrain.errors import ConfigError, HpctrainError
-from hpctrain.submission.discovery import draft_profile
 from hpctrain.submission.discovery.detect import findings_from
 from hpctrain.submission.discovery.probe import Probe, Section
+from hpctrain.submission.discovery.profile import draft_profile
 from hpctrain.submitit_plugin.params import build_job, check_values
 
 REPO = Path(__file__).resolve().parents[1]

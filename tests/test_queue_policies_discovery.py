@@ -17,8 +17,10 @@ import pytest
 
 from hpctrain.config.site import load_site, load_site_file
 from hpctrain.errors import FitError
-from hpctrain.submission.discovery import compare_profile, discover, draft_profile, findings_from, write_profile
+from hpctrain.submission.discovery.check import compare_profile
+from hpctrain.submission.discovery.detect import discover, findings_from
 from hpctrain.submission.discovery.probe import Probe, Section
+from hpctrain.submission.discovery.profile import draft_profile, write_profile
 from hpctrain.submission.schedulers.slurm.discovery import read_qos
 from hpctrain.submission.transport import LocalTransport
 

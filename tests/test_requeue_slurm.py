@@ -27,7 +27,7 @@ import pytest
 from slurm_support import scontrol, seconds
 
 from hpctrain.checkpoint.session import HOLD_AT_STEP_ENV
-from hpctrain.launch_env import expand_slurm_nodelist
+from hpctrain.node_lists import expand_slurm_nodelist
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import Registry
 from hpctrain.submission.tracking import poll_runs

@@ -146,6 +146,7 @@ def test_an_installed_backend_renders_submits_and_is_discovered(tmp_path: Path, 
     env["PYTHONPATH"] = str(REPO)
     unknown = _cli(env, "render", str(tmp_path / "tiny.yaml"), "--site", str(site))
     assert unknown.returncode != 0
-    assert "no scheduler back-end named 'toy'; known: cobalt, local, pbs, slurm" in unknown.stderr, unknown.stderr
+    assert "scheduler 'toy' is not installed: pip install" in unknown.stderr, unknown.stderr
+    assert "installed: cobalt, local, pbs, slurm" in unknown.stderr, unknown.stderr
 
     assert _tree(PACKAGE) == before

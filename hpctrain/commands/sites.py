@@ -145,7 +145,9 @@ def cmd_discover(args: argparse.Namespace) -> int:
     import sys
 
     from hpctrain.exit_codes import EXIT_CONFIG
-    from hpctrain.submission.discovery import compare_profile, discover, draft_profile, write_profile
+    from hpctrain.submission.discovery.check import compare_profile
+    from hpctrain.submission.discovery.detect import discover
+    from hpctrain.submission.discovery.profile import draft_profile, write_profile
     from hpctrain.submission.transport import LocalTransport, SSHTransport, Transport
 
     if args.check and (args.output or args.name or args.force):

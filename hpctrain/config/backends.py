@@ -1,7 +1,8 @@
 """Everything hpctrain finds by name (scheduler back-ends, launchers, gradient combiners, models) is found through
 one kind of registry: the built-ins listed by import path, plus the entry points any installed package declares in
 the registry's group, so a site can ship a back-end hpctrain does not know (``[project.entry-points.
-"hpctrain.schedulers"] flux = "site_flux.backend:SCHEDULER"``). Nothing is imported until it is asked for.
+"hpctrain.schedulers"] oursched = "site_sched.backend:SCHEDULER"``), and the folders of site profiles such a package
+ships (group ``hpctrain.sites``). Nothing is imported until it is asked for.
 """
 
 from __future__ import annotations
@@ -94,9 +95,11 @@ COMBINERS = Registry("gradient combiner", "hpctrain.combiners", {
     "dasgd": "hpctrain.runtime.combiners.dasgd:DaSGDCombiner",
 }, key="train.combiner.name")
 LAUNCHERS = Registry("launcher", "hpctrain.launchers", {
-    name: f"hpctrain.submission.launchers:{function}" for name, function in (
-        ("srun", "srun"), ("aprun", "aprun"), ("mpiexec-pals", "mpiexec_pals"), ("mpiexec-hydra", "mpiexec_hydra"),
-        ("local", "local"))}, key="launcher")
+    name: f"hpctrain.submission.launchers:{backend}" for name, backend in (
+        ("srun", "SRUN"), ("aprun", "APRUN"), ("mpiexec-pals", "MPIEXEC_PALS"), ("mpiexec-hydra", "MPIEXEC_HYDRA"),
+        ("local", "LOCAL"))}, key="launcher")
 SCHEDULERS = Registry("scheduler back-end", "hpctrain.schedulers", {
     name: f"hpctrain.submission.schedulers.{name}:SCHEDULER" for name in ("cobalt", "local", "pbs", "slurm")},
     key="scheduler")
+# Folders of site profiles an installed package ships (``site_sched:SITE_CONFIGS``): searched after hpctrain's.
+SITE_FOLDERS = Registry("site profile folder", "hpctrain.sites", {}, key="site")

@@ -10,9 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hpctrain.config.job import JobSpec
+from hpctrain.config.node_shape import NodeShape
 from hpctrain.config.origin import key_path, locate
 from hpctrain.config.queue_policy import choose_queue
-from hpctrain.config.site import DEVICE_BACKENDS, NodeShape, Queue, SiteProfile
+from hpctrain.config.site import DEVICE_BACKENDS, Queue, SiteProfile
 from hpctrain.errors import ConfigError, FitError
 
 

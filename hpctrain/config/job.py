@@ -31,9 +31,10 @@ from hpctrain.config.common import (
 )
 from hpctrain.config.job_catalog import locate_job
 from hpctrain.config.metrics import MetricsConfig
+from hpctrain.config.node_shape import MAX_MEMORY_GB
 from hpctrain.config.origin import JobOrigin
 from hpctrain.config.precision import PrecisionRequest
-from hpctrain.config.site import MAX_MEMORY_GB, Directives
+from hpctrain.config.site import Directives
 from hpctrain.config.staging import JobStaging
 from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file, parse_yaml

@@ -18,6 +18,8 @@ class SchedulerRules(Protocol):
     title: str  # in messages: "Slurm", "PBS"
     runs_here: bool  # no scheduler: jobs run on the machine they are submitted from
     has_qos: bool  # a queue may name a QOS beside its partition
+    # The values a profile's queue_option may take, the default first (Slurm: partition, qos); (): no choice.
+    queue_options: tuple[str, ...]
     # Options hpctrain writes itself from the checked job (nodes, walltime, queue, names, logs, arrays).
     reserved_directives: frozenset[str]
     # Options that choose the job's shell, interpreter, container or environment: only the trusted

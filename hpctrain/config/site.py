@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from hpctrain.config.backends import LAUNCHERS, SCHEDULERS
+from hpctrain.config.backends import LAUNCHERS, SCHEDULERS, SITE_FOLDERS
 from hpctrain.config.common import (
     MAX_COUNT,
     DirectiveValue,
@@ -28,6 +28,7 @@ from hpctrain.config.common import (
     Word,
     walltime_seconds,
 )
+from hpctrain.config.node_shape import MAX_RATE, NodeOverride, NodeShape
 from hpctrain.config.scheduler_rules import scheduler_rules
 from hpctrain.config.search_path import is_file, named_files, search_path
 from hpctrain.config.staging import Staging
@@ -35,8 +36,16 @@ from hpctrain.config.validation import validate_model
 from hpctrain.config.yamlio import LoadedYaml, load_yaml_file
 from hpctrain.errors import ConfigError, ConfigErrors
 
+
+def _scheduler_name(name: str) -> str:
+    if name not in SCHEDULERS:
+        raise ValueError(f"scheduler {name!r} is not installed: pip install the package that provides it (an entry "
+                         f"point {name} in group {SCHEDULERS.group}); installed: {', '.join(SCHEDULERS.names())}")
+    return name
+
+
 # A registered scheduler back-end (config/backends.py): the built-ins or an installed package's entry point.
-SchedulerName = Annotated[str, AfterValidator(SCHEDULERS.check)]
+SchedulerName = Annotated[str, AfterValidator(_scheduler_name)]
 MPIEXEC = "mpiexec"  # the profile's word for the scheduler's own mpiexec (its back-end's mpiexec_launcher)
 
 
@@ -90,108 +99,6 @@ def directive_problems(scheduler: str, directives: dict[str, DirectiveValue],
 
 
 Directives = Annotated[dict[str, DirectiveValue], AfterValidator(_check_directives)]
-Count = Annotated[int, Field(le=MAX_COUNT)]
-GpuKind = Literal["none", "nvidia", "amd", "intel"]
-# Memory of one node or device, GB: 1 PiB, beyond any machine (and ``memory_gb * 1024`` stays exact).
-MAX_MEMORY_GB = float(1 << 20)
-# Latencies, bandwidths and rates of the network block: a trillion in any unit is a typo, not a machine.
-MAX_RATE = 1e12
-
-
-class NodeShape(Strict):
-    """One compute node: what a rank count, thread count and GPU request are checked against."""
-
-    cores: Count | Literal["auto"] = Field(description="Physical cores per node usable by jobs ('auto': this machine)")
-    threads_per_core: int = Field(1, ge=1, le=8, description="Hardware threads per core (SMT)")
-    task_threads_per_core: int | None = Field(
-        None, ge=1, le=8, description="Hardware threads per core Slurm lays a task out on unless the job asks for "
-        "more (Frontier: 1, so --cpus-per-task counts physical cores); unset: all of threads_per_core")
-    sockets: int = Field(1, ge=1, le=64, description="CPU sockets; hpctrain's list binding never splits a rank "
-                         "across two")
-    reserved_cores: list[int] = Field(
-        default_factory=list, description="Ids of the physical cores the system keeps for itself (Aurora: 0 and 52); "
-        "cores counts the others, so the node has cores + len(reserved_cores) in all")
-    gpus: Count | Literal["auto"] = Field(0, description="Devices a rank can be given per node: GPUs, or GCDs "
-                                          "(Frontier: 8) or tiles (Aurora: 12) where each is its own device")
-    gpu_kind: GpuKind = "none"
-    devices_per_gpu: int = Field(1, ge=1, le=16, description="Devices (GCDs, tiles) per physical GPU package; "
-                                 "PBS's ngpus counts packages")
-    gpu_order: list[int] | None = Field(
-        None, description="Device ids in the order of the cores they sit next to (Polaris: [3, 2, 1, 0], cores 0-7 "
-        "are GPU 3's); ranks spread over the cores in order get devices from this list")
-    gpu_memory_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GB,
-        description="Memory of one device (GCD, tile, GPU), GB")
-    memory_gb: Annotated[float, Field(le=MAX_MEMORY_GB)] | Literal["auto"] = Field(
-        description="Main memory per node in GB ('auto': this machine)")
-    hbm_gb: float | None = Field(None, ge=0, le=MAX_MEMORY_GB,
-        description="On-package high-bandwidth memory (e.g. KNL MCDRAM)")
-    cpu: str | None = Field(None, description="Processor model, for documentation")
-    all_core_speed: float | None = Field(
-        None, gt=0, le=1, description="A thread's compute speed with every hardware thread busy, relative to one "
-        "thread alone (lower clocks, shared caches and memory bandwidth); for the planner, 1 when unset")
-    rank_speed_spread: float | None = Field(
-        None, ge=0, lt=1, description="Spread (standard deviation over mean) of the speed at which ranks on "
-        "different cores or nodes run the same work, held over a run; for the planner's straggler term, 0 when unset")
-
-    @model_validator(mode="after")
-    def _positive(self) -> NodeShape:
-        if isinstance(self.cores, int) and self.cores < 1:
-            raise FieldProblem(("cores",), "cores must be at least 1")
-        if isinstance(self.gpus, int) and self.gpus < 0:
-            raise FieldProblem(("gpus",), "gpus cannot be negative")
-        if isinstance(self.memory_gb, float | int) and self.memory_gb <= 0:
-            raise FieldProblem(("memory_gb",), "memory_gb must be positive")
-        if self.gpus not in (0, "auto") and self.gpu_kind == "none":
-            raise FieldProblem(("gpu_kind",), "a node with GPUs needs gpu_kind (nvidia, amd or intel)")
-        _check_topology(self)
-        return self
-
-    @property
-    def physical_cores(self) -> int:
-        """Every core of the node, the reserved ones included (what core ids count up to)."""
-        assert isinstance(self.cores, int)
-        return self.cores + len(self.reserved_cores)
-
-    def resolved(self) -> NodeShape:
-        """This shape with 'auto' values read from the machine the code runs on."""
-        cores = (os.cpu_count() or 1) if self.cores == "auto" else self.cores
-        memory = _machine_memory_gb() if self.memory_gb == "auto" else self.memory_gb
-        gpus = 0 if self.gpus == "auto" else self.gpus
-        return self.model_copy(update={"cores": cores, "memory_gb": memory, "gpus": gpus})
-
-
-def _check_topology(node: NodeShape) -> None:
-    """Reserved cores, sockets and the device order must describe one node consistently."""
-    if isinstance(node.cores, int):
-        total = node.physical_cores
-        if len(set(node.reserved_cores)) != len(node.reserved_cores) or any(
-                not 0 <= c < total for c in node.reserved_cores):
-            raise FieldProblem(("reserved_cores",), f"reserved_cores must be distinct core ids below {total} "
-                               "(cores + the reserved ones)")
-        if total % node.sockets:
-            raise FieldProblem(("sockets",), f"{total} cores do not split evenly over {node.sockets} sockets")
-    if isinstance(node.gpus, int):
-        if node.gpus % node.devices_per_gpu:
-            raise FieldProblem(("devices_per_gpu",), f"{node.gpus} devices are not whole GPUs of "
-                               f"{node.devices_per_gpu} devices each")
-        if node.gpu_order is not None and sorted(node.gpu_order) != list(range(node.gpus)):
-            raise FieldProblem(("gpu_order",), f"gpu_order must list each device id 0..{node.gpus - 1} once")
-
-
-class NodeOverride(Strict):
-    """Per-queue changes to the node shape (e.g. Perlmutter's CPU nodes versus its GPU nodes)."""
-
-    cores: int | None = Field(None, ge=1, le=MAX_COUNT)
-    threads_per_core: int | None = Field(None, ge=1, le=8)
-    sockets: int | None = Field(None, ge=1, le=64)
-    gpus: int | None = Field(None, ge=0, le=MAX_COUNT)
-    gpu_kind: GpuKind | None = None
-    gpu_order: list[int] | None = None
-    memory_gb: float | None = Field(None, gt=0, le=MAX_MEMORY_GB)
-    hbm_gb: float | None = Field(None, ge=0, le=MAX_MEMORY_GB)
-    cpu: str | None = None
-
-
 class WalltimeBin(Strict):
     """The walltime limit of a queue for jobs of ``min_nodes`` to ``max_nodes`` nodes (Frontier's batch partition:
     2 h up to 91 nodes)."""
@@ -394,9 +301,9 @@ class SiteProfile(Strict):
     node: NodeShape
     queues: dict[QueueName, Queue] = Field(default_factory=dict)
     default_queue: str | None = None
-    queue_option: Literal["partition", "qos"] = Field(
-        "partition", description="Slurm option carrying the queue name"
-    )
+    queue_option: Word | None = Field(None, description=(
+        "The scheduler option carrying the queue name where the back-end offers a choice (its rules list them; "
+        "Slurm: partition, the default, or qos)"))
     account: Word | None = None
     account_required: bool = False
     directives: Directives = Field(default_factory=dict)
@@ -428,9 +335,13 @@ class SiteProfile(Strict):
         directive_problems(self.scheduler, self.directives, ("directives",))
         directive_problems(self.scheduler, self.environment.directives, ("environment", "directives"), trusted=True)
         directive_problems(self.scheduler, self.staging.directives, ("staging", "directives"))
+        rules = scheduler_rules(self.scheduler)
+        if self.queue_option is not None and self.queue_option not in rules.queue_options:
+            raise FieldProblem(("queue_option",), (
+                f"{rules.title} takes queue_option {' or '.join(rules.queue_options)}, not {self.queue_option!r}"
+                if rules.queue_options else f"{rules.title} has no choice of queue option: remove queue_option"))
         for name, queue in self.queues.items():
             directive_problems(self.scheduler, queue.directives, ("queues", name, "directives"))
-            rules = scheduler_rules(self.scheduler)
             if queue.qos and (not rules.has_qos or self.queue_option == "qos"):
                 raise FieldProblem(("queues", name, "qos"), (
                     f"a queue's qos is a {rules.title} QOS beside its partition" if rules.has_qos else
@@ -499,13 +410,6 @@ class SiteProfile(Strict):
         return node.resolved()
 
 
-def _machine_memory_gb() -> float:
-    try:
-        return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9, 1)
-    except (ValueError, OSError, AttributeError):
-        return 1.0
-
-
 # ---------------------------------------------------------------------------------------------------------
 # Finding and loading profiles
 
@@ -517,8 +421,20 @@ def shipped_sites_dir() -> Path:
 
 
 def site_search_path() -> list[Path]:
-    """Directories searched for ``NAME.yaml``, first match wins."""
-    return search_path("HPCTRAIN_SITES", "sites", shipped_sites_dir())
+    """Directories searched for ``NAME.yaml``, first match wins: the user's, hpctrain's, then those installed
+    back-end packages ship (entry point group ``hpctrain.sites``)."""
+    return [*search_path("HPCTRAIN_SITES", "sites", shipped_sites_dir()), *plugin_site_dirs()]
+
+
+def plugin_site_dirs() -> list[Path]:
+    """The site profile folders installed packages declare; one that cannot be loaded hides no other."""
+    found = []
+    for name in SITE_FOLDERS.names():
+        try:
+            found.append(Path(SITE_FOLDERS.load(name)))
+        except (ConfigError, TypeError):
+            continue
+    return found
 
 
 def available_sites() -> dict[str, Path]:

@@ -21,6 +21,7 @@ from hpctrain.config.preflight import check_job
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import ConfigError
 from hpctrain.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
+from hpctrain.job_environment import JOB_ENVIRONMENT_ENV, STOP_SIGNAL_ENV, exported_paths
 from hpctrain.submission.launchers import (
     LIST_BINDING,
     LaunchPlan,
@@ -50,27 +51,30 @@ class RenderedScript:
 
 
 @cache
-def load_template(name: str) -> string.Template:
-    """A template from ``schedulers/templates/`` (``$$`` is a literal ``$``)."""
-    return string.Template((TEMPLATES / name).read_text(encoding="utf-8"))
+def load_template(name: str, folder: Path | None = None) -> string.Template:
+    """A template from ``folder`` (a plug-in's own) where it has one, else from ``schedulers/templates/`` (``$$`` is
+    a literal ``$``)."""
+    path = folder / name if folder is not None and (folder / name).is_file() else TEMPLATES / name
+    return string.Template(path.read_text(encoding="utf-8"))
 
 
 _EMPTY = "\x00empty\x00"
 
 
-def fill(name: str, **values: object) -> str:
-    """Fill a template; a line holding only an empty piece is dropped. A missing value is a KeyError."""
-    text = load_template(name).substitute({k: (str(v) if str(v) else _EMPTY) for k, v in values.items()})
+def fill(name: str, folder: Path | None = None, **values: object) -> str:
+    """Fill a template (``folder``: a plug-in's templates, before hpctrain's); a line holding only an empty piece is
+    dropped. A missing value is a KeyError."""
+    text = load_template(name, folder).substitute({k: (str(v) if str(v) else _EMPTY) for k, v in values.items()})
     return text.replace(_EMPTY + "\n", "").replace(_EMPTY, "")
 
 
 def launcher_note_line(launcher: str, python: str, run_dir: str) -> str:
-    """After a failed srun: the first rank srun reports killed by a signal becomes the failure note
-    (launchers/exit_note.py); the other launchers need no line (the local launcher notes it itself)."""
-    if launcher != "srun":
+    """After a failed launch: the launcher's exit note (srun: the first rank it reports killed by a signal becomes
+    the failure note, launchers/exit_note.py); launchers without one need no line (the ranks note it)."""
+    exit_note = get_launcher(launcher).exit_note
+    if exit_note is None:
         return ""
-    note = " ".join([word(python), "-m", "hpctrain.submission.launchers.exit_note", "--run-dir",
-                     quote_path(run_dir), "--slurm-job", '"${SLURM_JOB_ID}"'])
+    note = exit_note(word(python), quote_path(run_dir))
     return (f'if [ "${{status}}" -ne 0 ] && [ "${{status}}" -ne {EXIT_REQUEUE} ]; then {note} || true; fi')
 
 
@@ -132,7 +136,11 @@ def environment_lines(job: JobSpec, site: SiteProfile, placement: Placement, pla
         defaults["OMP_PLACES"] = "threads" if plan.hyperthreads > 1 else "cores"
         defaults["OMP_PROC_BIND"] = "close"
     defaults.update({"HPCTRAIN_SITE": site.name, "HPCTRAIN_COMM_BACKEND": placement.backend,
-                     "HPCTRAIN_STOP_SIGNAL": job.checkpoint.signal})
+                     STOP_SIGNAL_ENV: job.checkpoint.signal})
+    scheduler = get_scheduler(site.scheduler)
+    plugins = exported_paths(get_launcher(scheduler.launcher_for(site)).job_environment, scheduler.job_environment)
+    if plugins:  # the ranks import these job environments (hpctrain's own need no line)
+        defaults[JOB_ENVIRONMENT_ENV] = plugins
     if job.resources.gpus_per_rank > 0 and placement.node.gpu_kind != "none":
         defaults["HPCTRAIN_GPU_KIND"] = placement.node.gpu_kind  # the ranks name it when torch lacks the backend
     if site.intel_extension:
@@ -242,8 +250,10 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
         timer = (f"( trap 'kill $! 2>/dev/null; exit 0' TERM; sleep $(({delay} > SECONDS ? {delay} - SECONDS : 1)) "
                  f"& wait $!; kill -s {ckpt.signal} $$ ) &\ntimer_pid=$!")
         timer_stop = 'kill "${timer_pid}" 2>/dev/null || true'
+    folder = scheduler.template_dir
     prologue = fill(
-        "prologue.tmpl", run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable, signal=ckpt.signal,
+        "prologue.tmpl", folder, run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable,
+        signal=ckpt.signal,
         environment="\n".join(environment_lines(job, site, placement, plan, interpreter) + (
             staging_lines(staging, job, site, launcher, scheduler.job_id_variable,
                           exit_record_line(scheduler.job_id_variable)) if staging else [])),
@@ -254,13 +264,13 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
     if job.resources.workdir:
         # A subshell that becomes the launcher: the ranks start there, this shell (logs, exit record) stays put.
         launch_line = f"( cd {quote_path(job.resources.workdir)} && exec {launch_line} )"
-    launch = fill("launch.tmpl", signal=ckpt.signal, timer=timer, timer_stop=timer_stop,
+    launch = fill("launch.tmpl", folder, signal=ckpt.signal, timer=timer, timer_stop=timer_stop,
                   requeue_marker=REQUEUE_MARKER, exit_requeue=EXIT_REQUEUE,
                   exit_record=exit_record_line(scheduler.job_id_variable),
                   launch_line=launch_line,
                   launcher_note=launcher_note_line(launcher, interpreter, run_dir),
                   requeue="\n".join(requeue)).rstrip("\n")
     note = string.Template(scheduler.script_note).substitute(signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s)
-    text = fill(scheduler.template, directives="\n".join(directives), header="\n".join(header), note=note,
+    text = fill(scheduler.template, folder, directives="\n".join(directives), header="\n".join(header), note=note,
                 prologue=prologue, launch=launch)
     return RenderedScript(text=text, scheduler=scheduler, placement=placement, launch_argv=launch_argv)

@@ -41,9 +41,6 @@ if TYPE_CHECKING:
     from hpctrain.submission.transport import Transport
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
-# Launchers whose family has a broadcast that reads a file once and fans it out to the job's nodes; every other
-# launcher gets stage_tree.py, run one process per node.
-BROADCAST = {"srun": ("sbcast", "-f")}
 STAGE_TREE = Path(__file__).resolve().parent / "stage_tree.py"
 TREE_CHUNK_MB = 64  # stage_tree.py's buffer per node: the memory it takes, and the size of one MPI_Bcast
 # GPU flags of each container runtime, by the node's GPU kind (apptainer's docs; podman-hpc's and shifter's at NERSC).
@@ -186,86 +183,26 @@ def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: 
                   exit_record: str) -> list[str]:
     """The script's staging section: runs after the environment is set up, before the launch."""
     staging = plan.staging
-    broadcast = BROADCAST.get(launcher)
-    what = [w for w, on in (("the Python environment (packed by `hpctrain submit`)", staging.environment == "archive"),
-                            ("the container image", plan.image is not None),
-                            (f"{len(plan.data)} input file{'s' if len(plan.data) != 1 else ''}", bool(plan.data)))
-            if on]
+    broadcast = get_launcher(launcher).broadcast  # empty: stage_tree.py, run one process per node
     lines = ["# ---- hpctrain: staging to node-local storage (docs/scaling.md, Staging) ------------------------------"]
     if not plan.copies:
         assert staging.container is not None
         image = comment(str(staging.container.image))
         return [*lines, f"# The ranks run in {staging.container.runtime}'s image {image}, which the site's image",
                 "# gateway serves to the nodes: nothing is copied."]
-    lines += [f"# Copied once per node before the ranks start: {', '.join(what)}.",
-              "# The ranks then read them there instead of from the shared file system."]
-    if staging.node_local_ram:
-        lines.append("# The node-local directory is RAM-backed: what is staged there counts against the node's memory.")
-    lines += [f"export {NODE_LOCAL_ENV}={word(_node_local_root(staging, job_id_variable))}",
-              "hpctrain_staging_start=${SECONDS}",
-              "hpctrain_staging_failed() {",
-              f"    status={EXIT_RUNTIME}",
-              '    echo "hpctrain: $1; the job ends before its ranks start" >&2',
-              # The run's failure note, unless a node wrote its own first (set -e: the link may fail).
-              "    { printf '%s\\n' \"$1\" > .failure.txt.staging && ln .failure.txt.staging failure.txt; } "
-              "2>/dev/null || true",
-              "    rm -f .failure.txt.staging",
-              f"    {exit_record}",
-              '    exit "${status}"',
-              "}"]
-    # Sizes: the archive (twice: it is copied before it is unpacked) and the input files, read in this shell.
-    sizes: list[str] = []
-    if plan.archive_link:
-        lines += [f"hpctrain_archive_link={quote_path(plan.archive_link)}",
-                  'hpctrain_archive=$(readlink -f -- "${hpctrain_archive_link}") && [ -f "${hpctrain_archive}" ] \\',
-                  '    || hpctrain_staging_failed "no packed environment at ${hpctrain_archive_link} (hpctrain submit '
-                  'packs it: python -m hpctrain.submission.envpack)"']
-        sizes += ['"${hpctrain_archive}"'] * 2
-    if plan.image:
-        lines.append(f"hpctrain_image={quote_path(plan.image)}")
-        sizes += ['"${hpctrain_image}"'] * (2 if broadcast else 1)
-    sizes += [quote(src) for src in plan.data]
-    # -l counts a file named twice twice: the archive is on the node once as sent and once unpacked.
-    lines += [f"hpctrain_need_kb=$(du -sklL --apparent-size -- {' '.join(sizes)} \\",
-              "    | awk '{kb += $1} END {print kb + 1024}') \\",
-              '    || hpctrain_staging_failed "cannot read the size of a file to stage (du says which above)"',
-              "hpctrain_stage_node=$(cat <<'HPCTRAIN_STAGE_NODE'",
-              *(TEMPLATES / "stage_node.tmpl").read_text(encoding="utf-8").rstrip("\n").splitlines(),
-              "HPCTRAIN_STAGE_NODE",
-              ")"]
-    node_script = ["bash", "-c", ShellWord(("hpctrain_stage_node",)), "hpctrain-stage"]
+    lines += [*_preamble_lines(plan, job_id_variable, exit_record), *_size_lines(plan, broadcast)]
     nodes = job.resources.nodes
 
     def on_every_node(*steps: str, arrays: str = "") -> str:
-        argv = one_per_node(site, launcher, nodes, [*node_script, *steps], plan.shared_python)
+        node_script = ["bash", "-c", ShellWord(("hpctrain_stage_node",)), "hpctrain-stage", *steps]
+        argv = one_per_node(site, launcher, nodes, node_script, plan.shared_python)
         text = " ".join(word(w) for w in argv) + (f" {arrays}" if arrays else "")
         return f"{text} \\\n    || hpctrain_staging_failed \"staging failed (the node's message is above)\""
 
     check = ["check", node_local(), ShellWord(("hpctrain_need_kb",)), ShellWord(("PWD",))]
     lines.append(f'echo "hpctrain: staging to ${{{NODE_LOCAL_ENV}}} on {nodes} node{"s" if nodes != 1 else ""}"')
     if broadcast:
-        # sbcast reads each file once and Slurm fans it out; it cannot send a directory, which each node copies.
-        tool = " ".join(broadcast)
-        lines.append(on_every_node(*check))
-        if plan.data:
-            lines.append("hpctrain_copies=()")
-        unpack: list[str] = []
-        if plan.archive_link:
-            lines.append(f'{tool} "${{hpctrain_archive}}" {word(node_local(ARCHIVE_COPY))} '
-                         '|| hpctrain_staging_failed "sbcast of the environment failed"')
-            unpack = ["unpack", node_local(), node_local(ARCHIVE_COPY)]
-        if plan.image:
-            lines.append(f'{tool} "${{hpctrain_image}}" {word(node_local(IMAGE_COPY))} '
-                         '|| hpctrain_staging_failed "sbcast of the container image failed"')
-        for src, dest in plan.data.items():
-            lines += [f"if [ -f {quote(src)} ]; then",
-                      f"    {tool} {quote(src)} {word(node_local(dest))} "
-                      '|| hpctrain_staging_failed "sbcast of an input file failed"',
-                      "else",
-                      f"    hpctrain_copies+=(-- copy {quote(src)} {word(node_local(dest))})",
-                      "fi"]
-        if unpack or plan.data:
-            lines.append(on_every_node(*unpack, arrays='"${hpctrain_copies[@]}"' if plan.data else ""))
+        lines += [on_every_node(*check), *_broadcast_lines(plan, broadcast, on_every_node)]
     else:
         lines += [on_every_node(*check), *_tree_lines(plan, site, launcher, nodes)]
         # The copies first: where the tree did not run, they include the archive that the unpack then reads.
@@ -281,6 +218,83 @@ def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: 
                   '${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}"',
                   "export PYTHONNOUSERSITE=1"]
     lines.append('echo "hpctrain: staged on every node in $((SECONDS - hpctrain_staging_start)) s"')
+    return lines
+
+
+def _preamble_lines(plan: StagingPlan, job_id_variable: str, exit_record: str) -> list[str]:
+    """What is copied (comments), the node-local directory and the function that ends the job when staging fails."""
+    staging = plan.staging
+    what = [w for w, on in (("the Python environment (packed by `hpctrain submit`)", staging.environment == "archive"),
+                            ("the container image", plan.image is not None),
+                            (f"{len(plan.data)} input file{'s' if len(plan.data) != 1 else ''}", bool(plan.data)))
+            if on]
+    lines = [f"# Copied once per node before the ranks start: {', '.join(what)}.",
+             "# The ranks then read them there instead of from the shared file system."]
+    if staging.node_local_ram:
+        lines.append("# The node-local directory is RAM-backed: what is staged there counts against the node's memory.")
+    return [*lines,
+            f"export {NODE_LOCAL_ENV}={word(_node_local_root(staging, job_id_variable))}",
+            "hpctrain_staging_start=${SECONDS}",
+            "hpctrain_staging_failed() {",
+            f"    status={EXIT_RUNTIME}",
+            '    echo "hpctrain: $1; the job ends before its ranks start" >&2',
+            # The run's failure note, unless a node wrote its own first (set -e: the link may fail).
+            "    { printf '%s\\n' \"$1\" > .failure.txt.staging && ln .failure.txt.staging failure.txt; } "
+            "2>/dev/null || true",
+            "    rm -f .failure.txt.staging",
+            f"    {exit_record}",
+            '    exit "${status}"',
+            "}"]
+
+
+def _size_lines(plan: StagingPlan, broadcast: tuple[str, ...]) -> list[str]:
+    """The space the copies need on a node, read in this shell, and the per-node script (stage_node.tmpl)."""
+    # Sizes: the archive (twice: it is copied before it is unpacked) and the input files.
+    lines: list[str] = []
+    sizes: list[str] = []
+    if plan.archive_link:
+        lines += [f"hpctrain_archive_link={quote_path(plan.archive_link)}",
+                  'hpctrain_archive=$(readlink -f -- "${hpctrain_archive_link}") && [ -f "${hpctrain_archive}" ] \\',
+                  '    || hpctrain_staging_failed "no packed environment at ${hpctrain_archive_link} (hpctrain submit '
+                  'packs it: python -m hpctrain.submission.envpack)"']
+        sizes += ['"${hpctrain_archive}"'] * 2
+    if plan.image:
+        lines.append(f"hpctrain_image={quote_path(plan.image)}")
+        sizes += ['"${hpctrain_image}"'] * (2 if broadcast else 1)
+    sizes += [quote(src) for src in plan.data]
+    # -l counts a file named twice twice: the archive is on the node once as sent and once unpacked.
+    return [*lines,
+            f"hpctrain_need_kb=$(du -sklL --apparent-size -- {' '.join(sizes)} \\",
+            "    | awk '{kb += $1} END {print kb + 1024}') \\",
+            '    || hpctrain_staging_failed "cannot read the size of a file to stage (du says which above)"',
+            "hpctrain_stage_node=$(cat <<'HPCTRAIN_STAGE_NODE'",
+            *(TEMPLATES / "stage_node.tmpl").read_text(encoding="utf-8").rstrip("\n").splitlines(),
+            "HPCTRAIN_STAGE_NODE",
+            ")"]
+
+
+def _broadcast_lines(plan: StagingPlan, broadcast: tuple[str, ...], on_every_node: Callable[..., str]) -> list[str]:
+    """The copies through the launcher's broadcast (srun: sbcast), which reads each file once and fans it out; it
+    cannot send a directory, which each node copies."""
+    tool, name = " ".join(broadcast), broadcast[0]
+    lines = ["hpctrain_copies=()"] if plan.data else []
+    unpack: list[str] = []
+    if plan.archive_link:
+        lines.append(f'{tool} "${{hpctrain_archive}}" {word(node_local(ARCHIVE_COPY))} '
+                     f'|| hpctrain_staging_failed "{name} of the environment failed"')
+        unpack = ["unpack", node_local(), node_local(ARCHIVE_COPY)]
+    if plan.image:
+        lines.append(f'{tool} "${{hpctrain_image}}" {word(node_local(IMAGE_COPY))} '
+                     f'|| hpctrain_staging_failed "{name} of the container image failed"')
+    for src, dest in plan.data.items():
+        lines += [f"if [ -f {quote(src)} ]; then",
+                  f"    {tool} {quote(src)} {word(node_local(dest))} "
+                  f'|| hpctrain_staging_failed "{name} of an input file failed"',
+                  "else",
+                  f"    hpctrain_copies+=(-- copy {quote(src)} {word(node_local(dest))})",
+                  "fi"]
+    if unpack or plan.data:
+        lines.append(on_every_node(*unpack, arrays='"${hpctrain_copies[@]}"' if plan.data else ""))
     return lines
 
 

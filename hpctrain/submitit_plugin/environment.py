@@ -1,4 +1,5 @@
-"""submitit's ``JobEnvironment`` inside an hpctrain job: ranks, world size and node from hpctrain's launcher table.
+"""submitit's ``JobEnvironment`` inside an hpctrain job: ranks, world size and node from the back-ends' job
+environments (hpctrain/job_environment.py).
 
 Registered as the ``submitit`` entry point ``job_environment``: ``submitit.JobEnvironment()`` returns it in a job
 started by the runner (which sets ``SUBMITIT_EXECUTOR=hpctrain``), under srun, PALS mpiexec, aprun, hydra or
@@ -15,19 +16,15 @@ from submitit.core.job_environment import JobEnvironment
 from submitit.core.utils import JobPaths
 
 from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
-from hpctrain.submitit_plugin.runner import PAYLOAD_FILE, job_id_of, log_name, result_name, stop_for_requeue
+from hpctrain.submitit_plugin.runner import (
+    PAYLOAD_FILE,
+    array_task_of,
+    job_id_of,
+    log_name,
+    result_name,
+    stop_for_requeue,
+)
 
-
-def _array_variable(attribute: str) -> str | None:
-    """The value of the first array variable (a back-end's ``array_job_variable`` or ``array_index_variable``)
-    set in this task's environment, None outside an array."""
-    from hpctrain.submission.schedulers.base import all_schedulers
-
-    for scheduler in all_schedulers():
-        variable = getattr(scheduler, attribute)
-        if variable and os.environ.get(variable):
-            return os.environ[variable]
-    return None
 
 class HpctrainJobPaths(JobPaths):
     """One task's files in its run directory (the runner's names; the laptop keeps submitit's own)."""
@@ -78,11 +75,13 @@ class HpctrainJobEnvironment(JobEnvironment):
 
     @property
     def array_job_id(self) -> str | None:
-        return _array_variable("array_job_variable")
+        task = array_task_of(os.environ)
+        return task[0] if task else None
 
     @property
     def array_task_id(self) -> str | None:
-        return _array_variable("array_index_variable")
+        task = array_task_of(os.environ)
+        return task[1] if task else None
 
     @property
     def num_tasks(self) -> int:

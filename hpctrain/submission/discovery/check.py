@@ -13,7 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hpctrain.config.common import walltime_seconds
-from hpctrain.config.site import NodeShape, Queue, SiteProfile
+from hpctrain.config.node_shape import NodeShape
+from hpctrain.config.site import Queue, SiteProfile
 from hpctrain.config.walltime import format_hms
 from hpctrain.errors import SchedulerError
 from hpctrain.submission.discovery.facts import NO_LIMIT_S, NO_LIMIT_TEXT, Findings, NodeFacts, QosFacts, QueueFacts

@@ -83,4 +83,4 @@ def findings_from(probe: Probe, remote: str | None = None) -> Findings:
 
 def discover(transport: Transport, remote: str | None = None) -> Findings:
     """Probe the login node behind ``transport`` once and read what it says."""
-    return findings_from(run_probe(transport), remote)
+    return findings_from(run_probe(transport, all_schedulers()), remote)

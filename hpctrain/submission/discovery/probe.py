@@ -7,16 +7,27 @@ to our pipe: a hung scheduler command, or a daemon a login shell leaves behind, 
 
 from __future__ import annotations
 
+import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hpctrain.config.numbers import plain_count
 from hpctrain.errors import TransportError
 from hpctrain.submission.transport import Transport
 
-if TYPE_CHECKING:
-    from hpctrain.submission.schedulers.base import Scheduler
+
+class ProbedBackend(Protocol):
+    """What the probe asks of a scheduler back-end (schedulers/base.py's Scheduler has it all); the caller hands the
+    back-ends in, so this module needs none of them."""
+
+    detect_programs: tuple[str, ...]
+    probe_programs: tuple[str, ...]
+    launch_programs: tuple[str, ...]
+    probe_variables: tuple[str, ...]
+
+    def probe_lines(self) -> list[str]: ...
 
 MARK = "@@hpctrain-discover"
 PROBE_TIMEOUT_S = 180.0
@@ -25,6 +36,7 @@ COMMAND_TIMEOUT_S = 40
 LAUNCH_PROGRAMS = ("aprun", "mpiexec", "mpirun")
 # Launchers looked for in a login shell too, after the back-ends' own (``launch_programs``).
 LOGIN_LAUNCH_PROGRAMS = ("mpiexec", "aprun")
+_VARIABLE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Environment variables read on the login node: node-local scratch, module systems, MPI hints; the back-ends'
 # own (``probe_variables``) follow.
 VARIABLES = ("TMPDIR", "LOCAL_SCRATCH", "LOCALSCRATCH", "SCRATCH_LOCAL", "NODE_LOCAL_SCRATCH", "LOCAL_TMPDIR",
@@ -34,11 +46,9 @@ VARIABLES = ("TMPDIR", "LOCAL_SCRATCH", "LOCALSCRATCH", "SCRATCH_LOCAL", "NODE_L
 # Frontier's NVMe /mnt/bb); seen on the login node they are only a hint for the compute nodes.
 SCRATCH_DIRS = ("/local/scratch", "/lscratch", "/scratch/local", "/raid/scratch", "/mnt/bb")
 
-def probe_variables() -> list[str]:
+def probe_variables(backends: Sequence[ProbedBackend]) -> list[str]:
     """The environment variables the probe reads: the common ones, then every back-end's own."""
-    from hpctrain.submission.schedulers.base import all_schedulers
-
-    return list(dict.fromkeys([*VARIABLES, *(v for b in all_schedulers() for v in b.probe_variables)]))
+    return list(dict.fromkeys([*VARIABLES, *(v for b in backends for v in b.probe_variables)]))
 
 
 def _prelude(programs: list[str], variables: list[str]) -> str:
@@ -73,7 +83,7 @@ def _login_shell(programs: list[str]) -> str:
             "done")
 
 
-def _schedulers(backends: list[Scheduler]) -> str:
+def _schedulers(backends: Sequence[ProbedBackend]) -> str:
     """Each back-end's probe lines, under the first of them whose programs exist (``if ... elif ... fi``)."""
     lines: list[str] = []
     for backend in (b for b in backends if b.detect_programs):
@@ -93,15 +103,13 @@ exit 0
 """
 
 
-def probe_script() -> str:
-    """The whole probe (POSIX sh); it always exits 0 and ends with the ``end`` section."""
-    from hpctrain.submission.schedulers.base import all_schedulers
-
-    backends = all_schedulers()
+def probe_script(backends: Sequence[ProbedBackend]) -> str:
+    """The whole probe (POSIX sh) asking ``backends`` (all_schedulers()); it always exits 0 and ends with the ``end``
+    section."""
     detect = [p for b in backends for p in b.detect_programs]
     programs = list(dict.fromkeys([*detect, *(p for b in backends for p in b.probe_programs), *LAUNCH_PROGRAMS]))
     login = list(dict.fromkeys([*detect, *(p for b in backends for p in b.launch_programs), *LOGIN_LAUNCH_PROGRAMS]))
-    return _prelude(programs, probe_variables()) + _schedulers(backends) + _tail(login)
+    return _prelude(programs, probe_variables(backends)) + _schedulers(backends) + _tail(login)
 
 
 @dataclass(frozen=True)
@@ -159,10 +167,9 @@ class Probe:
     @property
     def variables(self) -> dict[str, str]:
         found = {}
-        known = set(probe_variables())
-        for line in self.out("variables").splitlines():
+        for line in self.out("variables").splitlines():  # the probe prints only the variables it was asked for
             name, sep, value = line.partition("=")
-            if sep and name in known:
+            if sep and _VARIABLE_NAME.fullmatch(name):
                 found[name] = value
         return found
 
@@ -217,9 +224,10 @@ def split_sections(stdout: str) -> dict[str, Section]:
     return sections
 
 
-def run_probe(transport: Transport, timeout: float = PROBE_TIMEOUT_S) -> Probe:
-    """Run the probe once through ``transport``; a probe that did not finish is a TransportError."""
-    done = transport.run(["sh", "-c", probe_script()], timeout=timeout, check=False)
+def run_probe(transport: Transport, backends: Sequence[ProbedBackend], timeout: float = PROBE_TIMEOUT_S) -> Probe:
+    """Run the probe asking ``backends`` once through ``transport``; a probe that did not finish is a
+    TransportError."""
+    done = transport.run(["sh", "-c", probe_script(backends)], timeout=timeout, check=False)
     sections = split_sections(done.stdout)
     if "end" not in sections:
         detail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}, no output"])[-1]

@@ -1,8 +1,10 @@
 """Launchers: small pure functions, registered by name (config/backends.py), that wrap a command in the parallel
-launch argv.
+launch argv, each with its job-side half (a ``LauncherBackend``).
 
 Each is ``(command, plan) -> argv`` (Parsl/ReFrame style) and returns a list, never a shell string;
-``render.py`` quotes the list once when it writes the script.
+``render.py`` quotes the list once when it writes the script. Its ``LauncherBackend`` adds what the script and the
+ranks need to know about it: its job environment (hpctrain/job_environment.py), the broadcast staging may use,
+and the line that notes a failed launch. A plug-in may register a plain function: it then has none of these.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from hpctrain.errors import ConfigError
 from hpctrain.submission.launchers.binding import RankSets, device_map, pals_cpu_list
 
 if TYPE_CHECKING:  # the in-job helpers below this package start on every rank: no pydantic import at run time
-    from hpctrain.config.site import NodeShape
+    from hpctrain.config.node_shape import NodeShape
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,35 @@ class LaunchPlan:
 
 
 Launcher = Callable[[list[str], LaunchPlan], list[str]]
+# (the job's interpreter, the run directory, both as script words) -> a shell command run after the launch failed
+ExitNote = Callable[[str, str], str]
 
 
-def get_launcher(name: str) -> Launcher:
-    """The launcher registered as ``name`` (config/backends.py: the functions below, or an installed package's
-    entry point in the group ``hpctrain.launchers``); unknown names are a ConfigError listing the known ones."""
-    launcher: Launcher = LAUNCHERS.load(name)
-    return launcher
+@dataclass(frozen=True)
+class LauncherBackend:
+    """A launcher plug-in whole: its launch argv and its job-side half.
+
+    ``job_environment``: ``module:attribute`` of its JobEnvironment (the variables its ranks see). ``broadcast``: a
+    command (``sbcast -f``) that reads a file once and writes it to ``DEST`` on every node of the job, as
+    ``BROADCAST... SRC DEST``; empty where the launcher has none (staging then runs stage_tree.py on every node).
+    ``exit_note``: the command noting the failure of a launch that exited non-zero (None: the ranks note it).
+    """
+
+    argv: Launcher
+    job_environment: str = ""
+    broadcast: tuple[str, ...] = ()
+    exit_note: ExitNote | None = None
+
+    def __call__(self, command: list[str], plan: LaunchPlan) -> list[str]:
+        return self.argv(command, plan)
+
+
+def get_launcher(name: str) -> LauncherBackend:
+    """The launcher registered as ``name`` (config/backends.py: the back-ends below, or an installed package's
+    entry point in the group ``hpctrain.launchers``, a LauncherBackend or a plain function); unknown names are a
+    ConfigError listing the known ones."""
+    launcher = LAUNCHERS.load(name)
+    return launcher if isinstance(launcher, LauncherBackend) else LauncherBackend(launcher)
 
 
 # A site's ``cpu_bind: list`` asks hpctrain to write each rank's CPUs itself (binding.py); only PALS takes such a list.
@@ -143,6 +167,20 @@ def local(command: list[str], plan: LaunchPlan) -> list[str]:
         raise ConfigError(f"the local launcher runs on one machine, not {plan.nodes} nodes", key="resources.nodes")
     return [plan.python, "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", str(plan.ranks),
             *plan.extra_args, "--", *command]
+
+
+def srun_exit_note(python: str, run_dir: str) -> str:
+    """After a failed srun: the first rank srun reports killed by a signal becomes the failure note (exit_note.py)."""
+    return " ".join([python, "-m", "hpctrain.submission.launchers.exit_note", "--run-dir", run_dir, "--slurm-job",
+                     '"${SLURM_JOB_ID}"'])
+
+
+BUILTIN_JOB_ENVIRONMENT = "hpctrain.job_environment:"
+SRUN = LauncherBackend(srun, BUILTIN_JOB_ENVIRONMENT + "SLURM", broadcast=("sbcast", "-f"), exit_note=srun_exit_note)
+APRUN = LauncherBackend(aprun, BUILTIN_JOB_ENVIRONMENT + "ALPS")
+MPIEXEC_PALS = LauncherBackend(mpiexec_pals, BUILTIN_JOB_ENVIRONMENT + "PALS")
+MPIEXEC_HYDRA = LauncherBackend(mpiexec_hydra, BUILTIN_JOB_ENVIRONMENT + "HYDRA")
+LOCAL = LauncherBackend(local, BUILTIN_JOB_ENVIRONMENT + "LOCAL")
 
 
 def hyperthreads_for(node: NodeShape, ranks_per_node: int, threads_per_rank: int) -> int:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from hpctrain.errors import FitError
 
 if TYPE_CHECKING:
-    from hpctrain.config.site import NodeShape
+    from hpctrain.config.node_shape import NodeShape
 
 RankSets = tuple[tuple[int, ...], ...]
 

@@ -14,17 +14,24 @@ import os
 import sys
 from collections.abc import Mapping
 
-# Local-rank variables, first present wins (PALS under PBS, hydra, Slurm, Open MPI, ALPS, torchrun).
-LOCAL_RANK_VARIABLES = ("PALS_LOCAL_RANKID", "MPI_LOCALRANKID", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK",
-                        "PMI_LOCAL_RANK", "ALPS_APP_PE_LOCAL", "LOCAL_RANK")
+from hpctrain.job_environment import rank_variables
+
 # Intel's variable takes device ids as the driver enumerates them: in FLAT mode (ALCF's frameworks module) one per
 # tile, 0-11 on an Aurora node, so tile t of GPU g is device 2g + t.
 VISIBLE_VARIABLE = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES", "intel": "ZE_AFFINITY_MASK"}
 
 
+def local_rank_variables(env: Mapping[str, str]) -> list[str]:
+    """The local-rank variables to read, from the job environments (job_environment.py): the launcher whose marker
+    is set first, then every launcher's in precedence order."""
+    rows = rank_variables(env)
+    started = [row for row in rows if row.marker in env][:1]
+    return list(dict.fromkeys(name for row in [*started, *rows] for name in row.local_rank))
+
+
 def local_rank(env: Mapping[str, str]) -> int:
     """This process's rank on its node, from the first launcher variable present (0 when none is)."""
-    for name in LOCAL_RANK_VARIABLES:
+    for name in local_rank_variables(env):
         value = env.get(name, "").strip()
         if value.isdigit():
             return int(value)

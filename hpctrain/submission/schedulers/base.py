@@ -3,9 +3,11 @@
 A back-end is one module or package (here: ``slurm/``, ``pbs/``, ``cobalt/``, ``local.py``) holding one
 ``Scheduler`` subclass as ``SCHEDULER``: its directives, commands, status parsers and state map, directive rules and
 discovery (a package keeps its discovery reader in ``discovery.py``, loaded only when discovery asks).
-Every back-end's script is ``templates/job.tmpl`` with its ``script_note``. Back-ends only build argv lists and
-directive lines and parse text; nothing here runs a command. ``get_scheduler(name)`` finds a back-end in the registry
-(config/backends.py): the built-ins, and any package's entry point in the group ``hpctrain.schedulers``.
+Every back-end's script is ``templates/job.tmpl`` with its ``script_note`` unless it brings its own template folder.
+Each names its ``job_environment``: what runs inside the job asks it for job id, nodes, array index and restarts.
+Back-ends only build argv lists and directive lines and parse text; nothing here runs a command.
+``get_scheduler(name)`` finds a back-end in the registry (config/backends.py): the built-ins, and any package's
+entry point in the group ``hpctrain.schedulers``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from hpctrain.config.backends import SCHEDULERS
@@ -144,7 +147,12 @@ class Scheduler(ABC):
     """
 
     name: ClassVar[str]
-    template: ClassVar[str] = "job.tmpl"  # file name in schedulers/templates/: the one script layout
+    template: ClassVar[str] = "job.tmpl"  # file name in template_dir, else schedulers/templates/: the script layout
+    template_dir: ClassVar[Path | None] = None  # a plug-in's own templates, looked in before hpctrain's
+    # The job-side half: ``module:attribute`` of the JobEnvironment (hpctrain/job_environment.py) naming the
+    # variables this scheduler sets in its jobs (job id, node list, array index, restart count). A plug-in's is
+    # exported by its scripts and imported by each rank; it should import nothing heavy.
+    job_environment: ClassVar[str] = ""
     job_id_variable: ClassVar[str]  # set in the batch shell, for the log line and the exit record
     directive_prefix: ClassVar[str] = ""
     needs_signal_timer: ClassVar[bool] = False  # True when the scheduler sends no warning before the walltime
@@ -166,6 +174,7 @@ class Scheduler(ABC):
     script_note: ClassVar[str] = ""  # comment lines of the script on how the walltime warning comes (template)
     runs_here: ClassVar[bool] = False  # no scheduler: jobs run on the machine they are submitted from
     has_qos: ClassVar[bool] = False  # a queue may name a QOS beside its partition
+    queue_options: ClassVar[tuple[str, ...]] = ()  # a profile's queue_option values, the default first; (): none
     # Directive rules (config/scheduler_rules.py asks them): options hpctrain writes from the job, the allow-list
     # (None: any option), options only the site's trusted environment.directives may set, and options that
     # are keys of a job's resources.
@@ -183,8 +192,6 @@ class Scheduler(ABC):
     detect_order: ClassVar[int] = 100
     # Its command names: a missing one is reported as "load the <title> module" (transport.py).
     commands: ClassVar[tuple[str, ...]] = ()
-    # Variables set in an array task: the array job's id and the task's index (the submitit plug-in reads them).
-    array_job_variable: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -315,6 +322,10 @@ class Scheduler(ABC):
     def is_qos_limit(self, fact: Fact[Any]) -> bool:
         """Whether a discovered queue limit was set by a QOS (the profile cites that QOS beside the queue)."""
         return False
+
+    def queue_option(self, site: SiteProfile) -> str | None:
+        """The option carrying the queue name on ``site``: its queue_option, else this back-end's default."""
+        return site.queue_option or (self.queue_options[0] if self.queue_options else None)
 
     # -- what fits ---------------------------------------------------------------------------------------
     def launcher_for(self, site: SiteProfile) -> str:

@@ -59,6 +59,7 @@ class Local(Scheduler):
     name = "local"
     directive_prefix = "#LOCAL"
     job_id_variable = "HPCTRAIN_LOCAL_JOB_ID"
+    job_environment = "hpctrain.job_environment:LOCAL"
     submits_over_ssh = False
     max_nodes = 1
     launchers = ("local", "mpiexec")

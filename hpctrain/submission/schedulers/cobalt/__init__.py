@@ -110,6 +110,7 @@ class Cobalt(Scheduler):
     name = "cobalt"
     directive_prefix = "#COBALT"
     job_id_variable = "COBALT_JOBID"
+    job_environment = "hpctrain.job_environment:COBALT"
     needs_signal_timer = True
     launchers = ("aprun", "mpiexec", "local")  # ALPS on Theta, MPICH's hydra elsewhere, one node; no srun
     dependency_kinds = ("afterok", "afterany")  # --dependencies: the job starts after the others succeeded

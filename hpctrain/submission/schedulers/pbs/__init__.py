@@ -184,6 +184,7 @@ class PBSPro(Scheduler):
     name = "pbs"
     directive_prefix = "#PBS"
     job_id_variable = "PBS_JOBID"
+    job_environment = "hpctrain.job_environment:PBS"
     needs_signal_timer = True
     array_index_variable = "PBS_ARRAY_INDEX"
     mpiexec_launcher = "mpiexec-pals"  # HPE Cray PALS, the mpiexec of PBS Pro machines (Polaris, Aurora)
@@ -196,7 +197,6 @@ class PBSPro(Scheduler):
     script_note = ("# PBS Pro sends no warning before the walltime: a timer in this shell raises SIG${signal} "
                    "${signal_lead_s} s\n# before it, and the launch section forwards the signal to the ranks so "
                    "they checkpoint.")
-    array_job_variable = "PBS_ARRAY_ID"
     commands = ("qsub", "qstat", "qdel", "qalter", "qrls", "qhold", "pbsnodes")
     detect_programs = ("qstat", "pbsnodes")
     probe_programs = ("qsub",)

@@ -56,6 +56,7 @@ class Slurm(Scheduler):
     name = "slurm"
     directive_prefix = "#SBATCH"
     job_id_variable = "SLURM_JOB_ID"
+    job_environment = "hpctrain.job_environment:SLURM"
     array_index_variable = "SLURM_ARRAY_TASK_ID"
     launchers = ("srun", "mpiexec", "local")  # or MPICH's hydra (proxies started through Slurm), one node
     dependency_kinds = ("afterok", "afterany", "afternotok", "after")
@@ -68,7 +69,7 @@ class Slurm(Scheduler):
                    "(--signal=B:...); the\n# launch section below forwards it to the ranks so they checkpoint; the "
                    "script's end requeues the job\n# (--requeue) where the queue allows it.")
     has_qos = True
-    array_job_variable = "SLURM_ARRAY_JOB_ID"
+    queue_options = ("partition", "qos")  # sbatch --partition (the default) or --qos carries the queue name
     commands = ("sbatch", "squeue", "sacct", "scontrol", "scancel", "sinfo", "srun", "salloc")
     detect_programs = ("sinfo", "scontrol")
     probe_programs = ("sacctmgr", "srun", "sbatch", "squeue")
@@ -114,7 +115,7 @@ class Slurm(Scheduler):
         opts.append(f"--time={res.walltime}")
         queue = queue_submit_name(placement)
         if queue:
-            opts.append(f"--{site.queue_option}={directive_word(queue, what='queue')}")
+            opts.append(f"--{self.queue_option(site)}={directive_word(queue, what='queue')}")
         if placement.queue is not None and placement.queue.qos:  # a queue that is a QOS on a partition
             opts.append(f"--qos={directive_word(placement.queue.qos, what='qos')}")
         if placement.account:
@@ -179,14 +180,14 @@ class Slurm(Scheduler):
         queue = site.queues[queue_key]
         name = queue.submit_as or queue_key
         argv = ["squeue", "--me", "-h", "-r", "-t", "PD,CF,R,S", "-o", "%i"]
-        if site.queue_option == "qos":
+        if self.queue_option(site) == "qos":
             argv += ["-q", name]
         else:
             argv += ["-p", name, *(["-q", queue.qos] if queue.qos else [])]
         return QueuedJobsProbe("squeue", argv, count_lines)
 
     def nodes_probe(self, site: SiteProfile, queue_key: str) -> NodesProbe | None:
-        if site.queue_option == "qos":  # a QOS spans partitions: no node list to ask for
+        if self.queue_option(site) == "qos":  # a QOS spans partitions: no node list to ask for
             return None
         queue = site.queues[queue_key]
         return NodesProbe("sinfo", ["sinfo", "-h", "-N", "-p", queue.submit_as or queue_key, "-o", SINFO_NODES_FORMAT],
