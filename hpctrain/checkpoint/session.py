@@ -19,9 +19,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from hpctrain.checkpoint.exchange import CommExchange, Exchange
 from hpctrain.checkpoint.rng import capture_rng_state, restore_rng_state
 from hpctrain.checkpoint.signals import StopFlag
-from hpctrain.checkpoint.exchange import CommExchange, Exchange
 from hpctrain.checkpoint.store import CheckpointStore
 from hpctrain.checkpoint.store_fields import NodeGroup, WorkTally
 from hpctrain.checkpoint.store_write import PendingSave
