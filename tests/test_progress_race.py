@@ -24,7 +24,7 @@ from hpctrain.submission.run_record import (
     record_dir,
     save_progress,
     saved_progress,
-    write_atomic,
+    write_record_file,
 )
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
@@ -97,7 +97,7 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str, C
     with Registry(path) as reg:
         run = reg.create_run("tiny", "ci-slurm", "abc", str(cluster.run_dir), remote="me@login1")
         reg.add_submission(run.run_id, JOB, "submit", ok=True)
-        write_atomic(record_dir(reg, run.run_id) / META_FILE, RunMeta("slurm", total_steps=STEPS).to_json())
+        write_record_file(record_dir(reg, run.run_id) / META_FILE, RunMeta("slurm", total_steps=STEPS).to_json())
     cluster.training(120)
     return path, run.run_id, cluster
 
@@ -200,6 +200,6 @@ def test_a_record_kept_by_an_older_hpctrain_is_read_again_once_the_run_has_ended
     cluster.finished()
     with Registry(path) as reg:
         reg.update_states({JOB: JobStatus(JOB, JobState.COMPLETED)})
-        write_atomic(record_dir(reg, rid) / PROGRESS_FILE, json.dumps(_record(120)))  # the bare record it kept
+        write_record_file(record_dir(reg, rid) / PROGRESS_FILE, json.dumps(_record(120)))  # the bare record it kept
         assert view_of(reg, reg.get_run(rid)).progress.step == 120  # type: ignore[union-attr]
     assert _status(path, rid, _pool(LoginNode())).progress.step == STEPS  # type: ignore[union-attr]

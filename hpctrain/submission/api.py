@@ -27,7 +27,7 @@ from hpctrain.submission.run_record import (
     dump_site,
     read_meta,
     record_dir,
-    write_atomic,
+    write_record_file,
 )
 from hpctrain.submission.schedulers.base import DEPENDENCY_KINDS, Scheduler, get_scheduler, place
 from hpctrain.submission.schedulers.state import JobState
@@ -280,9 +280,9 @@ def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Scheduler, trans
     rendered = render_script(jobs[0], site, run_dir=run_dir, spec_path=f"{run_dir}/job.yaml", python=python,
                              command=cmd)
     stage = dry_run_dir(registry) / base_id
-    write_atomic(stage / "job.sh", rendered.text, 0o755)
+    write_record_file(stage / "job.sh", rendered.text, 0o755)
     for i, j in enumerate(jobs):
-        write_atomic(stage / (f"job-{i}.yaml" if is_array else "job.yaml"), dump_job(j))
+        write_record_file(stage / (f"job-{i}.yaml" if is_array else "job.yaml"), dump_job(j))
     message = ""
     test_argv = scheduler.test_only_argv("/dev/stdin")
     if test_argv is not None:
@@ -347,16 +347,16 @@ def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfil
     site_text = dump_site(site)
     for run, j in zip(runs, jobs, strict=True):
         rec = record_dir(registry, run.run_id)
-        write_atomic(rec / "job.yaml", dump_job(j))
-        write_atomic(rec / SITE_FILE, site_text)
+        write_record_file(rec / "job.yaml", dump_job(j))
+        write_record_file(rec / SITE_FILE, site_text)
         meta = RunMeta(scheduler=scheduler.name, ssh_config=ssh_config, total_steps=j.train.steps,
                        max_requeues=j.checkpoint.max_requeues, no_requeue=rendered.placement.no_requeue_reason)
-        write_atomic(rec / META_FILE, meta.to_json())
+        write_record_file(rec / META_FILE, meta.to_json())
         staged.append((rec / "job.yaml", f"{run.run_dir}/job.yaml"))
     for run, extra in zip(runs, files or [()] * len(runs), strict=True):
         staged += [(Path(local), f"{run.run_dir}/{staged_name(name)}") for local, name in extra]
     script_local = record_dir(registry, runs[0].run_id) / "job.sh"
-    write_atomic(script_local, rendered.text, 0o755)
+    write_record_file(script_local, rendered.text, 0o755)
     script_remote = f"{submit_dir}/job.sh"
     staged.append((script_local, script_remote))
 

@@ -32,7 +32,7 @@ def record_dir(registry: Registry, run_id: str) -> Path:
     return Path(registry.path).parent / "runs" / run_id
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_record_file(path: Path, text: str, mode: int = 0o644) -> None:
     """``hpctrain.files.write_atomic`` with the parent made; a failure is an HpctrainError naming the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -154,7 +154,7 @@ def save_progress(registry: Registry, run_id: str, record: dict[str, Any], *,
             kept = kept_progress(registry, run_id)
             chosen = newer_progress(new, kept)
             if chosen is not kept:
-                write_atomic(path, json.dumps({"metrics": chosen.record, "after_end_of": chosen.after_end_of},
+                write_record_file(path, json.dumps({"metrics": chosen.record, "after_end_of": chosen.after_end_of},
                                               sort_keys=True))
             return chosen.record
     except HpctrainError:
