@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpctrain.submission.registry import Registry  # noqa: E402
+from hpctrain.submission.registry import RunRegistry  # noqa: E402
 from hpctrain.submission.schedulers import status_parsers as sp  # noqa: E402
 from hpctrain.submission.schedulers.slurm import status as slurm_backend  # noqa: E402
 from hpctrain.submission.transport import Completed  # noqa: E402
@@ -115,7 +115,7 @@ def main() -> None:
                      max(calls), argv_len))
 
     with tempfile.TemporaryDirectory() as d:
-        reg = Registry(Path(d) / "registry.db")
+        reg = RunRegistry(Path(d) / "registry.db")
         for i, job in enumerate(ids):
             rid = reg.create_run("ffn-sweep", "polaris", "h", "/r", run_id=f"ffn-sweep-{i:05d}").run_id
             reg.add_submission(rid, job, "submit", ok=True)

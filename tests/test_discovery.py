@@ -417,12 +417,12 @@ def test_discover_the_local_slurm_and_submit_with_the_written_profile(
     assert load_site_file(site).model_dump() == draft.profile.model_dump()
 
     from hpctrain.submission.api import RunHandle, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     (tmp_path / "tiny.yaml").write_text(TINY)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(tmp_path / "tiny.yaml", str(site), command=["sh", "-c", "echo discovered site works"],
                            run_root=str(tmp_path / "runs"), registry=reg)
     (run,) = done.runs
@@ -459,12 +459,12 @@ def test_discover_the_cluster_partition_and_run_on_two_of_its_nodes(
     assert f"scontrol show partition {cluster.partition}: MaxTime={truth['MaxTime']}" in draft.text
 
     from hpctrain.submission.api import RunHandle, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     monkeypatch.setenv("HPCTRAIN_HOME", str(cluster_tmp / "home"))
     monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     (cluster_tmp / "tiny.yaml").write_text(TINY)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(cluster_tmp / "tiny.yaml", str(site), nodes=2, queue=cluster.partition,
                            command=["sh", "-c", 'echo "rank $SLURM_PROCID on $(hostname)"'],
                            run_root=str(cluster_tmp / "runs"), registry=reg)

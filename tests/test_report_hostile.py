@@ -173,11 +173,11 @@ def test_a_deep_line_in_a_run_file_is_named_in_one_error(tmp_path: Path, name: s
 @pytest.mark.timeout(300)
 def test_status_of_a_run_whose_last_metrics_line_is_deep(tmp_path: Path, tiny_job: TinyJob) -> None:
     from hpctrain.submission.api import RunHandle, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     spec = tiny_job(checkpoint=None)
     write_deep = ["python3", "-c", f"open('metrics.jsonl', 'w').write('{{\"step\": 1}}\\n' + '[' * {len(DEEP)})"]
-    with Registry() as registry:
+    with RunRegistry() as registry:
         run = submit_runs(spec, "local", command=write_deep, registry=registry).runs[0]
     assert RunHandle(run.run_id).wait(timeout=240, poll_s=0.5).state == "completed"
     code, err, _ = cli("status", run.run_id, cwd=tmp_path)

@@ -26,7 +26,8 @@ from hpctrain.submission.schedulers.status_parsers import JobStatus
 if TYPE_CHECKING:
     from conftest import SlurmCluster
 
-    from hpctrain.submission.registry import Registry, Run
+    from hpctrain.submission.registry import RunRegistry
+    from hpctrain.submission.registry_rows import Run
 
 DATA = Path(__file__).parent / "data" / "status"
 
@@ -308,12 +309,12 @@ def test_sinfo_node_states_tell_usable_from_broken() -> None:
 def test_a_requeue_after_a_node_failure_reads_as_one(tmp_path: Path) -> None:
     """The chain entry a node failure closed says which node; the view of the run goes on from it. A requeue the
     ranks asked for (exit 75) keeps its words."""
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.schedulers.slurm import SCHEDULER
     from hpctrain.submission.tracking import lost_node_jobs, record_requeues
     from hpctrain.submission.views import view_of
 
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         runs = {}
         for job in ("41", "42"):
             run = reg.create_run("r", "ci-cluster", "h", str(tmp_path / job))
@@ -388,7 +389,7 @@ def test_a_waiting_job_keeps_its_reason_and_an_ended_one_why_it_ended() -> None:
     assert never.reason_text.startswith("will never start")  # why Slurm cancelled it (kill_invalid_depend)
 
 
-def _requeued_run(reg: Registry, tmp_path: Path, job: str, text: str) -> Run:
+def _requeued_run(reg: RunRegistry, tmp_path: Path, job: str, text: str) -> Run:
     """A Slurm run whose job was requeued once, polled with ``text`` (sacct -D) as a poll would record it."""
     from hpctrain.submission.run_record import META_FILE, RunMeta, record_dir
     from hpctrain.submission.schedulers.slurm import SCHEDULER
@@ -411,11 +412,11 @@ def test_status_runs_and_the_report_of_a_requeued_run_that_ended_do_not_say_it_w
     from hpctrain.report.collect import ReportData
     from hpctrain.report.html import summary
     from hpctrain.report.source import facts_of
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.views import view_of
 
     monkeypatch.setenv("HPCTRAIN_REGISTRY", str(tmp_path / "registry.db"))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         completed = _requeued_run(reg, tmp_path, "8", REQUEUED_THEN_COMPLETED)
         cancelled = _requeued_run(reg, tmp_path, "14", REQUEUED_THEN_CANCELLED)
         views = {run.state: view_of(reg, run) for run in (completed, cancelled)}
@@ -433,10 +434,10 @@ def test_status_runs_and_the_report_of_a_requeued_run_that_ended_do_not_say_it_w
 
 def test_a_requeue_hold_recorded_before_is_not_shown_once_the_run_ended(tmp_path: Path) -> None:
     """A registry may hold the hold's words on an ended run from a poll made before the parsers dropped them."""
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.views import view_of
 
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         run = _requeued_run(reg, tmp_path, "8", REQUEUED_THEN_COMPLETED)
         stale = JobStatus("8", JobState.COMPLETED, "waiting for its requested start time", 0, 1, "COMPLETED")
         reg.update_states({"8": stale})

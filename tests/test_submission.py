@@ -16,7 +16,8 @@ import pytest
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
 from hpctrain.submission.api import RunHandle, parse_after, parse_array, submit, submit_runs
-from hpctrain.submission.registry import SUBMIT_FAILED, Registry
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import SUBMIT_FAILED
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 from hpctrain.submission.tracking import batch_script, combine, expand_array_ranges, poll_runs, split_sections
@@ -231,13 +232,13 @@ def test_a_python_api_dry_run_returns_the_script_and_registers_nothing(env: Path
     done = submit(env / "tiny.yaml", "local", dry_run=True, command=WRITE_METRICS)
     assert not isinstance(done, RunHandle | list) and done.dry_run and done.runs == []
     assert Path(done.script_path).is_file() and "python3" in Path(done.script_path).read_text()
-    with Registry() as reg:
+    with RunRegistry() as reg:
         assert reg.list_runs() == []
     assert not (env / "runs").exists()
 
 
 def test_local_site_refuses_remote_arrays_and_dependencies(env: Path) -> None:
-    with Registry() as reg:
+    with RunRegistry() as reg:
         with pytest.raises(ConfigError, match="cannot be used with --remote"):
             submit_runs(env / "tiny.yaml", "local", remote="someone@example.org", registry=reg)
         with pytest.raises(SchedulerError, match="cannot run job arrays"):
@@ -247,7 +248,7 @@ def test_local_site_refuses_remote_arrays_and_dependencies(env: Path) -> None:
 
 def test_failed_start_is_recorded_as_failed(env: Path) -> None:
     (env / "runs").write_text("a file where the run root should be a directory")
-    with Registry() as reg:
+    with RunRegistry() as reg:
         with pytest.raises(HpctrainError):
             submit_runs(env / "tiny.yaml", "local", registry=reg, command=["true"])
         (run,) = reg.list_runs()
@@ -320,7 +321,7 @@ def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> No
 
     pool = TransportPool(lambda remote, cfg: Counting())
     controller = "hpctrain.submission.schedulers.local_controller"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(env / "tiny.yaml", "local", registry=reg, pool=pool, command=["sleep", "30"])
         submitted = [c for c in calls if controller in c]
         assert len(submitted) == 1 and submitted[0][:2] == ["env", "-C"] and "submit" in submitted[0]
@@ -350,14 +351,14 @@ def test_eight_processes_submit_and_poll_at_once(env: Path) -> None:
         assert "locked" not in err
     submitted = {line.split()[0] for args, out, _, _ in results if "submit" in args for line in out.splitlines()}
     assert len(submitted) == 8
-    with Registry() as reg:
+    with RunRegistry() as reg:
         runs = reg.list_runs()
         assert {r.run_id for r in runs} == submitted
         assert all(len(reg.chain(r.run_id)) == 1 and reg.chain(r.run_id)[0].ok for r in runs)
 
 
 def _ended(state: str, reason: str, code: int | None):  # noqa: ANN202 - (chain, run) for why_it_ended
-    from hpctrain.submission.registry import Run, Submission
+    from hpctrain.submission.registry_rows import Run, Submission
 
     run = Run("r-1", "r", "local", None, "h", None, "/tmp/r", "now", state, reason, None, None, [])
     chain = [Submission("r-1", 1, "7", "submit", "now", True, None, state, reason, code, 0, None)]

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
 from hpctrain.submission.queue_limits import check_array_size, check_queued_jobs, check_usable_nodes
-from hpctrain.submission.registry import Registry, Run, new_run_id
+from hpctrain.submission.registry import RunRegistry, new_run_id
+from hpctrain.submission.registry_rows import Run
 from hpctrain.submission.run_record import (
     META_FILE,
     SITE_FILE,
@@ -107,7 +108,7 @@ def default_run_root(site: SiteProfile, remote: str | None) -> str:
     return os.environ.get("HPCTRAIN_RUNS") or str(Path("runs").resolve())
 
 
-def dry_run_dir(registry: Registry) -> Path:
+def dry_run_dir(registry: RunRegistry) -> Path:
     """Where ``--dry-run`` leaves what it rendered: ``dry-run/`` beside the registry, one folder per try."""
     return Path(registry.path).parent / "dry-run"
 
@@ -144,7 +145,7 @@ def submit_runs(
     run_root: str | None = None,
     dry_run: bool = False,
     command: list[str] | None = None,
-    registry: Registry | None = None,
+    registry: RunRegistry | None = None,
     pool: TransportPool | None = None,
     tasks: int | None = None,
     files: Sequence[Sequence[StagedFile]] = (),
@@ -199,7 +200,7 @@ def submit_runs(
         warn([*placement.notes, *check_job(j, site_profile, local_paths=remote is None)])
     check_array_size(site_profile, placement, len(jobs))
 
-    registry = registry or Registry()
+    registry = registry or RunRegistry()
     pool = pool or TransportPool()
     dependency = _dependency(registry, after, site_profile, remote) if after is not None else None
     # The back-end refuses what it cannot do (arrays on Cobalt, dependencies locally) before we register.
@@ -231,7 +232,7 @@ def submit_runs(
                      str(record_dir(registry, runs[0].run_id) / "job.sh"))
 
 
-def _dependency(registry: Registry, after: str, site: SiteProfile, remote: str | None) -> tuple[str, str]:
+def _dependency(registry: RunRegistry, after: str, site: SiteProfile, remote: str | None) -> tuple[str, str]:
     parent_ref, kind = parse_after(after)
     parent = registry.get_run(parent_ref)
     if parent.site != site.name or parent.remote != remote:
@@ -243,7 +244,7 @@ def _dependency(registry: Registry, after: str, site: SiteProfile, remote: str |
     return kind, parent_job
 
 
-def _register(registry: Registry, jobs: list[JobSpec], site: SiteProfile, remote: str | None, root: str,
+def _register(registry: RunRegistry, jobs: list[JobSpec], site: SiteProfile, remote: str | None, root: str,
               base_id: str, overrides: list[str], assignments: list[str | None]) -> list[Run]:
     runs: list[Run] = []
     is_array = assignments != [None]
@@ -270,7 +271,7 @@ def _rank_command(site: SiteProfile, scheduler: Scheduler, python: str | None, c
 
 
 def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Scheduler, transport: Transport,
-             registry: Registry, root: str, base_id: str, python: str | None, command: list[str] | None,
+             registry: RunRegistry, root: str, base_id: str, python: str | None, command: list[str] | None,
              is_array: bool) -> Submitted:
     from hpctrain.config.job import dump_job
     from hpctrain.submission.render import render_script
@@ -299,7 +300,7 @@ def _last(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],
+def stage_and_submit(registry: RunRegistry, transport: Transport, site: SiteProfile, runs: list[Run],
                      jobs: list[JobSpec], *, kind: str, submit_dir: str, array: bool = False,
                      python: str | None = None, command: list[str] | None = None,
                      dependency: tuple[str, str] | None = None, ssh_config: str | None = None,
@@ -328,7 +329,7 @@ def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile
         raise HpctrainError(f"submission of {jobs[0].name} failed: {message}") from exc
 
 
-def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],
+def _stage_and_submit(registry: RunRegistry, transport: Transport, site: SiteProfile, runs: list[Run],
                       jobs: list[JobSpec], kind: str, submit_dir: str, is_array: bool, python: str | None,
                       command: list[str] | None, dependency: tuple[str, str] | None, ssh_config: str | None,
                       remove: Sequence[str], files: Sequence[Sequence[StagedFile]] = ()) -> list[str]:
@@ -402,7 +403,7 @@ class Cancelled:
     state: str
 
 
-def cancel_run(registry: Registry, run: Run, pool: TransportPool | None = None) -> Cancelled:
+def cancel_run(registry: RunRegistry, run: Run, pool: TransportPool | None = None) -> Cancelled:
     """Cancel a run's current job and record it; a run that has already ended is left alone.
 
     The run is polled first (one call), so a job that ended since the last ``status`` is not cancelled
@@ -426,7 +427,7 @@ def cancel_run(registry: Registry, run: Run, pool: TransportPool | None = None) 
     return Cancelled(run.run_id, job_id, True, JobState.CANCELLED.value)
 
 
-def log_paths(registry: Registry, run: Run, rank: int | None = None) -> list[str]:
+def log_paths(registry: RunRegistry, run: Run, rank: int | None = None) -> list[str]:
     """Where the run's scheduler output (or rank N's own log) may be, most likely first."""
     if rank is not None:
         return [f"{run.run_dir}/rank-{rank}.log"]
@@ -435,7 +436,7 @@ def log_paths(registry: Registry, run: Run, rank: int | None = None) -> list[str
     return [f"{run.run_dir}/{name}" for name in get_scheduler(meta.scheduler).log_names(job_id)]
 
 
-def read_log(registry: Registry, run: Run, pool: TransportPool | None = None, *, rank: int | None = None,
+def read_log(registry: RunRegistry, run: Run, pool: TransportPool | None = None, *, rank: int | None = None,
              offset: int = 0) -> str:
     """The log's text from byte ``offset`` on ('' when it does not exist yet)."""
     pool = pool or TransportPool()
@@ -467,8 +468,8 @@ class RunHandle:
         with self._registry() as reg:
             self.run_id = reg.get_run(run_id).run_id
 
-    def _registry(self) -> Registry:
-        return Registry(self._registry_path)
+    def _registry(self) -> RunRegistry:
+        return RunRegistry(self._registry_path)
 
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r}, job_id={self.job_id!r})"
@@ -524,7 +525,7 @@ def submit(job: JobSpec | str | os.PathLike[str], site: SiteProfile | str | None
     ``options``: sets, nodes, walltime, queue, after, run_root, command, dry_run (see ``submit_runs``).
     """
     pool = pool or TransportPool()
-    with Registry(registry_path) as reg:
+    with RunRegistry(registry_path) as reg:
         done = submit_runs(job, site, remote=remote, ssh_config=ssh_config, array=array, registry=reg, pool=pool,
                            **options)
     if done.dry_run:
