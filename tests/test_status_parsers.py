@@ -22,6 +22,7 @@ from hpctrain.submission.schedulers.slurm import status as slurm_backend
 from hpctrain.submission.schedulers.slurm.status import SLURM_STATES, slurm_reason, slurm_state
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
+from hpctrain.submission.tracking import combine
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
@@ -218,17 +219,6 @@ def test_cobalt() -> None:
     assert got["512306"].state is JobState.FAILED
 
 
-def test_merge_status_marks_missing_and_prefers_first() -> None:
-    a = {"1": JobStatus("1", JobState.RUNNING)}
-    b = {"1": JobStatus("1", JobState.FAILED), "2": JobStatus("2", JobState.COMPLETED)}
-    arr = {"7_0": JobStatus("7_0", JobState.COMPLETED), "7_1": JobStatus("7_1", JobState.FAILED)}
-    got = sp.merge_status(["1", "2", "3", "7"], a, b, arr)
-    assert got["1"].state is JobState.RUNNING
-    assert got["2"].state is JobState.COMPLETED
-    assert got["3"].state is JobState.MISSING
-    assert {"7_0", "7_1"} <= set(got) and "7" not in got
-
-
 def test_argv_builders_are_lists() -> None:
     argv = slurm_backend.sacct_argv(["1", "2"])
     assert argv[-2:] == ["-j", "1,2"] and "JobID,JobName,State" in argv[5]
@@ -248,7 +238,7 @@ def test_live_slurm_exit_code_and_missing(slurm: SlurmCluster, tmp_path: Path) -
         slurm.wait_for_state(fail, ["FAILED"])
         ids = [fail, held, "999999"]
         out = subprocess.run(slurm_backend.squeue_argv(ids), capture_output=True, text=True, timeout=30)
-        got = sp.merge_status(ids, slurm_backend.parse_squeue(out.stdout))
+        got = combine(ids, None, slurm_backend.parse_squeue(out.stdout))  # production's merge, live view only
         assert got[fail].state is JobState.FAILED
         assert got[held].state is JobState.PENDING and "held" in got[held].reason_text
         assert got["999999"].state is JobState.MISSING
@@ -275,7 +265,6 @@ def test_sacct_runs_of_a_requeued_job_keep_how_each_ended() -> None:
 
 def test_an_active_job_counts_the_failed_run_accounting_still_shows_last() -> None:
     """sacct may list only the run that ended with its node while squeue already shows the job again."""
-    from hpctrain.submission.tracking import combine
 
     accounting = slurm_backend.parse_sacct("327|wrap|NODE_FAIL|0:0|None|00:00:40|t|t|node[01-02]\n")
     live = slurm_backend.parse_squeue("327|PENDING|BeginTime|0:00||wrap\n")
