@@ -28,7 +28,7 @@ from hpctrain.errors import ConfigError, SchedulerError, TransportError
 from hpctrain.submission.discovery import compare_profile, discover, draft_profile, findings_from, write_profile
 from hpctrain.submission.discovery.detect import which_scheduler
 from hpctrain.submission.discovery.facts import NO_LIMIT_S, gpu_kind_of, size_gb
-from hpctrain.submission.discovery.probe import MARK, Probe, Section, probe_script, run_probe, split_sections
+from hpctrain.submission.discovery.probe import MARK, Probe, Section, probe_script, probe_sections, run_probe
 from hpctrain.submission.schedulers.cobalt.discovery import nodes_per_queue, table
 from hpctrain.submission.schedulers.slurm.discovery import gres_gpus, key_values, slurm_seconds
 from hpctrain.submission.transport import Completed, LocalTransport, SSHTransport
@@ -145,7 +145,7 @@ def assert_matches_local_slurm(findings: Any) -> None:
 def test_sections_keep_each_commands_output_error_and_status_apart() -> None:
     text = (f"noise\n{MARK} a out\nline 1\n{MARK} a err\noops\n{MARK} a rc 3\n"
             f"{MARK} b out\n\n{MARK} end\n")
-    sections = split_sections(text)
+    sections = probe_sections(text)
     assert sections["a"] == Section("line 1", "oops", 3)
     assert sections["b"].out == "" and sections["b"].rc is None and "end" in sections
     probe = Probe(sections)

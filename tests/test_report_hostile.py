@@ -35,7 +35,8 @@ from hpctrain.report.html import page
 from hpctrain.report.serve import HOST, ReportServer
 from hpctrain.report.source import fetch, open_source
 from hpctrain.run_files import RunFileError
-from hpctrain.submission.tracking import batch_script, last_json_record, split_sections
+from hpctrain.submission.marked_sections import split_marked_sections
+from hpctrain.submission.tracking import POLL_MARK, batch_script, last_json_record
 from hpctrain.submission.transport import LocalTransport, SSHTransport
 from hpctrain.text import JSONTooDeep, json_lines, json_value
 from tests.conftest import TinyJob
@@ -418,7 +419,7 @@ def test_the_status_script_reads_no_fifo(tmp_path: Path) -> None:
     script = batch_script([], [str(fifo)], [str(fifo)], [str(note)])
     got = unblocked(lambda: LocalTransport().run(["sh", "-c", script], timeout=300, check=False), [fifo, note])
     assert not isinstance(got, BaseException), got
-    sections = split_sections(got.stdout)  # type: ignore[union-attr]
+    sections = split_marked_sections(got.stdout, POLL_MARK)  # type: ignore[union-attr]
     assert "end" in sections and all(sections.get(s, {}).get("out", "") == "" for s in ("tail0", "rec0", "note0"))
 
 

@@ -16,11 +16,12 @@ import pytest
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
 from hpctrain.submission.api import RunHandle, parse_after, parse_array, submit, submit_runs
+from hpctrain.submission.marked_sections import split_marked_sections
 from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.registry_rows import SUBMIT_FAILED
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
-from hpctrain.submission.tracking import batch_script, combine, expand_array_ranges, poll_runs, split_sections
+from hpctrain.submission.tracking import POLL_MARK, batch_script, combine, expand_array_ranges, poll_runs
 from hpctrain.submission.transport import LocalTransport, TransportPool, run_script
 from tests.conftest import TinyJob
 from tests.transport_record import as_recorded
@@ -57,7 +58,7 @@ def test_batch_script_falls_back_and_marks_sections(tmp_path: Path) -> None:
          [("live2", ["no-such-command-xyz"]), ("live3", ["echo", "it's $HOME"])]],
         [str(metrics), str(tmp_path / "missing")])
     out = LocalTransport().run(["sh", "-c", script], timeout=30, check=False)
-    sec = split_sections(out.stdout)
+    sec = split_marked_sections(out.stdout, POLL_MARK)
     assert sec["acc0"]["rc"] == "1" and sec["acc0"]["err"] == "no accounting"
     assert sec["acc1"] == {"out": "a|b", "err": "", "rc": "0"}
     assert sec["live2"]["rc"] == "127"
@@ -78,7 +79,7 @@ def test_a_poll_of_many_runs_with_long_paths_is_not_bounded_by_the_command_line(
     script = batch_script([[("live0", ["echo", "answered"])]], paths, paths, paths)
     assert len(script.encode()) > 4 * 128 * 1024
     out = run_script(LocalTransport(), script, timeout=120)
-    sec = split_sections(out.stdout)
+    sec = split_marked_sections(out.stdout, POLL_MARK)
     assert sec["live0"]["out"] == "answered" and "end" in sec
     assert [i for i in range(1500) if sec.get(f"tail{i}", {}).get("out")] == [0, 500, 1000]
     assert json.loads(sec["tail500"]["out"]) == {"step": len(paths[500])}

@@ -17,6 +17,7 @@ from typing import Any
 from hpctrain.errors import HpctrainError, TransportError
 from hpctrain.exit_codes import EXIT_REQUEUE, EXIT_SCHEDULER, EXIT_TRANSPORT
 from hpctrain.submission.failure import FAILURE_FILE, read_failure
+from hpctrain.submission.marked_sections import split_marked_sections
 from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.registry_rows import Run
 from hpctrain.submission.run_record import RunMeta, kept_progress, read_meta, save_progress
@@ -34,7 +35,7 @@ FAILURE_BYTES = 2048  # a failure note is one line; read no more of it
 # The most read of the end of a metrics file or an exit log per poll: a last line longer than that is no record
 # (it is skipped), and a run directory's files never make a poll's answer big.
 TAIL_BYTES = 64 * 1024
-_MARK = "@@hpctrain-section"
+POLL_MARK = "@@hpctrain-section"
 _ARRAY_RANGE = re.compile(r"^(?P<master>[^_\[\]]+)_\[(?P<spec>[^\]]+)\](?P<rest>.*)$")
 
 
@@ -108,7 +109,7 @@ def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Seque
     regular files are read: a FIFO would block the poll, a device (a link to /dev/zero) would never end."""
     lines = [
         't=$(mktemp 2>/dev/null || echo "/tmp/hpctrain-status.$$")',
-        f"sec() {{ printf '\\n{_MARK} %s\\n' \"$*\"; }}",
+        f"sec() {{ printf '\\n{POLL_MARK} %s\\n' \"$*\"; }}",
         'run() { n=$1; shift; sec "$n" out; "$@" 2>"$t"; rc=$?; sec "$n" err; cat "$t"; sec "$n" rc $rc; '
         "return $rc; }",
     ]
@@ -126,35 +127,6 @@ def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Seque
         lines.append(f"sec note{i} out; [ -f {q} ] && head -c {FAILURE_BYTES} -- {q} 2>/dev/null")
     lines.append('rm -f "$t"; sec end')
     return "\n".join(lines) + "\n"
-
-
-def split_sections(stdout: str) -> dict[str, dict[str, str]]:
-    """``{section: {"out": ..., "err": ..., "rc": "0"}}`` from the marked output of ``batch_script``."""
-    out: dict[str, dict[str, str]] = {}
-    current: tuple[str, str] | None = None
-    buf: list[str] = []
-
-    def flush() -> None:
-        if current is not None:
-            out.setdefault(current[0], {})[current[1]] = "\n".join(buf).strip("\n")
-
-    for line in stdout.split("\n"):
-        if line.startswith(_MARK + " "):
-            flush()
-            words = line[len(_MARK) + 1:].split()
-            buf = []
-            if len(words) >= 3 and words[1] == "rc":
-                out.setdefault(words[0], {})["rc"] = words[2]
-                current = None
-            elif len(words) >= 2:
-                current = (words[0], words[1])
-            else:
-                out.setdefault(words[0] if words else "", {})
-                current = None
-            continue
-        buf.append(line)
-    flush()
-    return out
 
 
 @dataclass(frozen=True)
@@ -184,7 +156,7 @@ def poll_scheduler(transport: Transport, scheduler: Scheduler, jobs: Mapping[str
     except TransportError as exc:
         return GroupPoll(None, dict.fromkeys(metrics_paths), f"status poll on {transport.host} failed: {exc}",
                          error_code=exc.exit_code)
-    sections = split_sections(done.stdout)
+    sections = split_marked_sections(done.stdout, POLL_MARK)
     if "end" not in sections:
         detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return GroupPoll(None, dict.fromkeys(metrics_paths),
