@@ -39,6 +39,7 @@ from hpctrain.submission.transport import CommandFailed, Completed, Transport, T
 from hpctrain.submission.views import RunView, is_terminal, latest_job_id
 
 if TYPE_CHECKING:
+    from hpctrain.config.fit import Placement
     from hpctrain.config.job import JobSpec
     from hpctrain.config.site import SiteProfile
 
@@ -156,49 +157,11 @@ def submit_runs(
     their ``files``; ``files[i]``: (local file, name) pairs copied into task i's run directory before the job
     is submitted (what a task reads besides its spec, e.g. a pickled callable).
     """
-    from hpctrain.config.job import JobSpec, load_job
-    from hpctrain.config.preflight import check_job, warn
-    from hpctrain.config.site import load_site
-
-    extra = [*([f"resources.nodes={nodes}"] if nodes is not None else []),
-             *([f"resources.walltime={walltime}"] if walltime is not None else []),
-             *([f"resources.queue={queue}"] if queue is not None else [])]
-    overrides = [*sets, *extra]
-    if isinstance(job, JobSpec):
-        for assignment in overrides:
-            job = _variant(job, assignment)
-    else:
-        job = load_job(job, sets=list(sets), nodes=nodes, walltime=walltime, queue=queue)
-    site_profile = site if not isinstance(site, str | type(None)) else load_site(site)
-    scheduler = get_scheduler(site_profile.scheduler)
-    if remote is not None and not scheduler.submits_over_ssh:
-        raise ConfigError(f"--site {site_profile.name} runs on this machine ({scheduler.name} scheduler); it cannot "
-                          "be used with --remote", hint="pick the remote machine's site profile")
-
-    # Variants (one per array task), each checked before anything is registered or written.
-    assignments: list[str | None] = [None]
-    if array is not None and tasks is not None:
-        raise ConfigError("an array is made of --array values or of a number of tasks, not both")
-    if tasks is not None and tasks < 1:
-        raise ConfigError(f"tasks={tasks}: an array needs at least one task")
-    is_array = array is not None or (tasks or 1) > 1
-    if is_array and scheduler.array_index_variable is None:
-        raise SchedulerError(f"site {site_profile.name!r} ({scheduler.name}) cannot run job arrays",
-                             hint="submit one run per value with --set instead")
-    if array is not None:
-        key, values = parse_array(array)
-        assignments = [f"{key}={v}" for v in values]
-    elif tasks is not None:
-        assignments = [None] * tasks
+    job, site_profile, scheduler, overrides = _load(job, site, remote, sets, nodes, walltime, queue)
+    assignments, is_array = _task_assignments(array, tasks, scheduler, site_profile)
     if files and len(files) != len(assignments):
         raise ValueError(f"files: {len(files)} lists for {len(assignments)} tasks")
-    jobs = [job if a is None else _variant(job, a) for a in assignments]
-    for j in jobs:
-        placement = place(j, site_profile)
-        # What would fail at start fails now; data paths are checked where the ranks will read them. The notes say
-        # which execution queue the job lands in and whether it may requeue.
-        warn([*placement.notes, *check_job(j, site_profile, local_paths=remote is None)])
-    check_array_size(site_profile, placement, len(jobs))
+    jobs, placement = _checked_variants(job, assignments, site_profile, remote)
 
     registry = registry or RunRegistry()
     pool = pool or TransportPool()
@@ -230,6 +193,65 @@ def submit_runs(
                                ssh_config=ssh_config, files=files)
     return Submitted([registry.get_run(r.run_id) for r in runs], list(job_ids),
                      str(record_dir(registry, runs[0].run_id) / "job.sh"))
+
+
+def _load(job: JobSpec | str | os.PathLike[str], site: SiteProfile | str | None, remote: str | None,
+          sets: Sequence[str], nodes: int | None, walltime: str | None, queue: str | None
+          ) -> tuple[JobSpec, SiteProfile, Scheduler, list[str]]:
+    """The job with its overrides applied, its site profile and back-end, and the overrides as KEY=VALUE."""
+    from hpctrain.config.job import JobSpec, load_job
+    from hpctrain.config.site import load_site
+
+    extra = [*([f"resources.nodes={nodes}"] if nodes is not None else []),
+             *([f"resources.walltime={walltime}"] if walltime is not None else []),
+             *([f"resources.queue={queue}"] if queue is not None else [])]
+    overrides = [*sets, *extra]
+    if isinstance(job, JobSpec):
+        for assignment in overrides:
+            job = _variant(job, assignment)
+    else:
+        job = load_job(job, sets=list(sets), nodes=nodes, walltime=walltime, queue=queue)
+    site_profile = site if not isinstance(site, str | type(None)) else load_site(site)
+    scheduler = get_scheduler(site_profile.scheduler)
+    if remote is not None and not scheduler.submits_over_ssh:
+        raise ConfigError(f"--site {site_profile.name} runs on this machine ({scheduler.name} scheduler); it cannot "
+                          "be used with --remote", hint="pick the remote machine's site profile")
+    return job, site_profile, scheduler, overrides
+
+
+def _task_assignments(array: str | None, tasks: int | None, scheduler: Scheduler, site_profile: SiteProfile
+                      ) -> tuple[list[str | None], bool]:
+    """One override per array task (None: the spec as it is), and whether the job is an array."""
+    assignments: list[str | None] = [None]
+    if array is not None and tasks is not None:
+        raise ConfigError("an array is made of --array values or of a number of tasks, not both")
+    if tasks is not None and tasks < 1:
+        raise ConfigError(f"tasks={tasks}: an array needs at least one task")
+    is_array = array is not None or (tasks or 1) > 1
+    if is_array and scheduler.array_index_variable is None:
+        raise SchedulerError(f"site {site_profile.name!r} ({scheduler.name}) cannot run job arrays",
+                             hint="submit one run per value with --set instead")
+    if array is not None:
+        key, values = parse_array(array)
+        assignments = [f"{key}={v}" for v in values]
+    elif tasks is not None:
+        assignments = [None] * tasks
+    return assignments, is_array
+
+
+def _checked_variants(job: JobSpec, assignments: list[str | None], site_profile: SiteProfile, remote: str | None
+                      ) -> tuple[list[JobSpec], Placement]:
+    """Each task's spec, checked before anything is registered or written, and where the job is placed."""
+    from hpctrain.config.preflight import check_job, warn
+
+    jobs = [job if a is None else _variant(job, a) for a in assignments]
+    for j in jobs:
+        placement = place(j, site_profile)
+        # What would fail at start fails now; data paths are checked where the ranks will read them. The notes say
+        # which execution queue the job lands in and whether it may requeue.
+        warn([*placement.notes, *check_job(j, site_profile, local_paths=remote is None)])
+    check_array_size(site_profile, placement, len(jobs))
+    return jobs, placement
 
 
 def _dependency(registry: RunRegistry, after: str, site: SiteProfile, remote: str | None) -> tuple[str, str]:
