@@ -111,7 +111,7 @@ def build(root: Path) -> None:
     from hpctrain.checkpoint.store import CheckpointStore
     from hpctrain.ffn.model import ConvStack3D
     from hpctrain.submission.api import RunHandle, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     for name in ("metrics.jsonl", "profile.json", "scores.json"):
         replaced(write_run(root / f"deep-{name}") / name, "deep")
@@ -158,7 +158,7 @@ def build(root: Path) -> None:
     os.mkfifo(root / "fifo-id-run" / "mlflow-run-id")
     # a run in the registry whose last metrics line is nested 100,000 deep, for `hpctrain status`
     deep = ["python3", "-c", f"open('metrics.jsonl', 'w').write('{{\"step\": 1}}\\n' + '[' * {len(DEEP)})"]
-    with Registry() as registry:
+    with RunRegistry() as registry:
         run = submit_runs(root / "refused.yaml", "local", command=deep, registry=registry).runs[0]
     RunHandle(run.run_id).wait(timeout=TIMEOUT_S, poll_s=0.5)
     (root / "status-run-id").write_text(run.run_id)

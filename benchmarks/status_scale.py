@@ -17,9 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hpctrain.submission.registry import Registry  # noqa: E402
+from hpctrain.submission.registry import RunRegistry  # noqa: E402
 from hpctrain.submission.schedulers import status_parsers as sp  # noqa: E402
 from hpctrain.submission.schedulers.slurm import status as slurm_backend  # noqa: E402
+from hpctrain.submission.tracking import combine  # noqa: E402
 from hpctrain.submission.transport import Completed  # noqa: E402
 
 # (sacct State, ExitCode, Reason, squeue reason) drawn with these weights
@@ -88,9 +89,9 @@ def poll(transport: CountingTransport, ids: list[str], command: str) -> dict[str
     """One batched poll for all ids: one scheduler call, then parse and merge."""
     if command == "sacct":
         out = transport.run(slurm_backend.sacct_argv(ids), timeout=60).stdout
-        return sp.merge_status(ids, slurm_backend.parse_sacct(out))
+        return combine(ids, slurm_backend.parse_sacct(out), None)
     out = transport.run(slurm_backend.squeue_argv(ids), timeout=60).stdout
-    return sp.merge_status(ids, slurm_backend.parse_squeue(out))
+    return combine(ids, None, slurm_backend.parse_squeue(out))
 
 
 def main() -> None:
@@ -115,7 +116,7 @@ def main() -> None:
                      max(calls), argv_len))
 
     with tempfile.TemporaryDirectory() as d:
-        reg = Registry(Path(d) / "registry.db")
+        reg = RunRegistry(Path(d) / "registry.db")
         for i, job in enumerate(ids):
             rid = reg.create_run("ffn-sweep", "polaris", "h", "/r", run_id=f"ffn-sweep-{i:05d}").run_id
             reg.add_submission(rid, job, "submit", ok=True)

@@ -33,7 +33,8 @@ from hpctrain.checkpoint.manifest import (
     rank_runs,
 )
 from hpctrain.checkpoint.node_file import pack, read_index, read_member
-from hpctrain.checkpoint.store import CheckpointStore, NodeGroup
+from hpctrain.checkpoint.store import CheckpointStore
+from hpctrain.checkpoint.store_fields import NodeGroup
 from tests.mp_helpers.nodes import run_on_nodes
 
 REPO = Path(__file__).resolve().parents[1]

@@ -23,7 +23,6 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.checkpoint import store as store_mod
 from hpctrain.checkpoint.manifest import MANIFEST, MARKER, SHARED, file_digest, rank_filename, step_dirname
 from hpctrain.checkpoint.rng import capture_rng_state, restore_rng_state
 from hpctrain.checkpoint.store import CheckpointStore
@@ -294,7 +293,7 @@ def test_failure_at_fsync_removes_temp(tmp_path: Path, monkeypatch: pytest.Monke
     def failing_fsync(fd: int) -> None:
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    monkeypatch.setattr(store_mod.os, "fsync", failing_fsync)
+    monkeypatch.setattr(os, "fsync", failing_fsync)
     with pytest.raises(CheckpointError, match="Input/output error; the previous checkpoint .step 1. is intact"):
         s.save(2, {"w": torch.zeros(10)})
     monkeypatch.undo()
@@ -308,7 +307,8 @@ def test_failure_at_fsync_removes_temp(tmp_path: Path, monkeypatch: pytest.Monke
 RANK_WORKER = """
 import json, os, sys, torch
 import torch.distributed as dist
-from hpctrain.checkpoint.store import CheckpointStore, rank_filename, step_dirname
+from hpctrain.checkpoint.manifest import rank_filename, step_dirname
+from hpctrain.checkpoint.store import CheckpointStore
 from hpctrain.checkpoint.signals import StopFlag
 torch.set_num_threads(1)
 rank, root, init = int(sys.argv[1]), sys.argv[2], sys.argv[3]

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.submission.api import RunHandle, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
 from tests.cluster_support import SITE, Cluster
@@ -91,7 +91,7 @@ def test_a_job_larger_than_the_nodes_that_are_up_is_refused_naming_the_down_one(
 def test_a_link_cut_under_a_running_job_names_the_node_and_the_run_goes_on(home: Path, cluster: Cluster) -> None:
     spec = home / "cut.yaml"
     spec.write_text(SPEC.format(name="cut-link", steps=STEPS, nodes=2))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(spec, str(SITE), registry=reg, run_root=str(home / "runs"))
     run, job_id = done.runs[0], done.job_ids[0]
     assert job_id is not None
@@ -109,7 +109,7 @@ def test_a_link_cut_under_a_running_job_names_the_node_and_the_run_goes_on(home:
         words = f"a node failure ({lost} stopped answering the scheduler)"
         seen: list[str] = []
         deadline = time.monotonic() + 300
-        with Registry() as reg:
+        with RunRegistry() as reg:
             while not any(words in s for s in seen):
                 assert time.monotonic() < deadline, seen
                 (view,) = poll_runs(reg, [reg.get_run(run.run_id)], pool)

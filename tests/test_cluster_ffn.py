@@ -16,7 +16,7 @@ import pytest
 
 from hpctrain.checkpoint.session import STOP_AT_STEP_ENV
 from hpctrain.submission.api import RunHandle, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from tests.cluster_support import SITE, Cluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1200)]
@@ -57,7 +57,7 @@ def test_ffn_on_four_nodes_reports_per_node_and_resumes_on_two(cluster: Cluster,
     monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     spec = cluster_tmp / "ffn.yaml"
     spec.write_text(SPEC)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(spec, str(SITE), run_root=str(cluster_tmp / "runs"), registry=reg).runs[0]
     handle = RunHandle(run.run_id)
     view = handle.wait(timeout=900, poll_s=2.0, max_poll_s=5.0)

@@ -20,7 +20,7 @@ import pytest
 
 from hpctrain.runtime.rank_list import node_file, read_ranks
 from hpctrain.submission.api import RunHandle, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 
 pytestmark = pytest.mark.timeout(600)  # hang guards: at load 6 on 2 cores a resumed run took > 200 s
 REPO = Path(__file__).resolve().parent.parent
@@ -134,7 +134,7 @@ def test_kill_one_rank_under_mpiexec_then_rerun_finishes(tmp_path: Path, venv_bi
 def test_kill_one_rank_under_srun_then_hpctrain_resume(tmp_path: Path, slurm: Any) -> None:
     spec = tmp_path / "dead.yaml"
     spec.write_text(SPEC.format(name="dead-srun", steps=STEPS))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(spec, "ci-slurm", registry=reg)
     run, job_id = done.runs[0], done.job_ids[0]
     assert job_id is not None
@@ -165,7 +165,7 @@ def test_kill_one_rank_under_srun_then_hpctrain_resume(tmp_path: Path, slurm: An
     new_log = (run_dir / f"slurm-{new_job}.out").read_text()
     assert view.state == "completed", new_log[-3000:]
     assert f"(step {step})" in new_log and f"training finished at step {STEPS}" in new_log
-    with Registry() as reg:
+    with RunRegistry() as reg:
         chain = reg.chain(run.run_id)
     assert [(s.kind, s.job_id, s.state) for s in chain] == [("submit", job_id, "failed"),
                                                             ("resume", new_job, "completed")]

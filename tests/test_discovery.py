@@ -28,7 +28,7 @@ from hpctrain.errors import ConfigError, SchedulerError, TransportError
 from hpctrain.submission.discovery.check import compare_profile
 from hpctrain.submission.discovery.detect import discover, findings_from, which_scheduler
 from hpctrain.submission.discovery.facts import NO_LIMIT_S, gpu_kind_of, size_gb
-from hpctrain.submission.discovery.probe import MARK, Probe, Section, probe_script, run_probe, split_sections
+from hpctrain.submission.discovery.probe import MARK, Probe, Section, probe_script, probe_sections, run_probe
 from hpctrain.submission.discovery.profile import draft_profile, write_profile
 from hpctrain.submission.schedulers.base import all_schedulers
 from hpctrain.submission.schedulers.cobalt.discovery import nodes_per_queue, table
@@ -147,7 +147,7 @@ def assert_matches_local_slurm(findings: Any) -> None:
 def test_sections_keep_each_commands_output_error_and_status_apart() -> None:
     text = (f"noise\n{MARK} a out\nline 1\n{MARK} a err\noops\n{MARK} a rc 3\n"
             f"{MARK} b out\n\n{MARK} end\n")
-    sections = split_sections(text)
+    sections = probe_sections(text)
     assert sections["a"] == Section("line 1", "oops", 3)
     assert sections["b"].out == "" and sections["b"].rc is None and "end" in sections
     probe = Probe(sections)
@@ -419,12 +419,12 @@ def test_discover_the_local_slurm_and_submit_with_the_written_profile(
     assert load_site_file(site).model_dump() == draft.profile.model_dump()
 
     from hpctrain.submission.api import RunHandle, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     (tmp_path / "tiny.yaml").write_text(TINY)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(tmp_path / "tiny.yaml", str(site), command=["sh", "-c", "echo discovered site works"],
                            run_root=str(tmp_path / "runs"), registry=reg)
     (run,) = done.runs
@@ -461,12 +461,12 @@ def test_discover_the_cluster_partition_and_run_on_two_of_its_nodes(
     assert f"scontrol show partition {cluster.partition}: MaxTime={truth['MaxTime']}" in draft.text
 
     from hpctrain.submission.api import RunHandle, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     monkeypatch.setenv("HPCTRAIN_HOME", str(cluster_tmp / "home"))
     monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     (cluster_tmp / "tiny.yaml").write_text(TINY)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(cluster_tmp / "tiny.yaml", str(site), nodes=2, queue=cluster.partition,
                            command=["sh", "-c", 'echo "rank $SLURM_PROCID on $(hostname)"'],
                            run_root=str(cluster_tmp / "runs"), registry=reg)

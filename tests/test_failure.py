@@ -20,7 +20,7 @@ import pytest
 
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.failure import FAILURE_FILE, MAX_CHARS, OWN, failure_line, record_failure
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from tests.conftest import TinyJob
 from tests.transport_record import as_recorded
 
@@ -56,7 +56,7 @@ def test_failed_ranks_name_the_cause_in_status_runs_and_wait(tmp_path: Path, tin
     command): the run's reason is that rank's line, not only its exit code, wherever the run is shown."""
     tiny_job("twofail", ranks_per_node=2, path=tmp_path / "job.yaml")
     rank = [sys.executable, "-m", "hpctrain", "run", "job.yaml", "--run-dir", ".", "--set", "train.lr=-1"]
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(tmp_path / "job.yaml", "local", command=rank, registry=reg).runs[0]
     view = RunHandle(run.run_id).wait(timeout=120, poll_s=0.5)
     cause = "--set train.lr=-1: train.lr: Input should be greater than 0"
@@ -97,7 +97,7 @@ def test_the_note_comes_over_ssh_in_the_same_round_trip(tmp_path: Path, tiny_job
     pool = TransportPool(lambda r, c: Counting(r, ssh_config=c, control_dir=str(control), connect_timeout=5))
     rank = [sys.executable, "-m", "hpctrain", "run", "job.yaml", "--run-dir", ".", "--set", "train.lr=-1"]
     try:
-        with Registry() as reg:
+        with RunRegistry() as reg:
             run = submit_runs(tmp_path / "job.yaml", "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
                               run_root=str(tmp_path / "remote-runs"), command=rank, registry=reg, pool=pool).runs[0]
             deadline = time.monotonic() + 120

@@ -26,7 +26,7 @@ import pytest
 
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.failure import FAILURE_FILE, NOTE_FILES, OWN, PEER, SIGNAL, record_failure
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 
 pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_a_data_mistake_is_the_reason_on_every_rank(tmp_path: Path, mistake: str
     job.write_text(FFN_JOB.format(name=f"data-{mistake}", good=files["good"]))
     rank = [sys.executable, "-m", "hpctrain", "run", "job.yaml", "--run-dir", ".",
             "--set", f"data.train.image={image.format(f=bad)}", "--set", f"data.train.labels={labels.format(f=bad)}"]
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(job, "local", command=rank, registry=reg).runs[0]
     view = RunHandle(run.run_id).wait(timeout=240, poll_s=0.5)
     log = Path(run.run_dir, "job.out").read_text()
@@ -150,7 +150,7 @@ def test_a_killed_rank_is_the_reason_on_the_local_site(tmp_path: Path) -> None:
     """kill -9 of rank 1 while the ranks train: rank 0's broken all-reduce is not the reason, rank 1's death is."""
     job = tmp_path / "job.yaml"
     job.write_text(LONG_JOB.format(name="killed-local"))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(job, "local", registry=reg).runs[0]
     run_dir = Path(run.run_dir).resolve()
     handle = RunHandle(run.run_id)
@@ -225,7 +225,7 @@ def test_a_killed_rank_is_the_reason_under_srun(tmp_path: Path, slurm: Any) -> N
     """kill -9 of rank 1 in a real Slurm job (srun, MPI): the reason names rank 1 and its signal."""
     job = tmp_path / "job.yaml"
     job.write_text(LONG_JOB.format(name="killed-srun"))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(job, "ci-slurm", registry=reg)
     run, job_id = done.runs[0], done.job_ids[0]
     run_dir = Path(run.run_dir)

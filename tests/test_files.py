@@ -24,7 +24,7 @@ from hpctrain.config.site import load_site, load_site_file
 from hpctrain.config.yamlio import read_config_text
 from hpctrain.errors import ConfigError, ConfigErrors, HpctrainError
 from hpctrain.files import NotRegularFile, read_regular_bytes
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.render import render_script
 from hpctrain.text import printable
 
@@ -146,7 +146,7 @@ def test_a_registry_that_is_not_a_regular_file_is_an_error_naming_it(tmp_path: P
     else:
         path = make(kind, tmp_path / "registry.db")
     for readonly in (True, False):
-        got = unblocked(lambda readonly=readonly: Registry(path, readonly=readonly), path)
+        got = unblocked(lambda readonly=readonly: RunRegistry(path, readonly=readonly), path)
         assert isinstance(got, HpctrainError) and str(path) in str(got), got
     env = dict(os.environ, HPCTRAIN_REGISTRY=str(path))
     for args in (["runs"], ["runs", "--json"], ["runs", "--repair"]):

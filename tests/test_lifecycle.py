@@ -27,7 +27,7 @@ import pytest
 
 from hpctrain.exit_codes import EXIT_CHECKPOINT, EXIT_CONFIG, EXIT_OK, EXIT_TRANSPORT
 from hpctrain.submission.api import RunHandle, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.run_record import META_FILE, RunMeta, record_dir
 from hpctrain.submission.schedulers import local_controller
 from hpctrain.submission.schedulers.state import JobState
@@ -61,7 +61,7 @@ def cli(env: Path, *args: str, timeout: float = 90, extra_env: dict[str, str] | 
 
 
 def chain_of(run_id: str) -> list[tuple[str, str | None, int | None]]:
-    with Registry() as reg:
+    with RunRegistry() as reg:
         return [(s.kind, s.state, s.exit_code) for s in reg.chain(run_id)]
 
 
@@ -70,7 +70,7 @@ def chain_of(run_id: str) -> list[tuple[str, str | None, int | None]]:
 
 @pytest.mark.processes
 def test_a_local_requeue_reads_as_restart_k_of_n(env: Path) -> None:
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(env / "tiny.yaml", "local", command=["sh", "-c", REQUEUE_ONCE], registry=reg).runs[0]
     seen: list[str] = []
     deadline = time.monotonic() + 120
@@ -97,7 +97,7 @@ def test_a_local_requeue_reads_as_restart_k_of_n(env: Path) -> None:
 def test_a_slurm_requeue_is_not_waiting_for_a_start_time(env: Path, slurm: Any) -> None:
     """Between the two segments Slurm holds the requeued job PENDING (reason BeginTime, ~12 s here): the
     run says it was requeued and is waiting to start again, not that it waits for a start time someone set."""
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(env / "tiny.yaml", "ci-slurm", command=["sh", "-c", REQUEUE_ONCE], registry=reg)
     run, job_id = done.runs[0], done.job_ids[0]
     pending: list[str] = []
@@ -134,7 +134,7 @@ def test_cancel_of_an_ended_run_says_so_and_sends_nothing(env: Path) -> None:
             calls.append(as_recorded(argv, kw))
             return super().run(argv, **kw)
 
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(env / "tiny.yaml", "local", command=["true"], registry=reg).runs[0]
     assert RunHandle(run.run_id).wait(timeout=60, poll_s=0.3).state == "completed"
     handle = RunHandle(run.run_id, pool=TransportPool(lambda r, c: Counting()))
@@ -164,7 +164,7 @@ def test_a_run_outlives_its_site_file_resume_status_cancel(env: Path) -> None:
     out = cli(env, "submit", str(spec), "--site", str(site))
     assert out.returncode == 0, out.stderr
     run_id = out.stdout.split()[0]
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run_dir = Path(reg.get_run(run_id).run_dir)
     deadline = time.monotonic() + 150
     while not (run_dir / "checkpoints" / "manifest.json").is_file():
@@ -212,7 +212,7 @@ def test_same_cause_same_exit_code_everywhere(env: Path, tmp_path: Path) -> None
     ssh_config = tmp_path / "ssh_config"
     ssh_config.write_text(f"Host deadhost\n  HostName 127.0.0.1\n  Port {_free_port()}\n  ConnectTimeout 5\n"
                           "  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n")
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = reg.create_run("away", "ci-slurm", "h", "/tmp/away", remote="deadhost")
         reg.add_submission(run.run_id, "4242", "submit", ok=True)
         rec = record_dir(reg, run.run_id)
@@ -224,7 +224,7 @@ def test_same_cause_same_exit_code_everywhere(env: Path, tmp_path: Path) -> None
         assert "unreachable" in out.stdout + out.stderr, (command, out.stdout, out.stderr)
 
     # Nothing to resume: a run that never wrote a checkpoint.
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(env / "tiny.yaml", "local", command=["true"], registry=reg).runs[0]
     RunHandle(done.run_id).wait(timeout=60, poll_s=0.3)
     out = cli(env, "resume", done.run_id)
@@ -240,7 +240,7 @@ def three_long_ids(env: Path) -> list[str]:
     wide (nothing to poll: they have ended)."""
     ids = [f"digits-20261123-1509-6f3a_{i}" for i in range(3)]
     reason = "rank 0: train.decay.steps: cosine decay needs a length >= 1 " + "(and more words) " * 6
-    with Registry() as reg:
+    with RunRegistry() as reg:
         for i, run_id in enumerate(ids):
             run = reg.create_run("digits", "local", "h", f"/tmp/{run_id}", run_id=run_id)
             reg.add_submission(run.run_id, f"4{i}", "submit", ok=True)

@@ -44,7 +44,6 @@ EXCEPTIONS = {
     "epoch_order": "models/task.py: used only by tests",
     "split_attempts": "report/collect.py: used only by tests",
     "which_scheduler": "submission/discovery/detect.py: used only by tests",
-    "merge_status": "submission/schedulers/status_parsers.py: used by benchmarks/status_scale.py and tests",
 }
 
 

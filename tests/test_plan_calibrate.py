@@ -17,7 +17,7 @@ import pytest
 from hpctrain.config.site import load_site
 from hpctrain.planning.calibrate import calibration_overrides, smallest_queue
 from hpctrain.planning.runs import read_run
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.run_record import META_FILE, record_dir
 from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
 from tests.conftest import TinyJob
@@ -94,7 +94,7 @@ def test_calibrate_refuses_what_needs_no_measurement_before_it_submits(home: dic
     assert all(word in lines[0] for word in words), lines[0]
     registry = Path(home["HPCTRAIN_HOME"]) / "registry.db"
     if registry.exists():
-        with Registry(registry) as reg:
+        with RunRegistry(registry) as reg:
             assert reg.list_runs() == []  # nothing registered, so nothing submitted
     assert not Path(home["HPCTRAIN_RUNS"]).exists()
 
@@ -134,7 +134,7 @@ def test_from_a_remote_run_reads_over_one_ssh_command(tmp_path: Path, sshd: Any,
         made.append(CountingSSH(remote, ssh_config=cfg, control_dir=str(short_dir), connect_timeout=5))
         return made[-1]
 
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         run = reg.create_run("tiny", "ci-slurm", "0" * 16, str(run_dir), remote=sshd.host)
         record_dir(reg, run.run_id).mkdir(parents=True)
         (record_dir(reg, run.run_id) / META_FILE).write_text(

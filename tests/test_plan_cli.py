@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 
 REPO = Path(__file__).resolve().parent.parent
 THETA_SETS = ["--set", "compute_s=1.43", "--set", "compute_std_s=0.03", "--set", "grad_bytes=2.5e6"]
@@ -111,7 +111,7 @@ def test_run_directory_without_profile(tmp_path: Path) -> None:
 @pytest.mark.processes
 def test_registered_run_without_profile_and_unknown_run(tmp_path: Path) -> None:
     env = {"HPCTRAIN_REGISTRY": str(tmp_path / "registry.db")}
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         run = reg.create_run("ffn-local", "local", "0" * 16, str(tmp_path / "rundir"))
     one_line_error(plan("jobs/ffn-local.yaml", "--from", run.run_id, env=env), 2, f"run {run.run_id}",
                    "has no step profile")

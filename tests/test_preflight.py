@@ -91,7 +91,7 @@ def test_jobs_validate_refuses_what_the_ranks_would_refuse(assignment: str, mess
 @pytest.mark.usefixtures("isolated_home")
 def test_python_api_refuses_the_same_cases(assignment: str, message: str, tmp_path: Path) -> None:
     from hpctrain.submission.api import submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.render import render_script
 
     job = load_job(FFN_LOCAL, sets=[assignment])
@@ -100,7 +100,7 @@ def test_python_api_refuses_the_same_cases(assignment: str, message: str, tmp_pa
     assert str(err.value).startswith(f"--set {assignment}: {message}")
     with pytest.raises(ConfigError, match=message.split(":")[0]):
         render_script(job, load_site("ci-slurm"), run_dir="/RUN", spec_path="/RUN/job.yaml")
-    with Registry() as registry, pytest.raises(ConfigError, match=message.split(":")[0]):
+    with RunRegistry() as registry, pytest.raises(ConfigError, match=message.split(":")[0]):
         submit_runs(FFN_LOCAL, "local", sets=[assignment], run_root=str(tmp_path / "runs"), dry_run=True,
                     registry=registry)
     assert not (tmp_path / "runs").exists()  # refused before anything was written

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.run_record import (
     META_FILE,
     PROGRESS_FILE,
@@ -24,7 +24,7 @@ from hpctrain.submission.run_record import (
     record_dir,
     save_progress,
     saved_progress,
-    write_atomic,
+    write_record_file,
 )
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
@@ -94,17 +94,17 @@ def setup(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, str, C
     """A registry with one remote Slurm run whose job trains (step 120 of 300)."""
     cluster = Cluster(tmp_path, monkeypatch)
     path = tmp_path / "home" / "registry.db"
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         run = reg.create_run("tiny", "ci-slurm", "abc", str(cluster.run_dir), remote="me@login1")
         reg.add_submission(run.run_id, JOB, "submit", ok=True)
-        write_atomic(record_dir(reg, run.run_id) / META_FILE, RunMeta("slurm", total_steps=STEPS).to_json())
+        write_record_file(record_dir(reg, run.run_id) / META_FILE, RunMeta("slurm", total_steps=STEPS).to_json())
     cluster.training(120)
     return path, run.run_id, cluster
 
 
 def _status(path: Path, run_id: str, pool: TransportPool, *, progress: bool = True):  # noqa: ANN202
     """One poll from its own process (its own registry handle), as `hpctrain status` or `logs --follow` makes."""
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         (view,) = poll_runs(reg, [reg.get_run(run_id)], pool, progress=progress)
         return view
 
@@ -114,7 +114,7 @@ def _status(path: Path, run_id: str, pool: TransportPool, *, progress: bool = Tr
 
 def test_a_running_answer_read_before_the_end_never_undoes_the_stored_end(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
-    with Registry(path) as watcher, Registry(path) as follower:
+    with RunRegistry(path) as watcher, RunRegistry(path) as follower:
         rid = watcher.create_run("tiny", "ci-slurm", "abc", "/runs/tiny").run_id
         watcher.add_submission(rid, JOB, "submit", ok=True)
         follower.update_states({JOB: JobStatus(JOB, JobState.COMPLETED, exit_code=0)})
@@ -130,7 +130,7 @@ def test_a_running_answer_read_before_the_end_never_undoes_the_stored_end(tmp_pa
 
 def test_kept_progress_only_moves_forward(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
-    with Registry(path) as watcher, Registry(path) as other:
+    with RunRegistry(path) as watcher, RunRegistry(path) as other:
         rid = watcher.create_run("tiny", "ci-slurm", "abc", "/runs/tiny").run_id
         assert save_progress(other, rid, _record(300), after_end_of=JOB)["step"] == 300
         # the watcher's record, read while the job ran, arrives after the last one
@@ -164,7 +164,7 @@ def test_the_end_stored_by_another_process_while_a_poll_was_under_way(
     assert watcher.progress is not None and (watcher.progress.step, watcher.progress.total) == (STEPS, STEPS)
     later = _status(path, rid, _pool(LoginNode()))
     assert later.state == "completed" and later.progress is not None and later.progress.step == STEPS
-    with Registry(path) as reg:  # `hpctrain runs`: the registry and the kept record only
+    with RunRegistry(path) as reg:  # `hpctrain runs`: the registry and the kept record only
         shown = view_of(reg, reg.get_run(rid))
         assert shown.progress is not None and shown.progress.step == STEPS
 
@@ -198,8 +198,8 @@ def test_a_record_kept_by_an_older_hpctrain_is_read_again_once_the_run_has_ended
         setup: tuple[Path, str, Cluster]) -> None:
     path, rid, cluster = setup
     cluster.finished()
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         reg.update_states({JOB: JobStatus(JOB, JobState.COMPLETED)})
-        write_atomic(record_dir(reg, rid) / PROGRESS_FILE, json.dumps(_record(120)))  # the bare record it kept
+        write_record_file(record_dir(reg, rid) / PROGRESS_FILE, json.dumps(_record(120)))  # the bare record it kept
         assert view_of(reg, reg.get_run(rid)).progress.step == 120  # type: ignore[union-attr]
     assert _status(path, rid, _pool(LoginNode())).progress.step == STEPS  # type: ignore[union-attr]

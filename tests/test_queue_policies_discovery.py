@@ -246,7 +246,7 @@ def test_qos_limits_are_discovered_checked_and_enforced_before_sbatch(
     from hpctrain.config.job import load_job
     from hpctrain.submission.api import submit_runs
     from hpctrain.submission.queue_limits import check_queued_jobs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.schedulers.base import place
 
     qos, part = f"hpct_qos_{os.getpid()}", f"hpct_qosp_{os.getpid()}"
@@ -295,7 +295,7 @@ def test_qos_limits_are_discovered_checked_and_enforced_before_sbatch(
         # That job fills MaxSubmitPU=1: hpctrain's submit refuses a job that fits MaxWall, before sbatch ...
         monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
         monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
-        with Registry() as reg, pytest.raises(FitError) as err:
+        with RunRegistry() as reg, pytest.raises(FitError) as err:
             submit_runs(tmp_path / "tiny.yaml", site, queue=part, walltime="00:10:00", command=["true"],
                         run_root=str(tmp_path / "runs"), registry=reg)
         text = str(err.value)
@@ -303,7 +303,7 @@ def test_qos_limits_are_discovered_checked_and_enforced_before_sbatch(
         assert f"sacctmgr show qos {qos}: MaxSubmitPU=1" in text and "read by `hpctrain sites discover`" in text
         assert "you have 1 job pending or running there (squeue on this machine)" in text
         assert text.endswith("wait for one to finish or cancel one: hpctrain cancel RUN") and "\n" not in text
-        with Registry() as reg:
+        with RunRegistry() as reg:
             assert reg.list_runs() == []
         listed = subprocess.run(["squeue", "-h", "-p", part, "-o", "%i"], capture_output=True, text=True, timeout=30)
         assert listed.stdout.split() == job_ids
@@ -329,7 +329,7 @@ def test_pbs_submit_counts_the_users_queued_jobs_with_qstat(
     from conftest import write_standin_site
 
     from hpctrain.submission.api import submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.schedulers.pbs import count_queued
 
     queue = f"hq{os.getpid() % 100000}"  # qstat -a shows 8 characters of a queue name
@@ -344,7 +344,7 @@ def test_pbs_submit_counts_the_users_queued_jobs_with_qstat(
     (tmp_path / "tiny.yaml").write_text(TINY)
     job_ids: list[str] = []
     try:
-        with Registry() as reg:
+        with RunRegistry() as reg:
             first = submit_runs(tmp_path / "tiny.yaml", str(site), command=["true"], registry=reg)
         job_ids += [j.split(".")[0] for j in first.job_ids if j]
         assert len(job_ids) == 1
@@ -356,13 +356,13 @@ def test_pbs_submit_counts_the_users_queued_jobs_with_qstat(
         qstat = subprocess.run(["sh", "-c", 'exec qstat -a -u "$(id -un)"'], capture_output=True, text=True,
                                timeout=30)
         assert count_queued(qstat.stdout, queue) >= 1, qstat.stdout
-        with Registry() as reg, pytest.raises(FitError) as err:
+        with RunRegistry() as reg, pytest.raises(FitError) as err:
             submit_runs(tmp_path / "tiny.yaml", str(site), command=["true"], registry=reg)
         text = str(err.value)
         assert (f"queue '{queue}' of site 'pbs-limited' takes at most 1 queued jobs per user (the test's own rule)"
                 in text)
         assert "pending or running there (qstat -a on this machine)" in text and "hpctrain cancel RUN" in text
-        with Registry() as reg:
+        with RunRegistry() as reg:
             assert len(reg.list_runs()) == 1
     finally:
         for job_id in job_ids:
@@ -412,7 +412,7 @@ def test_a_job_stopped_at_its_checkpoint_where_chaining_is_forbidden(
     """The script of a queue without chaining has no requeue; the job ends with status 75 at its checkpoint and
     status says to resume it, and why it was not requeued."""
     from hpctrain.submission.api import RunHandle, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     site = tmp_path / "nochain.yaml"
     site.write_text("extends: ci-slurm\nname: nochain\nqueues:\n  debug:\n    chaining: false\n"
@@ -420,7 +420,7 @@ def test_a_job_stopped_at_its_checkpoint_where_chaining_is_forbidden(
     monkeypatch.setenv("HPCTRAIN_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
     (tmp_path / "tiny.yaml").write_text(TINY)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(tmp_path / "tiny.yaml", str(site), command=["sh", "-c", "exit 75"],
                            run_root=str(tmp_path / "runs"), registry=reg)
     (run,) = done.runs

@@ -16,29 +16,25 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import HpctrainError
-from hpctrain.submission.registry import (
-    SCHEMA_VERSION,
-    SUBMIT_FAILED,
-    Registry,
-    default_registry_path,
-    new_run_id,
-)
+from hpctrain.submission.registry import RunRegistry, default_registry_path, new_run_id
+from hpctrain.submission.registry_db import SCHEMA_VERSION
+from hpctrain.submission.registry_rows import SUBMIT_FAILED
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
 
 
 @pytest.fixture
-def reg(tmp_path: Path) -> Registry:
-    r = Registry(tmp_path / "registry.db")
+def reg(tmp_path: Path) -> RunRegistry:
+    r = RunRegistry(tmp_path / "registry.db")
     yield r
     r.close()
 
 
-def _run(reg: Registry, name: str = "ffn-local", site: str = "local") -> str:
+def _run(reg: RunRegistry, name: str = "ffn-local", site: str = "local") -> str:
     return reg.create_run(name, site, "abc123", f"/runs/{name}", overrides=["train.lr=0.01"]).run_id
 
 
-def test_run_id_shape_and_create(reg: Registry) -> None:
+def test_run_id_shape_and_create(reg: RunRegistry) -> None:
     assert re.fullmatch(r"ffn-local-\d{8}-\d{4}-[0-9a-f]{4}", new_run_id("ffn-local"))
     run = reg.create_run("ffn-local", "theta", "h", "/r", remote="alice@login", spec_path="jobs/ffn.yaml",
                          overrides=["train.lr=0.1", "resources.nodes=2"])
@@ -49,19 +45,19 @@ def test_run_id_shape_and_create(reg: Registry) -> None:
     assert len(ids) == 30
 
 
-def test_wal_and_schema_version(reg: Registry) -> None:
+def test_wal_and_schema_version(reg: RunRegistry) -> None:
     assert reg._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     assert reg._db.execute("PRAGMA busy_timeout").fetchone()[0] >= 30000
     assert reg.schema_version == SCHEMA_VERSION
 
 
 def test_newer_schema_is_refused(tmp_path: Path) -> None:
-    Registry(tmp_path / "r.db").close()
+    RunRegistry(tmp_path / "r.db").close()
     con = sqlite3.connect(tmp_path / "r.db")
     con.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     con.close()
     with pytest.raises(HpctrainError, match="newer than this hpctrain"):
-        Registry(tmp_path / "r.db")
+        RunRegistry(tmp_path / "r.db")
 
 
 def test_path_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -70,11 +66,11 @@ def test_path_from_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert default_registry_path() == tmp_path / "home" / "registry.db"
     monkeypatch.setenv("HPCTRAIN_REGISTRY", str(tmp_path / "x.db"))
     assert default_registry_path() == tmp_path / "x.db"
-    Registry().close()
+    RunRegistry().close()
     assert (tmp_path / "x.db").exists()
 
 
-def test_prefix_lookup(reg: Registry) -> None:
+def test_prefix_lookup(reg: RunRegistry) -> None:
     a = reg.create_run("ffn_a", "local", "h", "/r", run_id="ffn_a-20261122-0231-a3f9")
     reg.create_run("ffn_a", "local", "h", "/r", run_id="ffn_a-20261122-0231-b000")
     reg.create_run("ffnXa", "local", "h", "/r", run_id="ffnXa-20261122-0231-c000")
@@ -85,7 +81,7 @@ def test_prefix_lookup(reg: Registry) -> None:
         reg.get_run("zzz")
 
 
-def test_submission_chain_and_states(reg: Registry) -> None:
+def test_submission_chain_and_states(reg: RunRegistry) -> None:
     rid = _run(reg)
     failed = reg.add_submission(rid, None, "submit", ok=False, error="sbatch: error: invalid partition")
     assert not failed.ok and failed.job_id is None and failed.state == SUBMIT_FAILED
@@ -117,7 +113,7 @@ def test_submission_chain_and_states(reg: Registry) -> None:
     assert reg.get_run(rid).state == "completed"
 
 
-def test_failed_resubmit_keeps_queued_job_visible(reg: Registry) -> None:
+def test_failed_resubmit_keeps_queued_job_visible(reg: RunRegistry) -> None:
     rid = _run(reg)
     reg.add_submission(rid, "7", "submit", ok=True)
     reg.add_submission(rid, None, "resubmit", ok=False, error="ssh: unreachable")
@@ -125,7 +121,7 @@ def test_failed_resubmit_keeps_queued_job_visible(reg: Registry) -> None:
     assert reg.active_jobs_by_site() == {"local": ["7"]}
 
 
-def test_submission_validation(reg: Registry) -> None:
+def test_submission_validation(reg: RunRegistry) -> None:
     rid = _run(reg)
     with pytest.raises(ValueError, match="kind must be one of"):
         reg.add_submission(rid, "1", "again", ok=True)
@@ -137,7 +133,7 @@ def test_submission_validation(reg: Registry) -> None:
         reg.add_submission("nope", "1", "submit", ok=True)
 
 
-def test_job_ids_are_per_site(reg: Registry) -> None:
+def test_job_ids_are_per_site(reg: RunRegistry) -> None:
     a = _run(reg, site="theta")
     b = _run(reg, site="polaris")
     reg.add_submission(a, "500", "submit", ok=True)
@@ -149,14 +145,14 @@ def test_job_ids_are_per_site(reg: Registry) -> None:
     assert {r.run_id for r in reg.list_runs(active_only=True)} == {a, b}
 
 
-def test_missing_is_terminal(reg: Registry) -> None:
+def test_missing_is_terminal(reg: RunRegistry) -> None:
     rid = _run(reg)
     reg.add_submission(rid, "9", "submit", ok=True)
     reg.update_states({"9": JobStatus("9", JobState.MISSING, "the scheduler no longer knows this job")})
     assert reg.get_run(rid).state == "missing" and reg.list_runs(active_only=True) == []
 
 
-def test_checkpoints(reg: Registry) -> None:
+def test_checkpoints(reg: RunRegistry) -> None:
     rid = _run(reg)
     reg.record_checkpoint(rid, 200, "/ck/200")
     reg.record_checkpoint(rid, 100, "/ck/100")
@@ -172,7 +168,7 @@ SECONDS = 3.0
 
 def _worker(path: str, wid: int, out: mp.Queue) -> None:
     try:
-        reg = Registry(path)
+        reg = RunRegistry(path)
         made: list[tuple[str, str]] = []
         polls = 0
         deadline = time.monotonic() + SECONDS
@@ -203,7 +199,7 @@ def _worker(path: str, wid: int, out: mp.Queue) -> None:
 @pytest.mark.processes
 def test_eight_processes_at_once(tmp_path: Path) -> None:
     path = str(tmp_path / "registry.db")
-    Registry(path).close()
+    RunRegistry(path).close()
     ctx = mp.get_context("fork")
     out: mp.Queue = ctx.Queue()
     procs = [ctx.Process(target=_worker, args=(path, w, out)) for w in range(WORKERS)]
@@ -216,7 +212,7 @@ def test_eight_processes_at_once(tmp_path: Path) -> None:
     assert not errors, errors[0]
     made = [m for r in results for m in r[2]]
     assert len(made) >= WORKERS  # every worker got at least one write through
-    reg = Registry(path)
+    reg = RunRegistry(path)
     runs = {r.run_id for r in reg.list_runs()}
     assert runs == {rid for rid, _ in made}  # no row lost, none invented
     n_sub = reg._db.execute("SELECT COUNT(*) FROM submissions").fetchone()[0]
@@ -234,7 +230,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _filled(path: Path, n: int = 300) -> list[str]:
     """A registry with ``n`` runs, each with one submission and one checkpoint record."""
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         ids = []
         for i in range(n):
             rid = reg.create_run(f"job{i}", "local", "h", f"/runs/job{i}", overrides=[f"train.lr={i}"]).run_id
@@ -302,7 +298,7 @@ def test_damage_gives_a_clear_error_and_repair_salvages_with_a_backup(tmp_path: 
         assert f"the run registry {path} is damaged" in listed.stderr and "hpctrain runs --repair" in listed.stderr
         assert len(listed.stderr.strip().splitlines()) == 1
     with pytest.raises(HpctrainError, match="damaged"):
-        with Registry(path) as reg:  # a writer is refused too, and never "recreates" the file empty
+        with RunRegistry(path) as reg:  # a writer is refused too, and never "recreates" the file empty
             reg.list_runs()
             for rid in ids:
                 reg.chain(rid)
@@ -314,7 +310,7 @@ def test_damage_gives_a_clear_error_and_repair_salvages_with_a_backup(tmp_path: 
     backups = sorted(tmp_path.glob("registry.db.damaged-*"))
     assert backups and backups[0].read_bytes() == damaged_bytes  # the damaged file, byte for byte
     assert f"kept at {backups[0]}" in repaired.stdout
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         assert reg.integrity_problems() == []
         kept = {r.run_id for r in reg.list_runs()}
         assert kept <= set(ids) and not reg.damaged_rows
@@ -335,7 +331,7 @@ def test_a_row_with_malformed_json_is_reported_and_skipped(tmp_path: Path) -> No
     con.execute("UPDATE submissions SET exit_code = 'x' WHERE run_id = ?", (ids[3],))
     con.commit()
     con.close()
-    with Registry(path, readonly=True) as reg:
+    with RunRegistry(path, readonly=True) as reg:
         assert {r.run_id for r in reg.list_runs()} == set(ids) - {ids[2]}  # one bad row hides only itself
         assert reg.chain(ids[3]) == [] and len(reg.damaged_rows) == 2
         with pytest.raises(HpctrainError, match=rf"run '{ids[2]}' cannot be read: overrides is not JSON"):
@@ -346,7 +342,7 @@ def test_a_row_with_malformed_json_is_reported_and_skipped(tmp_path: Path) -> No
     assert f"run row of run '{ids[2]}' skipped" in listed.stderr and "--repair" in listed.stderr
     repaired = _runs_cli(path, "--repair")
     assert "overrides were reset to none" in repaired.stdout
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         assert reg.get_run(ids[2]).overrides == [] and reg.integrity_problems() == []
         assert reg.chain(ids[3]) == []  # the submission with a text exit code could not be kept
 
@@ -355,12 +351,12 @@ def test_a_row_with_malformed_json_is_reported_and_skipped(tmp_path: Path) -> No
 def test_read_only_commands_never_write(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
     ids = _filled(path, 3)
-    with Registry(path, readonly=True) as reg:
+    with RunRegistry(path, readonly=True) as reg:
         assert len(reg.list_runs()) == 3
         with pytest.raises(HpctrainError, match="read-only and this command writes"):
             reg.create_run("x", "local", "h", "/r")
     missing = tmp_path / "none" / "registry.db"
-    with Registry(missing, readonly=True) as reg:  # nothing registered yet: empty, and nothing is created
+    with RunRegistry(missing, readonly=True) as reg:  # nothing registered yet: empty, and nothing is created
         assert reg.list_runs() == []
     assert not missing.parent.exists()
     assert _runs_cli(path).returncode == 0 and ids[0] in _runs_cli(path, "--all").stdout
@@ -407,7 +403,7 @@ def test_a_locked_registry_is_a_bounded_wait_with_a_clear_message(tmp_path: Path
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
         for readonly in (True, False):
             with pytest.raises(HpctrainError) as info:
-                with Registry(path, readonly=readonly, lock_timeout_s=0.5) as reg:
+                with RunRegistry(path, readonly=readonly, lock_timeout_s=0.5) as reg:
                     reg.list_runs()
                     reg.create_run("x", "local", "h", "/r")
             text = str(info.value)
@@ -415,14 +411,14 @@ def test_a_locked_registry_is_a_bounded_wait_with_a_clear_message(tmp_path: Path
             assert "fuser" in text
     finally:
         holder.communicate("", timeout=30)
-    with Registry(path, lock_timeout_s=0.5) as reg:  # released: usable again
+    with RunRegistry(path, lock_timeout_s=0.5) as reg:  # released: usable again
         assert len(reg.list_runs()) == 2
 
 
 @pytest.mark.processes
 def test_prune_removes_only_old_runs_that_never_ran_and_old_dry_runs(tmp_path: Path) -> None:
     path = tmp_path / "registry.db"
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         failed = reg.create_run("failed", "local", "h", "/r").run_id
         reg.add_submission(failed, None, "submit", ok=False, error="sbatch: error: no")
         created = reg.create_run("created", "local", "h", "/r").run_id
@@ -451,13 +447,13 @@ def test_prune_removes_only_old_runs_that_never_ran_and_old_dry_runs(tmp_path: P
     for rid in (failed, created, escape):
         assert rid in preview.stdout
     assert parent not in preview.stdout  # array task 1 ran and still names it as its parent
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         assert len(reg.list_runs()) == 7  # the preview changed nothing
     assert (dry / "old-try").is_dir()
 
     done = _runs_cli(path, "--prune", "--older-than", "7d")
     assert done.returncode == 0, done.stderr
-    with Registry(path) as reg:
+    with RunRegistry(path) as reg:
         assert {r.run_id for r in reg.list_runs()} == {ran, fresh, parent, "arr-1_1"}
         assert reg.checkpoints(failed) == []
     assert sorted(p.name for p in records.iterdir()) == [ran] and (tmp_path / "escape").is_dir()

@@ -36,7 +36,8 @@ from hpctrain.report.source import open_source
 from hpctrain.runtime.metric_sinks import scalars, tracking_uri
 
 if TYPE_CHECKING:
-    from hpctrain.submission.registry import Registry, Run
+    from hpctrain.submission.registry import RunRegistry
+    from hpctrain.submission.registry_rows import Run
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -325,7 +326,7 @@ def test_a_run_without_evaluation_says_whether_one_may_still_come(facts: RunFact
 # --- how a run went on: the chain's words, as status has them ------------------------------------------------
 
 
-def _registered(reg: Registry, tmp_path: Path, name: str, job: str) -> tuple[Run, Path]:
+def _registered(reg: RunRegistry, tmp_path: Path, name: str, job: str) -> tuple[Run, Path]:
     from hpctrain.submission.run_record import META_FILE, RunMeta, record_dir
 
     run_dir = tmp_path / name
@@ -339,7 +340,7 @@ def _registered(reg: Registry, tmp_path: Path, name: str, job: str) -> tuple[Run
     return run, run_dir
 
 
-def _summary_and_marks(reg: Registry, run: Run, run_dir: Path) -> tuple[str, str]:
+def _summary_and_marks(reg: RunRegistry, run: Run, run_dir: Path) -> tuple[str, str]:
     from hpctrain.report.source import facts_of
 
     sections = section_texts(page(collect(run_dir, facts_of(reg, reg.get_run(run.run_id)))))
@@ -349,12 +350,12 @@ def _summary_and_marks(reg: Registry, run: Run, run_dir: Path) -> tuple[str, str
 
 
 def test_a_cancel_and_resume_reads_as_one_not_as_a_requeue(tmp_path: Path) -> None:
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.schedulers.state import JobState
     from hpctrain.submission.schedulers.status_parsers import JobStatus
     from hpctrain.submission.views import chain_starts
 
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         run, run_dir = _registered(reg, tmp_path, "cancelled", "50")
         cancel = JobStatus("50", JobState.CANCELLED, "cancelled by uid 1000", 0, 0, "CANCELLED by 1000")
         reg.update_states({"50": cancel})
@@ -372,14 +373,14 @@ def test_a_cancel_and_resume_reads_as_one_not_as_a_requeue(tmp_path: Path) -> No
      "by the scheduler after a node failure (node02 stopped answering the scheduler)"),
 ])
 def test_a_requeue_is_named_by_what_started_it(tmp_path: Path, lost: dict[str, str], how: str) -> None:
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.schedulers.slurm import SCHEDULER
     from hpctrain.submission.schedulers.state import JobState
     from hpctrain.submission.schedulers.status_parsers import JobStatus, PastRun
     from hpctrain.submission.tracking import record_requeues
     from hpctrain.submission.views import chain_starts
 
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         run, run_dir = _registered(reg, tmp_path, "requeued", "60")
         ended = PastRun("NODE_FAIL" if lost else "REQUEUED", "node[01-02]")
         done = {"60": JobStatus("60", JobState.COMPLETED, "", 0, 1, "COMPLETED", earlier_runs=(ended,))}
@@ -393,12 +394,12 @@ def test_a_requeue_is_named_by_what_started_it(tmp_path: Path, lost: dict[str, s
 
 def test_a_job_that_resubmitted_itself_went_on_after_a_checkpoint(tmp_path: Path) -> None:
     """PBS/Cobalt: the job that stopped at its checkpoint ended (completed, exit 0) and submitted the next one."""
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.schedulers.state import JobState
     from hpctrain.submission.schedulers.status_parsers import JobStatus
     from hpctrain.submission.views import chain_starts
 
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         run, run_dir = _registered(reg, tmp_path, "resubmitted", "70.pbs")
         reg.update_states({"70.pbs": JobStatus("70.pbs", JobState.COMPLETED,
                                                "stopped at a checkpoint; resubmitted as job 71.pbs", 0)})

@@ -35,7 +35,8 @@ from hpctrain.report.html import page
 from hpctrain.report.serve import HOST, ReportServer
 from hpctrain.report.source import fetch, open_source
 from hpctrain.run_files import RunFileError
-from hpctrain.submission.tracking import batch_script, last_json_record, split_sections
+from hpctrain.submission.marked_sections import split_marked_sections
+from hpctrain.submission.tracking import POLL_MARK, batch_script, last_json_record
 from hpctrain.submission.transport import LocalTransport, SSHTransport
 from hpctrain.text import JSONTooDeep, json_lines, json_value
 from tests.conftest import TinyJob
@@ -173,11 +174,11 @@ def test_a_deep_line_in_a_run_file_is_named_in_one_error(tmp_path: Path, name: s
 @pytest.mark.timeout(300)
 def test_status_of_a_run_whose_last_metrics_line_is_deep(tmp_path: Path, tiny_job: TinyJob) -> None:
     from hpctrain.submission.api import RunHandle, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     spec = tiny_job(checkpoint=None)
     write_deep = ["python3", "-c", f"open('metrics.jsonl', 'w').write('{{\"step\": 1}}\\n' + '[' * {len(DEEP)})"]
-    with Registry() as registry:
+    with RunRegistry() as registry:
         run = submit_runs(spec, "local", command=write_deep, registry=registry).runs[0]
     assert RunHandle(run.run_id).wait(timeout=240, poll_s=0.5).state == "completed"
     code, err, _ = cli("status", run.run_id, cwd=tmp_path)
@@ -419,7 +420,7 @@ def test_the_status_script_reads_no_fifo(tmp_path: Path) -> None:
     script = batch_script([], [str(fifo)], [str(fifo)], [str(note)])
     got = unblocked(lambda: LocalTransport().run(["sh", "-c", script], timeout=300, check=False), [fifo, note])
     assert not isinstance(got, BaseException), got
-    sections = split_sections(got.stdout)  # type: ignore[union-attr]
+    sections = split_marked_sections(got.stdout, POLL_MARK)  # type: ignore[union-attr]
     assert "end" in sections and all(sections.get(s, {}).get("out", "") == "" for s in ("tail0", "rec0", "note0"))
 
 

@@ -15,7 +15,7 @@ import pytest
 from hpctrain.report.build import report_data
 from hpctrain.report.source import open_source
 from hpctrain.submission.api import RunHandle, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from tests.conftest import TinyJob
 
 pytestmark = [pytest.mark.slurm, pytest.mark.sshd]
@@ -32,7 +32,7 @@ WRITE_FILES = ("for s in 5 10 15 20; do echo \"{\\\"time\\\": $s, \\\"step\\\": 
 def test_remote_run_report_is_built_from_files_copied_over_ssh(tmp_path: Path, tiny_job: TinyJob, sshd: Any,
                                                                slurm: Any) -> None:
     spec = tiny_job("far", steps=20, path=tmp_path / "far.yaml")
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(spec, "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
                           run_root=str(tmp_path / "remote-runs"), command=["sh", "-c", WRITE_FILES],
                           registry=reg).runs[0]

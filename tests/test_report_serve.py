@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.submission.api import submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from tests.conftest import TinyJob
 
 REPO = Path(__file__).resolve().parent.parent
@@ -37,7 +37,7 @@ def fetch(url: str, pause_s: float = 0.0) -> str:
 @pytest.mark.usefixtures("isolated_home")
 def test_served_report_follows_the_run_and_stops_when_it_ends(tmp_path: Path, tiny_job: TinyJob) -> None:
     spec = tiny_job("live", steps=20, path=tmp_path / "live.yaml")
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(spec, "local", command=["sh", "-c", STAGED], registry=reg).runs[0]
     run_dir = Path(run.run_dir)
     out = tmp_path / "final.html"

@@ -29,7 +29,7 @@ from slurm_support import scontrol, seconds
 from hpctrain.checkpoint.session import HOLD_AT_STEP_ENV
 from hpctrain.node_lists import expand_slurm_nodelist
 from hpctrain.submission.api import RunHandle, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
 from tests.cluster_support import SITE, Cluster
@@ -91,7 +91,7 @@ def test_walltime_signal_checkpoints_requeues_on_other_nodes_and_finishes_bit_ex
                                         extra=f"env: {{{HOLD_AT_STEP_ENV}: '{HELD}'}}\n"))
     (cluster_tmp / "ref.yaml").write_text(CLUSTER_SPEC.format(name="rq-reference", steps=STEPS, extra=""))
     runs = str(cluster_tmp / "runs")
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(spec, str(SITE), registry=reg, run_root=runs)
         reference = submit_runs(cluster_tmp / "ref.yaml", str(SITE), registry=reg, run_root=runs)
     run, job_id = done.runs[0], done.job_ids[0]
@@ -112,7 +112,7 @@ def test_walltime_signal_checkpoints_requeues_on_other_nodes_and_finishes_bit_ex
                        timeout=15)
         pool = TransportPool()
         deadline = time.monotonic() + 300
-        with Registry() as reg:
+        with RunRegistry() as reg:
             while int(scontrol(job_id).get("Restarts", "0")) < 1:
                 assert time.monotonic() < deadline, f"never requeued: {scontrol(job_id)}"
                 assert last_step(run_dir / "metrics.jsonl") < STEPS, "training finished before the signal came"
@@ -143,7 +143,7 @@ def test_walltime_signal_checkpoints_requeues_on_other_nodes_and_finishes_bit_ex
     assert first_nodes[0] not in second_nodes and set(second_nodes) - set(first_nodes), (first_nodes, second_nodes)
     # Training that finished is not requeued again; the registry holds the whole chain.
     assert scontrol(job_id)["Restarts"] == "1" and scontrol(job_id)["JobState"] == "COMPLETED"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         chain = reg.chain(run.run_id)
     assert [(s.kind, s.job_id) for s in chain] == [("submit", job_id), ("requeue", job_id)]
     assert chain[-1].state == "completed" and chain[-1].restart_count == 1 and chain[-1].exit_code == 0
@@ -163,7 +163,7 @@ def test_code_error_fails_without_requeue(tmp_path: Path, slurm: Any) -> None:
     spec.write_text(SPEC.format(name="boom", steps=50, extra=f"env: {{PYTHONPATH: {plugin}}}\n")
                     .replace("model: resnet", "model: boommodel:factory")
                     .replace("model_args: {channels: 8, blocks: 1}\n", ""))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(spec, "ci-slurm", registry=reg)
     run, job_id = done.runs[0], done.job_ids[0]
     assert job_id is not None
@@ -196,7 +196,7 @@ def test_a_stop_reported_as_a_signal_by_srun_is_still_requeued(tmp_path: Path, s
     command = ["bash", "-c", 'if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then exit 0; fi; '
                'if [ "${SLURM_PROCID}" = 0 ]; then echo "{}" > stopped-for-requeue.json; exit 75; fi; '
                "exec sleep 120"]
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(spec, "ci-slurm", registry=reg, command=command)
     run, job_id = done.runs[0], done.job_ids[0]
     assert job_id is not None

@@ -21,7 +21,9 @@ import pytest
 import torch
 import yaml
 
-from hpctrain.checkpoint.store import CheckpointStore, load_files, snapshot
+from hpctrain.checkpoint.store import CheckpointStore
+from hpctrain.checkpoint.store_read import load_files
+from hpctrain.checkpoint.store_write import snapshot
 from hpctrain.errors import CheckpointError
 from hpctrain.exit_codes import REQUEUE_MARKER
 from hpctrain.models.task import ShardedIndexStream
@@ -367,18 +369,18 @@ def test_background_prune_never_deletes_a_later_save(tmp_path: Path) -> None:
     """The commit of an async save prunes in the writer thread; a save made meanwhile must survive it."""
     import threading
 
-    from hpctrain.checkpoint.store import _writer_pool
+    from hpctrain.checkpoint.hashed_write import writer_pool
 
     store = CheckpointStore(tmp_path / "c", keep=1)
     store.save(1, {"model": {"w": torch.ones(2)}})
     pending = store.save_async(2, {"model": {"w": torch.full((2,), 2.0)}})
     pending.wait()
     gate = threading.Event()
-    _writer_pool().submit(gate.wait, 30)  # hold the writer so the prune queued by this commit runs late
+    writer_pool().submit(gate.wait, 30)  # hold the writer so the prune queued by this commit runs late
     store.commit(pending)
     store.save(3, {"model": {"w": torch.full((2,), 3.0)}})  # synchronous, written while the prune waits
     gate.set()
-    _writer_pool().submit(lambda: None).result()  # the queued prune has run
+    writer_pool().submit(lambda: None).result()  # the queued prune has run
     assert sorted(p.name for p in (tmp_path / "c").glob("step-*")) == ["step-00000003"]
     ckpt = store.latest_valid()
     assert ckpt is not None and ckpt.step == 3

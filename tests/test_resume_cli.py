@@ -24,7 +24,7 @@ import pytest
 from hpctrain.checkpoint.session import HOLD_AT_STEP_ENV
 from hpctrain.errors import HpctrainError
 from hpctrain.submission.api import RunHandle, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.resume import resume_run
 
 pytestmark = [pytest.mark.timeout(420), pytest.mark.usefixtures("isolated_home")]
@@ -51,7 +51,7 @@ def test_local_controller_requeues_after_walltime_signal_bit_exact(tmp_path: Pat
     spec = tmp_path / "lq.yaml"
     spec.write_text(SPEC.format(name="lq", steps=STEPS, extra=f"env: {{{HOLD_AT_STEP_ENV}: '{HELD}'}}"))
     (tmp_path / "ref.yaml").write_text(SPEC.format(name="ref", steps=STEPS, extra=""))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = submit_runs(spec, "local", walltime="00:02:00", registry=reg).runs[0]
         ref = submit_runs(tmp_path / "ref.yaml", "local", registry=reg).runs[0]  # uninterrupted: no hold, no signal
     view = RunHandle(run.run_id).wait(timeout=360, poll_s=1, max_poll_s=3)
@@ -64,7 +64,7 @@ def test_local_controller_requeues_after_walltime_signal_bit_exact(tmp_path: Pat
     restarts = out.count("running it again")
     assert stops and stops[-1] == HELD and set(stops) <= {50, HELD} and len(stops) == restarts, out[-3000:]
     assert f"(step {HELD})" in out and f"training finished at step {STEPS}" in out
-    with Registry() as reg:
+    with RunRegistry() as reg:
         chain = reg.chain(run.run_id)
         assert [s.kind for s in chain] == ["submit"] + ["requeue"] * restarts
         assert chain[-1].state == "completed" and chain[-1].restart_count == restarts
@@ -74,14 +74,14 @@ def test_local_controller_requeues_after_walltime_signal_bit_exact(tmp_path: Pat
     assert a["step"] == b["step"] == STEPS
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), name
-    with Registry() as reg, pytest.raises(HpctrainError, match=f"already completed all {STEPS} steps"):
+    with RunRegistry() as reg, pytest.raises(HpctrainError, match=f"already completed all {STEPS} steps"):
         resume_run(reg, run.run_id)
 
 
 @pytest.mark.processes
 def test_resume_refuses_an_active_run_and_one_without_checkpoint(tmp_path: Path) -> None:
     (tmp_path / "t.yaml").write_text(SPEC.format(name="t", steps=10, extra=""))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         busy = submit_runs(tmp_path / "t.yaml", "local", command=["sleep", "60"], registry=reg).runs[0]
         empty = submit_runs(tmp_path / "t.yaml", "local", command=["true"], registry=reg).runs[0]
     environ = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
@@ -95,7 +95,7 @@ def test_resume_refuses_an_active_run_and_one_without_checkpoint(tmp_path: Path)
     out = subprocess.run([sys.executable, "-m", "hpctrain", "resume", empty.run_id], env=environ,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "has no checkpoint in" in out.stderr and "checkpoints" in out.stderr
-    with Registry() as reg:
+    with RunRegistry() as reg:
         with pytest.raises(HpctrainError, match="same or fewer"):
             resume_run(reg, empty.run_id, nodes=4)
         assert [s.kind for s in reg.chain(empty.run_id)] == ["submit"]  # refusals submit nothing

@@ -24,7 +24,7 @@ import pytest
 
 from hpctrain.runtime.counting import counters
 from hpctrain.submission.api import RunHandle, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from tests.cluster_support import Cluster, OpenCounter
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1200)]
@@ -97,7 +97,7 @@ def test_each_node_stages_its_own_copy_and_reads_the_shared_files_once(env: Path
     volume, coords = _ffn_data(env / "shared")
     site = _site(env, cluster.scratch, environment="archive", data=True, archive_cache=str(ENV_CACHE))
     with contextlib.ExitStack() as counting:
-        with Registry() as reg, partition_held(cluster):
+        with RunRegistry() as reg, partition_held(cluster):
             run = submit_runs(_job(env, volume, coords, nodes=2), str(site), registry=reg).runs[0]
             archive = _archive(Path(run.run_dir) / "job.sh")
             counter = counting.enter_context(OpenCounter([archive, volume, coords]))
@@ -155,7 +155,7 @@ def test_a_node_that_cannot_stage_ends_the_job_with_its_name(env: Path, cluster:
     for node in cluster.nodes[1:]:
         assert cluster.run(node, "sh", "-c", f"echo not a directory > {blocked}").returncode == 0
     try:
-        with Registry() as reg:
+        with RunRegistry() as reg:
             run = submit_runs(_job(env, volume, coords, nodes=2), str(_site(env, blocked, data=True)),
                               registry=reg).runs[0]
         handle = RunHandle(run.run_id)

@@ -22,11 +22,13 @@ from hpctrain.submission.schedulers.slurm import status as slurm_backend
 from hpctrain.submission.schedulers.slurm.status import SLURM_STATES, slurm_reason, slurm_state
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
+from hpctrain.submission.tracking import combine
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
 
-    from hpctrain.submission.registry import Registry, Run
+    from hpctrain.submission.registry import RunRegistry
+    from hpctrain.submission.registry_rows import Run
 
 DATA = Path(__file__).parent / "data" / "status"
 
@@ -217,17 +219,6 @@ def test_cobalt() -> None:
     assert got["512306"].state is JobState.FAILED
 
 
-def test_merge_status_marks_missing_and_prefers_first() -> None:
-    a = {"1": JobStatus("1", JobState.RUNNING)}
-    b = {"1": JobStatus("1", JobState.FAILED), "2": JobStatus("2", JobState.COMPLETED)}
-    arr = {"7_0": JobStatus("7_0", JobState.COMPLETED), "7_1": JobStatus("7_1", JobState.FAILED)}
-    got = sp.merge_status(["1", "2", "3", "7"], a, b, arr)
-    assert got["1"].state is JobState.RUNNING
-    assert got["2"].state is JobState.COMPLETED
-    assert got["3"].state is JobState.MISSING
-    assert {"7_0", "7_1"} <= set(got) and "7" not in got
-
-
 def test_argv_builders_are_lists() -> None:
     argv = slurm_backend.sacct_argv(["1", "2"])
     assert argv[-2:] == ["-j", "1,2"] and "JobID,JobName,State" in argv[5]
@@ -247,7 +238,7 @@ def test_live_slurm_exit_code_and_missing(slurm: SlurmCluster, tmp_path: Path) -
         slurm.wait_for_state(fail, ["FAILED"])
         ids = [fail, held, "999999"]
         out = subprocess.run(slurm_backend.squeue_argv(ids), capture_output=True, text=True, timeout=30)
-        got = sp.merge_status(ids, slurm_backend.parse_squeue(out.stdout))
+        got = combine(ids, None, slurm_backend.parse_squeue(out.stdout))  # production's merge, live view only
         assert got[fail].state is JobState.FAILED
         assert got[held].state is JobState.PENDING and "held" in got[held].reason_text
         assert got["999999"].state is JobState.MISSING
@@ -274,7 +265,6 @@ def test_sacct_runs_of_a_requeued_job_keep_how_each_ended() -> None:
 
 def test_an_active_job_counts_the_failed_run_accounting_still_shows_last() -> None:
     """sacct may list only the run that ended with its node while squeue already shows the job again."""
-    from hpctrain.submission.tracking import combine
 
     accounting = slurm_backend.parse_sacct("327|wrap|NODE_FAIL|0:0|None|00:00:40|t|t|node[01-02]\n")
     live = slurm_backend.parse_squeue("327|PENDING|BeginTime|0:00||wrap\n")
@@ -308,12 +298,12 @@ def test_sinfo_node_states_tell_usable_from_broken() -> None:
 def test_a_requeue_after_a_node_failure_reads_as_one(tmp_path: Path) -> None:
     """The chain entry a node failure closed says which node; the view of the run goes on from it. A requeue the
     ranks asked for (exit 75) keeps its words."""
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.schedulers.slurm import SCHEDULER
     from hpctrain.submission.tracking import lost_node_jobs, record_requeues
     from hpctrain.submission.views import view_of
 
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         runs = {}
         for job in ("41", "42"):
             run = reg.create_run("r", "ci-cluster", "h", str(tmp_path / job))
@@ -388,7 +378,7 @@ def test_a_waiting_job_keeps_its_reason_and_an_ended_one_why_it_ended() -> None:
     assert never.reason_text.startswith("will never start")  # why Slurm cancelled it (kill_invalid_depend)
 
 
-def _requeued_run(reg: Registry, tmp_path: Path, job: str, text: str) -> Run:
+def _requeued_run(reg: RunRegistry, tmp_path: Path, job: str, text: str) -> Run:
     """A Slurm run whose job was requeued once, polled with ``text`` (sacct -D) as a poll would record it."""
     from hpctrain.submission.run_record import META_FILE, RunMeta, record_dir
     from hpctrain.submission.schedulers.slurm import SCHEDULER
@@ -411,11 +401,11 @@ def test_status_runs_and_the_report_of_a_requeued_run_that_ended_do_not_say_it_w
     from hpctrain.report.collect import ReportData
     from hpctrain.report.html import summary
     from hpctrain.report.source import facts_of
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.views import view_of
 
     monkeypatch.setenv("HPCTRAIN_REGISTRY", str(tmp_path / "registry.db"))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         completed = _requeued_run(reg, tmp_path, "8", REQUEUED_THEN_COMPLETED)
         cancelled = _requeued_run(reg, tmp_path, "14", REQUEUED_THEN_CANCELLED)
         views = {run.state: view_of(reg, run) for run in (completed, cancelled)}
@@ -433,10 +423,10 @@ def test_status_runs_and_the_report_of_a_requeued_run_that_ended_do_not_say_it_w
 
 def test_a_requeue_hold_recorded_before_is_not_shown_once_the_run_ended(tmp_path: Path) -> None:
     """A registry may hold the hold's words on an ended run from a poll made before the parsers dropped them."""
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.views import view_of
 
-    with Registry(tmp_path / "registry.db") as reg:
+    with RunRegistry(tmp_path / "registry.db") as reg:
         run = _requeued_run(reg, tmp_path, "8", REQUEUED_THEN_COMPLETED)
         stale = JobStatus("8", JobState.COMPLETED, "waiting for its requested start time", 0, 1, "COMPLETED")
         reg.update_states({"8": stale})

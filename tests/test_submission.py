@@ -16,10 +16,12 @@ import pytest
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
 from hpctrain.submission.api import RunHandle, parse_after, parse_array, submit, submit_runs
-from hpctrain.submission.registry import SUBMIT_FAILED, Registry
+from hpctrain.submission.marked_sections import split_marked_sections
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import SUBMIT_FAILED
 from hpctrain.submission.schedulers.state import JobState
 from hpctrain.submission.schedulers.status_parsers import JobStatus
-from hpctrain.submission.tracking import batch_script, combine, expand_array_ranges, poll_runs, split_sections
+from hpctrain.submission.tracking import POLL_MARK, batch_script, combine, expand_array_ranges, poll_runs
 from hpctrain.submission.transport import LocalTransport, TransportPool, run_script
 from tests.conftest import TinyJob
 from tests.transport_record import as_recorded
@@ -56,7 +58,7 @@ def test_batch_script_falls_back_and_marks_sections(tmp_path: Path) -> None:
          [("live2", ["no-such-command-xyz"]), ("live3", ["echo", "it's $HOME"])]],
         [str(metrics), str(tmp_path / "missing")])
     out = LocalTransport().run(["sh", "-c", script], timeout=30, check=False)
-    sec = split_sections(out.stdout)
+    sec = split_marked_sections(out.stdout, POLL_MARK)
     assert sec["acc0"]["rc"] == "1" and sec["acc0"]["err"] == "no accounting"
     assert sec["acc1"] == {"out": "a|b", "err": "", "rc": "0"}
     assert sec["live2"]["rc"] == "127"
@@ -77,7 +79,7 @@ def test_a_poll_of_many_runs_with_long_paths_is_not_bounded_by_the_command_line(
     script = batch_script([[("live0", ["echo", "answered"])]], paths, paths, paths)
     assert len(script.encode()) > 4 * 128 * 1024
     out = run_script(LocalTransport(), script, timeout=120)
-    sec = split_sections(out.stdout)
+    sec = split_marked_sections(out.stdout, POLL_MARK)
     assert sec["live0"]["out"] == "answered" and "end" in sec
     assert [i for i in range(1500) if sec.get(f"tail{i}", {}).get("out")] == [0, 500, 1000]
     assert json.loads(sec["tail500"]["out"]) == {"step": len(paths[500])}
@@ -234,13 +236,13 @@ def test_a_python_api_dry_run_returns_the_script_and_registers_nothing(env: Path
     done = submit(env / "tiny.yaml", "local", dry_run=True, command=WRITE_METRICS)
     assert not isinstance(done, RunHandle | list) and done.dry_run and done.runs == []
     assert Path(done.script_path).is_file() and "python3" in Path(done.script_path).read_text()
-    with Registry() as reg:
+    with RunRegistry() as reg:
         assert reg.list_runs() == []
     assert not (env / "runs").exists()
 
 
 def test_local_site_refuses_remote_arrays_and_dependencies(env: Path) -> None:
-    with Registry() as reg:
+    with RunRegistry() as reg:
         with pytest.raises(ConfigError, match="cannot be used with --remote"):
             submit_runs(env / "tiny.yaml", "local", remote="someone@example.org", registry=reg)
         with pytest.raises(SchedulerError, match="cannot run job arrays"):
@@ -250,7 +252,7 @@ def test_local_site_refuses_remote_arrays_and_dependencies(env: Path) -> None:
 
 def test_failed_start_is_recorded_as_failed(env: Path) -> None:
     (env / "runs").write_text("a file where the run root should be a directory")
-    with Registry() as reg:
+    with RunRegistry() as reg:
         with pytest.raises(HpctrainError):
             submit_runs(env / "tiny.yaml", "local", registry=reg, command=["true"])
         (run,) = reg.list_runs()
@@ -324,7 +326,7 @@ def test_local_runs_go_through_the_transport_like_any_scheduler(env: Path) -> No
 
     pool = TransportPool(lambda remote, cfg: Counting())
     controller = "hpctrain.submission.schedulers.local_controller"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(env / "tiny.yaml", "local", registry=reg, pool=pool, command=["sleep", "30"])
         submitted = [c for c in calls if controller in c]
         assert len(submitted) == 1 and submitted[0][:2] == ["env", "-C"] and "submit" in submitted[0]
@@ -355,14 +357,14 @@ def test_eight_processes_submit_and_poll_at_once(env: Path) -> None:
         assert "locked" not in err
     submitted = {line.split()[0] for args, out, _, _ in results if "submit" in args for line in out.splitlines()}
     assert len(submitted) == 8
-    with Registry() as reg:
+    with RunRegistry() as reg:
         runs = reg.list_runs()
         assert {r.run_id for r in runs} == submitted
         assert all(len(reg.chain(r.run_id)) == 1 and reg.chain(r.run_id)[0].ok for r in runs)
 
 
 def _ended(state: str, reason: str, code: int | None):  # noqa: ANN202 - (chain, run) for why_it_ended
-    from hpctrain.submission.registry import Run, Submission
+    from hpctrain.submission.registry_rows import Run, Submission
 
     run = Run("r-1", "r", "local", None, "h", None, "/tmp/r", "now", state, reason, None, None, [])
     chain = [Submission("r-1", 1, "7", "submit", "now", True, None, state, reason, code, 0, None)]

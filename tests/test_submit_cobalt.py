@@ -18,7 +18,7 @@ import pytest
 from conftest import TinyJob, write_standin_site
 
 from hpctrain.submission.api import read_log, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
 from hpctrain.submission.views import is_terminal
@@ -42,8 +42,8 @@ def env(isolated_home: Path, tiny_job: TinyJob, monkeypatch: pytest.MonkeyPatch)
     return tmp_path
 
 
-def _run_to_the_end(env: Path, command: list[str]) -> tuple[Registry, object, list[str]]:
-    reg = Registry()
+def _run_to_the_end(env: Path, command: list[str]) -> tuple[RunRegistry, object, list[str]]:
+    reg = RunRegistry()
     done = submit_runs(env / "tiny.yaml", str(env / "cobalt-standin.yaml"), command=command, registry=reg)
     (run,) = done.runs
     states = []
@@ -108,7 +108,7 @@ def test_exit_records_resolve_jobs_the_scheduler_did_not_answer_for(tmp_path: Pa
     from hpctrain.submission.schedulers.status_parsers import JobStatus
     from hpctrain.submission.tracking import apply_exit_records
 
-    with Registry(tmp_path / "reg.db") as reg:
+    with RunRegistry(tmp_path / "reg.db") as reg:
         runs = {}
         for job in ("100", "200", "300"):
             run = reg.create_run("r" + job, "theta", "h", f"/runs/{job}")

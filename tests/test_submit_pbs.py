@@ -18,7 +18,7 @@ import pytest
 from conftest import TinyJob, write_standin_site
 
 from hpctrain.submission.api import read_log, submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
 
@@ -34,7 +34,7 @@ def env(isolated_home: Path, tiny_job: TinyJob) -> Path:
 
 def test_qsub_wrapper_submits_a_pbs_script(env: Path, slurm: Any) -> None:
     assert shutil.which("qsub") and "slurm" in Path(shutil.which("qsub") or "").read_text(errors="replace").lower()
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(env / "tiny.yaml", str(env / "pbs-standin.yaml"),
                            command=["sh", "-c", "echo pbs hello from $PWD"], registry=reg)
         (run,) = done.runs

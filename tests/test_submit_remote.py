@@ -25,7 +25,8 @@ from hpctrain.config.site import load_site_file
 from hpctrain.errors import TransportError
 from hpctrain.submission.api import cancel_run, read_log, submit_runs
 from hpctrain.submission.module_probe import MARKER
-from hpctrain.submission.registry import SUBMIT_FAILED, Registry
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import SUBMIT_FAILED
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
 from tests.conftest import TinyJob
@@ -73,7 +74,7 @@ def test_submit_watch_logs_cancel_over_one_master(env: Path, sshd: Any, slurm: A
     pool = TransportPool(factory)
     root = str(env / "remote-runs")
     since = sshd.log_offset()
-    with Registry() as reg:
+    with RunRegistry() as reg:
         a = submit_runs(env / "tiny.yaml", "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
                         run_root=root, command=HELLO, registry=reg, pool=pool)
         (ssh,) = made
@@ -134,7 +135,7 @@ def test_unreachable_host_is_recorded_as_failed(env: Path, short_dir: Path) -> N
     port = _free_port()
     pool = TransportPool(lambda r, c: SSHTransport(r, ssh_config="/dev/null", control_dir=str(short_dir),
                                                    connect_timeout=5, extra_opts=("-o", f"Port={port}")))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         with pytest.raises(TransportError, match="unreachable"):
             submit_runs(env / "tiny.yaml", "ci-slurm", remote="root@127.0.0.1", run_root="/tmp/nowhere",
                         command=["true"], registry=reg, pool=pool)
@@ -150,7 +151,7 @@ def test_sbatch_missing_on_login_node_is_recorded_as_failed(env: Path, sshd: Any
         (shim / tool).symlink_to(shutil.which(tool))  # type: ignore[arg-type]
     pool = TransportPool(lambda r, c: CountingSSH(r, ssh_config=c, control_dir=str(short_dir), connect_timeout=5,
                                                   path=str(shim)))
-    with Registry() as reg:
+    with RunRegistry() as reg:
         with pytest.raises(TransportError, match=f"not found on {sshd.host}"):
             submit_runs(env / "tiny.yaml", "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
                         run_root=str(env / "r"), command=["true"], registry=reg, pool=pool)
@@ -179,7 +180,7 @@ def test_an_interpreter_without_hpctrain_is_refused_before_anything_is_queued(en
         return sum(1 for argv in ssh.calls if argv[:2] == ["bash", "-c"] and MARKER in argv[2])
 
     root = env / "remote-runs"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         with pytest.raises(ConfigError) as err:
             submit_runs(env / "tiny.yaml", "ci-slurm", remote=sshd.host, ssh_config=str(sshd.config),
                         run_root=str(root), registry=reg, pool=pool())
@@ -196,7 +197,7 @@ def test_an_interpreter_without_hpctrain_is_refused_before_anything_is_queued(en
     venv = Path(sys.executable).parent.parent  # this test's venv: hpctrain and its training stack
     (env / "good.yaml").write_text(f"name: good\nextends: ci-slurm\nenvironment: {{venv: {venv}}}\n")
     for expected_probes in (1, 0):
-        with Registry() as reg:
+        with RunRegistry() as reg:
             done = submit_runs(env / "tiny.yaml", str(env / "good.yaml"), remote=sshd.host,
                                ssh_config=str(sshd.config), run_root=str(root), registry=reg, pool=pool(),
                                dry_run=True)

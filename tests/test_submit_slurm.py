@@ -21,7 +21,8 @@ import pytest
 
 from hpctrain.errors import HpctrainError, TransportError
 from hpctrain.submission.api import RunHandle, cancel_run, submit_runs
-from hpctrain.submission.registry import SUBMIT_FAILED, Registry
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import SUBMIT_FAILED
 from hpctrain.submission.schedulers.base import get_scheduler
 from hpctrain.submission.tracking import poll_runs, poll_scheduler
 from hpctrain.submission.transport import Completed, LocalTransport, TransportPool
@@ -63,7 +64,7 @@ def env(isolated_home: Path, tiny_job: TinyJob) -> Path:
 
 
 def _submit(env: Path, command: list[str], pool: TransportPool | None = None, **kw: Any) -> Any:
-    with Registry() as reg:
+    with RunRegistry() as reg:
         return submit_runs(env / "tiny.yaml", "ci-slurm", command=command, registry=reg, pool=pool, **kw)
 
 
@@ -83,7 +84,7 @@ def test_states_with_accounting_off_sacct_c_and_a_forgotten_job(env: Path, slurm
     ok = _submit(env, ["true"]).runs[0]
     bad = _submit(env, ["sh", "-c", "exit 3"]).runs[0]
     slow = _submit(env, ["sleep", "60"]).runs[0]
-    with Registry() as reg:
+    with RunRegistry() as reg:
         ghost = reg.create_run("ghost", "ci-slurm", "x", str(env / "runs" / "ghost"))
         reg.add_submission(ghost.run_id, "99999999", "submit", ok=True)  # a job id Slurm never had
         ids = {r.run_id: RunHandle(r.run_id).job_id for r in (ok, bad, slow)}
@@ -100,7 +101,7 @@ def test_states_with_accounting_off_sacct_c_and_a_forgotten_job(env: Path, slurm
     assert answer.sources == ("sacct -c", "squeue")  # plain sacct failed: accounting storage is off
     assert len(t.calls) == 1
     t.calls.clear()
-    with Registry() as reg:
+    with RunRegistry() as reg:
         views = {v.run_id: v for v in poll_runs(reg, reg.list_runs(), TransportPool(lambda r, c: t))}
         assert len(t.calls) == 1  # ONE call for all four runs (status and metrics together)
         assert views[ok.run_id].state == "completed"
@@ -136,7 +137,7 @@ def test_array_of_three_each_its_own_run(env: Path, slurm: Any) -> None:
     assert done.job_ids == [f"{master}_{i}" for i in range(3)]
     views = [RunHandle(r.run_id).wait(timeout=90, poll_s=1) for r in done.runs]
     assert [v.state for v in views] == ["completed"] * 3
-    with Registry() as reg:
+    with RunRegistry() as reg:
         runs = [reg.get_run(r.run_id) for r in done.runs]
     assert [r.array_index for r in runs] == [0, 1, 2]
     assert {r.array_parent for r in runs} == {runs[0].run_id}
@@ -149,7 +150,7 @@ def test_dependency_holds_until_parent_ends(env: Path, slurm: Any) -> None:
     parent = _submit(env, ["sleep", "6"])
     child = _submit(env, ["true"], after=parent.runs[0].run_id)
     pool = TransportPool()
-    with Registry() as reg:
+    with RunRegistry() as reg:
         deadline = time.monotonic() + 30
         while True:
             view = poll_runs(reg, [child.runs[0]], pool)[0]
@@ -171,7 +172,7 @@ def test_sbatch_refusal_is_recorded_as_failed(env: Path, slurm: Any) -> None:
                           "--command", "true"], cwd=env, env=environ, capture_output=True, text=True, timeout=60)
     assert out.returncode == 3, out.stderr
     assert out.stderr.count("\n") == 1 and "refused the job" in out.stderr and "partition" in out.stderr
-    with Registry() as reg:
+    with RunRegistry() as reg:
         (run,) = reg.list_runs()
         assert run.state == SUBMIT_FAILED and "partition" in run.state_reason
         assert [(s.ok, s.job_id) for s in reg.chain(run.run_id)] == [(False, None)]
@@ -185,7 +186,7 @@ def test_sbatch_missing_is_recorded_as_failed(env: Path, slurm: Any) -> None:
     # (env quotes the name with ‘’ in a UTF-8 locale; transport.py keeps those quotes)
     with pytest.raises(TransportError, match="sbatch.? not found on this machine"):
         _submit(env, ["true"], pool=pool)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         (run,) = reg.list_runs()
         assert run.state == SUBMIT_FAILED and "not found on this machine" in run.state_reason
 
@@ -194,10 +195,10 @@ def test_dry_run_asks_sbatch_test_only_and_registers_nothing(env: Path, slurm: A
     done = _submit(env, ["true"], dry_run=True)
     assert done.dry_run and Path(done.script_path).is_file()
     assert "to start at" in done.message  # sbatch --test-only's answer
-    with Registry() as reg:
+    with RunRegistry() as reg:
         assert reg.list_runs() == []
     # A profile that claims more memory than the node has: our fit check passes, Slurm's test does not.
     (env / "big.yaml").write_text("name: ci-big\nextends: ci-slurm\nnode: {memory_gb: 100000}\n")
-    with Registry() as reg, pytest.raises(HpctrainError, match="refused the script"):
+    with RunRegistry() as reg, pytest.raises(HpctrainError, match="refused the script"):
         submit_runs(env / "tiny.yaml", str(env / "big.yaml"), command=["true"], registry=reg, dry_run=True,
                     sets=["resources.memory_gb=50000"])

@@ -19,7 +19,7 @@ from submitit_support import Places, Resumable, requeue_once, wait_for
 
 from hpctrain.errors import SchedulerError
 from hpctrain.submission.api import RunHandle
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submitit_plugin.environment import HpctrainJobEnvironment
 from hpctrain.submitit_plugin.job import HpctrainJob
 
@@ -65,7 +65,7 @@ def _executor(places: Places, **parameters: object) -> submitit.AutoExecutor:
 def _chain(job: HpctrainJob) -> list[str]:
     """The run's submissions once it has ended (a poll records the requeue)."""
     assert RunHandle(job.run_id).wait(timeout=60, poll_s=0.5).state == "completed"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         return [s.kind for s in reg.chain(job.run_id)]
 
 

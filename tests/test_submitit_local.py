@@ -23,7 +23,7 @@ from submitit_support import Places, Resumable, add, fail, hold, square, task_en
 
 from hpctrain.config.preflight import PreflightWarning
 from hpctrain.submission.api import RunHandle
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submitit_plugin.job import HpctrainJob
 
 cloudpickle.register_pickle_by_value(submitit_support)
@@ -50,7 +50,7 @@ def test_a_function_returns_its_result_and_logs(places: Places) -> None:
     assert job.stdout() == "adding 2 and 3\n"
     assert "a line on stderr" in (job.stderr() or "")
     # The laptop side keeps submitit's files; the job wrote only in its run directory, under the run root.
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = reg.get_run(job.run_id)
     assert Path(run.run_dir).parent == places.runs
     assert sorted(p.name for p in places.folder.iterdir()) == sorted(

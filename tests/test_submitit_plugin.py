@@ -27,7 +27,7 @@ from submitit_support import Places, Resumable, add, fail, wait_for
 from hpctrain.config.job import JobSpec
 from hpctrain.errors import ConfigError, FitError, SchedulerError, TransportError
 from hpctrain.submission.api import submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.transport import LocalTransport
 from hpctrain.submitit_plugin.environment import HpctrainJobEnvironment
 from hpctrain.submitit_plugin.executor import HpctrainExecutor
@@ -117,7 +117,7 @@ def test_a_job_that_does_not_fit_its_site_is_refused_naming_the_parameter(places
     polaris = HpctrainExecutor(places.folder, site="polaris", remote="alice@polaris.alcf.anl.gov")
     with pytest.raises(FitError, match="needs an account"):
         polaris.job_spec(add)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         assert reg.list_runs() == []
     with pytest.raises(ParameterError, match="runs on this machine; it takes no remote"):
         HpctrainExecutor(places.folder, site="local", remote="alice@login1")
@@ -154,7 +154,7 @@ def test_refusals_name_the_submitit_parameters_not_the_job_spec_keys(places: Pla
     with pytest.raises(ConfigError) as error:
         HpctrainExecutor(places.folder).update_parameters(signal_lead_s=5)
     assert str(error.value) == "parameter signal_lead_s=5: Input should be greater than or equal to 10 (got 5)"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         assert reg.list_runs() == []
 
 
@@ -251,7 +251,7 @@ def test_an_unpicklable_callable_is_refused_before_anything_is_submitted(places:
     assert "pass file paths or plain data" in str(info.value)
     with pytest.raises(ConfigError, match=r"submission 2 of 2"):
         ex.map_array(add, [1, 2], [3, threading.Lock()])
-    with Registry() as reg:
+    with RunRegistry() as reg:
         assert reg.list_runs() == []
     assert not places.runs.exists()
     assert [p.name for p in places.folder.iterdir()] == []  # no pickle left behind
@@ -437,7 +437,7 @@ def test_submit_runs_stages_extra_files_and_task_arrays(places: Places) -> None:
     extra = places.root / "payload.txt"
     extra.write_text("staged beside the spec\n")
     job = build_job({}, max_requeues=0, name="files")
-    with Registry() as reg:
+    with RunRegistry() as reg:
         done = submit_runs(job, "local", run_root=str(places.runs), command=["cat", "payload.txt"], registry=reg,
                            files=[[(extra, "payload.txt")]])
         (run,) = done.runs

@@ -23,7 +23,7 @@ import submitit_support
 from submitit_support import Places, Resumable, add, wait_then_look
 
 from hpctrain.errors import ConfigError
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.transport import Completed, SSHTransport, TransportPool
 
 cloudpickle.register_pickle_by_value(submitit_support)
@@ -88,7 +88,7 @@ def test_over_ssh_the_job_never_reads_the_laptop_folder(places: Places, sshd: An
     assert not (places.folder / f"{job.job_id}_0_log.out").exists()  # logs come only when asked for
     assert "hpctrain submitit runner: task 0" in (job.stderr() or "")
     assert (places.folder / f"{job.job_id}_0_log.err").is_file()
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = reg.get_run(job.run_id)
     assert run.remote == sshd.host
     assert str(places.folder) not in Path(run.run_dir, "job.sh").read_text()
@@ -130,6 +130,6 @@ def test_a_job_python_without_submitit(places: Places, sshd: Any, slurm: Any,
     with pytest.raises(ConfigError, match=rf"{bare} on {sshd.host} cannot import cloudpickle") as info:
         ex.submit(add, 1, 1)
     assert "pip install cloudpickle" in str(info.value)
-    with Registry() as reg:
+    with RunRegistry() as reg:
         assert [r.run_id for r in reg.list_runs()] == [job.run_id]  # nothing else was registered
     assert len(made) == 1

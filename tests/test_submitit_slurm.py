@@ -26,7 +26,7 @@ from slurm_support import scontrol, seconds
 from submitit_support import CountingTransport, Places, Resumable, add, square, task_environment, wait_for
 
 from hpctrain.submission.api import RunHandle
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.transport import TransportPool
 from hpctrain.submitit_plugin.job import HpctrainJob
 
@@ -53,7 +53,7 @@ def test_a_function_runs_on_slurm_and_an_error_comes_back(places: Places, slurm:
     assert job.result() == 42
     assert slurm.wait_for_state(job.job_id, ["COMPLETED"], timeout=300) == "COMPLETED"
     assert job.stdout() == "adding 20 and 22\n"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = reg.get_run(job.run_id)
         assert Path(run.run_dir, "job.sh").read_text().count("hpctrain.submitit_plugin.runner") == 1
     error = ex.submit(submitit_support.fail, 3).exception()
@@ -145,7 +145,7 @@ def test_a_checkpointable_is_requeued_by_the_walltime_signal_and_finishes(places
         raise
     assert result["runs"] == 2 and result["resumed_from"] > 0
     assert RunHandle(job.run_id).wait(timeout=60, poll_s=1).state == "completed"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run_dir = Path(reg.get_run(job.run_id).run_dir)
     script_log = (run_dir / f"slurm-{job_id}.out").read_text()
     assert "SIGUSR2 received, forwarding it to the launcher" in script_log
@@ -174,7 +174,7 @@ def test_interrupt_signals_the_batch_shell_and_the_job_is_requeued(places: Place
         raise
     assert result["runs"] == 2 and result["resumed_from"] > 0 and result["count"] == result["resumed_from"]
     assert RunHandle(job.run_id).wait(timeout=60, poll_s=1).state == "completed"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run_dir = Path(reg.get_run(job.run_id).run_dir)
     script_log = (run_dir / f"slurm-{job.job_id}.out").read_text()
     assert "SIGUSR2 received, forwarding it to the launcher" in script_log

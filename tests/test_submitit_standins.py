@@ -25,7 +25,7 @@ from submitit.core.utils import FailedJobError
 from submitit_support import Places, Resumable, add, fail, square
 
 from hpctrain.submission.api import RunHandle
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 
 cloudpickle.register_pickle_by_value(submitit_support)
 places = submitit_support.places
@@ -43,7 +43,7 @@ def test_pbs_pro_through_the_torque_wrappers(places: Places, slurm: Any) -> None
     assert job.job_id.split(".")[0].isdigit()
     assert job.result() == 11
     assert job.stdout() == "adding 5 and 6\n"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         run = reg.get_run(job.run_id)
     script = Path(run.run_dir, "job.sh").read_text()
     assert "#PBS -l walltime=00:05:00" in script and "hpctrain.submitit_plugin.runner" in script
@@ -90,7 +90,7 @@ def test_a_checkpointable_on_cobalt_resubmits_itself_and_finishes(places: Places
     assert result["runs"] == 2 and result["resumed_from"] > 0
     assert time.monotonic() - started < 120
     assert RunHandle(job.run_id).wait(timeout=60, poll_s=0.5).state == "completed"
-    with Registry() as reg:
+    with RunRegistry() as reg:
         chain = reg.chain(job.run_id)
     assert [s.kind for s in chain] == ["submit", "resubmit"] and chain[0].job_id == job.job_id
     assert int(chain[1].job_id or 0) > int(job.job_id)

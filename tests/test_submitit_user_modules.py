@@ -19,7 +19,7 @@ import pytest
 import submitit_support
 from submitit_support import Places
 
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 
 places = submitit_support.places
 fresh_watcher = submitit_support.fresh_watcher
@@ -61,7 +61,7 @@ def _user_program(places: Places, argv: list[str], cwd: Path) -> dict[str, objec
 
 
 def _runs() -> list[object]:
-    with Registry() as reg:  # HPCTRAIN_HOME: the places fixture's, as the user program's
+    with RunRegistry() as reg:  # HPCTRAIN_HOME: the places fixture's, as the user program's
         return list(reg.list_runs())
 
 

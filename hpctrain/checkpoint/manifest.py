@@ -6,8 +6,9 @@ A checkpoint directory has one ``step-NNNNNNNN/`` per checkpoint (``shared.pt``,
 holds the same number of consecutive ranks (the usual placement), an entry does not list the node files: it
 says how many there are, how many ranks each holds and a sum over their indices (``NodeFiles``), so its size
 does not grow with the number of nodes. The store
-(``checkpoint/store.py``) writes them; this module reads them, on a compute node, in ``ffn segment`` and
-on the laptop (``hpctrain resume`` reads the manifest over ssh). Layout: docs/checkpoints.md.
+(``checkpoint/store.py``, its commit in ``store_commit.py``) writes them; this module reads them, on a compute
+node, in ``ffn segment`` and on the laptop (``hpctrain resume`` reads the manifest over ssh). Layout:
+docs/checkpoints.md.
 """
 
 from __future__ import annotations

@@ -19,9 +19,12 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
+from hpctrain.checkpoint.exchange import CommExchange, Exchange
 from hpctrain.checkpoint.rng import capture_rng_state, restore_rng_state
 from hpctrain.checkpoint.signals import StopFlag
-from hpctrain.checkpoint.store import CheckpointStore, CommExchange, Exchange, NodeGroup, PendingSave, WorkTally
+from hpctrain.checkpoint.store import CheckpointStore
+from hpctrain.checkpoint.store_fields import NodeGroup, WorkTally
+from hpctrain.checkpoint.store_write import PendingSave
 from hpctrain.config.job import JobSpec
 from hpctrain.config.staging import node_local_root
 from hpctrain.launch_env import detect_launch_env

@@ -18,11 +18,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_cancel(args: argparse.Namespace) -> int:
     from hpctrain.submission.api import cancel_run
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.transport import TransportPool
 
     pool = TransportPool()
-    with Registry() as registry:
+    with RunRegistry() as registry:
         for ref in args.runs:
             run = registry.get_run(ref)
             done = cancel_run(registry, run, pool)

@@ -21,14 +21,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_logs(args: argparse.Namespace) -> int:
     from hpctrain.submission.api import read_log
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.tracking import poll_runs
     from hpctrain.submission.transport import TransportPool
     from hpctrain.submission.views import is_terminal
 
     pool = TransportPool()
     # Without --follow nothing is polled, so nothing is written: a read-only registry (file system) will do.
-    with Registry(readonly=not args.follow) as registry:
+    with RunRegistry(readonly=not args.follow) as registry:
         run = registry.get_run(args.run)
         offset = 0
         delay = FOLLOW_FIRST_S

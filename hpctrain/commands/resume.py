@@ -24,12 +24,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_resume(args: argparse.Namespace) -> int:
     from hpctrain.exit_codes import EXIT_OK, EXIT_RUNTIME
     from hpctrain.submission.api import RunHandle
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.resume import resume_run
     from hpctrain.submission.transport import TransportPool
 
     pool = TransportPool()
-    with Registry() as registry:
+    with RunRegistry() as registry:
         done = resume_run(registry, args.run, nodes=args.nodes, walltime=args.walltime, queue=args.queue,
                           ssh_config=args.ssh_config, pool=pool)
     print(f"{done.run.run_id} {done.job_id} (continues from step {done.from_step} of {done.total_steps})")

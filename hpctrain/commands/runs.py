@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from hpctrain.text import printable, printable_lines
 
 if TYPE_CHECKING:
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
 DEFAULT_LIMIT = 20
 
@@ -36,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_json, print_table
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.views import view_of
 
     if args.repair:
@@ -47,7 +47,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
         from hpctrain.errors import ConfigError
 
         raise ConfigError("--older-than and --dry-run go with --prune", hint="hpctrain runs --prune --dry-run")
-    with Registry(readonly=True) as registry:  # listing never writes, so it works on a read-only registry
+    with RunRegistry(readonly=True) as registry:  # listing never writes, so it works on a read-only registry
         runs = registry.list_runs(site=args.site)
         if not args.all:
             runs = runs[:DEFAULT_LIMIT]
@@ -66,7 +66,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _warn_damaged(registry: Registry) -> None:
+def _warn_damaged(registry: RunRegistry) -> None:
     """Rows that could not be read were skipped: say so (on stderr), with the way to salvage them."""
     import sys
 
@@ -88,10 +88,10 @@ def _repair() -> int:
 def _prune(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_table
     from hpctrain.submission.housekeeping import DEFAULT_AGE, age_text, apply_prune, parse_age, plan_prune
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
 
     age = parse_age(args.older_than or DEFAULT_AGE)
-    with Registry(readonly=args.dry_run) as registry:
+    with RunRegistry(readonly=args.dry_run) as registry:
         plan = plan_prune(registry, age)
         verb = "would remove" if args.dry_run else "removing"
         print(f"{verb} {len(plan.runs)} run(s) that never ran and {len(plan.folders)} folder(s), "

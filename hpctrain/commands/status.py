@@ -70,12 +70,12 @@ def _rich_table(views: list[Any]) -> Any:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from hpctrain.commands.output import print_json, print_table
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.tracking import poll_runs
     from hpctrain.submission.transport import TransportPool
 
     pool = TransportPool()
-    with Registry() as registry:
+    with RunRegistry() as registry:
         def poll() -> list[Any]:
             runs = [registry.get_run(r.run_id) for r in selected]
             return poll_runs(registry, runs, pool, ssh_config=args.ssh_config)

@@ -35,11 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def cmd_submit(args: argparse.Namespace) -> int:
     from hpctrain.exit_codes import EXIT_OK, EXIT_RUNTIME
     from hpctrain.submission.api import RunHandle, shell_command, submit_runs
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.transport import TransportPool
 
     pool = TransportPool()
-    with Registry() as registry:
+    with RunRegistry() as registry:
         done = submit_runs(
             args.job, args.site, remote=args.remote, ssh_config=args.ssh_config, sets=args.sets,
             nodes=args.nodes, walltime=args.walltime, queue=args.queue, array=args.array, after=args.after,

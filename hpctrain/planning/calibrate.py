@@ -15,7 +15,7 @@ from hpctrain.config.walltime import format_hms, parse_walltime
 from hpctrain.errors import RuntimeFailure
 from hpctrain.planning.measurements import Measurements
 from hpctrain.planning.runs import read_run
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.transport import TransportPool
 
 CALIBRATION_STEPS = 30
@@ -50,7 +50,7 @@ def calibration_overrides(site: SiteProfile, steps: int) -> list[str]:
 
 
 def calibrate(job_path: str, site: SiteProfile, *, job_sets: Sequence[str] = (), steps: int = CALIBRATION_STEPS,
-              remote: str | None = None, ssh_config: str | None = None, registry: Registry | None = None,
+              remote: str | None = None, ssh_config: str | None = None, registry: RunRegistry | None = None,
               pool: TransportPool | None = None, timeout_s: float = CALIBRATION_WALLTIME_S + 300,
               run_root: str | None = None) -> tuple[str, Measurements]:
     """Submit the calibration run, wait for it, and return (run id, its measurements)."""
@@ -58,7 +58,7 @@ def calibrate(job_path: str, site: SiteProfile, *, job_sets: Sequence[str] = (),
 
     pool = pool or TransportPool()
     own = registry is None
-    registry = registry or Registry()
+    registry = registry or RunRegistry()
     try:
         done = submit_runs(job_path, site, remote=remote, ssh_config=ssh_config,
                            sets=[*job_sets, *calibration_overrides(site, steps)], run_root=run_root,

@@ -9,7 +9,7 @@ from pathlib import Path
 from hpctrain.errors import ConfigError, DataError, HpctrainError
 from hpctrain.files import read_regular_text
 from hpctrain.planning.measurements import PROFILE_FILE, Measurements, parse_profile
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.run_record import read_meta
 from hpctrain.submission.transport import TransportPool
 from hpctrain.text import writable_text
@@ -45,14 +45,14 @@ def _is_dir(ref: str) -> bool:
         return False
 
 
-def read_run(ref: str, registry: Registry | None = None, pool: TransportPool | None = None) -> Measurements:
+def read_run(ref: str, registry: RunRegistry | None = None, pool: TransportPool | None = None) -> Measurements:
     """The profile of ``ref``: a run directory, or a run id (or unique prefix) in the registry."""
     if _is_dir(ref):
         return read_run_dir(Path(ref))
     if not writable_text(ref):
         raise ConfigError(f"--from {ref!r}: holds bytes that are not UTF-8 text or a NUL: not a run id or a directory")
     own = registry is None
-    registry = registry or Registry()
+    registry = registry or RunRegistry()
     try:
         try:
             run = registry.get_run(ref)

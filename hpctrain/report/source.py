@@ -71,9 +71,9 @@ class RunSource:
         """Fetch a remote run's files again and re-read the registry (``poll``: ask the scheduler first)."""
         if self.run_id is None:
             return
-        from hpctrain.submission.registry import Registry
+        from hpctrain.submission.registry import RunRegistry
 
-        with Registry(readonly=not poll) as registry:
+        with RunRegistry(readonly=not poll) as registry:
             run = registry.get_run(self.run_id)
             if poll:
                 from hpctrain.submission.tracking import poll_runs
@@ -146,12 +146,13 @@ def fetch(transport: Any, remote_dir: str, into: Path, known: dict[str, str] | N
 def registered_id(directory: Path) -> str | None:
     """The id of the registered run whose run directory this is (a run directory is named after its run id)."""
     from hpctrain.errors import HpctrainError
-    from hpctrain.submission.registry import Registry, default_registry_path, registry_file_exists
+    from hpctrain.submission.registry import RunRegistry, default_registry_path
+    from hpctrain.submission.registry_db import registry_file_exists
 
     try:
         if not registry_file_exists(default_registry_path()):
             return None
-        with Registry(readonly=True) as registry:
+        with RunRegistry(readonly=True) as registry:
             run = registry.get_run(directory.name)
     except HpctrainError:
         return None
@@ -162,7 +163,7 @@ def open_source(ref: str, *, pool: Any = None, cache_dir: Path | None = None) ->
     """A run directory (a path that exists; the registry's facts too where it is a registered run's), else a run id
     or unique prefix in the registry."""
     from hpctrain.errors import UnknownRun
-    from hpctrain.submission.registry import Registry
+    from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir
     from hpctrain.submission.transport import TransportPool
 
@@ -183,7 +184,7 @@ def open_source(ref: str, *, pool: Any = None, cache_dir: Path | None = None) ->
             return RunSource(ref, d, RunFacts(title=d.name, where=str(d)), d / JOB_FILE)
         ref = registered
     pool = pool or TransportPool()
-    with Registry(readonly=True) as registry:
+    with RunRegistry(readonly=True) as registry:
         run = registry.get_run(ref)
         facts = facts_of(registry, run)
         record = record_dir(registry, run.run_id)

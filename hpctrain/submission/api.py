@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
 from hpctrain.submission.queue_limits import check_array_size, check_queued_jobs, check_usable_nodes
-from hpctrain.submission.registry import Registry, Run, new_run_id
+from hpctrain.submission.registry import RunRegistry, new_run_id
+from hpctrain.submission.registry_rows import Run
 from hpctrain.submission.run_record import (
     META_FILE,
     SITE_FILE,
@@ -27,7 +28,7 @@ from hpctrain.submission.run_record import (
     dump_site,
     read_meta,
     record_dir,
-    write_atomic,
+    write_record_file,
 )
 from hpctrain.submission.schedulers.base import DEPENDENCY_KINDS, Scheduler, get_scheduler, place
 from hpctrain.submission.schedulers.state import JobState
@@ -38,6 +39,7 @@ from hpctrain.submission.transport import CommandFailed, Completed, Transport, T
 from hpctrain.submission.views import RunView, is_terminal, latest_job_id
 
 if TYPE_CHECKING:
+    from hpctrain.config.fit import Placement
     from hpctrain.config.job import JobSpec
     from hpctrain.config.site import SiteProfile
 
@@ -107,7 +109,7 @@ def default_run_root(site: SiteProfile, remote: str | None) -> str:
     return os.environ.get("HPCTRAIN_RUNS") or str(Path("runs").resolve())
 
 
-def dry_run_dir(registry: Registry) -> Path:
+def dry_run_dir(registry: RunRegistry) -> Path:
     """Where ``--dry-run`` leaves what it rendered: ``dry-run/`` beside the registry, one folder per try."""
     return Path(registry.path).parent / "dry-run"
 
@@ -144,7 +146,7 @@ def submit_runs(
     run_root: str | None = None,
     dry_run: bool = False,
     command: list[str] | None = None,
-    registry: Registry | None = None,
+    registry: RunRegistry | None = None,
     pool: TransportPool | None = None,
     tasks: int | None = None,
     files: Sequence[Sequence[StagedFile]] = (),
@@ -155,51 +157,13 @@ def submit_runs(
     their ``files``; ``files[i]``: (local file, name) pairs copied into task i's run directory before the job
     is submitted (what a task reads besides its spec, e.g. a pickled callable).
     """
-    from hpctrain.config.job import JobSpec, load_job
-    from hpctrain.config.preflight import check_job, warn
-    from hpctrain.config.site import load_site
-
-    extra = [*([f"resources.nodes={nodes}"] if nodes is not None else []),
-             *([f"resources.walltime={walltime}"] if walltime is not None else []),
-             *([f"resources.queue={queue}"] if queue is not None else [])]
-    overrides = [*sets, *extra]
-    if isinstance(job, JobSpec):
-        for assignment in overrides:
-            job = _variant(job, assignment)
-    else:
-        job = load_job(job, sets=list(sets), nodes=nodes, walltime=walltime, queue=queue)
-    site_profile = site if not isinstance(site, str | type(None)) else load_site(site)
-    scheduler = get_scheduler(site_profile.scheduler)
-    if remote is not None and not scheduler.submits_over_ssh:
-        raise ConfigError(f"--site {site_profile.name} runs on this machine ({scheduler.name} scheduler); it cannot "
-                          "be used with --remote", hint="pick the remote machine's site profile")
-
-    # Variants (one per array task), each checked before anything is registered or written.
-    assignments: list[str | None] = [None]
-    if array is not None and tasks is not None:
-        raise ConfigError("an array is made of --array values or of a number of tasks, not both")
-    if tasks is not None and tasks < 1:
-        raise ConfigError(f"tasks={tasks}: an array needs at least one task")
-    is_array = array is not None or (tasks or 1) > 1
-    if is_array and scheduler.array_index_variable is None:
-        raise SchedulerError(f"site {site_profile.name!r} ({scheduler.name}) cannot run job arrays",
-                             hint="submit one run per value with --set instead")
-    if array is not None:
-        key, values = parse_array(array)
-        assignments = [f"{key}={v}" for v in values]
-    elif tasks is not None:
-        assignments = [None] * tasks
+    job, site_profile, scheduler, overrides = _load(job, site, remote, sets, nodes, walltime, queue)
+    assignments, is_array = _task_assignments(array, tasks, scheduler, site_profile)
     if files and len(files) != len(assignments):
         raise ValueError(f"files: {len(files)} lists for {len(assignments)} tasks")
-    jobs = [job if a is None else _variant(job, a) for a in assignments]
-    for j in jobs:
-        placement = place(j, site_profile)
-        # What would fail at start fails now; data paths are checked where the ranks will read them. The notes say
-        # which execution queue the job lands in and whether it may requeue.
-        warn([*placement.notes, *check_job(j, site_profile, local_paths=remote is None)])
-    check_array_size(site_profile, placement, len(jobs))
+    jobs, placement = _checked_variants(job, assignments, site_profile, remote)
 
-    registry = registry or Registry()
+    registry = registry or RunRegistry()
     pool = pool or TransportPool()
     dependency = _dependency(registry, after, site_profile, remote) if after is not None else None
     # The back-end refuses what it cannot do (arrays on Cobalt, dependencies locally) before we register.
@@ -231,7 +195,66 @@ def submit_runs(
                      str(record_dir(registry, runs[0].run_id) / "job.sh"))
 
 
-def _dependency(registry: Registry, after: str, site: SiteProfile, remote: str | None) -> tuple[str, str]:
+def _load(job: JobSpec | str | os.PathLike[str], site: SiteProfile | str | None, remote: str | None,
+          sets: Sequence[str], nodes: int | None, walltime: str | None, queue: str | None
+          ) -> tuple[JobSpec, SiteProfile, Scheduler, list[str]]:
+    """The job with its overrides applied, its site profile and back-end, and the overrides as KEY=VALUE."""
+    from hpctrain.config.job import JobSpec, load_job
+    from hpctrain.config.site import load_site
+
+    extra = [*([f"resources.nodes={nodes}"] if nodes is not None else []),
+             *([f"resources.walltime={walltime}"] if walltime is not None else []),
+             *([f"resources.queue={queue}"] if queue is not None else [])]
+    overrides = [*sets, *extra]
+    if isinstance(job, JobSpec):
+        for assignment in overrides:
+            job = _variant(job, assignment)
+    else:
+        job = load_job(job, sets=list(sets), nodes=nodes, walltime=walltime, queue=queue)
+    site_profile = site if not isinstance(site, str | type(None)) else load_site(site)
+    scheduler = get_scheduler(site_profile.scheduler)
+    if remote is not None and not scheduler.submits_over_ssh:
+        raise ConfigError(f"--site {site_profile.name} runs on this machine ({scheduler.name} scheduler); it cannot "
+                          "be used with --remote", hint="pick the remote machine's site profile")
+    return job, site_profile, scheduler, overrides
+
+
+def _task_assignments(array: str | None, tasks: int | None, scheduler: Scheduler, site_profile: SiteProfile
+                      ) -> tuple[list[str | None], bool]:
+    """One override per array task (None: the spec as it is), and whether the job is an array."""
+    assignments: list[str | None] = [None]
+    if array is not None and tasks is not None:
+        raise ConfigError("an array is made of --array values or of a number of tasks, not both")
+    if tasks is not None and tasks < 1:
+        raise ConfigError(f"tasks={tasks}: an array needs at least one task")
+    is_array = array is not None or (tasks or 1) > 1
+    if is_array and scheduler.array_index_variable is None:
+        raise SchedulerError(f"site {site_profile.name!r} ({scheduler.name}) cannot run job arrays",
+                             hint="submit one run per value with --set instead")
+    if array is not None:
+        key, values = parse_array(array)
+        assignments = [f"{key}={v}" for v in values]
+    elif tasks is not None:
+        assignments = [None] * tasks
+    return assignments, is_array
+
+
+def _checked_variants(job: JobSpec, assignments: list[str | None], site_profile: SiteProfile, remote: str | None
+                      ) -> tuple[list[JobSpec], Placement]:
+    """Each task's spec, checked before anything is registered or written, and where the job is placed."""
+    from hpctrain.config.preflight import check_job, warn
+
+    jobs = [job if a is None else _variant(job, a) for a in assignments]
+    for j in jobs:
+        placement = place(j, site_profile)
+        # What would fail at start fails now; data paths are checked where the ranks will read them. The notes say
+        # which execution queue the job lands in and whether it may requeue.
+        warn([*placement.notes, *check_job(j, site_profile, local_paths=remote is None)])
+    check_array_size(site_profile, placement, len(jobs))
+    return jobs, placement
+
+
+def _dependency(registry: RunRegistry, after: str, site: SiteProfile, remote: str | None) -> tuple[str, str]:
     parent_ref, kind = parse_after(after)
     parent = registry.get_run(parent_ref)
     if parent.site != site.name or parent.remote != remote:
@@ -243,7 +266,7 @@ def _dependency(registry: Registry, after: str, site: SiteProfile, remote: str |
     return kind, parent_job
 
 
-def _register(registry: Registry, jobs: list[JobSpec], site: SiteProfile, remote: str | None, root: str,
+def _register(registry: RunRegistry, jobs: list[JobSpec], site: SiteProfile, remote: str | None, root: str,
               base_id: str, overrides: list[str], assignments: list[str | None]) -> list[Run]:
     runs: list[Run] = []
     is_array = assignments != [None]
@@ -270,7 +293,7 @@ def _rank_command(site: SiteProfile, scheduler: Scheduler, python: str | None, c
 
 
 def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Scheduler, transport: Transport,
-             registry: Registry, root: str, base_id: str, python: str | None, command: list[str] | None,
+             registry: RunRegistry, root: str, base_id: str, python: str | None, command: list[str] | None,
              is_array: bool) -> Submitted:
     from hpctrain.config.job import dump_job
     from hpctrain.submission.render import render_script
@@ -280,9 +303,9 @@ def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Scheduler, trans
     rendered = render_script(jobs[0], site, run_dir=run_dir, spec_path=f"{run_dir}/job.yaml", python=python,
                              command=cmd)
     stage = dry_run_dir(registry) / base_id
-    write_atomic(stage / "job.sh", rendered.text, 0o755)
+    write_record_file(stage / "job.sh", rendered.text, 0o755)
     for i, j in enumerate(jobs):
-        write_atomic(stage / (f"job-{i}.yaml" if is_array else "job.yaml"), dump_job(j))
+        write_record_file(stage / (f"job-{i}.yaml" if is_array else "job.yaml"), dump_job(j))
     message = ""
     test_argv = scheduler.test_only_argv("/dev/stdin")
     if test_argv is not None:
@@ -299,7 +322,7 @@ def _last(text: str) -> str:
     return lines[-1] if lines else "no output"
 
 
-def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],
+def stage_and_submit(registry: RunRegistry, transport: Transport, site: SiteProfile, runs: list[Run],
                      jobs: list[JobSpec], *, kind: str, submit_dir: str, array: bool = False,
                      python: str | None = None, command: list[str] | None = None,
                      dependency: tuple[str, str] | None = None, ssh_config: str | None = None,
@@ -328,7 +351,7 @@ def stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile
         raise HpctrainError(f"submission of {jobs[0].name} failed: {message}") from exc
 
 
-def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfile, runs: list[Run],
+def _stage_and_submit(registry: RunRegistry, transport: Transport, site: SiteProfile, runs: list[Run],
                       jobs: list[JobSpec], kind: str, submit_dir: str, is_array: bool, python: str | None,
                       command: list[str] | None, dependency: tuple[str, str] | None, ssh_config: str | None,
                       remove: Sequence[str], files: Sequence[Sequence[StagedFile]] = ()) -> list[str]:
@@ -347,16 +370,16 @@ def _stage_and_submit(registry: Registry, transport: Transport, site: SiteProfil
     site_text = dump_site(site)
     for run, j in zip(runs, jobs, strict=True):
         rec = record_dir(registry, run.run_id)
-        write_atomic(rec / "job.yaml", dump_job(j))
-        write_atomic(rec / SITE_FILE, site_text)
+        write_record_file(rec / "job.yaml", dump_job(j))
+        write_record_file(rec / SITE_FILE, site_text)
         meta = RunMeta(scheduler=scheduler.name, ssh_config=ssh_config, total_steps=j.train.steps,
                        max_requeues=j.checkpoint.max_requeues, no_requeue=rendered.placement.no_requeue_reason)
-        write_atomic(rec / META_FILE, meta.to_json())
+        write_record_file(rec / META_FILE, meta.to_json())
         staged.append((rec / "job.yaml", f"{run.run_dir}/job.yaml"))
     for run, extra in zip(runs, files or [()] * len(runs), strict=True):
         staged += [(Path(local), f"{run.run_dir}/{staged_name(name)}") for local, name in extra]
     script_local = record_dir(registry, runs[0].run_id) / "job.sh"
-    write_atomic(script_local, rendered.text, 0o755)
+    write_record_file(script_local, rendered.text, 0o755)
     script_remote = f"{submit_dir}/job.sh"
     staged.append((script_local, script_remote))
 
@@ -402,7 +425,7 @@ class Cancelled:
     state: str
 
 
-def cancel_run(registry: Registry, run: Run, pool: TransportPool | None = None) -> Cancelled:
+def cancel_run(registry: RunRegistry, run: Run, pool: TransportPool | None = None) -> Cancelled:
     """Cancel a run's current job and record it; a run that has already ended is left alone.
 
     The run is polled first (one call), so a job that ended since the last ``status`` is not cancelled
@@ -426,7 +449,7 @@ def cancel_run(registry: Registry, run: Run, pool: TransportPool | None = None) 
     return Cancelled(run.run_id, job_id, True, JobState.CANCELLED.value)
 
 
-def log_paths(registry: Registry, run: Run, rank: int | None = None) -> list[str]:
+def log_paths(registry: RunRegistry, run: Run, rank: int | None = None) -> list[str]:
     """Where the run's scheduler output (or rank N's own log) may be, most likely first."""
     if rank is not None:
         return [f"{run.run_dir}/rank-{rank}.log"]
@@ -435,7 +458,7 @@ def log_paths(registry: Registry, run: Run, rank: int | None = None) -> list[str
     return [f"{run.run_dir}/{name}" for name in get_scheduler(meta.scheduler).log_names(job_id)]
 
 
-def read_log(registry: Registry, run: Run, pool: TransportPool | None = None, *, rank: int | None = None,
+def read_log(registry: RunRegistry, run: Run, pool: TransportPool | None = None, *, rank: int | None = None,
              offset: int = 0) -> str:
     """The log's text from byte ``offset`` on ('' when it does not exist yet)."""
     pool = pool or TransportPool()
@@ -467,8 +490,8 @@ class RunHandle:
         with self._registry() as reg:
             self.run_id = reg.get_run(run_id).run_id
 
-    def _registry(self) -> Registry:
-        return Registry(self._registry_path)
+    def _registry(self) -> RunRegistry:
+        return RunRegistry(self._registry_path)
 
     def __repr__(self) -> str:
         return f"RunHandle({self.run_id!r}, job_id={self.job_id!r})"
@@ -524,7 +547,7 @@ def submit(job: JobSpec | str | os.PathLike[str], site: SiteProfile | str | None
     ``options``: sets, nodes, walltime, queue, after, run_root, command, dry_run (see ``submit_runs``).
     """
     pool = pool or TransportPool()
-    with Registry(registry_path) as reg:
+    with RunRegistry(registry_path) as reg:
         done = submit_runs(job, site, remote=remote, ssh_config=ssh_config, array=array, registry=reg, pool=pool,
                            **options)
     if done.dry_run:

@@ -15,7 +15,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from hpctrain.errors import ConfigError
-from hpctrain.submission.registry import Registry, Run
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import Run
 
 _RUN_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 _AGE = re.compile(r"([0-9]{1,6})([smhdw])")
@@ -40,7 +41,7 @@ class PrunePlan:
     folders: list[Path]
 
 
-def plan_prune(registry: Registry, older_than: timedelta, *, now: datetime | None = None) -> PrunePlan:
+def plan_prune(registry: RunRegistry, older_than: timedelta, *, now: datetime | None = None) -> PrunePlan:
     """What a prune would remove now (nothing is changed)."""
     from hpctrain.submission.api import dry_run_dir
     from hpctrain.submission.run_record import record_dir
@@ -63,7 +64,7 @@ def plan_prune(registry: Registry, older_than: timedelta, *, now: datetime | Non
     return PrunePlan(runs, folders)
 
 
-def apply_prune(registry: Registry, plan: PrunePlan) -> list[str]:
+def apply_prune(registry: RunRegistry, plan: PrunePlan) -> list[str]:
     """Remove what ``plan`` lists; returns the folders that could not be removed, with why."""
     registry.delete_runs(r.run_id for r in plan.runs)
     problems: list[str] = []

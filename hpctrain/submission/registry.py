@@ -2,6 +2,7 @@
 
 SQLite in WAL mode, one file per user (``$HPCTRAIN_REGISTRY``, else ``$HPCTRAIN_HOME/registry.db``, else
 ``~/.local/share/hpctrain/registry.db``); many hpctrain processes may read and write it at once.
+The file itself (schema, locks, damage) is ``registry_db``; the records read from its rows, ``registry_rows``.
 """
 
 from __future__ import annotations
@@ -11,134 +12,52 @@ import os
 import random
 import secrets
 import sqlite3
-import stat
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from hpctrain.errors import HpctrainError, UnknownRun
-from hpctrain.files import atomic_path, kind_of
+from hpctrain.submission.registry_db import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    Guarded,
+    RegistryLocked,
+    connect_read_only,
+    create_atomically,
+    damaged,
+    registry_error,
+    registry_file_exists,
+    schema_statements,
+)
+from hpctrain.submission.registry_rows import (
+    ACTIVE_STATES,
+    CREATED,
+    DECODERS,
+    ENDED_STATES,
+    SUBMISSION_KINDS,
+    SUBMIT_FAILED,
+    TABLES,
+    BadRow,
+    CheckpointRecord,
+    Run,
+    Submission,
+    decode_checkpoint,
+    decode_run,
+    decode_submission,
+    row_name,
+)
 from hpctrain.submission.schedulers.state import JobState
 
 if TYPE_CHECKING:
     from hpctrain.submission.schedulers.status_parsers import JobStatus
 
-SCHEMA_VERSION = 1
-TABLES = ("runs", "submissions", "checkpoints")
 # Bounded waits for another process's lock, in all (not per retry): writers wait longer than readers.
 WRITE_LOCK_WAIT_S = 30.0
 READ_LOCK_WAIT_S = 10.0
-SUBMISSION_KINDS = ("submit", "requeue", "resubmit", "resume")
-# Run states besides JobState values: nothing submitted yet, or every submission attempt failed.
-CREATED = "created"
-SUBMIT_FAILED = "submit_failed"
-ACTIVE_STATES = tuple(s.value for s in JobState if s.is_active)
-ENDED_STATES = frozenset(s.value for s in JobState if s.is_terminal)
 T = TypeVar("T")
-
-_SCHEMA_V1 = """
-CREATE TABLE runs (
-    run_id       TEXT PRIMARY KEY,
-    name         TEXT NOT NULL,
-    site         TEXT NOT NULL,
-    remote       TEXT,
-    spec_hash    TEXT NOT NULL,
-    spec_path    TEXT,
-    run_dir      TEXT NOT NULL,
-    created      TEXT NOT NULL,
-    state        TEXT NOT NULL,
-    state_reason TEXT NOT NULL DEFAULT '',
-    array_parent TEXT REFERENCES runs(run_id),
-    array_index  INTEGER,
-    overrides    TEXT NOT NULL DEFAULT '[]'
-);
-CREATE INDEX runs_site_state ON runs(site, state);
-CREATE TABLE submissions (
-    run_id        TEXT NOT NULL REFERENCES runs(run_id),
-    seq           INTEGER NOT NULL,
-    job_id        TEXT,
-    kind          TEXT NOT NULL CHECK (kind IN ('submit', 'requeue', 'resubmit', 'resume')),
-    submitted_at  TEXT NOT NULL,
-    ok            INTEGER NOT NULL CHECK (ok IN (0, 1)),
-    error         TEXT,
-    state         TEXT,
-    state_reason  TEXT NOT NULL DEFAULT '',
-    exit_code     INTEGER,
-    restart_count INTEGER NOT NULL DEFAULT 0,
-    updated_at    TEXT,
-    PRIMARY KEY (run_id, seq),
-    CHECK (ok = 0 OR job_id IS NOT NULL),
-    CHECK (ok = 1 OR error IS NOT NULL)
-);
-CREATE INDEX submissions_job ON submissions(job_id);
-CREATE TABLE checkpoints (
-    run_id  TEXT NOT NULL REFERENCES runs(run_id),
-    step    INTEGER NOT NULL,
-    path    TEXT NOT NULL,
-    created TEXT NOT NULL,
-    PRIMARY KEY (run_id, step)
-);
-"""
-
-# version N -> function bringing a version-N database to N+1 (run inside the write transaction).
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
-
-
-@dataclass(frozen=True)
-class Run:
-    """One training run as registered (one job spec + overrides on one site)."""
-
-    run_id: str
-    name: str
-    site: str
-    remote: str | None
-    spec_hash: str
-    spec_path: str | None
-    run_dir: str
-    created: str
-    state: str
-    state_reason: str
-    array_parent: str | None
-    array_index: int | None
-    overrides: list[str]
-
-    @property
-    def is_active(self) -> bool:
-        """True while the run's current job may still change state."""
-        return self.state in ACTIVE_STATES
-
-
-@dataclass(frozen=True)
-class Submission:
-    """One attempt to put a run on the scheduler; a failed attempt has ``ok=False`` and no job id."""
-
-    run_id: str
-    seq: int
-    job_id: str | None
-    kind: str
-    submitted_at: str
-    ok: bool
-    error: str | None
-    state: str | None
-    state_reason: str
-    exit_code: int | None
-    restart_count: int
-    updated_at: str | None
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """A checkpoint a run wrote."""
-
-    run_id: str
-    step: int
-    path: str
-    created: str
 
 
 def default_registry_path() -> Path:
@@ -161,167 +80,7 @@ def new_run_id(name: str, when: datetime | None = None) -> str:
     return f"{name}-{when:%Y%m%d-%H%M}-{secrets.token_hex(2)}"
 
 
-class RegistryLocked(HpctrainError):
-    """The registry stayed locked by another process for longer than the bounded wait."""
-
-
-class _Guarded:
-    """The registry's connection: every statement's rows are fetched at once, and SQLite's errors become
-    HpctrainErrors that name the file and the way out (a damaged file, a lock, a read-only file, a full disk).
-
-    Constraint violations (IntegrityError) pass through: the callers that expect them handle them.
-    """
-
-    def __init__(self, connection: sqlite3.Connection, path: Path, lock_timeout_s: float) -> None:
-        self.connection = connection
-        self.path = path
-        self.lock_timeout_s = lock_timeout_s
-
-    def execute(self, sql: str, args: Iterable[object] = ()) -> _Rows:
-        try:
-            cursor = self.connection.execute(sql, tuple(args))
-            return _Rows(cursor.fetchall())
-        except sqlite3.Error as exc:
-            raise registry_error(exc, self.path, self.lock_timeout_s) from None
-
-    @property
-    def in_transaction(self) -> bool:
-        return self.connection.in_transaction
-
-    def close(self) -> None:
-        self.connection.close()
-
-
-class _Rows(list):  # type: ignore[type-arg]
-    """A statement's rows, read in full (so a damaged page fails inside ``execute``, not while iterating)."""
-
-    def fetchone(self) -> sqlite3.Row | None:
-        return self[0] if self else None
-
-    def fetchall(self) -> list[sqlite3.Row]:
-        return list(self)
-
-
-def registry_error(exc: sqlite3.Error, path: Path, waited_s: float = 0.0) -> Exception:
-    """The HpctrainError for an SQLite error on the registry at ``path`` (IntegrityError and programming
-    errors are returned unchanged: they are not the user's to fix)."""
-    if isinstance(exc, sqlite3.IntegrityError | sqlite3.ProgrammingError | sqlite3.InterfaceError):
-        return exc
-    msg = str(exc)
-    low = msg.lower()
-    if "locked" in low or "busy" in low:
-        return RegistryLocked(f"the run registry {path} is locked by another process (waited {waited_s:g} s: "
-                              f"{msg})",
-                              hint=f"another hpctrain command is writing to it or is stuck: try again, or find it "
-                                   f"with `fuser {path}`")
-    if "readonly" in low or "read-only" in low or ("unable to open" in low and _read_only_place(path)):
-        return HpctrainError(f"the run registry {path} is read-only and this command writes to it ({msg})",
-                             hint="make the file and its directory writable, or set HPCTRAIN_REGISTRY to a "
-                                  "writable copy")
-    if "full" in low:
-        return HpctrainError(f"the run registry {path} cannot grow: the disk is full ({msg})",
-                             hint="free space on that file system")
-    if "unable to open" in low:
-        return HpctrainError(f"cannot open the run registry {path} ({msg})",
-                             hint="check the directory exists and is readable, or set HPCTRAIN_REGISTRY")
-    return damaged(path, msg)
-
-
-class RegistryDamaged(HpctrainError):
-    """The registry file is not (or no longer) a readable registry; ``why`` says what was found."""
-
-    def __init__(self, path: Path, why: str) -> None:
-        self.why = why
-        super().__init__(f"the run registry {path} is damaged: {why}",
-                         hint="`hpctrain runs --repair` keeps a copy of it and rebuilds it from the rows that can "
-                              "still be read")
-
-
-def registry_file_exists(path: Path) -> bool:
-    """Whether the registry file exists (False: not yet); an error naming the path when it is anything but a
-    regular file or a place one can be created (a FIFO, a device, a symbolic-link loop, a directory above it
-    that is a file)."""
-    hint = "set HPCTRAIN_REGISTRY (or HPCTRAIN_HOME) to a regular file (or a directory) of your own"
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        if os.path.lexists(path):
-            raise HpctrainError(f"the run registry {path} is a symbolic link to nothing", hint=hint) from None
-        return False
-    except NotADirectoryError:
-        raise HpctrainError(f"the run registry {path} cannot exist: a directory above it is a file "
-                            "(is HPCTRAIN_HOME a file?)", hint=hint) from None
-    except OSError as exc:
-        raise HpctrainError(f"the run registry {path} cannot be reached: {exc.strerror or exc}", hint=hint) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise HpctrainError(f"the run registry {path} is {kind_of(st.st_mode)}, not an SQLite file", hint=hint)
-    return True
-
-
-def _read_only_place(path: Path) -> bool:
-    """True when the registry's file system is mounted read-only (root ignores file modes, not this)."""
-    try:
-        return bool(os.statvfs(path if path.exists() else path.parent).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
-
-
-def damaged(path: Path, why: str) -> RegistryDamaged:
-    """The error for a registry file that is not (or no longer) a readable registry."""
-    return RegistryDamaged(path, why)
-
-
-def _connect_read_only(path: Path, timeout: float) -> sqlite3.Connection:
-    """A read-only connection (``mode=ro``): SQLite refuses every write through it and takes no write lock."""
-    uri = "file:" + urllib.parse.quote(str(path.resolve()), safe="/")
-    con = sqlite3.connect(uri + "?mode=ro", uri=True, timeout=timeout, isolation_level=None)
-    try:
-        con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()  # opens the file now, not later
-        return con
-    except sqlite3.OperationalError as exc:
-        con.close()
-        if "unable to open" not in str(exc):
-            raise
-    # A WAL file on a read-only file system, whose -shm cannot be created: nobody can be writing to it, so
-    # SQLite may read it without locks.
-    return sqlite3.connect(uri + "?mode=ro&immutable=1", uri=True, timeout=timeout, isolation_level=None)
-
-
-def _schema_statements() -> list[str]:
-    return [s for s in _SCHEMA_V1.split(";") if s.strip()]
-
-
-def create_database(path: Path) -> None:
-    """Write a new, empty registry file at ``path`` (which must not exist yet), schema and WAL mode set."""
-    con = sqlite3.connect(path, isolation_level=None)
-    try:
-        con.execute("PRAGMA journal_mode = WAL")
-        con.execute("BEGIN")
-        for statement in _schema_statements():
-            con.execute(statement)
-        con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        con.execute("COMMIT")
-    finally:
-        con.close()  # the last connection checkpoints the WAL into the file and removes it
-
-
-def _create_atomically(path: Path) -> None:
-    """Create the registry file complete or not at all: built beside it, then hard-linked into place (a link
-    never replaces a file another process created meanwhile). So a zero-length registry is always damage."""
-    made: list[Path] = []
-    try:
-        with atomic_path(path, exclusive=True) as tmp:
-            made.append(tmp)
-            create_database(tmp)
-    except FileExistsError:
-        pass  # another process made it first: use theirs
-    finally:
-        for leftover in (Path(f"{tmp}-{kind}") for tmp in made for kind in ("wal", "shm")):
-            with suppress(OSError):
-                leftover.unlink()
-
-
-class Registry:
+class RunRegistry:
     """The run registry. Every write is one ``BEGIN IMMEDIATE`` transaction, retried while busy.
 
     ``readonly=True`` (``hpctrain runs``, ``logs``) opens the file read-only: no write transaction, no
@@ -336,7 +95,7 @@ class Registry:
         self.lock_timeout_s = lock_timeout_s if lock_timeout_s is not None else (
             READ_LOCK_WAIT_S if readonly else WRITE_LOCK_WAIT_S)
         self.damaged_rows: list[str] = []
-        self._db = _Guarded(self._connect(), self.path, self.lock_timeout_s)
+        self._db = Guarded(self._connect(), self.path, self.lock_timeout_s)
         try:
             if readonly:
                 self._check_readable()
@@ -356,14 +115,14 @@ class Registry:
             if self.readonly:
                 if not exists:  # nothing registered yet: an empty registry, without creating the file
                     con = sqlite3.connect(":memory:", isolation_level=None)
-                    for statement in _schema_statements():
+                    for statement in schema_statements():
                         con.execute(statement)
                 else:
-                    con = _connect_read_only(self.path, self.lock_timeout_s)
+                    con = connect_read_only(self.path, self.lock_timeout_s)
             else:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 if not exists:
-                    _create_atomically(self.path)
+                    create_atomically(self.path)
                 # isolation_level=None: we issue BEGIN/COMMIT ourselves.
                 con = sqlite3.connect(self.path, timeout=self.lock_timeout_s, isolation_level=None)
         except OSError as exc:
@@ -381,7 +140,7 @@ class Registry:
         """Close the connection."""
         self._db.close()
 
-    def __enter__(self) -> Registry:
+    def __enter__(self) -> RunRegistry:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -401,7 +160,7 @@ class Registry:
                 delay = min(delay * 2, 2.0)
 
     @contextmanager
-    def _write(self) -> Iterator[_Guarded]:
+    def _write(self) -> Iterator[Guarded]:
         self._retry(lambda: self._db.execute("BEGIN IMMEDIATE"))
         try:
             yield self._db
@@ -438,9 +197,9 @@ class Registry:
         if version == 0 and not self._tables():
             # Made by an older hpctrain that had not written its schema yet: nothing registered.
             self._db.close()
-            self._db = _Guarded(sqlite3.connect(":memory:", isolation_level=None), self.path, self.lock_timeout_s)
+            self._db = Guarded(sqlite3.connect(":memory:", isolation_level=None), self.path, self.lock_timeout_s)
             self._db.connection.row_factory = sqlite3.Row
-            for statement in _schema_statements():
+            for statement in schema_statements():
                 self._db.execute(statement)
             return
         self._check_tables()
@@ -456,7 +215,7 @@ class Registry:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             self._check_version(version)
             if version == 0:
-                for statement in _schema_statements():
+                for statement in schema_statements():
                     db.execute(statement)
                 version = 1
             while version < SCHEMA_VERSION:
@@ -528,7 +287,7 @@ class Registry:
         if active_only:
             sql += f" AND state IN ({','.join('?' * len(ACTIVE_STATES))})"
             args.extend(ACTIVE_STATES)
-        return self._decoded(self._db.execute(sql + " ORDER BY created DESC, run_id", args), _run, "run")
+        return self._decoded(self._db.execute(sql + " ORDER BY created DESC, run_id", args), decode_run, "run")
 
     # --- submissions --------------------------------------------------------------------------------------
 
@@ -564,9 +323,9 @@ class Registry:
 
     def _decode_run(self, row: sqlite3.Row) -> Run:
         try:
-            return _run(row)
+            return decode_run(row)
         except BadRow as exc:
-            raise damaged(self.path, f"the row of run {_row_name(row)} cannot be read: {exc}") from None
+            raise damaged(self.path, f"the row of run {row_name(row)} cannot be read: {exc}") from None
 
     def _decoded(self, rows: Iterable[sqlite3.Row], decode: Callable[[sqlite3.Row], T], what: str) -> list[T]:
         """Rows decoded; one that cannot be is skipped and described in ``damaged_rows`` (the rest still show)."""
@@ -575,7 +334,7 @@ class Registry:
             try:
                 out.append(decode(row))
             except BadRow as exc:
-                note = f"{what} row of run {_row_name(row)} skipped: {exc}"
+                note = f"{what} row of run {row_name(row)} skipped: {exc}"
                 if note not in self.damaged_rows:
                     self.damaged_rows.append(note)
         return out
@@ -583,13 +342,13 @@ class Registry:
     def _submission(self, run_id: str, seq: int) -> Submission:
         row = self._db.execute("SELECT * FROM submissions WHERE run_id = ? AND seq = ?",
                                (run_id, seq)).fetchone()
-        return _submission(row)
+        return decode_submission(row)
 
     def chain(self, run_id: str) -> list[Submission]:
         """Every submission attempt of a run, oldest first (failed ones included)."""
         rid = self.get_run(run_id).run_id
         rows = self._db.execute("SELECT * FROM submissions WHERE run_id = ? ORDER BY seq", (rid,))
-        return self._decoded(rows, _submission, "submission")
+        return self._decoded(rows, decode_submission, "submission")
 
     def end_submission(self, run_id: str, seq: int, state: str, reason: str, exit_code: int | None) -> None:
         """Close an earlier submission of a run whose job went on under a newer entry (a requeue keeps the
@@ -670,10 +429,10 @@ class Registry:
             db.execute("INSERT OR REPLACE INTO checkpoints (run_id, step, path, created) VALUES (?,?,?,?)",
                        (run_id, int(step), path, _now()))
 
-    def checkpoints(self, run_id: str) -> list[Checkpoint]:
+    def checkpoints(self, run_id: str) -> list[CheckpointRecord]:
         """A run's checkpoints, oldest step first."""
         rows = self._db.execute("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY step", (run_id,))
-        return self._decoded(rows, _checkpoint, "checkpoint")
+        return self._decoded(rows, decode_checkpoint, "checkpoint")
 
     # --- housekeeping -------------------------------------------------------------------------------------
 
@@ -688,7 +447,7 @@ class Registry:
                 try:
                     DECODERS[table](row)
                 except BadRow as exc:
-                    problems.append(f"{table} row of run {_row_name(row)}: {exc}")
+                    problems.append(f"{table} row of run {row_name(row)}: {exc}")
         return problems
 
 
@@ -698,7 +457,7 @@ class Registry:
         cutoff = registered_before.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         rows = self._db.execute("SELECT * FROM runs WHERE state IN (?, ?) AND created < ? ORDER BY created",
                                 (CREATED, SUBMIT_FAILED, cutoff))
-        runs = self._decoded(rows, _run, "run")
+        runs = self._decoded(rows, decode_run, "run")
         chosen = {r.run_id for r in runs}
         links = [(row[0], row[1]) for row in
                  self._db.execute("SELECT run_id, array_parent FROM runs WHERE array_parent IS NOT NULL")]
@@ -722,72 +481,3 @@ class Registry:
             db.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", ids)
             after = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
         return int(before - after)
-
-
-class BadRow(ValueError):
-    """A registry row whose values are not what the schema promises (a damaged or hand-edited file)."""
-
-
-_TEXT, _OPT_TEXT, _INT, _OPT_INT = (str,), (str, type(None)), (int,), (int, type(None))
-_RUN_COLUMNS = {"run_id": _TEXT, "name": _TEXT, "site": _TEXT, "remote": _OPT_TEXT, "spec_hash": _TEXT,
-                "spec_path": _OPT_TEXT, "run_dir": _TEXT, "created": _TEXT, "state": _TEXT, "state_reason": _TEXT,
-                "array_parent": _OPT_TEXT, "array_index": _OPT_INT, "overrides": _TEXT}
-_SUBMISSION_COLUMNS = {"run_id": _TEXT, "seq": _INT, "job_id": _OPT_TEXT, "kind": _TEXT, "submitted_at": _TEXT,
-                       "ok": _INT, "error": _OPT_TEXT, "state": _OPT_TEXT, "state_reason": _TEXT,
-                       "exit_code": _OPT_INT, "restart_count": _INT, "updated_at": _OPT_TEXT}
-_CHECKPOINT_COLUMNS = {"run_id": _TEXT, "step": _INT, "path": _TEXT, "created": _TEXT}
-COLUMNS = {"runs": _RUN_COLUMNS, "submissions": _SUBMISSION_COLUMNS, "checkpoints": _CHECKPOINT_COLUMNS}
-
-
-def _checked(row: Mapping[str, object] | sqlite3.Row, columns: Mapping[str, tuple[type, ...]]) -> dict[str, object]:
-    values = {name: row[name] for name in columns}
-    for name, types in columns.items():
-        value = values[name]
-        if not isinstance(value, types) or isinstance(value, bool):
-            raise BadRow(f"{name} holds {type(value).__name__} {str(value)[:40]!r}")
-    return values
-
-
-def decode_overrides(text: str) -> list[str]:
-    """A run's ``overrides`` column: a JSON list of ``KEY=VALUE`` strings."""
-    try:
-        value = json.loads(text)
-    except (ValueError, RecursionError) as exc:
-        raise BadRow(f"overrides is not JSON ({str(exc)[:60]})") from None
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise BadRow("overrides is not a list of KEY=VALUE texts")
-    return value
-
-
-def _run(row: Mapping[str, object] | sqlite3.Row) -> Run:
-    """A run row as a Run; BadRow when a value is not of its column's type."""
-    v = _checked(row, _RUN_COLUMNS)
-    return Run(v["run_id"], v["name"], v["site"], v["remote"], v["spec_hash"], v["spec_path"],  # type: ignore[arg-type]
-               v["run_dir"], v["created"], v["state"], v["state_reason"], v["array_parent"],  # type: ignore[arg-type]
-               v["array_index"], decode_overrides(v["overrides"]))  # type: ignore[arg-type]
-
-
-def _submission(row: Mapping[str, object] | sqlite3.Row) -> Submission:
-    """A submission row as a Submission; BadRow when a value is not of its column's type."""
-    v = _checked(row, _SUBMISSION_COLUMNS)
-    if v["kind"] not in SUBMISSION_KINDS or v["ok"] not in (0, 1):
-        raise BadRow(f"kind {v['kind']!r} / ok {v['ok']!r} are not values this registry writes")
-    return Submission(v["run_id"], v["seq"], v["job_id"], v["kind"], v["submitted_at"],  # type: ignore[arg-type]
-                      bool(v["ok"]), v["error"], v["state"], v["state_reason"], v["exit_code"],  # type: ignore[arg-type]
-                      v["restart_count"], v["updated_at"])  # type: ignore[arg-type]
-
-
-def _checkpoint(row: Mapping[str, object] | sqlite3.Row) -> Checkpoint:
-    v = _checked(row, _CHECKPOINT_COLUMNS)
-    return Checkpoint(v["run_id"], v["step"], v["path"], v["created"])  # type: ignore[arg-type]
-
-
-DECODERS: dict[str, Callable[[Mapping[str, object] | sqlite3.Row], object]] = {
-    "runs": _run, "submissions": _submission, "checkpoints": _checkpoint}
-
-
-def _row_name(row: Mapping[str, object] | sqlite3.Row) -> str:
-    try:
-        return repr(row["run_id"])[:80]
-    except (IndexError, KeyError):
-        return "?"

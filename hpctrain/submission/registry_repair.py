@@ -16,17 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from hpctrain.errors import HpctrainError
-from hpctrain.submission.registry import (
-    COLUMNS,
-    DECODERS,
-    TABLES,
-    BadRow,
-    Registry,
-    RegistryDamaged,
-    create_database,
-    decode_overrides,
-    registry_file_exists,
-)
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_db import RegistryDamaged, create_database, registry_file_exists
+from hpctrain.submission.registry_rows import COLUMNS, DECODERS, TABLES, BadRow, decode_overrides
 
 # Rows probed one by one past a damaged spot before a table's remaining rows are given up.
 PROBE_WINDOW = 1000
@@ -69,7 +61,7 @@ class RepairReport:
 def check_registry(path: Path) -> list[str]:
     """What is wrong with the registry file at ``path`` (an empty list when it is healthy)."""
     try:
-        with Registry(path, readonly=True) as registry:
+        with RunRegistry(path, readonly=True) as registry:
             return registry.integrity_problems()
     except RegistryDamaged as exc:
         return [exc.why]

@@ -19,7 +19,8 @@ from hpctrain.exit_codes import EXIT_TRANSPORT
 from hpctrain.submission.api import stage_and_submit
 from hpctrain.submission.failure import NOTE_FILES
 from hpctrain.submission.queue_limits import check_queued_jobs, check_usable_nodes
-from hpctrain.submission.registry import Registry, Run
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import Run
 from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir, run_site
 from hpctrain.submission.schedulers.base import place
 from hpctrain.submission.tracking import poll_runs
@@ -58,7 +59,7 @@ def newest_checkpoint_step(transport: Transport, directory: str) -> int | None:
                               hint="`hpctrain run` rebuilds it from the step directories; inspect it by hand") from None
 
 
-def resubmit_hint(registry: Registry, run: Run) -> str:
+def resubmit_hint(registry: RunRegistry, run: Run) -> str:
     """How to start the run afresh, naming only files that exist here (what was staged for it)."""
     rec = record_dir(registry, run.run_id)
     spec, site = rec / "job.yaml", rec / SITE_FILE
@@ -70,7 +71,7 @@ def resubmit_hint(registry: Registry, run: Run) -> str:
     return f"start it afresh: {shlex.join(words)}"
 
 
-def _spec_of(registry: Registry, run: Run, nodes: int | None, walltime: str | None,
+def _spec_of(registry: RunRegistry, run: Run, nodes: int | None, walltime: str | None,
              queue: str | None) -> JobSpec:
     from hpctrain.config.job import load_job
 
@@ -87,7 +88,7 @@ def _spec_of(registry: Registry, run: Run, nodes: int | None, walltime: str | No
     return job
 
 
-def resume_run(registry: Registry, run_ref: str, *, nodes: int | None = None, walltime: str | None = None,
+def resume_run(registry: RunRegistry, run_ref: str, *, nodes: int | None = None, walltime: str | None = None,
                queue: str | None = None, ssh_config: str | None = None,
                pool: TransportPool | None = None) -> Resumed:
     """Submit a continuation of ``run_ref`` in its own run directory; see the module docstring."""

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from hpctrain import files
 from hpctrain.errors import ConfigError, HpctrainError
-from hpctrain.submission.registry import Registry, Run
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import Run
 
 if TYPE_CHECKING:
     from hpctrain.config.site import SiteProfile
@@ -27,12 +28,12 @@ SITE_FILE = "site.yaml"
 PROGRESS_FILE = "progress.json"
 
 
-def record_dir(registry: Registry, run_id: str) -> Path:
+def record_dir(registry: RunRegistry, run_id: str) -> Path:
     """Local directory beside the registry holding what was submitted for a run."""
     return Path(registry.path).parent / "runs" / run_id
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+def write_record_file(path: Path, text: str, mode: int = 0o644) -> None:
     """``hpctrain.files.write_atomic`` with the parent made; a failure is an HpctrainError naming the file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -56,7 +57,7 @@ class RunMeta:
         return json.dumps(asdict(self), indent=1)
 
 
-def read_meta(registry: Registry, run: Run) -> RunMeta:
+def read_meta(registry: RunRegistry, run: Run) -> RunMeta:
     """The run's submit.json; when it is gone, the scheduler of its recorded (or named) site profile."""
     try:
         data = json.loads((record_dir(registry, run.run_id) / META_FILE).read_text(encoding="utf-8"))
@@ -72,7 +73,7 @@ def dump_site(site: SiteProfile) -> str:
     return yaml.safe_dump(site.model_dump(mode="json", exclude_none=True, exclude={"extends"}), sort_keys=False)
 
 
-def run_site(registry: Registry, run: Run) -> SiteProfile:
+def run_site(registry: RunRegistry, run: Run) -> SiteProfile:
     """The site profile a run was submitted with: its recorded copy, else the profile of that name today."""
     from hpctrain.config.site import load_site, load_site_file
 
@@ -98,7 +99,7 @@ class KeptProgress:
     after_end_of: str | None = None
 
 
-def kept_progress(registry: Registry, run_id: str) -> KeptProgress | None:
+def kept_progress(registry: RunRegistry, run_id: str) -> KeptProgress | None:
     """What ``save_progress`` kept (None when no poll saw a record); a bare record is what older versions kept."""
     try:
         data = json.loads((record_dir(registry, run_id) / PROGRESS_FILE).read_text(encoding="utf-8"))
@@ -139,7 +140,7 @@ def newer_progress(new: KeptProgress, kept: KeptProgress | None) -> KeptProgress
     return kept
 
 
-def save_progress(registry: Registry, run_id: str, record: dict[str, Any], *,
+def save_progress(registry: RunRegistry, run_id: str, record: dict[str, Any], *,
                   after_end_of: str | None = None) -> dict[str, Any]:
     """Keep ``record`` (a metrics record a poll read; ``after_end_of``: the job whose end that poll had seen first)
     unless a newer one is kept already, and return the record kept.
@@ -154,7 +155,7 @@ def save_progress(registry: Registry, run_id: str, record: dict[str, Any], *,
             kept = kept_progress(registry, run_id)
             chosen = newer_progress(new, kept)
             if chosen is not kept:
-                write_atomic(path, json.dumps({"metrics": chosen.record, "after_end_of": chosen.after_end_of},
+                write_record_file(path, json.dumps({"metrics": chosen.record, "after_end_of": chosen.after_end_of},
                                               sort_keys=True))
             return chosen.record
     except HpctrainError:
@@ -162,7 +163,7 @@ def save_progress(registry: Registry, run_id: str, record: dict[str, Any], *,
         return newer_progress(new, kept_progress(registry, run_id)).record
 
 
-def saved_progress(registry: Registry, run_id: str) -> dict[str, Any] | None:
+def saved_progress(registry: RunRegistry, run_id: str) -> dict[str, Any] | None:
     """The metrics record kept by ``save_progress`` (None when no poll saw one)."""
     kept = kept_progress(registry, run_id)
     return kept.record if kept else None

@@ -17,7 +17,9 @@ from typing import Any
 from hpctrain.errors import HpctrainError, TransportError
 from hpctrain.exit_codes import EXIT_REQUEUE, EXIT_SCHEDULER, EXIT_TRANSPORT
 from hpctrain.submission.failure import FAILURE_FILE, read_failure
-from hpctrain.submission.registry import Registry, Run
+from hpctrain.submission.marked_sections import split_marked_sections
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import Run
 from hpctrain.submission.run_record import RunMeta, kept_progress, read_meta, save_progress
 from hpctrain.submission.schedulers.base import EXIT_LOG, Scheduler, StatusProbe, get_scheduler
 from hpctrain.submission.schedulers.state import JobState
@@ -33,7 +35,7 @@ FAILURE_BYTES = 2048  # a failure note is one line; read no more of it
 # The most read of the end of a metrics file or an exit log per poll: a last line longer than that is no record
 # (it is skipped), and a run directory's files never make a poll's answer big.
 TAIL_BYTES = 64 * 1024
-_MARK = "@@hpctrain-section"
+POLL_MARK = "@@hpctrain-section"
 _ARRAY_RANGE = re.compile(r"^(?P<master>[^_\[\]]+)_\[(?P<spec>[^\]]+)\](?P<rest>.*)$")
 
 
@@ -107,7 +109,7 @@ def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Seque
     regular files are read: a FIFO would block the poll, a device (a link to /dev/zero) would never end."""
     lines = [
         't=$(mktemp 2>/dev/null || echo "/tmp/hpctrain-status.$$")',
-        f"sec() {{ printf '\\n{_MARK} %s\\n' \"$*\"; }}",
+        f"sec() {{ printf '\\n{POLL_MARK} %s\\n' \"$*\"; }}",
         'run() { n=$1; shift; sec "$n" out; "$@" 2>"$t"; rc=$?; sec "$n" err; cat "$t"; sec "$n" rc $rc; '
         "return $rc; }",
     ]
@@ -125,35 +127,6 @@ def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Seque
         lines.append(f"sec note{i} out; [ -f {q} ] && head -c {FAILURE_BYTES} -- {q} 2>/dev/null")
     lines.append('rm -f "$t"; sec end')
     return "\n".join(lines) + "\n"
-
-
-def split_sections(stdout: str) -> dict[str, dict[str, str]]:
-    """``{section: {"out": ..., "err": ..., "rc": "0"}}`` from the marked output of ``batch_script``."""
-    out: dict[str, dict[str, str]] = {}
-    current: tuple[str, str] | None = None
-    buf: list[str] = []
-
-    def flush() -> None:
-        if current is not None:
-            out.setdefault(current[0], {})[current[1]] = "\n".join(buf).strip("\n")
-
-    for line in stdout.split("\n"):
-        if line.startswith(_MARK + " "):
-            flush()
-            words = line[len(_MARK) + 1:].split()
-            buf = []
-            if len(words) >= 3 and words[1] == "rc":
-                out.setdefault(words[0], {})["rc"] = words[2]
-                current = None
-            elif len(words) >= 2:
-                current = (words[0], words[1])
-            else:
-                out.setdefault(words[0] if words else "", {})
-                current = None
-            continue
-        buf.append(line)
-    flush()
-    return out
 
 
 @dataclass(frozen=True)
@@ -183,7 +156,7 @@ def poll_scheduler(transport: Transport, scheduler: Scheduler, jobs: Mapping[str
     except TransportError as exc:
         return GroupPoll(None, dict.fromkeys(metrics_paths), f"status poll on {transport.host} failed: {exc}",
                          error_code=exc.exit_code)
-    sections = split_sections(done.stdout)
+    sections = split_marked_sections(done.stdout, POLL_MARK)
     if "end" not in sections:
         detail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return GroupPoll(None, dict.fromkeys(metrics_paths),
@@ -234,7 +207,7 @@ def last_json_record(text: str) -> dict[str, Any] | None:
 ACCOUNTING_FOLD = 128
 
 
-def apply_exit_records(registry: Registry, statuses: Mapping[str, JobStatus] | None, runs: Mapping[str, Run],
+def apply_exit_records(registry: RunRegistry, statuses: Mapping[str, JobStatus] | None, runs: Mapping[str, Run],
                        records: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, JobStatus]:
     """Statuses completed from the batch scripts' own records (``EXIT_LOG`` of each run directory).
 
@@ -300,11 +273,11 @@ def apply_failure_notes(statuses: Mapping[str, JobStatus], notes: Mapping[str, s
     return out
 
 
-def _known_requeues(registry: Registry, run: Run, job_id: str) -> int:
+def _known_requeues(registry: RunRegistry, run: Run, job_id: str) -> int:
     return sum(1 for s in registry.chain(run.run_id) if s.ok and s.job_id == job_id and s.kind == "requeue")
 
 
-def lost_node_jobs(registry: Registry, scheduler: Scheduler, statuses: Mapping[str, JobStatus],
+def lost_node_jobs(registry: RunRegistry, scheduler: Scheduler, statuses: Mapping[str, JobStatus],
                    runs: Mapping[str, Run]) -> list[str]:
     """The jobs whose run ended because a node failed, and whose chain does not say so yet: the job itself
     (its state), or a restart not yet recorded (an earlier run's state)."""
@@ -352,7 +325,7 @@ def apply_lost_nodes(statuses: Mapping[str, JobStatus], lost: Mapping[str, str],
 REQUEUED_AT_CHECKPOINT = f"stopped at a checkpoint (exit {EXIT_REQUEUE}); requeued"
 
 
-def record_requeues(registry: Registry, statuses: Mapping[str, JobStatus], runs: Mapping[str, Run],
+def record_requeues(registry: RunRegistry, statuses: Mapping[str, JobStatus], runs: Mapping[str, Run],
                     lost: Mapping[str, str] | None = None, scheduler: Scheduler | None = None) -> int:
     """Add one ``requeue`` entry to a run's chain per restart of its job not yet recorded, and close the
     entry it continues: state ``requeued``, and why — the ranks stopped at a checkpoint (exit code 75), or the
@@ -398,7 +371,7 @@ class _Group:
     members: list[tuple[Run, RunMeta, str | None]] = field(default_factory=list)
 
 
-def poll_runs(registry: Registry, runs: Sequence[Run], pool: TransportPool | None = None, *,
+def poll_runs(registry: RunRegistry, runs: Sequence[Run], pool: TransportPool | None = None, *,
               progress: bool = True, ssh_config: str | None = None) -> list[RunView]:
     """Poll the active ones of ``runs`` (one call per (site, remote, ssh config)), store, and return views.
 
@@ -440,7 +413,7 @@ class _Polled:
     totals: dict[str, int | None] = field(default_factory=dict)
 
 
-def _poll_once(registry: Registry, runs: Sequence[Run], pool: TransportPool, *, progress: bool,
+def _poll_once(registry: RunRegistry, runs: Sequence[Run], pool: TransportPool, *, progress: bool,
                ssh_config: str | None) -> _Polled:
     """One batched call per group of ``runs``: the states stored, the metrics records kept."""
     groups: dict[tuple[str, str | None, str | None, str], _Group] = {}
@@ -495,7 +468,7 @@ def _poll_once(registry: Registry, runs: Sequence[Run], pool: TransportPool, *, 
     return out
 
 
-def _last_progress_kept(registry: Registry, run: Run) -> bool:
+def _last_progress_kept(registry: RunRegistry, run: Run) -> bool:
     """Whether the metrics record kept for ``run`` need not be read again: one read after its newest job ended
     (a run that never got a job: any record)."""
     kept = kept_progress(registry, run.run_id)

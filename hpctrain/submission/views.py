@@ -13,7 +13,8 @@ from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.exit_codes import EXIT_REQUEUE
-from hpctrain.submission.registry import CREATED, SUBMIT_FAILED, Registry, Run, Submission
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.registry_rows import CREATED, SUBMIT_FAILED, Run, Submission
 from hpctrain.submission.run_record import read_meta, saved_progress
 from hpctrain.submission.schedulers.exit_status import SIGNAL_DEATH, death_signal, ended_text
 from hpctrain.submission.schedulers.state import JobState
@@ -83,7 +84,7 @@ class RunView:
         return d
 
 
-def latest_job_id(registry: Registry, run_id: str) -> str | None:
+def latest_job_id(registry: RunRegistry, run_id: str) -> str | None:
     """The job id of a run's newest successful submission."""
     for sub in reversed(registry.chain(run_id)):
         if sub.ok:
@@ -107,7 +108,7 @@ def restart_text(restart: int, max_requeues: int | None) -> str:
     return f"restart {restart}" + (f" of {max_requeues}" if max_requeues is not None else "")
 
 
-def view_of(registry: Registry, run: Run, progress: Progress | None = None, poll_error: str = "",
+def view_of(registry: RunRegistry, run: Run, progress: Progress | None = None, poll_error: str = "",
             poll_error_code: int = 0) -> RunView:
     """A RunView from the registry and the run's record alone (no polling)."""
     chain = registry.chain(run.run_id)

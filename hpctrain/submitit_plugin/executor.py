@@ -25,7 +25,7 @@ from hpctrain.config.origin import locate
 from hpctrain.config.preflight import walltime_warnings
 from hpctrain.errors import ConfigError
 from hpctrain.submission.api import submit_runs
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.render import python_for
 from hpctrain.submission.schedulers.base import get_scheduler, place
 from hpctrain.submission.transport import TransportPool
@@ -291,7 +291,7 @@ class HpctrainExecutor(core.Executor):
         batches = [list(range(len(staged)))] if arrays else [[i] for i in range(len(staged))]
         ranks = job.resources.nodes * job.resources.ranks_per_node
         jobs: list[core.Job[Any]] = []
-        with Registry(self.registry_path) as reg:
+        with RunRegistry(self.registry_path) as reg:
             for batch in batches:
                 # The checks' warnings name job-spec keys: say them with the parameters' names.
                 with warnings.catch_warnings(record=True) as caught:

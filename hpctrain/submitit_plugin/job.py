@@ -17,7 +17,7 @@ from submitit.core import core, utils
 
 from hpctrain.errors import HpctrainError, SchedulerError
 from hpctrain.submission.api import cancel_run, read_log
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.run_record import read_meta
 from hpctrain.submission.schedulers.base import get_scheduler
 from hpctrain.submission.transport import CommandFailed, TransportPool
@@ -83,7 +83,7 @@ class HpctrainJob(core.Job[core.R]):
     def cancel(self, check: bool = True) -> None:
         """Cancel the run's job through hpctrain (nothing is sent when it has already ended)."""
         try:
-            with Registry(self._registry_path) as reg:
+            with RunRegistry(self._registry_path) as reg:
                 cancel_run(reg, reg.get_run(self.run_id), self._pool or DEFAULT_POOL)
         except HpctrainError:
             if check:
@@ -96,7 +96,7 @@ class HpctrainJob(core.Job[core.R]):
         ``timeout`` is taken for submitit's signature: hpctrain counts every requeue, preemption or walltime,
         against ``max_num_timeout``.
         """
-        with Registry(self._registry_path) as reg:
+        with RunRegistry(self._registry_path) as reg:
             run = reg.get_run(self.run_id)
             meta = read_meta(reg, run)
             job_id = latest_job_id(reg, run.run_id) or self.job_id
@@ -188,7 +188,7 @@ class HpctrainJob(core.Job[core.R]):
 
     def _scheduler_log(self) -> str:
         try:
-            with Registry(self._registry_path) as reg:
+            with RunRegistry(self._registry_path) as reg:
                 return read_log(reg, reg.get_run(self.run_id), self._pool or DEFAULT_POOL)
         except HpctrainError as exc:
             return f"(could not read it: {exc})"

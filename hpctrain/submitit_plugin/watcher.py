@@ -18,7 +18,7 @@ from typing import Any
 from submitit.core import core, logger, utils
 
 from hpctrain.errors import HpctrainError
-from hpctrain.submission.registry import Registry
+from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.run_record import read_meta
 from hpctrain.submission.schedulers.exit_status import SIGNAL_DEATH
 from hpctrain.submission.tracking import poll_runs
@@ -91,7 +91,7 @@ class HpctrainInfoWatcher(core.InfoWatcher):
         """The run's record, its location read from the registry if no poll has read it yet."""
         watched = self._runs[run_id]
         if watched.run_dir is None:
-            with Registry(watched.registry_path) as reg:
+            with RunRegistry(watched.registry_path) as reg:
                 self._locate(reg, watched)
         return watched
 
@@ -129,7 +129,7 @@ class HpctrainInfoWatcher(core.InfoWatcher):
                     self._finished.add(watched.run_id)
         self._last_status_check = time.time()
 
-    def _locate(self, reg: Registry, watched: Watched) -> None:
+    def _locate(self, reg: RunRegistry, watched: Watched) -> None:
         run = reg.get_run(watched.run_id)
         watched.run_dir, watched.remote = run.run_dir, run.remote
         watched.ssh_config = read_meta(reg, run).ssh_config
@@ -138,7 +138,7 @@ class HpctrainInfoWatcher(core.InfoWatcher):
         by_pool: dict[int, list[Watched]] = defaultdict(list)
         for watched in members:
             by_pool[id(watched.pool)].append(watched)
-        with Registry(registry_path) as reg:
+        with RunRegistry(registry_path) as reg:
             for group in by_pool.values():
                 for watched in group:
                     if watched.run_dir is None:

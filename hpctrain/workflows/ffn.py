@@ -59,9 +59,9 @@ def find_trained(target: str) -> Trained:
     job_data: dict[str, Any] | None = None
     warnings: list[str] = []
     if not path.exists():
-        from hpctrain.submission.registry import Registry
+        from hpctrain.submission.registry import RunRegistry
 
-        with Registry(readonly=True) as registry:
+        with RunRegistry(readonly=True) as registry:
             path = Path(registry.get_run(target).run_dir)
     if path.is_dir() and (path / "job.yaml").is_file():
         run_dir = path

@@ -135,7 +135,9 @@ def ffn_input(backend: str, run_dir: str) -> None:
 def _node_store(root: str, scratch_name: str, comm_timeout_s: float, node_timeout_s: float) -> tuple[Any, Any]:
     """A gloo communicator and a CheckpointStore under ``root`` whose node group is this stand-in node's ranks,
     handing state over in the node-local ``scratch_name``."""
-    from hpctrain.checkpoint.store import CheckpointStore, CommExchange, NodeGroup
+    from hpctrain.checkpoint.exchange import CommExchange
+    from hpctrain.checkpoint.store import CheckpointStore
+    from hpctrain.checkpoint.store_fields import NodeGroup
     from hpctrain.config.staging import node_local_root
     from hpctrain.launch_env import detect_launch_env
 

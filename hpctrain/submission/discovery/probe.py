@@ -15,6 +15,7 @@ from typing import Protocol
 
 from hpctrain.config.numbers import plain_count
 from hpctrain.errors import TransportError
+from hpctrain.submission.marked_sections import split_marked_sections
 from hpctrain.submission.transport import Transport
 
 
@@ -191,44 +192,17 @@ def _exit_status(text: str | None) -> int | None:
     return None if value is None else -value if text.startswith("-") else value
 
 
-def split_sections(stdout: str) -> dict[str, Section]:
-    """The sections of the probe's output (a section's text without its surrounding blank lines)."""
-    parts: dict[str, dict[str, str]] = {}
-    current: tuple[str, str] | None = None
-    buf: list[str] = []
-
-    def flush() -> None:
-        if current is not None:
-            parts.setdefault(current[0], {})[current[1]] = "\n".join(buf).strip("\n")
-
-    for line in stdout.split("\n"):
-        if line.startswith(MARK + " "):
-            flush()
-            buf = []
-            words = line[len(MARK) + 1:].split()
-            current = None
-            if len(words) >= 3 and words[1] == "rc":
-                parts.setdefault(words[0], {})["rc"] = words[2]
-            elif len(words) >= 2:
-                current = (words[0], words[1])
-            elif words:
-                parts.setdefault(words[0], {})
-            continue
-        buf.append(line)
-    flush()
-    sections = {}
-    for name, p in parts.items():
-        rc = p.get("rc")
-        sections[name] = Section(p.get("out", ""), p.get("err", ""),
-                                 _exit_status(rc))
-    return sections
+def probe_sections(stdout: str) -> dict[str, Section]:
+    """The sections of the probe's output (``split_marked_sections``), each a Section with its exit status."""
+    return {name: Section(part.get("out", ""), part.get("err", ""), _exit_status(part.get("rc")))
+            for name, part in split_marked_sections(stdout, MARK).items()}
 
 
 def run_probe(transport: Transport, backends: Sequence[ProbedBackend], timeout: float = PROBE_TIMEOUT_S) -> Probe:
     """Run the probe asking ``backends`` once through ``transport``; a probe that did not finish is a
     TransportError."""
     done = transport.run(["sh", "-c", probe_script(backends)], timeout=timeout, check=False)
-    sections = split_sections(done.stdout)
+    sections = probe_sections(done.stdout)
     if "end" not in sections:
         detail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}, no output"])[-1]
         raise TransportError(f"the discovery probe on {transport.host} did not finish: {detail}",

@@ -1,12 +1,12 @@
-"""What every back-end's status parsers return (``JobStatus``), and how answers from several status commands are
-combined. The parsers themselves, pure functions from a command's stdout to ``{job_id: JobStatus}``, live in
+"""What every back-end's status parsers return (``JobStatus``), and whether a status command failed only because
+the scheduler forgot the job (answers from several status commands are combined by ``tracking.combine``). The
+parsers themselves, pure functions from a command's stdout to ``{job_id: JobStatus}``, live in
 each back-end's module beside the argv that produces the layout they read.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from hpctrain.submission.schedulers.state import JobState
@@ -44,33 +44,3 @@ _UNKNOWN_JOB = re.compile(r"Invalid job id specified|Unknown Job Id|Job has fini
 def is_unknown_job_error(stderr: str) -> bool:
     """True when a status command failed only because the scheduler has forgotten the job(s)."""
     return bool(_UNKNOWN_JOB.search(stderr))
-
-
-# --- combining ---------------------------------------------------------------------------------------------
-
-
-def _found(job_id: str, results: Mapping[str, JobStatus]) -> list[JobStatus]:
-    if job_id in results:
-        return [results[job_id]]
-    # An array job queried by its master id answers with its tasks (123_0, 123_[4-9]).
-    return [s for k, s in results.items() if k.startswith(job_id + "_")]
-
-
-def merge_status(
-    queried_ids: Iterable[str], *partial_results: Mapping[str, JobStatus]
-) -> dict[str, JobStatus]:
-    """Combine answers from several sources (earlier ones take precedence); ids found nowhere are MISSING.
-
-    Array tasks answered for a queried master id are kept under their own ids.
-    """
-    out: dict[str, JobStatus] = {}
-    for job_id in queried_ids:
-        for results in partial_results:
-            hits = _found(job_id, results)
-            if hits:
-                for s in hits:
-                    out.setdefault(s.job_id if s.job_id != job_id else job_id, s)
-                break
-        else:
-            out[job_id] = JobStatus(job_id, JobState.MISSING, "the scheduler no longer knows this job")
-    return out
