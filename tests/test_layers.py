@@ -224,3 +224,38 @@ def test_the_package_does_not_import_its_measuring_instruments() -> None:
     """hpctrain_bench is not in the wheel: nothing in hpctrain may import it."""
     bad = [f"{m} -> {d}" for m, deps in _imports().items() for d in deps if d.split(".")[0] == "hpctrain_bench"]
     assert not bad, "\n".join(sorted(bad))
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+LONG_REASON = "# longer than 80 lines:"
+
+
+def oversized(source: str, name: str) -> list[str]:
+    """What in one module's ``source`` is over the size limits: the module itself, and each function whose
+    ``def`` (or first decorator) is not preceded by a ``# longer than 80 lines: REASON`` comment."""
+    lines = source.splitlines()
+    found = [f"{name}: {len(lines)} lines"] if len(lines) > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            first = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            reason = lines[first - 2].strip().startswith(LONG_REASON) if first >= 2 else False
+            if length > MAX_FUNCTION_LINES and not reason:
+                found.append(f"{name}:{node.lineno} {node.name}: {length} lines")
+    return found
+
+
+def test_the_size_check_finds_a_long_function_and_takes_a_reason() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert oversized(f"def long():\n{body}", "m.py") == ["m.py:1 long: 81 lines"]
+    assert oversized(f"{LONG_REASON} one table, read top to bottom\ndef long():\n{body}", "m.py") == []
+    assert oversized("x = 1\n" * (MAX_MODULE_LINES + 1), "m.py") == [f"m.py: {MAX_MODULE_LINES + 1} lines"]
+
+
+def test_no_module_over_600_lines_and_no_function_over_80() -> None:
+    """Small modules with one job: a module that grows past 600 lines is split by concern, a function past 80
+    lines is split into its steps, or says beside it why it reads better whole."""
+    found = [problem for path in sorted(PACKAGE.rglob("*.py"))
+             for problem in oversized(path.read_text(encoding="utf-8"), str(path.relative_to(PACKAGE.parent)))]
+    assert not found, "\n".join(found)
