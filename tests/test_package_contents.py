@@ -30,7 +30,6 @@ EXCEPTIONS = {
                     "reader of the per-rank records a run writes with HPCTRAIN_COUNTERS=1",
     # Parts other changes own (checkpoint, ffn, submission, models, report): used only by tests or benchmarks,
     # left to their owners.
-    "read_index": "checkpoint/node_file.py: used only by tests",
     "stop_delay": "checkpoint/signals.py: used only by tests (described in docs/checkpoints.md)",
     "walltime_timer": "checkpoint/signals.py: used only by tests (described in docs/checkpoints.md)",
     "load_files": "checkpoint/store.py: used only by tests",
