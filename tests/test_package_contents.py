@@ -30,8 +30,6 @@ EXCEPTIONS = {
                     "reader of the per-rank records a run writes with HPCTRAIN_COUNTERS=1",
     # Parts other changes own (checkpoint, ffn, submission, models, report): used only by tests or benchmarks,
     # left to their owners.
-    "stop_delay": "checkpoint/signals.py: used only by tests (described in docs/checkpoints.md)",
-    "walltime_timer": "checkpoint/signals.py: used only by tests (described in docs/checkpoints.md)",
     "load_files": "checkpoint/store.py: used only by tests",
     "parameter_count": "ffn/model.py: used only by tests (described in docs/ffn.md)",
     "training_flops_per_fov": "ffn/model.py: used by benchmarks/ffn.py and tests (docs/ffn.md, docs/ffn_speed.md)",
