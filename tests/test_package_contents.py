@@ -30,7 +30,6 @@ EXCEPTIONS = {
                     "reader of the per-rank records a run writes with HPCTRAIN_COUNTERS=1",
     # Parts other changes own (checkpoint, ffn, submission, models, report): used only by tests or benchmarks,
     # left to their owners.
-    "load_files": "checkpoint/store.py: used only by tests",
     "parameter_count": "ffn/model.py: used only by tests (described in docs/ffn.md)",
     "training_flops_per_fov": "ffn/model.py: used by benchmarks/ffn.py and tests (docs/ffn.md, docs/ffn_speed.md)",
     "is_channels_last": "ffn/perf.py: used only by tests",
