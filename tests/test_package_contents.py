@@ -30,11 +30,6 @@ EXCEPTIONS = {
                     "reader of the per-rank records a run writes with HPCTRAIN_COUNTERS=1",
     # Parts other changes own (checkpoint, ffn, submission, models, report): used only by tests or benchmarks,
     # left to their owners.
-    "parameter_count": "ffn/model.py: used only by tests (described in docs/ffn.md)",
-    "training_flops_per_fov": "ffn/model.py: used by benchmarks/ffn.py and tests (docs/ffn.md, docs/ffn_speed.md)",
-    "is_channels_last": "ffn/perf.py: used only by tests",
-    "is_compiled": "ffn/perf.py: used only by benchmarks/ffn.py and tests",
-    "num_threads": "ffn/perf.py: used only by benchmarks/ffn.py and tests",
     "permute_and_reflect": "ffn/training.py: used only by tests (described in docs/ffn.md)",
     "train_step": "ffn/training.py: used only by tests (described in docs/ffn.md and docs/checkpoints.md)",
     "epoch_order": "models/task.py: used only by tests",
