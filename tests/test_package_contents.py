@@ -30,7 +30,6 @@ EXCEPTIONS = {
                     "reader of the per-rank records a run writes with HPCTRAIN_COUNTERS=1",
     # Parts other changes own (checkpoint, ffn, submission, models, report): used only by tests or benchmarks,
     # left to their owners.
-    "which_scheduler": "submission/discovery/detect.py: used only by tests",
 }
 
 
