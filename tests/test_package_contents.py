@@ -23,13 +23,11 @@ DATA_SUFFIXES = (".tmpl", ".yaml", ".yml", ".json", ".txt")
 SHAPING_DECORATORS = {"dataclass", "contextmanager", "lru_cache", "cache", "cached_property", "total_ordering",
                       "runtime_checkable", "final"}
 
-# Unused by hpctrain itself, on purpose or not yet moved, each with its reason (keyed by name: modules move).
+# Unused by hpctrain itself on purpose, each with its reason (keyed by name: modules move).
 EXCEPTIONS = {
     "__getattr__": "hpctrain/__init__.py's module __getattr__ (PEP 562): Python calls it for `hpctrain.X`",
     "read_records": "runtime/counting/counters.py: documented for users in docs/scaling.md (Counters API), the "
                     "reader of the per-rank records a run writes with HPCTRAIN_COUNTERS=1",
-    # Parts other changes own (checkpoint, ffn, submission, models, report): used only by tests or benchmarks,
-    # left to their owners.
 }
 
 
