@@ -33,8 +33,10 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from hpctrain.ffn import perf  # noqa: E402
-from hpctrain.ffn.model import ConvStack3D, training_flops_per_fov  # noqa: E402
+from hpctrain.ffn.model import ConvStack3D  # noqa: E402
 from hpctrain.runtime.precision import forward_context, native_bf16  # noqa: E402
+from hpctrain_bench.ffn_counts import training_flops_per_fov  # noqa: E402
+from hpctrain_bench.ffn_perf_checks import is_compiled, num_threads  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -154,7 +156,7 @@ def build_cases(size: Size, threads: int, compile_: bool) -> list[tuple[Row, Cal
     if compile_:
         t = time.perf_counter()
         comp = perf.tune_for_cpu(copy.deepcopy(base), threads=threads, compile=True, example_input=xt)
-        label = "tuned+compile" if perf.is_compiled(comp) else "tuned+compile(FAILED→eager)"
+        label = "tuned+compile" if is_compiled(comp) else "tuned+compile(FAILED→eager)"
         add("train", label, size.train_batch, _train_step(comp, xt), time.perf_counter() - t)
 
     add("infer", "eager", size.infer_batch, _infer_step(copy.deepcopy(base).eval(), xi), 0.0)
@@ -262,7 +264,7 @@ class CountingModule(nn.Module):
 
 def _with_threads(threads: int, step: Callable[[], object]) -> Callable[[], object]:
     def run() -> object:
-        with perf.num_threads(threads):
+        with num_threads(threads):
             return step()
 
     return run

@@ -32,7 +32,7 @@ from hpctrain.checkpoint.manifest import (
     node_filename,
     rank_runs,
 )
-from hpctrain.checkpoint.node_file import pack, read_index, read_member
+from hpctrain.checkpoint.node_file import pack, read_member, read_node_index
 from hpctrain.checkpoint.store import CheckpointStore
 from hpctrain.checkpoint.store_fields import NodeGroup
 from tests.mp_helpers.nodes import run_on_nodes
@@ -55,8 +55,9 @@ def test_node_file_round_trip_reads_one_member_at_a_time(tmp_path: Path) -> None
     node = tmp_path / "node-00004.pt"
     with open(node, "wb") as f:
         written = pack(f, members, "sha256")
-    checksum, index = read_index(node)
-    assert checksum == "sha256" and sorted(index) == [4, 5, 6] and list(written.members) == [4, 5, 6]
+    read = read_node_index(node)
+    index = read.members
+    assert read.checksum == "sha256" and sorted(index) == [4, 5, 6] and list(written.members) == [4, 5, 6]
     for r, path in members:
         assert read_member(node, r) == path.read_bytes()
         assert torch.load(io.BytesIO(read_member(node, r)), weights_only=True)["rank"] == r
@@ -70,7 +71,7 @@ def test_node_file_round_trip_reads_one_member_at_a_time(tmp_path: Path) -> None
         read_member(node, 5)
     node.write_bytes(bytes(data[:-3]))
     with pytest.raises(ValueError, match="trailer"):
-        read_index(node)
+        read_node_index(node)
 
 
 def test_manifest_names_node_files_and_the_ranks_they_hold() -> None:

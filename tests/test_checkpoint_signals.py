@@ -1,5 +1,5 @@
 """StopFlag with real signals in real processes: the handler only raises a flag, the step in progress
-finishes, the process exits with the caller's code; plus the walltime timer and the cross-rank agreement."""
+finishes, the process exits with the caller's code; plus a signal from a timer thread and the cross-rank agreement."""
 
 from __future__ import annotations
 
@@ -7,12 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from hpctrain.checkpoint.signals import StopFlag, signal_number, stop_delay, walltime_timer
+from hpctrain.checkpoint.signals import StopFlag, signal_number
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,10 +87,18 @@ def test_a_burst_of_signals_stops_once() -> None:
     _check_finished_cleanly(lines)
 
 
-def test_walltime_timer_raises_the_flag_through_the_signal() -> None:
+def _signal_after(seconds: float, signum: int) -> threading.Timer:
+    """Send ``signum`` to this process from a started daemon thread after ``seconds``."""
+    timer = threading.Timer(seconds, os.kill, args=(os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def test_a_signal_from_a_timer_thread_raises_the_flag_through_the_handler() -> None:
     with StopFlag().install(("USR2",)) as flag:
         start = time.monotonic()
-        timer = walltime_timer(stop_delay(walltime_s=10.0, lead_s=9.85), "USR2")
+        timer = _signal_after(0.15, signal.SIGUSR2)
         while not flag.requested() and time.monotonic() - start < 10:
             time.sleep(0.01)
         timer.cancel()
@@ -116,7 +125,6 @@ def test_signal_names() -> None:
     assert signal_number(15) == 15
     with pytest.raises(ValueError, match="unknown signal 'NOPE'"):
         signal_number("NOPE")
-    assert stop_delay(100, 120) == 0.0 and stop_delay(3600, 120, elapsed_s=60) == 3420
 
 
 LATE_SIGNAL = """

@@ -26,7 +26,7 @@ import pytest
 from hpctrain.config.site import load_site_file
 from hpctrain.errors import ConfigError, SchedulerError, TransportError
 from hpctrain.submission.discovery.check import compare_profile
-from hpctrain.submission.discovery.detect import discover, findings_from, which_scheduler
+from hpctrain.submission.discovery.detect import detected_scheduler, discover, findings_from
 from hpctrain.submission.discovery.facts import NO_LIMIT_S, gpu_kind_of, size_gb
 from hpctrain.submission.discovery.probe import MARK, Probe, Section, probe_script, probe_sections, run_probe
 from hpctrain.submission.discovery.profile import draft_profile, write_profile
@@ -189,13 +189,13 @@ def test_small_readers() -> None:
         "nvidia", "nvidia", "amd", "intel", "amd", None]
 
 
-def test_which_scheduler_prefers_slurm_and_tells_cobalt_from_pbs() -> None:
-    assert which_scheduler(probe_of(["sinfo", "scontrol", "qstat", "pbsnodes"])) == "slurm"
-    assert which_scheduler(probe_of(["qstat", "qsub"], qstat_queues=data("cobalt_qstat_Q.txt"))) == "cobalt"
-    assert which_scheduler(probe_of(["qstat", "qsub", "partlist"])) == "cobalt"
-    assert which_scheduler(probe_of(["qstat", "qsub"], qstat_queues=data("pbs_qstat_Q.txt"))) == "pbs"
-    assert which_scheduler(probe_of(["qstat"], qstat_queues=data("torque_qstat_Q.txt"))) == "pbs"
-    assert which_scheduler(probe_of(["mpiexec"])) == "local"
+def test_detection_prefers_slurm_and_tells_cobalt_from_pbs() -> None:
+    assert detected_scheduler(probe_of(["sinfo", "scontrol", "qstat", "pbsnodes"])).name == "slurm"
+    assert detected_scheduler(probe_of(["qstat", "qsub"], qstat_queues=data("cobalt_qstat_Q.txt"))).name == "cobalt"
+    assert detected_scheduler(probe_of(["qstat", "qsub", "partlist"])).name == "cobalt"
+    assert detected_scheduler(probe_of(["qstat", "qsub"], qstat_queues=data("pbs_qstat_Q.txt"))).name == "pbs"
+    assert detected_scheduler(probe_of(["qstat"], qstat_queues=data("torque_qstat_Q.txt"))).name == "pbs"
+    assert detected_scheduler(probe_of(["mpiexec"])).name == "local"
 
 
 # --- recorded outputs ---------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hpctrain.ffn.model import ConvStack3D, parameter_count, training_flops_per_fov
+from hpctrain.ffn.model import ConvStack3D
+from hpctrain_bench.ffn_counts import parameter_count, training_flops_per_fov
 
 torch.set_num_threads(1)
 

@@ -16,13 +16,14 @@ from torch import nn
 
 from hpctrain.ffn import perf
 from hpctrain.ffn.model import ConvStack3D
+from hpctrain_bench.ffn_perf_checks import is_compiled, num_threads
 
 TOL = 2e-5
 
 
 @pytest.fixture(autouse=True)
 def _one_thread():
-    with perf.num_threads(1):
+    with num_threads(1):
         yield
 
 
@@ -184,7 +185,7 @@ def test_compile_failure_falls_back_to_eager_and_keeps_gradients() -> None:
         ok = perf.compile_(model, x, backend=_failing_backend)
     assert ok is False
     assert any("torch.compile failed" in str(w.message) for w in caught)
-    assert not perf.is_compiled(model)
+    assert not is_compiled(model)
     assert all(p.grad is m for p, m in zip(model.parameters(), marker, strict=True))  # untouched
     y, g = _step(model, x)  # still trains, eagerly, with the same numbers
     _close(y, y_ref)
@@ -204,7 +205,7 @@ def test_compiled_model_matches_eager_with_dynamo() -> None:
     y_ref, g_ref = _step(copy.deepcopy(base), x)
     model = perf.tune_for_cpu(copy.deepcopy(base))
     assert perf.compile_(model, x, backend="eager") is True
-    assert perf.is_compiled(model)
+    assert is_compiled(model)
     assert list(model.state_dict()) == list(base.state_dict())
     y, g = _step(model, x)
     _close(y, y_ref)
@@ -220,7 +221,7 @@ def test_inductor_compiled_model_matches_eager() -> None:
     x = _input(1, fov=5)
     y_ref, g_ref = _step(copy.deepcopy(base), x)
     model = perf.tune_for_cpu(copy.deepcopy(base), compile=True, example_input=x)
-    assert perf.is_compiled(model), "inductor compilation fell back to eager"
+    assert is_compiled(model), "inductor compilation fell back to eager"
     y, g = _step(model, x)
     _close(y, y_ref)
     for a, b in zip(g, g_ref, strict=True):
@@ -230,7 +231,7 @@ def test_inductor_compiled_model_matches_eager() -> None:
 
 def test_threads_helpers() -> None:
     before = torch.get_num_threads()
-    with perf.num_threads(2) as n:
+    with num_threads(2) as n:
         assert n == 2 == torch.get_num_threads()
     assert torch.get_num_threads() == before
     assert perf.set_threads(None) == before

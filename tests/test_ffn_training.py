@@ -17,16 +17,18 @@ from hpctrain.ffn.logits import logit
 from hpctrain.ffn.model import ConvStack3D
 from hpctrain.ffn.synthetic import make_synthetic_volume
 from hpctrain.ffn.training.coordinates import build_coordinates, compute_partitions, lom_radius_for
-from hpctrain.ffn.training.loss import clip_gradients_, edge_band, forward_backward, fov_loss, train_step
+from hpctrain.ffn.training.loss import clip_gradients_, edge_band, fov_loss
 from hpctrain.ffn.training.moves import crop, fixed_offsets, fixed_shifts, max_pred_offsets
 from hpctrain.ffn.training.stream import (
     ExampleStream,
+    FovBatch,
     StreamConfig,
+    apply_transform,
+    draw_transform,
     epoch_coordinates,
     load_example,
     make_seed,
-    permute_and_reflect,
-    voxel_metrics,
+    voxel_counts,
 )
 
 torch.set_num_threads(1)
@@ -90,7 +92,7 @@ def test_permute_and_reflect_applies_one_transform_to_all() -> None:
     a = np.arange(3 * 4 * 4, dtype=np.float32).reshape(3, 4, 4)
     seen = set()
     for _ in range(30):
-        x, y = permute_and_reflect([a, 2 * a], rng, (1, 2), (0, 1, 2))
+        x, y = apply_transform([a, 2 * a], *draw_transform(rng, (1, 2), (0, 1, 2)))
         assert np.array_equal(y, 2 * x) and x.shape == (3, 4, 4)
         assert sorted(x[0].ravel()) == sorted(a[0].ravel()) or sorted(x[0].ravel()) == sorted(a[2].ravel())
         seen.add(x.tobytes())
@@ -151,10 +153,10 @@ def test_loss_metrics_and_clipping() -> None:
     manual = -(labels * torch.log(p) + (1 - labels) * torch.log(1 - p)).mean()
     torch.testing.assert_close(fov_loss(logits, labels), manual)
     # predicted object: voxels 0 and 2; true object: voxels 0 and 3 -> tp 1, fp 1, fn 1
-    assert voxel_metrics(logits, labels) == {"precision": 0.5, "recall": 0.5, "f1": 0.5}
+    assert voxel_counts(logits, labels).metrics() == {"precision": 0.5, "recall": 0.5, "f1": 0.5}
     # at 0.9 (logit 2.197) nothing is predicted: no false positive, nothing found
-    assert voxel_metrics(logits, labels, threshold=0.9) == {"precision": 1.0, "recall": 0.0, "f1": 0.0}
-    assert voxel_metrics(torch.full((3,), -4.0), torch.full((3,), 0.05))["f1"] == 1.0
+    assert voxel_counts(logits, labels, threshold=0.9).metrics() == {"precision": 1.0, "recall": 0.0, "f1": 0.0}
+    assert voxel_counts(torch.full((3,), -4.0), torch.full((3,), 0.05)).metrics()["f1"] == 1.0
 
     model = torch.nn.Linear(3, 2)
     model.weight.grad = torch.tensor([[5.0, -0.2, -9.0], [0.7, -0.71, 0.0]])
@@ -207,16 +209,15 @@ def test_boundary_weight_reaches_the_task_and_bad_values_name_the_key() -> None:
             SCHEMA.parse_model_args({key: bad})
 
 
-def test_forward_backward_leaves_the_step_to_the_caller() -> None:
-    torch.manual_seed(0)
-    model = ConvStack3D(depth=1, features=4, fov=(5, 5, 5))
-    stream = _stream()
-    batch = stream.next_batch()
-    before = [p.detach().clone() for p in model.parameters()]
-    loss, logits = forward_backward(model, batch)
-    assert logits.shape == (1, 1, 5, 5, 5) and not logits.requires_grad and loss.ndim == 0
-    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
-    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+def _one_process_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: FovBatch) -> dict:
+    """The runtime's step on one process, no reduction: forward, ``fov_loss``, backward, clip, optimizer step."""
+    optimizer.zero_grad(set_to_none=True)
+    logits = model(batch.inputs())
+    loss = fov_loss(logits, batch.labels)
+    loss.backward()
+    clip_gradients_(model, 0.7)
+    optimizer.step()
+    return {"loss": float(loss.detach()), "logits": logits.detach(), **voxel_counts(logits, batch.labels).metrics()}
 
 
 @pytest.mark.timeout(120)
@@ -235,7 +236,7 @@ def test_short_training_lowers_the_loss() -> None:
     losses = []
     for _ in range(60):
         batch = stream.next_batch()
-        out = train_step(model, optimizer, batch)
+        out = _one_process_step(model, optimizer, batch)
         stream.update(out["logits"])
         losses.append(out["loss"])
         assert set(out) >= {"loss", "logits", "precision", "recall", "f1"}

@@ -23,27 +23,11 @@ DATA_SUFFIXES = (".tmpl", ".yaml", ".yml", ".json", ".txt")
 SHAPING_DECORATORS = {"dataclass", "contextmanager", "lru_cache", "cache", "cached_property", "total_ordering",
                       "runtime_checkable", "final"}
 
-# Unused by hpctrain itself, on purpose or not yet moved, each with its reason (keyed by name: modules move).
+# Unused by hpctrain itself on purpose, each with its reason (keyed by name: modules move).
 EXCEPTIONS = {
     "__getattr__": "hpctrain/__init__.py's module __getattr__ (PEP 562): Python calls it for `hpctrain.X`",
     "read_records": "runtime/counting/counters.py: documented for users in docs/scaling.md (Counters API), the "
                     "reader of the per-rank records a run writes with HPCTRAIN_COUNTERS=1",
-    # Parts other changes own (checkpoint, ffn, submission, models, report): used only by tests or benchmarks,
-    # left to their owners.
-    "read_index": "checkpoint/node_file.py: used only by tests",
-    "stop_delay": "checkpoint/signals.py: used only by tests (described in docs/checkpoints.md)",
-    "walltime_timer": "checkpoint/signals.py: used only by tests (described in docs/checkpoints.md)",
-    "load_files": "checkpoint/store.py: used only by tests",
-    "parameter_count": "ffn/model.py: used only by tests (described in docs/ffn.md)",
-    "training_flops_per_fov": "ffn/model.py: used by benchmarks/ffn.py and tests (docs/ffn.md, docs/ffn_speed.md)",
-    "is_channels_last": "ffn/perf.py: used only by tests",
-    "is_compiled": "ffn/perf.py: used only by benchmarks/ffn.py and tests",
-    "num_threads": "ffn/perf.py: used only by benchmarks/ffn.py and tests",
-    "permute_and_reflect": "ffn/training.py: used only by tests (described in docs/ffn.md)",
-    "train_step": "ffn/training.py: used only by tests (described in docs/ffn.md and docs/checkpoints.md)",
-    "epoch_order": "models/task.py: used only by tests",
-    "split_attempts": "report/collect.py: used only by tests",
-    "which_scheduler": "submission/discovery/detect.py: used only by tests",
 }
 
 

@@ -16,19 +16,21 @@ import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from hpctrain.report.collect import (
     Attempt,
+    AttemptSplit,
+    AttemptStart,
+    Mark,
     ReportData,
     RunFacts,
     attempt_starts,
     collect,
     rank_times,
     score_rows,
-    split_attempts,
 )
 from hpctrain.report.html import SECTIONS, page
 from hpctrain.report.serve import HOST, ReportServer
@@ -58,6 +60,19 @@ def write_run(d: Path, steps: range, *, final: bool = False, t0: float = 1000.0)
 CHAIN = (Attempt(1, "submit", 9.5, "requeued", "", 75), Attempt(2, "requeue", 35.0, "requeued", "", 75),
          Attempt(3, "requeue", 60.0, "completed", "", 0))
 RECORDS = [{"time": t, "step": s, "loss": 1.0} for t, s in ((10, 5), (11, 10), (30, 15), (31, 20), (50, 25))]
+
+
+def split_attempts(records: list[dict[str, Any]], starts: list[AttemptStart]) -> tuple[list[dict[str, Any]],
+                                                                                      list[Mark]]:
+    """Each record with the number of the attempt that wrote it, and the marks where later attempts took over:
+    ``AttemptSplit`` over a whole list, as read_metrics runs it over metrics.jsonl."""
+    split = AttemptSplit(starts)
+    out = []
+    for record in records:
+        attempt = split.attempt_of(record)
+        if attempt is not None:
+            out.append({**record, "attempt": attempt})
+    return out, split.marks
 
 
 def test_records_are_numbered_by_the_attempt_rank_0_started_before_them() -> None:

@@ -22,12 +22,12 @@ import torch
 import yaml
 
 from hpctrain.checkpoint.store import CheckpointStore
-from hpctrain.checkpoint.store_read import load_files
 from hpctrain.checkpoint.store_write import snapshot
 from hpctrain.errors import CheckpointError
 from hpctrain.exit_codes import REQUEUE_MARKER
 from hpctrain.models.task import ShardedIndexStream
 from hpctrain.runtime.combine import DelayedAverager
+from tests.checkpoint_support import load_files
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent

@@ -92,7 +92,7 @@ def checkpoint(run_dir: Path, step: int) -> tuple[dict[str, Any], list[dict[str,
     """(shared.pt, [rank-0000N.pt ...]) of the checkpoint at ``step``, checked against its manifest (rank states
     come out of their node's file under the per-node layout)."""
     from hpctrain.checkpoint.store import CheckpointStore
-    from hpctrain.checkpoint.store_read import load_files
+    from tests.checkpoint_support import load_files
 
     entry = next(c for c in CheckpointStore(run_dir / "checkpoints").checkpoints() if c.step == step)
     files = load_files(entry)

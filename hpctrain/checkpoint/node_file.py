@@ -71,12 +71,6 @@ def pack(out: BinaryIO, members: Iterable[tuple[int, Path]], checksum: str, step
     return NodeIndex(checksum, {m.rank: m for m in written}, step, hashlib.new(INDEX_HASH, index).hexdigest())
 
 
-def read_index(path: Path) -> tuple[str, dict[int, Member]]:
-    """(checksum, members by rank) of a node file; ValueError when it is not one or its index is damaged."""
-    index = read_node_index(path)
-    return index.checksum, index.members
-
-
 def read_node_index(path: Path) -> NodeIndex:
     """A node file's whole index; ValueError when it is not one or its index is damaged."""
     with open(path, "rb", buffering=0) as f:

@@ -6,9 +6,7 @@ same step, checkpoints outside the handler, and exits for requeue. No torch impo
 
 from __future__ import annotations
 
-import os
 import signal as _signal
-import threading
 from collections.abc import Callable, Iterable
 from types import FrameType
 
@@ -26,7 +24,7 @@ def signal_number(sig: str | int) -> int:
 
 
 class StopFlag:
-    """Set by a signal (or the walltime timer) and read at step boundaries.
+    """Set by a signal and read at step boundaries.
 
     The handler does one attribute store and nothing else: no I/O, no locks, no allocation of note, so a
     second signal arriving while the first is handled cannot corrupt anything.
@@ -55,7 +53,7 @@ class StopFlag:
         self._signum = signum
 
     def set(self, signum: int = -1) -> None:
-        """Raise the flag by hand (-1 = not from a signal, e.g. the walltime timer or agreement)."""
+        """Raise the flag by hand (-1 = not from a signal, e.g. the agreement across ranks)."""
         self._signum = signum
 
     def requested(self) -> bool:
@@ -83,25 +81,6 @@ class StopFlag:
 
     def __exit__(self, *exc: object) -> None:
         self.uninstall()
-
-
-def stop_delay(walltime_s: float, lead_s: float, elapsed_s: float = 0.0) -> float:
-    """Seconds from now until the flag should go up: walltime minus lead minus time already used."""
-    return max(0.0, walltime_s - lead_s - elapsed_s)
-
-
-def walltime_timer(seconds: float, signal: str | int = "USR2") -> threading.Timer:
-    """Send ``signal`` to this process after ``seconds`` (for schedulers with no warning signal).
-
-    The signal goes through the same handler as a scheduler's, so ``StopFlag`` sees one path. The timer
-    is a started daemon thread; ``cancel()`` it when the run ends first.
-    """
-    num = signal_number(signal)
-    pid = os.getpid()
-    timer = threading.Timer(seconds, os.kill, args=(pid, num))
-    timer.daemon = True
-    timer.start()
-    return timer
 
 
 EARLY_SIGNALS: list[int] = []

@@ -24,7 +24,6 @@ from hpctrain.checkpoint.manifest import (
     checksum_known,
     file_problem,
     index_words,
-    rank_filename,
     read_entries,
 )
 from hpctrain.checkpoint.node_file import COPY_CHUNK, read_member, read_node_index
@@ -298,19 +297,3 @@ def _check_loadable(path: Path, ckpt: Checkpoint, size: int | None) -> None:
     found = check_regular(path).st_size
     if size is not None and found != size:
         raise ValueError(f"{found} bytes, the manifest says {size}")
-
-
-def load_files(checkpoint: Checkpoint, map_location: Any = "cpu") -> dict[str, Any]:
-    """Every state of ``checkpoint`` keyed by file name, a node file's members under their ranks' own file names
-    (``rank-RRRRR.pt``), whichever layout wrote it: for inspection and tests, not for resuming."""
-    out: dict[str, Any] = {}
-    for rec in checkpoint.all_files():
-        path = checkpoint.path / rec.name
-        if not rec.ranks:
-            out[rec.name] = torch.load(path, map_location=map_location, weights_only=True)
-            continue
-        for start, stop in rec.ranks:
-            for rank in range(start, stop):
-                data = read_member(path, rank)
-                out[rank_filename(rank)] = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
-    return out

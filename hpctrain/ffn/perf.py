@@ -10,7 +10,7 @@ import copy
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -41,16 +41,6 @@ def set_threads(threads: int | None) -> int:
     return torch.get_num_threads()
 
 
-@contextlib.contextmanager
-def num_threads(threads: int | None) -> Iterator[int]:
-    """Temporarily use ``threads`` intra-op threads (``None``: unchanged)."""
-    before = torch.get_num_threads()
-    try:
-        yield set_threads(threads)
-    finally:
-        torch.set_num_threads(before)
-
-
 def _to_channels_last(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
     x = args[0]
     if isinstance(x, torch.Tensor) and x.dim() == 5:
@@ -67,7 +57,7 @@ def channels_last_(model: nn.Module) -> nn.Module:
     ``.grad`` assigned from outside still accumulates correctly (PyTorch warns about the layout contract).
     """
     model.to(memory_format=torch.channels_last_3d)
-    if getattr(model, _HOOK_ATTR, None) is None:
+    if not is_channels_last(model):
         setattr(model, _HOOK_ATTR, model.register_forward_pre_hook(_to_channels_last))
     return model
 
@@ -109,11 +99,6 @@ def onednn_convs_(model: nn.Module) -> nn.Module:
 def is_channels_last(model: nn.Module) -> bool:
     """Whether :func:`channels_last_` was applied to ``model``."""
     return getattr(model, _HOOK_ATTR, None) is not None
-
-
-def is_compiled(model: nn.Module) -> bool:
-    """Whether ``model`` runs through ``torch.compile`` (:func:`compile_` succeeded, no fallback)."""
-    return getattr(model, "_compiled_call_impl", None) is not None
 
 
 def _uncompile(model: nn.Module) -> None:

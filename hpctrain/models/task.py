@@ -95,15 +95,6 @@ class TrainingTask(ABC):
         """Restore what ``state_dict`` returned."""
 
 
-def epoch_order(count: int, seed: int, epoch: int) -> torch.Tensor:
-    """The whole permutation of ``range(count)`` for ``seed`` and ``epoch`` (the same on every rank).
-
-    O(count): for inspection and tests. Training takes one rank's share through ``ShardedIndexStream``, which
-    evaluates the same permutation at that rank's positions only.
-    """
-    return torch.from_numpy(epoch_permutation(count, seed, epoch)[np.arange(count)])
-
-
 class ShardedIndexStream:
     """Index batches for one rank: each epoch a global permutation, dealt round-robin so ranks never overlap.
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 import statistics
 from bisect import bisect_right
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -305,19 +304,6 @@ class AttemptSplit:
         return Mark(int(resumed if resumed is not None else step), when,
                     start.label if start is not None else f"restart {attempt}",
                     start.kind if start is not None else "restart", start.how if start is not None else "")
-
-
-def split_attempts(records: Iterable[dict[str, Any]], starts: list[AttemptStart]) -> tuple[list[dict[str, Any]],
-                                                                                          list[Mark]]:
-    """Each record with the number of the attempt that wrote it, and the marks where later attempts took over
-    (``AttemptSplit`` over a whole list)."""
-    split = AttemptSplit(starts)
-    out = []
-    for record in records:
-        attempt = split.attempt_of(record)
-        if attempt is not None:
-            out.append({**record, "attempt": attempt})
-    return out, split.marks
 
 
 @dataclass

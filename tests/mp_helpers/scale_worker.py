@@ -155,7 +155,7 @@ def checkpoint(root: str) -> None:
     import json
     from pathlib import Path
 
-    from hpctrain.checkpoint.node_file import read_index
+    from hpctrain.checkpoint.node_file import read_node_index
     from hpctrain.config.staging import node_local_root
     from hpctrain.errors import CheckpointError
 
@@ -169,7 +169,7 @@ def checkpoint(root: str) -> None:
     comm.barrier("test")
     if r == 3:  # one byte of rank 3's own state in its node's file of step 2: every rank must fall back
         path = Path(root) / "step-00000002" / "node-00002.pt"
-        member = read_index(path)[1][3]
+        member = read_node_index(path).members[3]
         data = bytearray(path.read_bytes())
         data[member.offset + member.bytes // 2] ^= 0xFF
         path.write_bytes(bytes(data))

@@ -1,18 +1,14 @@
-"""The FFN's training step: the loss, gradient clipping, and one forward and backward pass.
+"""The FFN's loss and gradient clipping.
 
 Mirrors google/ffn ``ffn/training/model.py`` (``set_up_sigmoid_pixelwise_loss``, ``max_gradient_entry_mag``). The
-data-parallel loop is not here: the runtime calls ``forward_backward``, reduces gradients, then
-``clip_gradients_`` and ``optimizer.step()``.
+data-parallel loop is not here: the FFN task's ``forward_loss`` gives the runtime ``fov_loss``; the runtime runs
+backward, reduces gradients, then calls the task's ``clip_gradients`` (``clip_gradients_``) and the optimizer.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
-
-from hpctrain.ffn.training.stream import FovBatch, voxel_metrics
 
 
 def edge_band(labels: torch.Tensor, radius: int) -> torch.Tensor:
@@ -64,25 +60,3 @@ def clip_gradients_(model: torch.nn.Module, value: float = 0.7) -> None:
     for p in model.parameters():
         if p.grad is not None:
             p.grad.clamp_(-value, value)
-
-
-def forward_backward(model: torch.nn.Module, batch: FovBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward, loss and backward (gradients accumulate into ``.grad``). Returns (loss, logits), detached."""
-    logits = model(batch.inputs())
-    loss = fov_loss(logits, batch.labels)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"non-finite FFN loss {loss.item()} (offsets {batch.offsets})")
-    loss.backward()
-    return loss.detach(), logits.detach()
-
-
-def train_step(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: FovBatch, clip: float = 0.7
-) -> dict[str, Any]:
-    """One single-process step: zero grads, forward_backward, clip, step. The caller feeds ``logits`` back
-    with ``ExampleStream.update``. A data-parallel runtime reduces gradients between backward and clip."""
-    optimizer.zero_grad(set_to_none=True)
-    loss, logits = forward_backward(model, batch)
-    clip_gradients_(model, clip)
-    optimizer.step()
-    return {"loss": float(loss), "logits": logits, **voxel_metrics(logits, batch.labels)}

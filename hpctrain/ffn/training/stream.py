@@ -99,17 +99,6 @@ def apply_transform(arrays: Sequence[np.ndarray], perm: Sequence[int], flips: Se
     return out
 
 
-def permute_and_reflect(
-    arrays: Sequence[np.ndarray],
-    rng: np.random.Generator,
-    permutable_axes: Sequence[int],
-    reflectable_axes: Sequence[int],
-) -> list[np.ndarray]:
-    """augmentation.PermuteAndReflect: one random permutation of ``permutable_axes`` and a coin-flip
-    reflection of each of ``reflectable_axes``, applied identically to every array."""
-    return apply_transform(arrays, *draw_transform(rng, permutable_axes, reflectable_axes))
-
-
 @dataclass
 class FovBatch:
     """One step's batch: (B, 1, Z, Y, X) tensors, and each element's FOV offset from its example centre."""
@@ -285,7 +274,7 @@ class ExampleStream:
         if isinstance(slot.moves, BareSeed) and self.config.single_fov:  # scored where it was predicted
             single = self.config.single_fov
             canvas, labels = crop(canvas, (0, 0, 0), single), crop(labels, (0, 0, 0), single)
-        counts = _counts(canvas, labels, self.config.eval_threshold)
+        counts = voxel_counts(canvas, labels, self.config.eval_threshold)
         counts.examples = 1
         self.counts.add(counts)
 
@@ -395,9 +384,12 @@ def epoch_coordinates(
 # ------------------------------------------------------------------------------------------------- metrics
 
 
-def _counts(
-    logits: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, threshold: float
+def voxel_counts(
+    logits: np.ndarray | torch.Tensor, labels: np.ndarray | torch.Tensor, threshold: float = 0.5
 ) -> VoxelCounts:
+    """Voxel TP/FP/FN/TN of the mask ``sigmoid(logits) >= threshold`` vs ``labels > 0.5`` (train.py
+    ``EvalTracker.add_patch``, whose threshold is 0.9); ``.metrics()`` gives precision, recall and F1, empty vs
+    empty counting as 1.0."""
     pred = np.asarray(torch.as_tensor(logits).detach().cpu()) >= logit(threshold)
     true = np.asarray(torch.as_tensor(labels).detach().cpu()) > 0.5
     return VoxelCounts(
@@ -414,12 +406,3 @@ def _prf(tp: int, fp: int, fn: int) -> dict[str, float]:
     recall = tp / (tp + fn) if tp + fn else 1.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     return {"precision": precision, "recall": recall, "f1": f1}
-
-
-def voxel_metrics(
-    logits: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray, threshold: float = 0.5
-) -> dict[str, float]:
-    """Voxel precision, recall and F1 of the mask ``sigmoid(logits) >= threshold`` vs ``labels > 0.5``
-    (train.py ``EvalTracker.add_patch``, whose threshold is 0.9). Empty vs empty counts as 1.0."""
-    c = _counts(logits, labels, threshold)
-    return _prf(c.tp, c.fp, c.fn)

@@ -18,11 +18,6 @@ def detected_scheduler(probe: Probe) -> Scheduler:
     return next(s for s in all_schedulers() if s.detects(probe))
 
 
-def which_scheduler(probe: Probe) -> str:
-    """The name of the scheduler the probe shows (``local``: no scheduler commands at all)."""
-    return detected_scheduler(probe).name
-
-
 def scheduler_programs() -> list[str]:
     """The programs whose presence tells a scheduler is there."""
     return list(dict.fromkeys(p for s in all_schedulers() for p in s.detect_programs))
