@@ -23,13 +23,16 @@ def plan(*args: str) -> subprocess.CompletedProcess[str]:
                           cwd=REPO, timeout=120)
 
 
+# Every test reads the runs the module fixture trains: real processes.
+pytestmark = pytest.mark.processes
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
     tmp = tmp_path_factory.mktemp("compare")
     return tmp / "tiny.yaml", train_tiny(tmp, 1), train_tiny(tmp, 2)
 
 
-@pytest.mark.processes
 def test_compare_prints_the_runs_own_measurements(runs: tuple[Path, Path, Path]) -> None:
     job, one, two = runs
     out = plan(str(job), "--site", "local", "--from", str(one), "--compare", "--json")
@@ -47,7 +50,6 @@ def test_compare_prints_the_runs_own_measurements(runs: tuple[Path, Path, Path])
     assert all(r["predicted_s"] >= 0 for r in data["rows"])
 
 
-@pytest.mark.processes
 def test_compare_with_another_run_predicts_at_its_scale(runs: tuple[Path, Path, Path]) -> None:
     job, one, two = runs
     out = plan(str(job), "--site", "local", "--from", str(one), "--compare", str(two), "--json")

@@ -24,7 +24,8 @@ import pytest
 from tests.browser_support import Browser
 
 REPO = Path(__file__).resolve().parent.parent
-pytestmark = pytest.mark.timeout(900)
+# Every test reads the run the module fixture trains and requeues: real processes.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.processes]
 STEPS, STOP_AT, LOG_EVERY = 40, 20, 5
 SPEC = f"""name: seen
 model: resnet
@@ -71,7 +72,6 @@ def metrics_of(run_dir: Path) -> list[dict[str, Any]]:
     return [r for r in rows if not r.get("final")]
 
 
-@pytest.mark.processes
 def test_report_of_a_requeued_run_in_a_real_browser(requeued: dict[str, Any], tmp_path: Path) -> None:
     out = tmp_path / "report.html"
     done = cli(requeued["env"], requeued["base"], "report", requeued["run_id"], "-o", str(out))
