@@ -83,6 +83,24 @@ def test_names_resolve_on_every_node_and_a_missing_name_fails_at_once(cluster: C
         assert missing.returncode == 2
 
 
+def test_a_start_binds_the_new_hosts_file_on_a_node_already_up(cluster: Cluster, cluster_tmp: Path) -> None:
+    """A node keeps the hosts file it booted with bound on /etc/hosts (the inode, not the name): a start that
+    writes a new one (more nodes than were running) must bind it there too, or the running nodes cannot resolve
+    the added ones. Here the node's view is made stale by hand, as a start of fewer nodes leaves it."""
+    node, added = cluster.nodes[0], cluster.nodes[-1]
+    written = (cluster.directory / node / "hosts").read_text()
+    stale = cluster_tmp / "hosts-without-the-last-node"
+    stale.write_text("".join(line + "\n" for line in written.splitlines() if not line.endswith(f" {added}")))
+    bound = cluster.run(node, "sh", "-c", 'umount /etc/hosts && mount --bind "$1" /etc/hosts', "-", str(stale))
+    assert bound.returncode == 0, bound.stderr
+    assert cluster.run(node, "getent", "hosts", added, timeout=15).returncode == 2  # the stale view
+    started = cluster_sh("start", "--nodes", str(len(cluster.nodes)), timeout=300)
+    assert started.returncode == 0, started.stderr
+    seen = cluster.run(node, "getent", "hosts", added, timeout=15)
+    assert seen.stdout.split()[:2] == [cluster.address(added), added], seen.stdout + seen.stderr
+    assert cluster.run(node, "cat", "/etc/hosts").stdout == written
+
+
 def test_a_rate_limit_limits_and_a_cut_link_cuts(cluster: Cluster, cluster_tmp: Path) -> None:
     a, b = cluster.nodes[:2]
     script = cluster_tmp / "stream.py"

@@ -126,6 +126,14 @@ write_hosts() {  # write_hosts NODE NODES...: the node's /etc/hosts
         echo "::1 localhost ip6-localhost ip6-loopback"
     } >"$DIR/$self/hosts.tmp"
     mv "$DIR/$self/hosts.tmp" "$DIR/$self/hosts"
+    # A node already up has the file it booted with bound on its /etc/hosts: that inode, which the rename above
+    # unlinked, not this name. Where its content differs (a start with more nodes than are running), the new
+    # file is bound there in its place, or the running nodes could not resolve the added ones. (The kernel mounts
+    # nothing over an unlinked file: the old binding goes first, for the instant between the two calls.)
+    local pid
+    if pid=$(holder_pid "$self") && ! cmp -s "$DIR/$self/hosts" "/proc/$pid/root/etc/hosts"; then
+        nsenter -t "$pid" -m -- sh -c 'umount /etc/hosts && mount --bind "$1" /etc/hosts' - "$DIR/$self/hosts"
+    fi
     # The host's name server is not reachable from the bridge: a name that is not in the hosts file would wait
     # for it for 20 s. Asking a closed port on the node's own loopback fails at once instead.
     printf '# written by hpctrain scripts/ci/cluster.sh: no DNS on the nodes, names come from /etc/hosts\n%s\n%s\n' \
