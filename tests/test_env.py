@@ -1,4 +1,4 @@
-"""Tests of runtime/env.py: one per launcher row.
+"""Tests of launch_env.py and the job environments it asks: one per launcher.
 
 Real launchers: MPICH hydra (the wheel's ``.venv/bin/mpiexec``), torchrun, and Slurm's srun when a real
 Slurm answers ``sinfo``. Stand-ins (recorded environments, no such launcher exists on this machine): Open MPI

@@ -11,7 +11,7 @@
 # beside the host's own node `head` (its partitions debug and long keep the host's /tmp, which the rest of the
 # suite's temporary directories live in).  docs/testing.md says what this shows and what it cannot.
 #
-# Usage: cluster.sh start [--nodes N]      bring up N nodes (default 4, or $HPCTRAIN_CLUSTER_NODES), idempotent
+# Usage: cluster.sh start [--nodes N]      bring up N nodes (default 5, as scripts/test.sh, or $HPCTRAIN_CLUSTER_NODES), idempotent
 #        cluster.sh stop                   remove every node, namespace, link, mount and the bridge
 #        cluster.sh status | env           each node's state | shell exports for tests
 #        cluster.sh link NODE rate RATE    limit the node's link both ways (tc htb; RATE as tc reads it: 200mbit)
@@ -237,7 +237,7 @@ wait_ready() {  # every node idle (or running jobs) in Slurm; nodes left down or
 
 # ------------------------------------------------------------------------------------------------ commands
 do_start() {
-    local n=${HPCTRAIN_CLUSTER_NODES:-4}
+    local n=${HPCTRAIN_CLUSTER_NODES:-5}
     while (( $# )); do
         case $1 in
             --nodes) n=${2:-}; shift 2 || die "--nodes needs a number" ;;
