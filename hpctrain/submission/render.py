@@ -131,14 +131,15 @@ def environment_lines(job: JobSpec, site: SiteProfile, placement: Placement, pla
     lines += collectives_lines(job, site)
     exported = {**env.env, **job.env}
     threads = str(plan.threads_per_rank)
+    scheduler = get_scheduler(site.scheduler)
+    launcher = get_launcher(scheduler.launcher_for(site))
     defaults = {"OMP_NUM_THREADS": threads}
-    if plan.cpu_bind or site.launcher == "aprun":
+    if plan.cpu_bind or launcher.pins_threads:
         defaults["OMP_PLACES"] = "threads" if plan.hyperthreads > 1 else "cores"
         defaults["OMP_PROC_BIND"] = "close"
     defaults.update({"HPCTRAIN_SITE": site.name, "HPCTRAIN_COMM_BACKEND": placement.backend,
                      STOP_SIGNAL_ENV: job.checkpoint.signal})
-    scheduler = get_scheduler(site.scheduler)
-    plugins = exported_paths(get_launcher(scheduler.launcher_for(site)).job_environment, scheduler.job_environment)
+    plugins = exported_paths(launcher.job_environment, scheduler.job_environment)
     if plugins:  # the ranks import these job environments (hpctrain's own need no line)
         defaults[JOB_ENVIRONMENT_ENV] = plugins
     if job.resources.gpus_per_rank > 0 and placement.node.gpu_kind != "none":

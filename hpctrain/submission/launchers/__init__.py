@@ -68,12 +68,15 @@ class LauncherBackend:
     command (``sbcast -f``) that reads a file once and writes it to ``DEST`` on every node of the job, as
     ``BROADCAST... SRC DEST``; empty where the launcher has none (staging then runs stage_tree.py on every node).
     ``exit_note``: the command noting the failure of a launch that exited non-zero (None: the ranks note it).
+    ``pins_threads``: the launcher places each rank's threads itself (aprun's ``-cc``), so the script sets OpenMP's
+    placement variables to match even where the profile asks for no CPU binding.
     """
 
     argv: Launcher
     job_environment: str = ""
     broadcast: tuple[str, ...] = ()
     exit_note: ExitNote | None = None
+    pins_threads: bool = False
 
     def __call__(self, command: list[str], plan: LaunchPlan) -> list[str]:
         return self.argv(command, plan)
@@ -177,7 +180,7 @@ def srun_exit_note(python: str, run_dir: str) -> str:
 
 BUILTIN_JOB_ENVIRONMENT = "hpctrain.job_environment:"
 SRUN = LauncherBackend(srun, BUILTIN_JOB_ENVIRONMENT + "SLURM", broadcast=("sbcast", "-f"), exit_note=srun_exit_note)
-APRUN = LauncherBackend(aprun, BUILTIN_JOB_ENVIRONMENT + "ALPS")
+APRUN = LauncherBackend(aprun, BUILTIN_JOB_ENVIRONMENT + "ALPS", pins_threads=True)
 MPIEXEC_PALS = LauncherBackend(mpiexec_pals, BUILTIN_JOB_ENVIRONMENT + "PALS")
 MPIEXEC_HYDRA = LauncherBackend(mpiexec_hydra, BUILTIN_JOB_ENVIRONMENT + "HYDRA")
 LOCAL = LauncherBackend(local, BUILTIN_JOB_ENVIRONMENT + "LOCAL")
