@@ -15,7 +15,7 @@ PACKAGE = Path(hpctrain.__file__).resolve().parent
 
 # Layer of each top-level part of hpctrain; a module may import its own layer's parts only where listed.
 LAYER = {"errors": 0, "exit_codes": 0, "text": 0, "files": 0, "run_files": 0, "launch_env": 0, "job_environment": 0,
-         "node_lists": 0, "user_frame": 0, "config": 0, "memory_budget": 0,
+         "node_lists": 0, "nodes": 0, "user_frame": 0, "config": 0, "memory_budget": 0,
          "submission": 1, "runtime": 1, "checkpoint": 1, "models": 1, "ffn": 1,
          "planning": 2, "report": 2, "submitit_plugin": 2, "workflows": 2, "commands": 3, "cli": 4, "__main__": 5}
 ALLOCATION_SIDE = {"runtime", "checkpoint", "models", "ffn"}

@@ -194,10 +194,32 @@ class ResourcesConfig(Strict):
     workdir: Annotated[str, AfterValidator(_check_workdir)] | None = Field(
         None, description="Directory the ranks start in (absolute or ~/...); logs and checkpoints stay in the run "
         "directory")
+    node_check: bool | None = Field(
+        None, description="Check every node before training (one step on all nodes: interpreter, torch, memory, "
+        "node-local disk, devices, the first node's address, clock); default: on for more than one node")
+    node_check_timeout_s: int = Field(120, ge=10, le=3600, description="Seconds the node check may take in all; a "
+                                      "node that has not answered by then is named bad")
+    spare_nodes: int = Field(0, ge=0, le=MAX_COUNT, description="Nodes asked for beyond `nodes`: training runs on "
+                             "`nodes` healthy ones, the others replace a node the check or a failure blames")
+    straggler_factor: float = Field(1.3, gt=1.0, le=100.0, description="A node whose step time (busy time, or its "
+                                    "link's time) stays above the nodes' median by this factor is named a straggler")
+    straggler_window_steps: int = Field(100, ge=1, le=MAX_STEPS, description="Steps over which a straggler's time "
+                                        "must stay above the median")
 
     @property
     def ranks(self) -> int:
         return self.nodes * self.ranks_per_node
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes asked of the scheduler: the training nodes and the spares."""
+        return self.nodes + self.spare_nodes
+
+    @property
+    def checks_nodes(self) -> bool:
+        """Whether the job checks its nodes before training (``node_check``, default on beyond one node or with
+        spare nodes)."""
+        return self.node_check if self.node_check is not None else self.allocated_nodes > 1
 
     @property
     def memory_mb(self) -> int | None:
