@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import string
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -201,24 +202,28 @@ def render_script(
     spec_path: str,
     python: str | None = None,
     command: list[str] | None = None,
+    excluded_nodes: Sequence[str] = (),
 ) -> RenderedScript:
     """The batch script of ``job`` on ``site``; a FitError when it cannot fit.
 
     ``command`` replaces the rank command ``PYTHON -m hpctrain run SPEC --run-dir RUN_DIR`` (tests).
+    ``excluded_nodes``: nodes the job must not train on (the scheduler's exclusion where it has one; the node
+    check leaves them out of the training nodes in any case).
     """
     for flag, value in (("--run-dir", run_dir), ("--python", python), ("spec path", spec_path)):
         if value is not None and not writable_text(value):
             raise ConfigError(f"{flag} {value!r} holds bytes that are not UTF-8 text or a NUL; a script "
                               "cannot carry it", hint="use a path of UTF-8 characters")
     try:
-        return _render(job, site, run_dir=run_dir, spec_path=spec_path, python=python, command=command)
+        return _render(job, site, run_dir=run_dir, spec_path=spec_path, python=python, command=command,
+                       excluded_nodes=tuple(dict.fromkeys(excluded_nodes)))
     except ConfigError as exc:
         # The fit and directive checks know a key, not where its value came from: name the spec's line or flag.
         raise locate(exc, job.origin) from None
 
 
 def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, python: str | None,
-            command: list[str] | None) -> RenderedScript:
+            command: list[str] | None, excluded_nodes: tuple[str, ...] = ()) -> RenderedScript:
     placement = place(job, site)
     # What would fail when the ranks start fails here; warnings are for jobs validate and submit to show.
     check_job(job, site, local_paths=False)
@@ -234,7 +239,8 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
     launcher = scheduler.launcher_for(site)
     launch_argv = get_launcher(launcher)(list(rank_command), plan)
 
-    options = RenderOptions(run_dir=run_dir, spec_path=spec_path, plan=plan)
+    options = RenderOptions(run_dir=run_dir, spec_path=spec_path, plan=plan,
+                            excluded_nodes=excluded_nodes if scheduler.excludes_nodes else ())
     directives = scheduler.render_directives(job, site, placement, options)
     ckpt = job.checkpoint
     # comment() although names are validated: a model changed with model_copy(update=...) skips validation.

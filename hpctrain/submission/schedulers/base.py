@@ -72,6 +72,7 @@ class RenderOptions:
     run_dir: str
     spec_path: str
     plan: LaunchPlan
+    excluded_nodes: tuple[str, ...] = ()  # nodes the job must not get (blamed in this run, or named by a person)
 
     def log_path(self, file_name: str) -> str:
         """Where a scheduler log goes, as a directive word.
@@ -175,6 +176,9 @@ class Scheduler(ABC):
     runs_here: ClassVar[bool] = False  # no scheduler: jobs run on the machine they are submitted from
     has_qos: ClassVar[bool] = False  # a queue may name a QOS beside its partition
     queue_options: ClassVar[tuple[str, ...]] = ()  # a profile's queue_option values, the default first; (): none
+    # Whether ``exclude_directive`` can keep named nodes out of a job (Slurm --exclude); where not, a job's
+    # excluded nodes are left out at its start, from its spare nodes (nodes/select.py).
+    excludes_nodes: ClassVar[bool] = False
     # Directive rules (config/scheduler_rules.py asks them): options hpctrain writes from the job, the allow-list
     # (None: any option), options only the site's trusted environment.directives may set, and options that
     # are keys of a job's resources.

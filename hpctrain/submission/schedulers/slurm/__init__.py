@@ -98,12 +98,13 @@ class Slurm(Scheduler):
         "export", "export-file", "container", "container-id", "get-user-env", "propagate", "uid", "gid", "x11",
         "bbf", "nodefile", "F"})
     job_key_directives = frozenset({"exclusive", "reservation"})
+    excludes_nodes = True
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
         res, plan = job.resources, options.plan
         opts = [f"--job-name={directive_word(job.name, what='job name')}",
-                f"--nodes={res.nodes}",
+                f"--nodes={res.allocated_nodes}",
                 f"--ntasks-per-node={res.ranks_per_node}",
                 f"--cpus-per-task={plan.cpus_per_task}"]
         if plan.threads_per_core is not None:
@@ -124,6 +125,9 @@ class Slurm(Scheduler):
             opts.append(f"--reservation={directive_word(res.reservation, what='reservation')}")
         if res.exclusive:
             opts.append("--exclusive")
+        if options.excluded_nodes:
+            excluded = ",".join(directive_word(n, what="excluded node") for n in options.excluded_nodes)
+            opts.append(f"--exclude={excluded}")
         opts += [f"--output={options.log_path('slurm-%j.out')}",
                  f"--error={options.log_path('slurm-%j.out')}",
                  f"--signal=B:{job.checkpoint.signal}@{job.checkpoint.signal_lead_s}",
