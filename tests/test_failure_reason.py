@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from hpctrain.nodes.blame import read_blames
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.failure import FAILURE_FILE, NOTE_FILES, OWN, PEER, SIGNAL, record_failure
 from hpctrain.submission.registry import RunRegistry
@@ -242,7 +243,9 @@ def test_a_killed_rank_is_the_reason_under_srun(tmp_path: Path, slurm: Any) -> N
     log = (run_dir / f"slurm-{job_id}.out").read_text()
     assert view.state == "failed", log[-3000:]
     reason = _status(run.run_id)["reason"]
-    assert reason.startswith("rank 1 killed by SIGKILL"), reason + "\n" + log[-3000:]
+    assert re.match(r"rank 1 on \S+ killed by SIGKILL", reason), reason + "\n" + log[-3000:]
+    (blame,) = read_blames(run_dir)  # the node is blamed with the ranks srun reports on it (both: one node)
+    assert blame.ranks == (0, 1) and blame.source == "launcher" and "killed by SIGKILL" in blame.cause, blame
 
 
 def test_srun_report_names_the_first_rank_killed_in_the_last_attempt() -> None:
@@ -252,9 +255,17 @@ def test_srun_report_names_the_first_rank_killed_in_the_last_attempt() -> None:
     attempt = ["hpctrain: job 7 starts on n1 at Tue", "step 5/100  loss 2.3",
                "srun: error: n1: task 3: Killed", "srun: launch/slurm: _step_signal: Terminating StepId=7.0",
                "srun: error: n1: tasks 0-2: Killed"]
-    assert first_killed_rank(earlier + attempt) == (3, signal.SIGKILL)
-    assert first_killed_rank(earlier) == (0, signal.SIGSEGV)
-    assert first_killed_rank(["srun: error: n1: tasks 1,3: Aborted"]) == (1, signal.SIGABRT)
+    killed = first_killed_rank(earlier + attempt)
+    assert killed is not None and (killed.rank, killed.signal, killed.node) == (3, signal.SIGKILL, "n1")
+    assert killed.ranks_on_node == (0, 1, 2, 3) and killed.cause == "killed by SIGKILL"
+    killed = first_killed_rank(earlier)
+    assert killed is not None and (killed.rank, killed.signal) == (0, signal.SIGSEGV)
+    killed = first_killed_rank(["srun: error: n2: tasks 1,3: Aborted", "srun: error: n1: task 0: Killed"])
+    assert killed is not None and (killed.rank, killed.signal, killed.node, killed.ranks_on_node) == (
+        1, signal.SIGABRT, "n2", (1, 3))
+    oom = first_killed_rank(["slurmstepd: error: Detected 1 oom_kill event in StepId=7.0. Some of the step tasks "
+                             "have been OOM Killed.", "srun: error: n4: task 6: Killed"])
+    assert oom is not None and oom.node == "n4" and oom.cause.startswith("out of memory"), oom
     # The first rank to end exited by itself (it wrote its own note), or the scheduler stopped the job: no line.
     assert first_killed_rank(["srun: error: n1: task 1: Exited with exit code 2",
                               "srun: error: n1: task 0: Killed"]) is None
@@ -277,7 +288,7 @@ def test_srun_report_does_not_replace_a_ranks_own_error(tmp_path: Path) -> None:
     peer = tmp_path / "peer"
     record_failure(peer, "rank 0 failed: mpi4py.MPI.Exception: Other MPI error", PEER)
     assert main(["--run-dir", str(peer), "--log", str(log)]) == 0
-    assert (peer / FAILURE_FILE).read_text() == "rank 1 killed by SIGKILL\n"
+    assert (peer / FAILURE_FILE).read_text() == "rank 1 on n1 killed by SIGKILL\n"
 
 
 @pytest.mark.processes

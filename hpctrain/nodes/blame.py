@@ -10,8 +10,10 @@ PIPE_BUF bytes on a file opened for appending, so concurrent writers never inter
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -115,3 +117,18 @@ def nodes_to_leave_out(blames: Iterable[Blame], *, spares: bool) -> dict[str, Bl
         if blame.kind == "failed" or spares:
             out.setdefault(blame.node, blame)
     return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m hpctrain.nodes.blame --run-dir DIR [--spares]``: the nodes the next attempt leaves out,
+    comma-separated (the batch script hands them to the scheduler's exclusion when it requeues the job)."""
+    parser = argparse.ArgumentParser(prog="python -m hpctrain.nodes.blame", description=main.__doc__)
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--spares", action="store_true", help="the job has spare nodes: leave stragglers out too")
+    args = parser.parse_args(argv)
+    print(",".join(nodes_to_leave_out(read_blames(args.run_dir), spares=args.spares)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

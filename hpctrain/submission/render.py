@@ -32,9 +32,10 @@ from hpctrain.submission.launchers import (
     slurm_threads_per_core,
 )
 from hpctrain.submission.launchers.binding import rank_cpus, rank_devices
+from hpctrain.submission.node_check_lines import excluded_nodes_line, node_check_lines
 from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler, place
 from hpctrain.submission.shell import comment, quote, quote_path, word
-from hpctrain.submission.staging import plan_staging, staged_site, staging_lines
+from hpctrain.submission.staging import plan_staging, staged_site, staging_lines, training_host_file
 from hpctrain.text import writable_text
 
 TEMPLATES = Path(__file__).resolve().parent / "schedulers" / "templates"
@@ -108,6 +109,7 @@ def launch_plan(job: JobSpec, site: SiteProfile, placement: Placement, python: s
         hyperthreads=ht, cpus_per_rank=cpus_per_rank_for(node, res.threads_per_rank, ht),
         gpu_kind=node.gpu_kind, python=python, threads_per_core=slurm_threads_per_core(node, ht),
         cpu_list=cpu_list, devices=rank_devices(node, res.ranks_per_node, res.gpus_per_rank),
+        host_file=training_host_file(job),
     )
 
 
@@ -261,9 +263,10 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
     prologue = fill(
         "prologue.tmpl", folder, run_dir=quote_path(run_dir), job_id_variable=scheduler.job_id_variable,
         signal=ckpt.signal,
-        environment="\n".join(environment_lines(job, site, placement, plan, interpreter) + (
-            staging_lines(staging, job, site, launcher, scheduler.job_id_variable,
-                          exit_record_line(scheduler.job_id_variable)) if staging else [])),
+        environment="\n".join(environment_lines(job, site, placement, plan, interpreter)
+                               + node_check_lines(job, site, scheduler, launcher, interpreter, run_dir, excluded_nodes)
+                               + (staging_lines(staging, job, site, launcher, scheduler.job_id_variable,
+                                                exit_record_line(scheduler.job_id_variable)) if staging else [])),
     ).rstrip("\n")
     requeue = (scheduler.requeue_lines(quote_path(f"{run_dir.rstrip('/')}/job.sh"), ckpt.max_requeues)
                if placement.requeue else no_requeue_lines(placement.no_requeue_reason or "the queue allows no requeue"))
@@ -276,7 +279,7 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
                   exit_record=exit_record_line(scheduler.job_id_variable),
                   launch_line=launch_line,
                   launcher_note=launcher_note_line(launcher, interpreter, run_dir),
-                  requeue="\n".join(requeue)).rstrip("\n")
+                  requeue="\n".join(excluded_nodes_line(job, interpreter) + requeue)).rstrip("\n")
     note = string.Template(scheduler.script_note).substitute(signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s)
     text = fill(scheduler.template, folder, directives="\n".join(directives), header="\n".join(header), note=note,
                 prologue=prologue, launch=launch)

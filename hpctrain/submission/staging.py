@@ -33,6 +33,7 @@ from hpctrain.config.staging import (
 )
 from hpctrain.errors import ConfigError, HpctrainError
 from hpctrain.exit_codes import EXIT_RUNTIME
+from hpctrain.nodes.select import TRAINING_NODES_FILE
 from hpctrain.submission.launchers import LaunchPlan, get_launcher
 from hpctrain.submission.shell import ShellWord, comment, quote, quote_path, word
 from hpctrain.submission.stage_tree import NO_TREE
@@ -172,11 +173,19 @@ def _node_local_root(staging: SiteStaging, job_id_variable: str) -> ShellWord:
     return ShellWord(*pieces)
 
 
-def one_per_node(site: SiteProfile, launcher: str, nodes: int, command: list[str], python: str) -> list[str]:
-    """``command`` once on every node of the job, through the site's launcher."""
+def one_per_node(site: SiteProfile, launcher: str, nodes: int, command: list[str], python: str,
+                 host_file: str | None = None) -> list[str]:
+    """``command`` once on every node of the job (on those of ``host_file`` where given), through the site's
+    launcher."""
     plan = LaunchPlan(nodes=nodes, ranks_per_node=1, threads_per_rank=1, python=python,
-                      extra_args=tuple(site.launcher_args), cpu_bind=None)
+                      extra_args=tuple(site.launcher_args), cpu_bind=None, host_file=host_file)
     return get_launcher(launcher)(command, plan)
+
+
+def training_host_file(job: JobSpec) -> str | None:
+    """The node check's file of training nodes, relative to the run directory the script runs in, where the job has
+    spare nodes (steps start on those nodes only); None: every node of the allocation."""
+    return f"./{TRAINING_NODES_FILE}" if job.resources.spare_nodes > 0 else None
 
 
 def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: str, job_id_variable: str,
@@ -195,7 +204,7 @@ def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: 
 
     def on_every_node(*steps: str, arrays: str = "") -> str:
         node_script = ["bash", "-c", ShellWord(("hpctrain_stage_node",)), "hpctrain-stage", *steps]
-        argv = one_per_node(site, launcher, nodes, node_script, plan.shared_python)
+        argv = one_per_node(site, launcher, nodes, node_script, plan.shared_python, training_host_file(job))
         text = " ".join(word(w) for w in argv) + (f" {arrays}" if arrays else "")
         return f"{text} \\\n    || hpctrain_staging_failed \"staging failed (the node's message is above)\""
 
@@ -204,7 +213,7 @@ def staging_lines(plan: StagingPlan, job: JobSpec, site: SiteProfile, launcher: 
     if broadcast:
         lines += [on_every_node(*check), *_broadcast_lines(plan, broadcast, on_every_node)]
     else:
-        lines += [on_every_node(*check), *_tree_lines(plan, site, launcher, nodes)]
+        lines += [on_every_node(*check), *_tree_lines(plan, site, launcher, nodes, job)]
         # The copies first: where the tree did not run, they include the archive that the unpack then reads.
         unpack = ["--", "unpack", node_local(), node_local(ARCHIVE_COPY)] if plan.archive_link else []
         step = on_every_node(arrays=" ".join(['"${hpctrain_copies[@]}"', *(word(w) for w in unpack)]))
@@ -298,7 +307,7 @@ def _broadcast_lines(plan: StagingPlan, broadcast: tuple[str, ...], on_every_nod
     return lines
 
 
-def _tree_lines(plan: StagingPlan, site: SiteProfile, launcher: str, nodes: int) -> list[str]:
+def _tree_lines(plan: StagingPlan, site: SiteProfile, launcher: str, nodes: int, job: JobSpec) -> list[str]:
     """The files sent by stage_tree.py (one read of each), and every node's own copy where it cannot run.
 
     ``hpctrain_tree`` holds the files, ``hpctrain_copies`` what each node copies itself (directories, and the files
@@ -318,7 +327,7 @@ def _tree_lines(plan: StagingPlan, site: SiteProfile, launcher: str, nodes: int)
               "HPCTRAIN_STAGE_TREE",
               ")"]
     tree = [python, "-c", ShellWord(("hpctrain_stage_tree",)), str(nodes), ShellWord(("PWD",)), str(TREE_CHUNK_MB)]
-    argv = one_per_node(site, launcher, nodes, tree, python)
+    argv = one_per_node(site, launcher, nodes, tree, python, training_host_file(job))
     every_node = 'hpctrain_copies=("${hpctrain_tree[@]}" "${hpctrain_copies[@]}")'
     empty = "" if plan.archive_link or plan.image else '[ "${#hpctrain_tree[@]}" -eq 0 ] || '
     lines += [f"rm -f -- {NO_TREE}",

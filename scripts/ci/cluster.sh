@@ -20,6 +20,7 @@
 #                                          stop answering and marks it DOWN after SlurmdTimeout
 #        cluster.sh node NODE start        boot it again if it was killed (a fresh /tmp and scratch, a new
 #                                          slurmd); a node Slurm took for dead gets its slurmd restarted
+#        cluster.sh tmp NODE full|restore  a full /tmp on the node (a 1 MiB tmpfs over it, filled) | its own again
 #        cluster.sh exec NODE CMD...       run CMD on the node (its network, hostname and mounts)
 #
 # Each node's hosts file maps its own name to 127.0.1.1 before its bridge address, as Debian's installer
@@ -397,6 +398,26 @@ do_node() {  # do_node NODE kill | start
     esac
 }
 
+do_tmp() {  # do_tmp NODE full | restore
+    local node=${1:-} pid
+    require_node "$node"
+    pid=$(holder_pid "$node") || die "$node is down (boot it with 'cluster.sh node $node start')"
+    case ${2:-} in
+        full)
+            # A small tmpfs over the node's /tmp, filled to the last block: what a job sees on a node whose
+            # local disk another job filled (writes fail with ENOSPC), without filling this machine's disk.
+            nsenter -t "$pid" -m -- mount -t tmpfs -o size=1m,mode=1777 hpctrain-full-tmp /tmp
+            nsenter -t "$pid" -m -- sh -c 'dd if=/dev/zero of=/tmp/.filler bs=4k 2>/dev/null; true'
+            log "$node: /tmp full" ;;
+        restore)
+            while nsenter -t "$pid" -m -- grep -q '^hpctrain-full-tmp /tmp ' /proc/self/mounts 2>/dev/null; do
+                nsenter -t "$pid" -m -- umount -l /tmp || break
+            done
+            log "$node: /tmp is its own again" ;;
+        *) die "usage: cluster.sh tmp NODE full|restore" ;;
+    esac
+}
+
 do_exec() {  # do_exec NODE CMD...
     local node=${1:-} pid
     require_node "$node"
@@ -413,7 +434,8 @@ case "${1:-}" in
     env) do_env ;;
     link) shift; do_link "$@" ;;
     node) shift; do_node "$@" ;;
+    tmp) shift; do_tmp "$@" ;;
     exec) shift; do_exec "$@" ;;
-    *) echo "usage: $0 start [--nodes N]|stop|status|env|link NODE rate RATE|cut|restore|node NODE kill|start|exec NODE CMD..." >&2
+    *) echo "usage: $0 start [--nodes N]|stop|status|env|link NODE rate RATE|cut|restore|node NODE kill|start|tmp NODE full|restore|exec NODE CMD..." >&2
        exit 2 ;;
 esac

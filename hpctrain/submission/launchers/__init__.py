@@ -45,6 +45,9 @@ class LaunchPlan:
     threads_per_core: int | None = None
     cpu_list: RankSets = ()
     devices: RankSets = ()
+    # A file of the hosts to start on, one per line (the node check's choice, where the job has spare nodes);
+    # None: every node of the allocation.
+    host_file: str | None = None
 
     @property
     def ranks(self) -> int:
@@ -113,12 +116,22 @@ def gpu_wrapper(command: list[str], plan: LaunchPlan) -> list[str]:
             *chosen, "--", *command]
 
 
+def _no_host_file(plan: LaunchPlan, launcher: str) -> None:
+    if plan.host_file is not None:
+        raise ConfigError(f"{launcher} cannot be told which of the job's nodes to start on, so spare nodes cannot "
+                          "replace a bad one", key="resources.spare_nodes",
+                          hint="remove spare_nodes (the node check still names a bad node and ends the job)")
+
+
 def srun(command: list[str], plan: LaunchPlan) -> list[str]:
-    """Slurm's srun; GPUs per rank through ``--gpus-per-task`` and ``--gpu-bind=closest``."""
+    """Slurm's srun; GPUs per rank through ``--gpus-per-task`` and ``--gpu-bind=closest``; the chosen nodes with
+    ``--nodelist=FILE`` (srun reads a value holding a ``/`` as a file of host names)."""
     _no_list_binding(plan, "srun")
     # --kill-on-bad-exit: a rank that dies takes the step down at once instead of leaving peers blocked.
     argv = ["srun", f"--nodes={plan.nodes}", f"--ntasks={plan.ranks}",
             f"--ntasks-per-node={plan.ranks_per_node}", f"--cpus-per-task={plan.cpus_per_task}"]
+    if plan.host_file is not None:
+        argv.append(f"--nodelist={plan.host_file}")
     if plan.threads_per_core is not None:  # must match the allocation's (OLCF: set it in sbatch and srun)
         argv.append(f"--threads-per-core={plan.threads_per_core}")
     argv.append("--kill-on-bad-exit=1")
@@ -132,6 +145,7 @@ def srun(command: list[str], plan: LaunchPlan) -> list[str]:
 def aprun(command: list[str], plan: LaunchPlan) -> list[str]:
     """Cray ALPS aprun (Theta): ``-d`` hardware threads per PE, ``-j`` hardware threads used per core."""
     _no_list_binding(plan, "aprun")
+    _no_host_file(plan, "aprun (node ids, not host names)")
     argv = ["aprun", "-n", str(plan.ranks), "-N", str(plan.ranks_per_node), "-d", str(plan.threads_per_rank),
             "-j", str(plan.hyperthreads), "-cc", plan.cpu_bind or "depth",
             "-e", f"OMP_NUM_THREADS={plan.threads_per_rank}"]
@@ -145,6 +159,8 @@ def mpiexec_pals(command: list[str], plan: LaunchPlan) -> list[str]:
     otherwise ``--depth`` hardware threads per rank with the site's binding (depth by default).
     """
     argv = ["mpiexec", "-n", str(plan.ranks), "--ppn", str(plan.ranks_per_node)]
+    if plan.host_file is not None:  # PALS: the hosts to use instead of $PBS_NODEFILE
+        argv += ["--hostfile", plan.host_file]
     if plan.cpu_bind == LIST_BINDING:
         if len(plan.cpu_list) != plan.ranks_per_node:
             raise ConfigError("cpu_bind: list needs each rank's CPUs in the launch plan", key="cpu_bind")
@@ -159,6 +175,8 @@ def mpiexec_hydra(command: list[str], plan: LaunchPlan) -> list[str]:
     """MPICH's hydra mpiexec (also the mpich wheel's): ``-n`` ranks, ``-ppn`` per node."""
     _no_list_binding(plan, "hydra mpiexec")
     argv = ["mpiexec", "-n", str(plan.ranks), "-ppn", str(plan.ranks_per_node)]
+    if plan.host_file is not None:  # hydra: a file of host names, one per line
+        argv += ["-f", plan.host_file]
     if plan.cpu_bind:
         argv += ["-bind-to", plan.cpu_bind]
     return [*argv, *plan.extra_args, *gpu_wrapper(command, plan)]
@@ -168,6 +186,7 @@ def local(command: list[str], plan: LaunchPlan) -> list[str]:
     """hpctrain's own launcher for a machine without scheduler (one node, a process per rank)."""
     if plan.nodes != 1:
         raise ConfigError(f"the local launcher runs on one machine, not {plan.nodes} nodes", key="resources.nodes")
+    _no_host_file(plan, "the local launcher (one machine)")
     return [plan.python, "-m", "hpctrain.submission.launchers.local_launch", "--nprocs", str(plan.ranks),
             *plan.extra_args, "--", *command]
 

@@ -14,16 +14,21 @@ Plain standard library (it runs in the batch script, on the job's first node).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.job_environment import first_value, job_environments
+from hpctrain.nodes.blame import Blame, append_blames
 from hpctrain.submission.failure import OWN, PEER, SIGNAL, noted_level, record_failure
 
-SRUN_TASK = re.compile(r"^srun: error: \S+: tasks? (?P<tasks>\d[0-9,\-]*): (?P<what>.+?)\s*$")
+SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>\d[0-9,\-]*): (?P<what>.+?)\s*$")
+OOM = re.compile(r"oom[-_ ]kill", re.IGNORECASE)  # slurmstepd: "Detected 1 oom_kill event in StepId=..."
 JOB_START = re.compile(r"^hpctrain: job \S+ starts on ")  # the batch script's first line: this attempt begins
 # What a scheduler stops a job with (cancel, walltime, preemption): not a rank's own death.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
@@ -39,24 +44,49 @@ def _by_description() -> dict[str, signal.Signals]:
     return names
 
 
-def first_killed_rank(lines: Iterable[str]) -> tuple[int, signal.Signals] | None:
-    """(rank, signal) of the first task srun reports killed in the last attempt of a job's output; None when the
-    first task srun reports exited by itself, was stopped by the scheduler, or none is reported."""
+@dataclass(frozen=True)
+class Killed:
+    """The first rank srun reports killed: its rank, the signal, its node and the node's other reported ranks, and
+    whether the step saw the kernel's out-of-memory killer."""
+
+    rank: int
+    signal: signal.Signals
+    node: str
+    ranks_on_node: tuple[int, ...]
+    out_of_memory: bool = False
+
+    @property
+    def cause(self) -> str:
+        return "out of memory (the kernel's OOM killer)" if self.out_of_memory else f"killed by {self.signal.name}"
+
+
+def _tasks(text: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        low, _, high = part.partition("-")
+        out += list(range(int(low), int(high or low) + 1))
+    return out
+
+
+def first_killed_rank(lines: Iterable[str]) -> Killed | None:
+    """The first task srun reports killed in the last attempt of a job's output; None when the first task srun
+    reports exited by itself, was stopped by the scheduler, or none is reported."""
     attempt: list[str] = []
     for line in lines:
         if JOB_START.match(line):
             attempt = []
         attempt.append(line)
     names = _by_description()
-    for line in attempt:
-        match = SRUN_TASK.match(line)
-        if match is None:
-            continue
-        sig = names.get(match["what"])
-        if sig is None or sig in STOP_SIGNALS:
-            return None
-        return int(re.match(r"\d+", match["tasks"]).group()), sig  # type: ignore[union-attr]
-    return None
+    reports = [(m, names.get(m["what"])) for m in map(SRUN_TASK.match, attempt) if m is not None]
+    if not reports:
+        return None
+    first, sig = reports[0]
+    if sig is None or sig in STOP_SIGNALS:
+        return None
+    host = first["host"]
+    on_node = sorted({t for m, _ in reports if m["host"] == host for t in _tasks(m["tasks"])})
+    oom = sig == signal.SIGKILL and any(OOM.search(line) for line in attempt)
+    return Killed(_tasks(first["tasks"])[0], sig, host, tuple(on_node), oom)
 
 
 def slurm_output_file(job_id: str) -> Path | None:
@@ -88,9 +118,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A rank's own error is the cause: srun kills the other tasks (SIGKILL) when one exits non-zero, and may
         # report them before the task that exited.
         return 0
-    rank, sig = found
-    line = f"rank {rank} killed by {sig.name}"
+    line = f"rank {found.rank} on {found.node} {found.cause}"
     record_failure(args.run_dir, line, SIGNAL)
+    environ = os.environ
+    job = next((v for env in job_environments(environ) if (v := first_value(environ, env.job_id))), "")
+    restart = next((v for env in job_environments(environ) if (v := first_value(environ, env.restart_count))), "0")
+    append_blames(args.run_dir, [Blame(node=found.node, cause=line, ranks=found.ranks_on_node, source="launcher",
+                                       job=job or "", restart=int(restart or 0))])
     print(f"hpctrain: {line} (srun's report)", file=sys.stderr, flush=True)
     return 0
 

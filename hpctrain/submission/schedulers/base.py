@@ -28,7 +28,7 @@ from hpctrain.errors import ConfigError, FitError, SchedulerError
 from hpctrain.exit_codes import EXIT_REQUEUE
 from hpctrain.submission.launchers import LaunchPlan
 from hpctrain.submission.schedulers.status_parsers import JobStatus
-from hpctrain.submission.shell import directive_word, is_home_relative
+from hpctrain.submission.shell import ShellWord, directive_word, is_home_relative
 
 if TYPE_CHECKING:  # discovery/ imports the registry below: no import of it while this module loads
     from hpctrain.submission.discovery.facts import Fact, QosFacts, QueueFacts, SchedulerFacts
@@ -176,6 +176,9 @@ class Scheduler(ABC):
     runs_here: ClassVar[bool] = False  # no scheduler: jobs run on the machine they are submitted from
     has_qos: ClassVar[bool] = False  # a queue may name a QOS beside its partition
     queue_options: ClassVar[tuple[str, ...]] = ()  # a profile's queue_option values, the default first; (): none
+    # What the launcher writes in the job's log when the scheduler loses a node under a step (a regular expression,
+    # the node's name its first group; "": nothing), read by the next attempt's node check in job_log_word().
+    lost_node_pattern: ClassVar[str] = ""
     # Whether ``exclude_directive`` can keep named nodes out of a job (Slurm --exclude); where not, a job's
     # excluded nodes are left out at its start, from its spare nodes (nodes/select.py).
     excludes_nodes: ClassVar[bool] = False
@@ -273,6 +276,10 @@ class Scheduler(ABC):
     @abstractmethod
     def log_names(self, job_id: str) -> list[str]:
         """File names, in the run directory, of the job's scheduler output: the most likely first."""
+
+    def job_log_word(self) -> ShellWord | None:
+        """The job's output file as a word of its own script (relative to the run directory); None: unknown."""
+        return None
 
     def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
         """Shell lines run when the ranks stopped at a checkpoint (exit 75): put the job back in line.

@@ -45,7 +45,7 @@ from hpctrain.submission.schedulers.slurm.status import (
     slurm_reason,
     squeue_argv,
 )
-from hpctrain.submission.shell import directive_word
+from hpctrain.submission.shell import ShellWord, directive_word
 
 if TYPE_CHECKING:
     from hpctrain.submission.discovery.facts import Fact, QosFacts, QueueFacts, SchedulerFacts
@@ -99,6 +99,7 @@ class Slurm(Scheduler):
         "bbf", "nodefile", "F"})
     job_key_directives = frozenset({"exclusive", "reservation"})
     excludes_nodes = True
+    lost_node_pattern = r"Node failure on (\S+)"  # srun's "srun: error: Node failure on NAME"
 
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
@@ -215,12 +216,18 @@ class Slurm(Scheduler):
         return ["sh", "-c", 'tail -c 1048576 -- "$1" 2>/dev/null | grep -a "Node failure on" | tail -n 64', "sh", log]
 
     def parse_lost_nodes(self, text: str) -> list[str]:
-        return list(dict.fromkeys(re.findall(r"Node failure on (\S+)", text)))
+        return list(dict.fromkeys(re.findall(self.lost_node_pattern, text)))
+
+    def job_log_word(self) -> ShellWord | None:
+        return ShellWord("slurm-", ("SLURM_JOB_ID",), ".out")  # --output=slurm-%j.out in the run directory
 
     def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
-        # The job keeps its id; Slurm counts restarts in SLURM_RESTART_COUNT (the job has --requeue).
+        # The job keeps its id; Slurm counts restarts in SLURM_RESTART_COUNT (the job has --requeue). A requeued job
+        # is pending again: only then does Slurm take its excluded nodes (the run's blamed ones, set before).
+        exclude = ('[ -z "${hpctrain_excluded_nodes:-}" ] || scontrol update JobId="${SLURM_JOB_ID}" '
+                   'ExcNodeList="${hpctrain_excluded_nodes}" || true')
         return requeue_block("SLURM_RESTART_COUNT", max_requeues,
-                             ['scontrol requeue "${SLURM_JOB_ID}" && exit 0'])
+                             [f'scontrol requeue "${{SLURM_JOB_ID}}" && {{ {exclude}; exit 0; }}'])
 
 
     # -- discovery (discovery.py) -----------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""The batch script's node check section (``hpctrain.submission.launchers.node_check`` around one launcher step of
+``hpctrain.nodes.check`` per node) and the line that reads the nodes a requeue must exclude. docs/nodes.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from hpctrain.config.job import JobSpec
+from hpctrain.config.site import SiteProfile
+from hpctrain.nodes.check import MIN_FREE_TMP_BYTES
+from hpctrain.submission.schedulers.base import Scheduler, exit_record_line
+from hpctrain.submission.shell import quote_path, word
+from hpctrain.submission.staging import one_per_node
+
+# Free memory a node must have where the job names none: a tenth of what the profile says a node has.
+MEMORY_SHARE = 0.1
+
+
+def _local_dirs(site: SiteProfile) -> list[str]:
+    """``PATH:BYTES`` of each node-local directory to check: /tmp, and the staging directory where it is a plain path
+    (a path with variables is checked by staging itself, on the node)."""
+    dirs = [f"/tmp:{MIN_FREE_TMP_BYTES}"]
+    staged = site.staging.node_local_dir if site.staging is not None else None
+    if staged and "$" not in staged and staged.rstrip("/") != "/tmp":
+        dirs.append(f"{staged.rstrip('/')}:{MIN_FREE_TMP_BYTES}")
+    return dirs
+
+
+def node_check_lines(job: JobSpec, site: SiteProfile, scheduler: Scheduler, launcher: str, python: str,
+                     run_dir: str, excluded: Sequence[str]) -> list[str]:
+    """The script's node check, run after the environment is set up and before staging and the launch; none where
+    the job does not check its nodes."""
+    res = job.resources
+    if not res.checks_nodes:
+        return []
+    node = site.node_for(res.queue)
+    memory = res.memory_gb if res.memory_gb is not None else (node.memory_gb or 0) * MEMORY_SHARE
+    check = [python, "-m", "hpctrain.nodes.check", "--timeout", str(res.node_check_timeout_s),
+             "--min-memory-gb", f"{memory:.3g}"]
+    for directory in _local_dirs(site):
+        check += ["--local-dir", directory]
+    devices = res.gpus_per_rank * res.ranks_per_node
+    if devices and node.gpu_kind != "none":
+        check += ["--devices", str(devices), "--device-kind", node.gpu_kind]
+    step = one_per_node(site, launcher, res.allocated_nodes, check, python)
+    options: list[str] = ["--nodes", str(res.nodes), "--timeout", str(res.node_check_timeout_s)]
+    if excluded:
+        options += ["--exclude", ",".join(excluded)]
+    log = scheduler.job_log_word()
+    if log is not None and scheduler.lost_node_pattern:
+        options += ["--lost-nodes-log", log, "--lost-nodes-pattern", scheduler.lost_node_pattern]
+    spares = f", {res.spare_nodes} spare" if res.spare_nodes else ""
+    argv = " ".join([word(python), "-m", "hpctrain.submission.launchers.node_check", "--run-dir",
+                     quote_path(run_dir), *(word(w) for w in options)])
+    return ["# ---- hpctrain: node check (docs/nodes.md) ----------------------------------------------------------",
+            f"# Every node of the allocation ({res.nodes} training{spares}) checks itself in one step and reports to "
+            "this node;",
+            f"# a bad node is left out ({TRAINING_NODES_NOTE}) or, with too few healthy ones, the job ends here.",
+            f"{argv} -- \\",
+            "    " + " ".join(word(w) for w in step) + " \\",
+            f"    || {{ status=$?; {exit_record_line(scheduler.job_id_variable)}; exit \"${{status}}\"; }}"]
+
+
+TRAINING_NODES_NOTE = "the launch starts on the nodes of ./training-nodes"
+
+
+def excluded_nodes_line(job: JobSpec, python: str) -> list[str]:
+    """Before the requeue: ``hpctrain_excluded_nodes``, the nodes the run blamed (comma-separated), which a scheduler
+    that can exclude nodes hands to the requeued job; none where the job does not check its nodes."""
+    if not job.resources.checks_nodes:
+        return []
+    spares = " --spares" if job.resources.spare_nodes else ""
+    return [f"hpctrain_excluded_nodes=$({word(python)} -m hpctrain.nodes.blame --run-dir .{spares} 2>/dev/null)"
+            " || hpctrain_excluded_nodes="]
