@@ -1,6 +1,6 @@
 """The cluster of namespace nodes (scripts/ci/cluster.sh) as the tests use it: its nodes and partition, a
 directory on its shared file system per test, commands run on one node, and the controls that cut or slow a
-node's link or kill and boot a node, each undone when the test ends (fixtures in tests/conftest.py).
+node's link, fill its /tmp, or kill and boot a node, each undone when the test ends (fixtures in tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class Cluster:
     _touched: set[str] = field(default_factory=set)
     _drained: set[str] = field(default_factory=set)
     _cut: set[str] = field(default_factory=set)
+    _full: set[str] = field(default_factory=set)
 
     def run(self, node: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """``argv`` on ``node`` (its network, hostname and mounts), as root."""
@@ -78,6 +79,12 @@ class Cluster:
         if args[:1] == ("cut",):
             self._cut.add(node)
         out = cluster_sh("link", node, *args)
+        assert out.returncode == 0, out.stderr
+
+    def fill_tmp(self, node: str) -> None:
+        """``cluster.sh tmp NODE full``: the node's /tmp has no space left; its own /tmp again after the test."""
+        self._full.add(node)
+        out = cluster_sh("tmp", node, "full")
         assert out.returncode == 0, out.stderr
 
     def kill(self, node: str) -> None:
@@ -109,6 +116,8 @@ class Cluster:
 
     def restore(self) -> None:
         """Every link restored and every node this test touched booted and idle again."""
+        for node in sorted(self._full):
+            cluster_sh("tmp", node, "restore")
         for node in sorted(self._touched):
             cluster_sh("link", node, "restore")
         for node in sorted(self._cut):  # what ran there behind the cut link is orphaned: the node is rebooted
@@ -119,6 +128,7 @@ class Cluster:
         self._touched.clear()
         self._drained.clear()
         self._cut.clear()
+        self._full.clear()
 
 
 def start_cluster() -> Cluster:

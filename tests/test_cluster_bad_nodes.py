@@ -1,0 +1,135 @@
+"""A bad node costs one restart, not the run — on the cluster of namespace nodes (real slurmd per node, own /tmp and
+link). The node check runs in every job of more than one node: a node whose /tmp is full is named by it and,
+with a spare node, left out before training starts; without one the job ends at once naming it, before any rank
+started. A node killed under a running job is named (the scheduler lost it), the requeued job runs without it
+and resumes from the last checkpoint, and its final weights equal those of a run that was never interrupted.
+
+The allocation is pinned with ``nodelist`` so that the bad node is in it whatever Slurm would pick.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from slurm_support import scontrol
+
+from hpctrain.node_lists import expand_slurm_nodelist
+from hpctrain.nodes.blame import read_blames
+from hpctrain.submission.api import RunHandle, submit_runs
+from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.transport import TransportPool
+from tests.cluster_support import SITE, Cluster
+from tests.test_requeue_slurm import assert_same_parameters, final_state
+
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(1200)]
+SPEC = """name: {name}
+model: resnet
+model_args: {{channels: 8, blocks: 1}}
+train: {{steps: {steps}, batch_per_rank: 8, lr: 0.05, log_every: 10, seed: 3, collective_timeout_s: 120}}
+resources: {{nodes: 2, ranks_per_node: 1, walltime: "00:10:00", spare_nodes: {spares}{pin}}}
+checkpoint: {{every_steps: 20, keep: 2, max_requeues: 2}}
+"""
+
+
+def spec_text(name: str, *, steps: int, spares: int = 0, nodes: tuple[str, ...] = ()) -> str:
+    pin = f", directives: {{nodelist: '{','.join(nodes)}'}}" if nodes else ""
+    return SPEC.format(name=name, steps=steps, spares=spares, pin=pin)
+
+
+@pytest.fixture
+def home(cluster_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("HPCTRAIN_HOME", str(cluster_tmp / "home"))
+    monkeypatch.delenv("HPCTRAIN_REGISTRY", raising=False)
+    return cluster_tmp
+
+
+def submit(home: Path, name: str, text: str) -> tuple[Path, str, str]:
+    spec = home / f"{name}.yaml"
+    spec.write_text(text)
+    with RunRegistry() as reg:
+        done = submit_runs(spec, str(SITE), registry=reg, run_root=str(home / "runs"))
+    job_id = done.job_ids[0]
+    assert job_id is not None
+    return Path(done.runs[0].run_dir), done.runs[0].run_id, job_id
+
+
+def trained_on(log: str) -> set[str]:
+    """The nodes the last attempt's ranks ran on (each node's local rank 0 says so)."""
+    last = log.rsplit("hpctrain: job ", 1)[-1]
+    return set(re.findall(r"hpctrain: node \d+ \((\S+)\)", last))
+
+
+def test_a_full_tmp_is_named_by_the_check_and_a_spare_node_takes_its_place(home: Path, cluster: Cluster) -> None:
+    good, bad, spare = cluster.nodes[0], cluster.nodes[1], cluster.nodes[2]
+    cluster.fill_tmp(bad)
+    run_dir, run_id, job_id = submit(home, "spare", spec_text("spare", steps=30, spares=1, nodes=(good, bad, spare)))
+    try:
+        view = RunHandle(run_id).wait(timeout=600, poll_s=1, max_poll_s=3)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=15)
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert view.state == "completed", log[-3000:]
+    assert set(expand_slurm_nodelist(scontrol(job_id)["NodeList"])) == {good, bad, spare}
+    assert trained_on(log) == {good, spare}, log[-3000:]
+    assert re.search(rf"node check: {bad} left out: /tmp: cannot write .*No space left on device", log), log[-3000:]
+    results = json.loads((run_dir / "node-check.json").read_text())
+    assert results["training"] == [good, spare] and list(results["failed"]) == [bad], results
+    assert set(results["reports"]) == {good, bad, spare}  # one report per node, gathered in one file
+    assert results["reports"][good]["problems"] == [] and results["reports"][good]["import_s"] > 0
+    (blame,) = read_blames(run_dir)
+    assert blame.node == bad and blame.source == "check" and "/tmp" in blame.cause and blame.job == job_id
+    assert "training finished at step 30" in log
+
+
+def test_without_a_spare_a_failed_check_ends_the_job_before_training_naming_the_node(
+        home: Path, cluster: Cluster) -> None:
+    good, bad = cluster.nodes[0], cluster.nodes[1]
+    cluster.fill_tmp(bad)
+    run_dir, run_id, job_id = submit(home, "nospare", spec_text("nospare", steps=30, nodes=(good, bad)))
+    try:
+        view = RunHandle(run_id).wait(timeout=600, poll_s=1, max_poll_s=3)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=15)
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert view.state == "failed", log[-3000:]
+    assert view.reason.startswith(f"node check: {bad}: /tmp: cannot write"), view.reason
+    assert "1 healthy node for 2 needed, no training started" in view.reason, view.reason
+    assert scontrol(job_id)["ExitCode"].startswith("5:"), scontrol(job_id)
+    # Nothing started, nothing half-written: no rank line, no metrics, no checkpoint directory.
+    assert "hpctrain: node 0 (" not in log and not (run_dir / "metrics.jsonl").exists(), log[-3000:]
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "training-nodes").exists()
+    assert [b.node for b in read_blames(run_dir)] == [bad]
+
+
+def test_a_node_killed_mid_run_is_named_left_out_and_the_run_ends_as_if_uninterrupted(
+        home: Path, cluster: Cluster) -> None:
+    steps = 160  # the node dies once the first checkpoint (step 20) is written: the surviving rank waits there
+    run_dir, run_id, job_id = submit(home, "killed", spec_text("killed", steps=steps))
+    ref_dir, ref_id, ref_job = submit(home, "reference", spec_text("reference", steps=steps))
+    pool = TransportPool()
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "checkpoints" / "manifest.json").exists():  # a hang guard: it may wait behind others
+            assert time.monotonic() < deadline and scontrol(job_id).get("JobState") in ("PENDING", "RUNNING")
+            time.sleep(0.5)
+        first = expand_slurm_nodelist(scontrol(job_id)["NodeList"])
+        lost = first[-1]  # not the batch host: the job's script outlives it and Slurm requeues the job
+        cluster.kill(lost)
+        view = RunHandle(run_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
+        ref_view = RunHandle(ref_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
+    finally:
+        subprocess.run(["scancel", job_id, ref_job], timeout=15)
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert view.state == "completed" and ref_view.state == "completed", log[-3000:]
+    assert int(scontrol(job_id)["Restarts"]) >= 1
+    second = trained_on(log)
+    assert lost not in second and len(second) == 2, (first, second)
+    blames = [b for b in read_blames(run_dir) if b.node == lost]
+    assert blames and blames[0].source == "scheduler" and "lost it" in blames[0].cause, read_blames(run_dir)
+    assert "resumed from" in log and f"training finished at step {steps}" in log, log[-3000:]
+    assert_same_parameters(final_state(run_dir), final_state(ref_dir))
