@@ -220,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device-kind", default="none")
     parser.add_argument("--import", dest="import_module", default="torch")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds for the whole check")
+    parser.add_argument("--node-name", default=None,
+                        help="this node's name as the scheduler lists it (default: its host name, short)")
     args = parser.parse_args(argv)
     deadline = time.monotonic() + args.timeout
     dirs = [(d.rsplit(":", 1)[0], int(d.rsplit(":", 1)[1])) if ":" in d else (d, MIN_FREE_TMP_BYTES)
@@ -227,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings = CheckSettings(local_dirs=tuple(dirs) or CheckSettings.local_dirs, min_memory_gb=args.min_memory_gb,
                              devices=args.devices, device_kind=args.device_kind, import_module=args.import_module,
                              timeout_s=args.timeout)
-    report = check_node(settings)
+    report = check_node(settings, args.node_name)
     address = os.environ.get(ADDRESS_ENV, "")
     problem = report_to(address, report, deadline) if address else f"{ADDRESS_ENV} is not set"
     if problem is None:
