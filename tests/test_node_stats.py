@@ -31,7 +31,6 @@ from hpctrain.runtime.node_stats import (
     gather_layout,
     layout_of,
     node_busy_times,
-    node_link_times,
     probe_rounds,
 )
 from hpctrain_bench.in_process import InProcessComm, run_ranks
@@ -70,18 +69,16 @@ def test_a_slow_spell_shorter_than_half_the_window_is_not_a_straggler() -> None:
 
 
 def test_a_slow_link_names_its_node_not_its_neighbours() -> None:
-    # node 2's link is slow: its two exchanges are slow, its neighbours' fastest exchange is not
-    link = node_link_times(5, {(0, 1): 1.0, (2, 3): 9.8, (1, 2): 9.8, (3, 4): 1.0, (4, 0): 1.0})
-    assert link == [1.0, 1.0, 9.8, 1.0, 1.0]
+    # node 2's link is slow: its two exchanges are slow, its neighbours' fastest exchange is not (the probe's
+    # times: test_the_probe_times_each_leader_s_exchanges_and_keeps_its_fastest)
+    link = [1.0, 1.0, 9.8, 1.0, 1.0]
     found = find_stragglers(rows([[1.0] * 5] * 10, [link] * 10), 1.3, 100)
     assert found == [Straggler(node=2, ratio=9.8, what="link")]
     assert straggler_cause(found[0], 100) == "link 9.8x the median over the last 100 steps"
 
 
-def test_two_nodes_share_their_one_link_time_so_neither_is_named_by_it() -> None:
-    link = node_link_times(2, {(0, 1): 7.0})
-    assert link == [7.0, 7.0]
-    assert find_stragglers(rows([[1.0, 1.0]] * 10, [link] * 10), 1.3, 100) == []
+def test_two_nodes_time_their_one_exchange_alike_so_neither_is_named_by_it() -> None:
+    assert find_stragglers(rows([[1.0, 1.0]] * 10, [[7.0, 7.2]] * 10), 1.3, 100) == []
 
 
 def test_a_node_slow_in_both_is_named_once_by_its_larger_ratio() -> None:

@@ -96,14 +96,6 @@ def probe_rounds(nodes: int) -> list[list[tuple[int, int]]]:
     return [edges[0:nodes - 1:2], edges[1:nodes - 1:2], [edges[-1]]]
 
 
-def node_link_times(nodes: int, exchanges: Mapping[tuple[int, int], float]) -> list[float]:
-    """Per node, the fastest of its timed exchanges (NaN for a node in none)."""
-    best = [math.inf] * nodes
-    for (a, b), seconds in exchanges.items():
-        best[a], best[b] = min(best[a], seconds), min(best[b], seconds)
-    return [b if math.isfinite(b) else math.nan for b in best]
-
-
 def node_busy_times(node_of_rank: Sequence[int], nodes: int, rank_busy: Sequence[float]) -> list[float]:
     """Per node, its slowest rank's busy time (ranks without a timed step left out; NaN when none has one)."""
     busy = [math.nan] * nodes

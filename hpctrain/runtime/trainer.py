@@ -166,13 +166,8 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
                 link_slots = nodes.link_slots()  # the probe, beyond one node: after the rate, not in it
                 record = _interval_record(comm, task, step, lr, loss_sum, loss_count, rate,
                                           combiner.interval_metrics(), rank_times.busy_s(), link_slots)
-                busy, node_link = record.pop("rank_busy_s"), record.pop("node_link_s")
                 if rank == 0:
-                    per_node = nodes.observe(step, interval_steps, busy, node_link)
-                    if "stragglers" in per_node:
-                        record["stragglers"] = per_node.pop("stragglers")
-                    metrics.write(record)
-                    rank_times.write(step, busy, per_node)
+                    _write_interval(record, interval_steps, nodes, metrics, rank_times)
                 last_logged = {k: record[k] for k in ("loss", "per_rank_rate") if k in record}
                 loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
             if check_sync_every and step % check_sync_every == 0 and combiner.ranks_in_sync:
@@ -199,6 +194,18 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
         metrics.close()
     return TrainOutcome(start_step=start, end_step=step, stopped_by_signal=stopped, final=final,
                         parameters_checksum=parameters_checksum(model))
+
+
+def _write_interval(record: dict[str, Any], steps: int, nodes: NodeStats, metrics: MetricsLog,
+                    rank_times: RankTimes) -> None:
+    """Rank 0: the interval's record to the metrics (with the stragglers named in it) and its per-rank and per-node
+    times to ``rank_times.jsonl``."""
+    busy, node_link = record.pop("rank_busy_s"), record.pop("node_link_s")
+    per_node = nodes.observe(record["step"], steps, busy, node_link)
+    if "stragglers" in per_node:
+        record["stragglers"] = per_node.pop("stragglers")
+    metrics.write(record)
+    rank_times.write(record["step"], busy, per_node)
 
 
 def _prepare_task(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int, device: torch.device,
