@@ -236,7 +236,8 @@ def _wire_windows(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any
 # ------------------------------------------------------------------------------------------------ the counts
 
 
-CONTROL = ("stop flag", "metrics")  # the step's small collectives: agreeing on a stop, the logged metrics
+CONTROL = ("stop flag", "metrics", "nodes")  # the small collectives: a stop vote per step; per logging interval
+# the metrics and, beyond one node, the nodes' link probe
 
 
 def _traffic(record: dict[str, Any], categories: tuple[str, ...]) -> dict[str, float]:

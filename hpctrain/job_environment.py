@@ -45,7 +45,8 @@ class JobEnvironment:
     names variables in Slurm's hostlist syntax (``nid[001-004]``), ``node_file`` variables naming a file of one
     host per line; a back-end whose node list reads otherwise overrides ``nodes``. ``array_job_id`` with
     ``array_index`` make the id hpctrain records, as ``array_id_format`` writes it (None: ``job_id`` already
-    names the task). ``walltime_signal``: the
+    names the task). ``node_name``: the variable naming, in each process, the node it runs on as the scheduler
+    names it (else the host name is used). ``walltime_signal``: the
     signal the scheduler sends before the walltime whatever the job asked (None: the job's checkpoint signal,
     ``HPCTRAIN_STOP_SIGNAL``, sent by the scheduler where the script asks it or by the script's own timer)."""
 
@@ -59,6 +60,7 @@ class JobEnvironment:
     array_id_format: str | None = "{job}_{index}"
     restart_count: tuple[str, ...] = ()
     walltime_signal: str | None = None
+    node_name: tuple[str, ...] = ()
 
     def nodes(self, environ: Mapping[str, str]) -> list[str] | None:
         """The job's hosts, None when this back-end's variables are not set."""
@@ -111,7 +113,7 @@ SLURM = JobEnvironment(
         node_rank=("SLURM_NODEID",), nodes=("SLURM_STEP_NUM_NODES", "SLURM_JOB_NUM_NODES", "SLURM_NNODES")),),
     job_id=("SLURM_JOB_ID",), node_list=("SLURM_JOB_NODELIST", "SLURM_NODELIST"),
     array_job_id=("SLURM_ARRAY_JOB_ID",), array_index=("SLURM_ARRAY_TASK_ID",),
-    restart_count=("SLURM_RESTART_COUNT",))
+    restart_count=("SLURM_RESTART_COUNT",), node_name=("SLURMD_NODENAME",))
 PBS = JobEnvironment("pbs", job_id=("PBS_JOBID",), node_file=("PBS_NODEFILE",), array_job_id=("PBS_ARRAY_ID",),
                      array_index=("PBS_ARRAY_INDEX",), array_id_format=None)  # PBS_JOBID is 12[3].server
 COBALT = JobEnvironment("cobalt", job_id=("COBALT_JOBID",), node_file=("COBALT_NODEFILE",))

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hpctrain.errors import RuntimeFailure
-from hpctrain.job_environment import LOCAL, RankVariables, job_environments, rank_variables
+from hpctrain.job_environment import LOCAL, RankVariables, first_value, job_environments, rank_variables
 
 # Set by a rendered script that stages to node-local storage, for the ranks: this job's directory there (read by
 # config/staging.py, which stages into it, and runtime/counting/counters.py, which counts opens under it as node-local).
@@ -156,3 +157,33 @@ def scheduler_job_id(environ: Mapping[str, str]) -> str | None:
             if environ.get(name):
                 return environ[name]
     return None
+
+
+def job_id_of(environ: Mapping[str, str]) -> str:
+    """The scheduler's id of this job as hpctrain records it (``M_I`` for task I of Slurm array M)."""
+    for env in job_environments(environ):
+        task = env.array_task(environ)
+        if task is not None and env.array_id_format is not None:
+            return env.array_id_format.format(job=task[0], index=task[1])
+    return scheduler_job_id(environ) or environ.get("HPCTRAIN_LOCAL_JOB_ID") or "unknown"
+
+
+def restarts_of(environ: Mapping[str, str]) -> int:
+    """How many times this job was requeued (a scheduler that counts them says; the other back-ends' scripts pass
+    the count in HPCTRAIN_RESTART_COUNT)."""
+    for env in job_environments(environ):
+        value = first_value(environ, env.restart_count) or ""
+        if value.isdigit():
+            return int(value)
+    value = environ.get("HPCTRAIN_RESTART_COUNT", "")
+    return int(value) if value.isdigit() else 0
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    """This node's name as its scheduler knows it (what an excluded-node list names: Slurm's SLURMD_NODENAME), else
+    its host name."""
+    for env in job_environments(environ):
+        name = first_value(environ, env.node_name)
+        if name:
+            return name
+    return socket.gethostname()

@@ -4,7 +4,9 @@
 with ``comm`` an ``InProcessComm``: rank k of K (``InProcessGroup.run`` runs more rounds on the same ranks). A
 collective parks its rank until every rank has made the same call, then the last to arrive computes it (sums
 taken in rank order) and every rank goes on with the result. A combiner's ordinary per-rank path (``launch``,
-``after_step``, ...) thus runs unchanged on K simulated ranks: nothing in a combiner is written twice.
+``after_step``, ...) thus runs unchanged on K simulated ranks: nothing in a combiner is written twice. A
+``sendrecv`` meets its peer's alone (the n-th exchange between two ranks meets the n-th), so ranks that take no
+part in an exchange go on to their next call, as over a real network.
 """
 
 from __future__ import annotations
@@ -143,6 +145,8 @@ class InProcessGroup:
         self.crew: Crew | None = None  # the threads the ranks run on, while they run
         self._calls = [0] * self.size
         self._rounds: dict[int, _Round] = {}
+        self._exchanges: dict[tuple[int, int], int] = {}  # (rank, peer) -> exchanges rank began with peer
+        self._pairs: dict[tuple[int, int, int], dict[int, torch.Tensor]] = {}
 
     def arrive(self, rank: int, kind: str, brought: Any,
                compute: Callable[[list[Any]], list[Any]]) -> Callable[[], Any]:
@@ -171,6 +175,24 @@ class InProcessGroup:
             return rnd.results[rank]
 
         return wait
+
+    def exchange(self, rank: int, peer: int, tensor: torch.Tensor) -> torch.Tensor:
+        """Rank ``rank``'s side of its next exchange with ``peer``: what ``peer`` brought to the same exchange."""
+        if peer == rank:
+            return tensor.clone()
+        count = self._exchanges.get((rank, peer), 0)
+        self._exchanges[(rank, peer)] = count + 1
+        key = (min(rank, peer), max(rank, peer), count)
+        brought = self._pairs.setdefault(key, {})
+        brought[rank] = tensor.clone()
+        if peer not in brought:
+            if self.crew is None:
+                raise RuntimeFailure("simulated ranks communicate only while they run (run_ranks)")
+            self.crew.park(rank, lambda: peer in brought)
+        got = brought.pop(peer)
+        if not brought:  # both sides took theirs
+            del self._pairs[key]
+        return got
 
     def run(self, fn: Callable[[int], Any]) -> list[Any]:
         """``fn(rank)`` on every rank, each on its own thread, one at a time; what each returned, by rank."""
@@ -224,14 +246,7 @@ class InProcessComm(Communicator):
         return self.group.arrive(self.rank, "allgather", tensor, compute)()
 
     def sendrecv(self, tensor: torch.Tensor, peer: int, label: str = "") -> torch.Tensor:
-        def compute(brought: list[tuple[torch.Tensor, int]]) -> list[torch.Tensor]:
-            for k, (_, p) in enumerate(brought):
-                if brought[p][1] != k:
-                    raise RuntimeFailure(f"simulated rank {k} sends to rank {p}, which sends to {brought[p][1]}",
-                                         hint="pair the ranks of a sendrecv both ways")
-            return [brought[p][0].clone() for _, p in brought]
-
-        return self.group.arrive(self.rank, "sendrecv", (tensor, peer), compute)()
+        return self.group.exchange(self.rank, peer, tensor)
 
     def barrier(self, label: str = "") -> None:
         self.group.arrive(self.rank, "barrier", None, lambda brought: [None] * len(brought))()

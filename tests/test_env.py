@@ -207,8 +207,8 @@ def test_a_plug_in_job_environment_named_by_the_script(monkeypatch: pytest.Monke
     import types
 
     from hpctrain.job_environment import JobEnvironment, RankVariables
+    from hpctrain.launch_env import job_id_of, restarts_of
     from hpctrain.submission.launchers.gpu_affinity import local_rank
-    from hpctrain.submitit_plugin.runner import job_id_of, restarts_of
 
     module = types.ModuleType("toy_job_env")
     module.TOY = JobEnvironment(  # type: ignore[attr-defined]
@@ -228,3 +228,13 @@ def test_a_plug_in_job_environment_named_by_the_script(monkeypatch: pytest.Monke
     torchrun = {**env, "TORCHELASTIC_RUN_ID": "x", "RANK": "0", "WORLD_SIZE": "1"}
     assert detect_launch_env(torchrun).launcher == "torchrun"
     assert detect_launch_env({k: v for k, v in env.items() if k != "HPCTRAIN_JOB_ENVIRONMENT"}).launcher == "pals"
+
+
+def test_a_node_is_named_as_its_scheduler_names_it_else_by_its_host_name() -> None:
+    import socket
+
+    from hpctrain.launch_env import node_name
+
+    assert node_name({"SLURMD_NODENAME": "nid00042", "SLURM_PROCID": "0"}) == "nid00042"
+    assert node_name({"SLURMD_NODENAME": ""}) == socket.gethostname()
+    assert node_name({}) == socket.gethostname()

@@ -28,6 +28,8 @@ EXCEPTIONS = {
     "__getattr__": "hpctrain/__init__.py's module __getattr__ (PEP 562): Python calls it for `hpctrain.X`",
     "read_records": "runtime/counting/counters.py: documented for users in docs/scaling.md (Counters API), the "
                     "reader of the per-rank records a run writes with HPCTRAIN_COUNTERS=1",
+    "read_rank_nodes": "nodes/rank_nodes.py: the reader of rank-nodes.json for blame and the report (the ranks on "
+                       "a blamed node); drop this line once they read it",
 }
 
 

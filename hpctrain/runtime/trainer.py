@@ -14,6 +14,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from hpctrain.runtime.counting.rank_times import RANK_TIMES_FILE, RankTimes
 from hpctrain.runtime.intel import maybe_optimize, wanted_from_env
 from hpctrain.runtime.metric_sinks import MetricsSink, open_sinks
 from hpctrain.runtime.metrics import MetricsLog, note_attempt
+from hpctrain.runtime.node_stats import NodeStats
 from hpctrain.runtime.optim import build_optimizer
 from hpctrain.runtime.precision import Precision, forward_context, resolve_precision
 from hpctrain.runtime.profile import StepProfiler, start_profile
@@ -103,7 +105,7 @@ def train(job: JobSpec, run_dir: Path, *, backend: str = "auto", check_sync_ever
             hint="with mpi, mpi4py must use the MPI of the launcher (srun --mpi=pmi2 with MPICH; see docs/runtime.md)")
     try:
         outcome = _train_with(job, run_dir, comm, env.local_rank, check_sync_every,
-                              intel_extension=wanted_from_env(environ))
+                              intel_extension=wanted_from_env(environ), environ=environ)
     except BaseException:
         # No closing collective after an error: the others may be inside another one, or gone, and the error
         # that reaches the user must be this one, not the closing barrier's "connection closed by peer".
@@ -114,7 +116,8 @@ def train(job: JobSpec, run_dir: Path, *, backend: str = "auto", check_sync_ever
 
 
 def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int,
-                check_sync_every: int, intel_extension: bool = False) -> TrainOutcome:
+                check_sync_every: int, intel_extension: bool = False,
+                environ: Mapping[str, str] | None = None) -> TrainOutcome:
     from hpctrain.checkpoint.session import CheckpointSession
 
     rank, size = comm.rank, comm.size
@@ -124,6 +127,7 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
     if rank == 0 and job.train.precision != "float32":
         log.info("precision %s: the forward runs in %s on %s", job.train.precision, precision, device)
     task, sinks = _prepare_task(job, run_dir, comm, local_rank, device, precision)
+    nodes = NodeStats.start(comm, run_dir, job.resources, os.environ if environ is None else environ)
     model = task.model.to(device)
     broadcast_model(model, comm)
     schedule = LRSchedule.from_spec(job.schedule_config(), size, steps_per_epoch(job, size))
@@ -159,12 +163,11 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
             loss_sum, loss_count, interval_steps = loss_sum + float(loss.detach()), loss_count + 1, interval_steps + 1
             if step % job.train.log_every == 0 or step == job.train.steps:
                 rate = interval_steps * task.samples_per_step / (time.perf_counter() - interval_start)
+                link_slots = nodes.link_slots()  # the probe, beyond one node: after the rate, not in it
                 record = _interval_record(comm, task, step, lr, loss_sum, loss_count, rate,
-                                          combiner.interval_metrics(), rank_times.busy_s())
-                busy = record.pop("rank_busy_s")
+                                          combiner.interval_metrics(), rank_times.busy_s(), link_slots)
                 if rank == 0:
-                    metrics.write(record)
-                    rank_times.write(step, busy)
+                    _write_interval(record, interval_steps, nodes, metrics, rank_times)
                 last_logged = {k: record[k] for k in ("loss", "per_rank_rate") if k in record}
                 loss_sum, loss_count, interval_start, interval_steps = 0.0, 0, time.perf_counter(), 0
             if check_sync_every and step % check_sync_every == 0 and combiner.ranks_in_sync:
@@ -191,6 +194,18 @@ def _train_with(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int
         metrics.close()
     return TrainOutcome(start_step=start, end_step=step, stopped_by_signal=stopped, final=final,
                         parameters_checksum=parameters_checksum(model))
+
+
+def _write_interval(record: dict[str, Any], steps: int, nodes: NodeStats, metrics: MetricsLog,
+                    rank_times: RankTimes) -> None:
+    """Rank 0: the interval's record to the metrics (with the stragglers named in it) and its per-rank and per-node
+    times to ``rank_times.jsonl``."""
+    busy, node_link = record.pop("rank_busy_s"), record.pop("node_link_s")
+    per_node = nodes.observe(record["step"], steps, busy, node_link)
+    if "stragglers" in per_node:
+        record["stragglers"] = per_node.pop("stragglers")
+    metrics.write(record)
+    rank_times.write(record["step"], busy, per_node)
 
 
 def _prepare_task(job: JobSpec, run_dir: Path, comm: Communicator, local_rank: int, device: torch.device,
@@ -281,14 +296,16 @@ def _write_requeue_marker(run_dir: Path, step: int) -> None:
 
 def _interval_record(comm: Communicator, task: TrainingTask, step: int, lr: float, loss_sum: float,
                      loss_count: int, rate: float, combiner_metrics: dict[str, float] | None = None,
-                     busy_s: float = math.nan) -> dict[str, Any]:
+                     busy_s: float = math.nan, node_slots: Sequence[float] = ()) -> dict[str, Any]:
     """Loss averaged over all ranks, task and combiner metrics averaged, rate the slowest rank's samples/s;
-    ``rank_busy_s``: every rank's ``busy_s``, in rank order (one slot per rank in the same all-reduce)."""
+    ``rank_busy_s``: every rank's ``busy_s``, in rank order (one slot per rank in the same all-reduce);
+    ``node_link_s``: the sums of every rank's ``node_slots`` (one slot per node, in the same all-reduce)."""
     local = {**task.interval_metrics(), **(combiner_metrics or {})}
     keys = sorted(local)
     slots = [0.0] * comm.size
     slots[comm.rank] = busy_s
-    values = torch.tensor([loss_sum, float(loss_count), *[local[k] for k in keys], *slots], dtype=torch.float64)
+    values = torch.tensor([loss_sum, float(loss_count), *[local[k] for k in keys], *slots, *node_slots],
+                          dtype=torch.float64)
     comm.allreduce_(values, "sum", "metrics")
     slowest = torch.tensor([rate], dtype=torch.float64)
     comm.allreduce_(slowest, "min", "metrics rate")
@@ -296,5 +313,7 @@ def _interval_record(comm: Communicator, task: TrainingTask, step: int, lr: floa
                               "per_rank_rate": float(slowest[0]), "ranks": comm.size}
     for i, key in enumerate(keys):
         record[key] = float(values[2 + i]) / comm.size
-    record["rank_busy_s"] = [float(v) for v in values[2 + len(keys):]]
+    ranks_end = 2 + len(keys) + comm.size
+    record["rank_busy_s"] = [float(v) for v in values[2 + len(keys):ranks_end]]
+    record["node_link_s"] = [float(v) for v in values[ranks_end:]]
     return record

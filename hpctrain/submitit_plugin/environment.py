@@ -15,11 +15,10 @@ from pathlib import Path
 from submitit.core.job_environment import JobEnvironment
 from submitit.core.utils import JobPaths
 
-from hpctrain.launch_env import LaunchEnv, detect_launch_env, scheduler_job_id, scheduler_nodes
+from hpctrain.launch_env import LaunchEnv, detect_launch_env, job_id_of, scheduler_job_id, scheduler_nodes
 from hpctrain.submitit_plugin.runner import (
     PAYLOAD_FILE,
     array_task_of,
-    job_id_of,
     log_name,
     result_name,
     stop_for_requeue,

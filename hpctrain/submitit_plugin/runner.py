@@ -27,8 +27,8 @@ from typing import Any, NoReturn
 from hpctrain.errors import RuntimeFailure
 from hpctrain.exit_codes import EXIT_ERROR, EXIT_REQUEUE, REQUEUE_MARKER
 from hpctrain.files import write_atomic
-from hpctrain.job_environment import first_value, job_environments
-from hpctrain.launch_env import detect_launch_env, scheduler_job_id
+from hpctrain.job_environment import job_environments
+from hpctrain.launch_env import detect_launch_env, job_id_of, restarts_of
 
 MODULE = "hpctrain.submitit_plugin.runner"
 PAYLOAD_FILE = "submitted.pkl"
@@ -55,26 +55,6 @@ def log_name(task: int, stream: str) -> str:
 def array_task_of(environ: Mapping[str, str]) -> tuple[str, str] | None:
     """(array job id, index) of this task from its scheduler's job environment, None outside an array."""
     return next((task for env in job_environments(environ) if (task := env.array_task(environ))), None)
-
-
-def job_id_of(environ: Mapping[str, str]) -> str:
-    """The scheduler's id of this job as hpctrain records it (``M_I`` for task I of Slurm array M)."""
-    for env in job_environments(environ):
-        task = env.array_task(environ)
-        if task is not None and env.array_id_format is not None:
-            return env.array_id_format.format(job=task[0], index=task[1])
-    return scheduler_job_id(environ) or environ.get("HPCTRAIN_LOCAL_JOB_ID") or "unknown"
-
-
-def restarts_of(environ: Mapping[str, str]) -> int:
-    """How many times this job was requeued (a scheduler that counts them says; the other back-ends' scripts pass
-    the count in HPCTRAIN_RESTART_COUNT)."""
-    for env in job_environments(environ):
-        value = first_value(environ, env.restart_count) or ""
-        if value.isdigit():
-            return int(value)
-    value = environ.get("HPCTRAIN_RESTART_COUNT", "")
-    return int(value) if value.isdigit() else 0
 
 
 class DelayedCall:

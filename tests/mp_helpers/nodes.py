@@ -30,8 +30,10 @@ def clean_environment(**extra: str) -> dict[str, str]:
 
 
 def run_on_nodes(argv: Sequence[str], nodes: int, per_node: int, node_dirs: Sequence[Path], *,
-                 timeout: float = 300, **extra: str) -> list[subprocess.CompletedProcess[str]]:
-    """Run ``argv`` as ``nodes`` x ``per_node`` ranks (rank = node * per_node + local rank); each rank's output."""
+                 timeout: float = 300, node_env: Sequence[dict[str, str]] = (),
+                 **extra: str) -> list[subprocess.CompletedProcess[str]]:
+    """Run ``argv`` as ``nodes`` x ``per_node`` ranks (rank = node * per_node + local rank); each rank's output.
+    ``node_env``: more variables per node (a launcher's per-node ones, such as Slurm's SLURMD_NODENAME)."""
     port = _free_port()
     procs = []
     for node in range(nodes):
@@ -40,6 +42,7 @@ def run_on_nodes(argv: Sequence[str], nodes: int, per_node: int, node_dirs: Sequ
             env.update(RANK=str(node * per_node + local), WORLD_SIZE=str(nodes * per_node), LOCAL_RANK=str(local),
                        LOCAL_WORLD_SIZE=str(per_node), GROUP_RANK=str(node), MASTER_ADDR="127.0.0.1",
                        MASTER_PORT=str(port), HPCTRAIN_NODE_LOCAL=str(node_dirs[node]))
+            env.update(node_env[node] if node < len(node_env) else {})
             procs.append(subprocess.Popen(list(argv), cwd=REPO, env=env, text=True, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
     results = []

@@ -1,6 +1,7 @@
 """Each rank's busy time per step over a logging interval — input plus compute, without the reduction wait and
 the stop vote — so that ``hpctrain report`` can show which rank the others wait for. The trainer adds one slot
-per rank to the interval's metrics all-reduce; rank 0 appends the row to ``RUN_DIR/rank_times.jsonl``.
+per rank to the interval's metrics all-reduce; rank 0 appends the row to ``RUN_DIR/rank_times.jsonl``. Beyond one
+node a row also holds each node's busy time (its slowest rank's) and link time (runtime/node_stats.py).
 """
 
 from __future__ import annotations
@@ -32,14 +33,19 @@ class RankTimes:
         self._total, self._count = total, count
         return busy
 
-    def write(self, step: int, busy: list[float]) -> None:
-        """Append one row (rank 0); a rank without a timed step is null."""
+    def write(self, step: int, busy: list[float], per_node: dict[str, list[float]] | None = None) -> None:
+        """Append one row (rank 0); a rank without a timed step is null. ``per_node``: more lists of seconds by
+        node index (``node_busy_s``, ``node_link_s``), kept the same way."""
         if self.path is None or all(math.isnan(b) for b in busy):
             return
-        row = {"step": step, "time": round(time.time(), 3),
-               "busy_s": [None if math.isnan(b) else float(f"{b:.{DIGITS}g}") for b in busy]}
+        row = {"step": step, "time": round(time.time(), 3), "busy_s": _kept(busy),
+               **{key: _kept(values) for key, values in (per_node or {}).items()}}
         try:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
         except OSError:
             pass  # advisory, like the profile: a full disk must not stop training
+
+
+def _kept(seconds: list[float]) -> list[float | None]:
+    return [None if math.isnan(s) else float(f"{s:.{DIGITS}g}") for s in seconds]

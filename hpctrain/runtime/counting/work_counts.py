@@ -111,7 +111,7 @@ class WorkCounts:
 # Labels the runtime gives its collectives -> what the record groups them under (first prefix that matches).
 CATEGORIES = (("bucket", "gradients"), ("dasgd", "gradients"), ("stop flag", "stop flag"), ("metrics", "metrics"),
               ("checkpoint", "checkpoint"), ("broadcast", "model broadcast"), ("check_sync", "check sync"),
-              ("data", "data"))
+              ("data", "data"), ("nodes", "nodes"))
 
 
 def category(label: str) -> str:
