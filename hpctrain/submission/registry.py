@@ -185,7 +185,8 @@ class RunRegistry:
             yield
 
     def _tables(self) -> set[str]:
-        return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table' UNION "
+                                               "SELECT name FROM sqlite_temp_master WHERE type = 'table'")}
 
     def _check_version(self, version: int) -> None:
         if version > SCHEMA_VERSION:
