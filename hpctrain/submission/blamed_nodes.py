@@ -24,7 +24,7 @@ def checked_node_name(name: str, flag: str) -> str:
     """``name`` when it can be a node's host name; else a ConfigError naming the flag."""
     if not is_node_name(name):
         raise ConfigError(f"{flag} {name!r}: not a node name (letters, digits and '-', in labels separated by '.')",
-                          key=flag, hint="name the node as the scheduler lists it, e.g. nid001234 or node03")
+                          hint="name the node as the scheduler lists it, e.g. nid001234 or node03")
     return name
 
 
