@@ -273,7 +273,11 @@ def _zero(path: Path) -> None:
 
 
 def _bit_flips(path: Path) -> None:
-    _flip(path, [4096 * 3 + 200, 4096 * 10 + 37, 4096 * 20 + 5])
+    # Past the tables' and indices' root pages (the schema's count of them) the pages hold the runs' rows.
+    con = sqlite3.connect(path)
+    roots = con.execute("SELECT MAX(rootpage) FROM sqlite_master").fetchone()[0]
+    con.close()
+    _flip(path, [4096 * 3 + 200, 4096 * (roots + 1) + 37, 4096 * (roots + 11) + 5])
 
 
 DAMAGE = {"garbage": _garbage, "truncated": _truncate, "dropped table": _drop_table, "zero length": _zero,

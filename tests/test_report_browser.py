@@ -92,7 +92,7 @@ def test_report_of_a_requeued_run_in_a_real_browser(requeued: dict[str, Any], tm
     assert errors == []
     found = {s["id"]: s for s in json.loads(sections)}
     assert list(found) == ["summary", "loss", "throughput", "step-time", "ranks", "plan", "checkpoints", "failure",
-                           "evaluation", "segmentation"]
+                           "nodes", "evaluation", "segmentation"]
     for name, s in found.items():
         assert s["text"] > 0 and s["height"] > 0, (name, s)
     for name in ("loss", "throughput", "step-time", "ranks", "plan"):

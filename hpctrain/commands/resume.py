@@ -1,4 +1,5 @@
-"""``hpctrain resume RUN [--nodes N] [--walltime T] [--queue Q]``: continue a stopped run from its checkpoint."""
+"""``hpctrain resume RUN [--nodes N] [--walltime T] [--queue Q] [--exclude NODE ...] [--include NODE ...]``: continue
+a stopped run from its checkpoint, off the nodes it blamed (and those remembered as bad on its site)."""
 
 from __future__ import annotations
 
@@ -16,22 +17,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--queue", default=None, help="queue of the continuation")
     parser.add_argument("--ssh-config", default=None, metavar="FILE",
                         help="ssh client config for a remote run (default: the one given at submit)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="NODE",
+                        help="keep the continuation off this node too (repeatable)")
+    parser.add_argument("--include", action="append", default=[], metavar="NODE",
+                        help="let the continuation use this node although the run (or the site) blamed it "
+                             "(repeatable)")
     parser.add_argument("--wait", action="store_true",
                         help="wait until the run ends; exit 0 if it completed, 5 if it did not")
     parser.set_defaults(handler=cmd_resume)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
+    import sys
+
     from hpctrain.exit_codes import EXIT_OK, EXIT_RUNTIME
     from hpctrain.submission.api import RunHandle
+    from hpctrain.submission.blamed_nodes import nodes_text
     from hpctrain.submission.registry import RunRegistry
     from hpctrain.submission.resume import resume_run
     from hpctrain.submission.transport import TransportPool
+    from hpctrain.text import printable
 
     pool = TransportPool()
     with RunRegistry() as registry:
         done = resume_run(registry, args.run, nodes=args.nodes, walltime=args.walltime, queue=args.queue,
-                          ssh_config=args.ssh_config, pool=pool)
+                          ssh_config=args.ssh_config, pool=pool, exclude=args.exclude, include=args.include)
+    if done.excluded:
+        print(printable(f"excluding nodes: {nodes_text(done.excluded)}"), file=sys.stderr)
     print(f"{done.run.run_id} {done.job_id} (continues from step {done.from_step} of {done.total_steps})")
     if not args.wait:
         return EXIT_OK

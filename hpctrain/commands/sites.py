@@ -1,4 +1,5 @@
-"""``hpctrain sites list|show|validate|discover``: the machines hpctrain knows and checks of new profile files."""
+"""``hpctrain sites list|show|validate|discover|forget-nodes``: the machines hpctrain knows, checks of new profile
+files, and the nodes remembered as bad on a site (blamed as failed by two of your runs there)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p_show.add_argument("site", help="site name or path to a YAML file")
     p_show.add_argument("--json", action="store_true")
     p_show.set_defaults(handler=cmd_show)
+
+    p_forget = sub.add_parser("forget-nodes", help="forget nodes remembered as bad on a site (all when none named)")
+    p_forget.add_argument("site", help="site name or path to a YAML file")
+    p_forget.add_argument("nodes", nargs="*", metavar="NODE", help="the nodes to forget (default: all)")
+    p_forget.set_defaults(handler=cmd_forget_nodes)
 
     p_val = sub.add_parser("validate", help="validate profile files (exit 2 on the first invalid one)")
     p_val.add_argument("paths", nargs="+", metavar="PATH")
@@ -67,10 +73,54 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     site = load_site(args.site)
     data = site.model_dump(mode="json", exclude_none=True)
+    remembered = _remembered(site.name)
     if args.json:
-        print_json(data)
+        print_json({**data, "remembered_nodes": remembered} if remembered else data)
     else:
         print(yaml.safe_dump(data, sort_keys=False).rstrip())
+        if remembered:
+            # YAML comments: the output still loads as the profile
+            print(f"# nodes remembered as bad on {site.name} (submit and resume keep jobs off them; "
+                  f"`hpctrain sites forget-nodes {site.name} [NODE ...]` forgets them):")
+            for entry in remembered:
+                for run in entry["runs"]:
+                    print(printable(f"#   {entry['node']}: run {run['run_id']}: {run['cause']}"))
+    return 0
+
+
+def _remembered(site: str) -> list[dict[str, object]]:
+    """The nodes remembered as bad on ``site``, each with the runs that blamed it and why."""
+    from hpctrain.submission.registry import RunRegistry
+
+    with RunRegistry(readonly=True) as registry:
+        found = registry.remembered_nodes(site)
+    return [{"node": node, "runs": [{"run_id": f.run_id, "cause": f.blame.cause, "source": f.blame.source,
+                                     "job": f.blame.job} for f in blames]}
+            for node, blames in found.items()]
+
+
+def cmd_forget_nodes(args: argparse.Namespace) -> int:
+    import sys
+
+    from hpctrain.config.site import load_site
+    from hpctrain.submission.blamed_nodes import checked_node_name
+    from hpctrain.submission.registry import RunRegistry
+
+    names = [checked_node_name(n, "NODE") for n in args.nodes]
+    try:
+        site = load_site(args.site).name
+    except ConfigError:
+        site = args.site  # a site whose profile is gone may still have remembered nodes
+    with RunRegistry() as registry:
+        forgotten = registry.forget_nodes(site, names)
+    not_remembered = [n for n in names if n not in forgotten]
+    if forgotten:
+        print(f"forgot {', '.join(forgotten)} on {site}: submit and resume may use them again")
+    else:
+        print(f"no node is remembered as bad on {site}" + (" among those named" if names else ""))
+    if not_remembered:
+        print(f"note: {', '.join(not_remembered)} {'was' if len(not_remembered) == 1 else 'were'} not remembered "
+              f"on {site}", file=sys.stderr)
     return 0
 
 

@@ -1,6 +1,8 @@
 """``hpctrain status [RUN...] [--json] [--watch]``: poll runs (one call per site and login node) and show them.
 
-Without RUN it shows the active runs (or the newest few when none is active). ``--watch`` redraws a table,
+Without RUN it shows the active runs (or the newest few when none is active). Under the table, a line per run
+that blamed nodes names the nodes its next attempt leaves out (and those it keeps: slow ones without spare nodes);
+a running run's reason names its stragglers as they appear. ``--watch`` redraws a table,
 polling every 2 s at first and backing off to 30 s while nothing changes; when its output is not a terminal
 it prints a plain table each time something changed. The exit status is 0, or the code of the first cause
 that kept a run from being polled (3 scheduler, 4 login node unreachable; see docs/submitting.md).
@@ -46,6 +48,23 @@ def rows_of(views: list[Any]) -> list[list[str]]:
     return rows
 
 
+def node_lines(views: list[Any]) -> list[str]:
+    """``RUN: excluded nodes: node03 (rank 2: killed by SIGKILL), ...`` per run that blamed nodes, and the blamed
+    nodes the next attempt keeps (slow ones where no spare node can take their place)."""
+    from hpctrain.submission.blamed_nodes import blame_words, nodes_text
+    from hpctrain.text import printable
+
+    lines = []
+    for v in views:
+        if v.left_out:
+            lines.append(printable(f"{v.run_id}: excluded nodes: {nodes_text(v.left_out)}"))
+        kept = {b.node: blame_words(b) for b in v.blamed if b.node not in v.left_out}
+        if kept:
+            lines.append(printable(f"{v.run_id}: blamed but not excluded (no spare node to take their place; "
+                                   f"set resources.spare_nodes): {nodes_text(kept)}"))
+    return lines
+
+
 def exit_status(views: list[Any]) -> int:
     """0, or the exit code of a poll error (the highest: an unreachable host over a scheduler failure)."""
     return max((v.poll_error_code or 1 for v in views if v.poll_error), default=0)
@@ -87,6 +106,8 @@ def cmd_status(args: argparse.Namespace) -> int:
                 print_json([v.as_dict() for v in views])
             elif views:
                 print_table(HEADERS, rows_of(views))
+                for line in node_lines(views):
+                    print(line)
             else:
                 print("no runs in the registry", file=sys.stderr)
             return exit_status(views)

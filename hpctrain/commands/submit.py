@@ -45,6 +45,13 @@ def cmd_submit(args: argparse.Namespace) -> int:
             nodes=args.nodes, walltime=args.walltime, queue=args.queue, array=args.array, after=args.after,
             run_root=args.run_root, dry_run=args.dry_run,
             command=shell_command(args.command) if args.command else None, registry=registry, pool=pool)
+    if done.excluded:
+        from hpctrain.submission.blamed_nodes import nodes_text
+        from hpctrain.text import printable
+
+        site = done.runs[0].site if done.runs else args.site
+        print(printable(f"leaving out nodes remembered as bad on site {site}: {nodes_text(done.excluded)} "
+                        f"(`hpctrain sites forget-nodes {site}` lets them in again)"), file=sys.stderr)
     if done.dry_run:
         if done.message:
             print(done.message, file=sys.stderr)

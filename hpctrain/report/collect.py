@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from hpctrain.nodes.blame import BLAME_FILE, Blame, parse_blames
 from hpctrain.run_files import (
     GIB,
     KIB,
@@ -47,6 +48,7 @@ ATTEMPTS_CAP = 64 * MIB  # attempts.jsonl: a line per attempt
 JSON_CAP = 64 * MIB  # profile.json, scores.json, checkpoints/manifest.json: read whole
 NODE_FILE_CAP = 16 * MIB  # each ranks/node-*.txt: a line per rank of the node, per attempt
 NOTE_BYTES = 4 * KIB  # failure.txt: its first line is the note
+BLAME_CAP = 16 * MIB  # blamed-nodes.jsonl: a line per blamed node
 # Interval records kept for the figures: above this many, an evenly spaced sample (every k-th, k a power of 2);
 # the figures draw at most figures.MAX_POINTS of them per line anyway.
 MAX_RECORDS = 10_000
@@ -170,6 +172,7 @@ class ReportData:
     attempts: int = 0  # attempts that wrote interval records (0: count those in ``records``)
     restarts: int = 0  # restarts found (``marks`` holds the first MAX_MARKS)
     intervals: int = 0  # interval records in metrics.jsonl (``records`` holds a sample above MAX_RECORDS)
+    blames: list[Blame] = field(default_factory=list)  # the nodes the run blamed (blamed-nodes.jsonl)
 
     @property
     def sample_unit(self) -> str:
@@ -472,6 +475,10 @@ def collect(directory: Path, facts: RunFacts, *, extra_dirs: tuple[Path, ...] = 
         problems.append(f"cannot read {FAILURE_FILE}: {exc.strerror}")
         note = None
     data.failure = (note or "").strip().splitlines()[0] if (note or "").strip() else ""
+    try:
+        data.blames = parse_blames(read_run_text(directory / BLAME_FILE, BLAME_CAP) or "")
+    except OSError as exc:
+        problems.append(f"cannot read {BLAME_FILE}: {exc.strerror}")
     for place in (directory, *extra_dirs):
         if data.scores is None:
             data.scores = read_json(place, SCORES_FILE, problems)

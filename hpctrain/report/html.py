@@ -12,12 +12,13 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
+from hpctrain.nodes.blame import rank_text
 from hpctrain.report import figures
 from hpctrain.report.collect import Mark, ReportData, score_rows
 from hpctrain.text import printable
 
-SECTIONS = ("summary", "loss", "throughput", "step-time", "ranks", "plan", "checkpoints", "failure", "evaluation",
-            "segmentation")
+SECTIONS = ("summary", "loss", "throughput", "step-time", "ranks", "plan", "checkpoints", "failure", "nodes",
+            "evaluation", "segmentation")
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:1.5em auto;max-width:70em;color:#222;
@@ -175,6 +176,14 @@ def failure_section(d: ReportData) -> str:
     return none(f"no failure: the run is {d.facts.state}")
 
 
+def nodes_section(d: ReportData) -> str:
+    if not d.blames:
+        return none("no node blamed: no node check, failure or straggler watch named one")
+    rows = [[b.node, b.kind, b.cause, rank_text(b.ranks) if b.ranks else "-", b.source or "-",
+             (f"job {b.job}" if b.job else "-") + f", restart {b.restart}"] for b in d.blames]
+    return table(["node", "kind", "cause", "ranks", "source", "attempt"], rows)
+
+
 def evaluation_section(d: ReportData) -> str:
     parts = []
     if d.final:
@@ -213,12 +222,12 @@ def segmentation_section(d: ReportData) -> str:
 
 TITLES = {"summary": "Run", "loss": "Loss and learning rate", "throughput": "Samples per second",
           "step-time": "Where a step's time goes", "ranks": "Busy time per rank", "plan": "Measured against the plan",
-          "checkpoints": "Checkpoints", "failure": "Failure", "evaluation": "Evaluation",
+          "checkpoints": "Checkpoints", "failure": "Failure", "nodes": "Nodes", "evaluation": "Evaluation",
           "segmentation": "Segmentation slices"}
 BUILDERS: dict[str, Callable[[ReportData], str]] = {
     "summary": summary, "loss": loss_section, "throughput": throughput_section, "step-time": step_section,
     "ranks": ranks_section, "plan": plan_section, "checkpoints": checkpoints_section, "failure": failure_section,
-    "evaluation": evaluation_section, "segmentation": segmentation_section}
+    "nodes": nodes_section, "evaluation": evaluation_section, "segmentation": segmentation_section}
 
 
 def page(d: ReportData, refresh_s: float | None = None) -> str:

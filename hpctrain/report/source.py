@@ -14,9 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.nodes.blame import BLAME_FILE
 from hpctrain.report.collect import (
     ATTEMPTS_CAP,
     ATTEMPTS_FILE,
+    BLAME_CAP,
     FAILURE_FILE,
     JOB_FILE,
     JSON_CAP,
@@ -34,7 +36,7 @@ from hpctrain.run_files import RunFileError, size_text
 from hpctrain.text import printable, printable_short
 
 FETCHED = (METRICS_FILE, ATTEMPTS_FILE, PROFILE_FILE, RANK_TIMES_FILE, FAILURE_FILE, JOB_FILE, SCORES_FILE,
-           "checkpoints/manifest.json")
+           "checkpoints/manifest.json", BLAME_FILE)
 # Shell patterns of more files, listed on the login node: the node files naming each rank's host, and label
 # volumes (an FFN run's segmentation).
 FETCHED_GLOBS = ("ranks/node-*.txt", "*segmentation*.h5")
@@ -44,7 +46,7 @@ PATH_MAX = 4096  # Linux's longest path: a longer RUN names no directory (and no
 # chunks to disk; the report reads three slices of it.
 FETCH_CAPS = {METRICS_FILE: LINES_CAP, RANK_TIMES_FILE: LINES_CAP, ATTEMPTS_FILE: ATTEMPTS_CAP,
               PROFILE_FILE: JSON_CAP, SCORES_FILE: JSON_CAP, FAILURE_FILE: JSON_CAP, JOB_FILE: JSON_CAP,
-              "checkpoints/manifest.json": JSON_CAP}
+              "checkpoints/manifest.json": JSON_CAP, BLAME_FILE: BLAME_CAP}
 # Each regular file listed as "SIZE MTIME NAME" (GNU stat, else BSD stat; "- -" when neither answers).
 _LIST = ("say() { [ -f \"$1\" ] || return 0; "
          "w=$(stat -L -c '%s %Y' -- \"$1\" 2>/dev/null || stat -L -f '%z %m' -- \"$1\" 2>/dev/null || echo '- -'); "

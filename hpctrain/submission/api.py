@@ -1,6 +1,7 @@
 """Submit a job to a site — on this login node, over ssh from a laptop, or on this machine (``local``).
 
-``submit_runs`` checks and registers; ``stage_and_submit`` is the one path from a checked spec to a job, used
+``submit_runs`` checks and registers (keeping the job off the nodes remembered as bad on the site);
+``stage_and_submit`` is the one path from a checked spec to a job, used
 by submit and resume alike: render, stage atomically beside the registry, copy into the run directory,
 submit, record (every failure after registration is recorded as a failed attempt). ``submit`` is the Python
 API and returns ``RunHandle`` objects with ``status()``, ``wait()``, ``logs()`` and ``cancel()``.
@@ -13,11 +14,12 @@ import shlex
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.errors import ConfigError, HpctrainError, SchedulerError
+from hpctrain.submission.blamed_nodes import remembered_words
 from hpctrain.submission.queue_limits import check_array_size, check_queued_jobs, check_usable_nodes
 from hpctrain.submission.registry import RunRegistry, new_run_id
 from hpctrain.submission.registry_rows import Run
@@ -126,6 +128,7 @@ class Submitted:
     script_path: str
     dry_run: bool = False
     message: str = ""
+    excluded: dict[str, str] = field(default_factory=dict)  # node -> why: remembered as bad on the site
 
 
 # --- submission ----------------------------------------------------------------------------------------------
@@ -165,6 +168,7 @@ def submit_runs(
 
     registry = registry or RunRegistry()
     pool = pool or TransportPool()
+    excluded = remembered_words(registry.remembered_nodes(site_profile.name))
     dependency = _dependency(registry, after, site_profile, remote) if after is not None else None
     # The back-end refuses what it cannot do (arrays on Cobalt, dependencies locally) before we register.
     scheduler.submit_argv("job.sh", dependency=dependency, array="0-0" if is_array else None)
@@ -182,7 +186,7 @@ def submit_runs(
 
     if dry_run:
         return _dry_run(jobs, site_profile, scheduler, transport, registry, root, base_id, python, command,
-                        is_array)
+                        is_array, excluded)
     check_queued_jobs(transport, site_profile, placement, len(jobs))
     check_usable_nodes(transport, site_profile, placement, job.resources.nodes)
 
@@ -190,9 +194,9 @@ def submit_runs(
     job_ids = stage_and_submit(registry, transport, site_profile, runs, jobs, kind="submit",
                                submit_dir=f"{root}/{base_id}" if is_array else runs[0].run_dir,
                                array=is_array, python=python, command=command, dependency=dependency,
-                               ssh_config=ssh_config, files=files)
+                               ssh_config=ssh_config, files=files, excluded_nodes=list(excluded))
     return Submitted([registry.get_run(r.run_id) for r in runs], list(job_ids),
-                     str(record_dir(registry, runs[0].run_id) / "job.sh"))
+                     str(record_dir(registry, runs[0].run_id) / "job.sh"), excluded=excluded)
 
 
 def _load(job: JobSpec | str | os.PathLike[str], site: SiteProfile | str | None, remote: str | None,
@@ -294,14 +298,14 @@ def _rank_command(site: SiteProfile, scheduler: Scheduler, python: str | None, c
 
 def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Scheduler, transport: Transport,
              registry: RunRegistry, root: str, base_id: str, python: str | None, command: list[str] | None,
-             is_array: bool) -> Submitted:
+             is_array: bool, excluded: dict[str, str]) -> Submitted:
     from hpctrain.config.job import dump_job
     from hpctrain.submission.render import render_script
 
     run_dir = f"{root}/{base_id}"
     cmd = _rank_command(site, scheduler, python, command, run_dir if is_array else None)
     rendered = render_script(jobs[0], site, run_dir=run_dir, spec_path=f"{run_dir}/job.yaml", python=python,
-                             command=cmd)
+                             command=cmd, excluded_nodes=list(excluded))
     stage = dry_run_dir(registry) / base_id
     write_record_file(stage / "job.sh", rendered.text, 0o755)
     for i, j in enumerate(jobs):
@@ -314,7 +318,7 @@ def _dry_run(jobs: list[JobSpec], site: SiteProfile, scheduler: Scheduler, trans
         if done.returncode != 0:
             raise SchedulerError(f"{shlex.join(test_argv[:-1])} refused the script on {transport.host}: "
                                  f"{_last(message)}", hint=f"the script is in {stage / 'job.sh'}")
-    return Submitted([], [], str(stage / "job.sh"), dry_run=True, message=message)
+    return Submitted([], [], str(stage / "job.sh"), dry_run=True, message=message, excluded=excluded)
 
 
 def _last(text: str) -> str:
@@ -326,19 +330,20 @@ def stage_and_submit(registry: RunRegistry, transport: Transport, site: SiteProf
                      jobs: list[JobSpec], *, kind: str, submit_dir: str, array: bool = False,
                      python: str | None = None, command: list[str] | None = None,
                      dependency: tuple[str, str] | None = None, ssh_config: str | None = None,
-                     remove: Sequence[str] = (), files: Sequence[Sequence[StagedFile]] = ()) -> list[str]:
+                     remove: Sequence[str] = (), files: Sequence[Sequence[StagedFile]] = (),
+                     excluded_nodes: Sequence[str] = ()) -> list[str]:
     """Render, stage, copy and submit the job of ``runs`` (with ``array``: one array job, a task per run);
     record each run's new job (``kind``: submit or resume) and return the job ids.
 
     The script lives in ``submit_dir`` (an array's own directory, else the run directory); the submit
     command runs there. ``remove``: file names deleted from the run directories first (what a previous job
     left that must not be read as this one's: its failure note). ``files[i]``: (local file, name) pairs copied
-    into ``runs[i]``'s directory with its spec. Any failure is recorded as a failed attempt of every run and
-    raised.
+    into ``runs[i]``'s directory with its spec. ``excluded_nodes``: nodes the job is kept off (``render_script``).
+    Any failure is recorded as a failed attempt of every run and raised.
     """
     try:
         return _stage_and_submit(registry, transport, site, runs, jobs, kind, submit_dir, array, python, command,
-                                 dependency, ssh_config, remove, files)
+                                 dependency, ssh_config, remove, files, excluded_nodes)
     except BaseException as exc:
         message = str(exc) if isinstance(exc, HpctrainError) else f"{type(exc).__name__}: {exc}"
         for run in runs:
@@ -354,7 +359,8 @@ def stage_and_submit(registry: RunRegistry, transport: Transport, site: SiteProf
 def _stage_and_submit(registry: RunRegistry, transport: Transport, site: SiteProfile, runs: list[Run],
                       jobs: list[JobSpec], kind: str, submit_dir: str, is_array: bool, python: str | None,
                       command: list[str] | None, dependency: tuple[str, str] | None, ssh_config: str | None,
-                      remove: Sequence[str], files: Sequence[Sequence[StagedFile]] = ()) -> list[str]:
+                      remove: Sequence[str], files: Sequence[Sequence[StagedFile]] = (),
+                      excluded_nodes: Sequence[str] = ()) -> list[str]:
     from hpctrain.config.job import dump_job
     from hpctrain.submission.render import python_for, render_script
     from hpctrain.submission.staging import pack_environment
@@ -362,7 +368,7 @@ def _stage_and_submit(registry: RunRegistry, transport: Transport, site: SitePro
     scheduler = get_scheduler(site.scheduler)
     cmd = _rank_command(site, scheduler, python, command, submit_dir if is_array else None)
     rendered = render_script(jobs[0], site, run_dir=submit_dir, spec_path=f"{runs[0].run_dir}/job.yaml",
-                             python=python, command=cmd)
+                             python=python, command=cmd, excluded_nodes=excluded_nodes)
     # A job that stages its Python environment reads it packed, where the script runs (reused while unchanged).
     pack_environment(transport, jobs[0], site, python_for(site, python), lambda p: _expand_home(transport, p))
     # Stage locally (atomic writes), then copy into the run directories (atomic on the other side too).
@@ -373,7 +379,8 @@ def _stage_and_submit(registry: RunRegistry, transport: Transport, site: SitePro
         write_record_file(rec / "job.yaml", dump_job(j))
         write_record_file(rec / SITE_FILE, site_text)
         meta = RunMeta(scheduler=scheduler.name, ssh_config=ssh_config, total_steps=j.train.steps,
-                       max_requeues=j.checkpoint.max_requeues, no_requeue=rendered.placement.no_requeue_reason)
+                       max_requeues=j.checkpoint.max_requeues, no_requeue=rendered.placement.no_requeue_reason,
+                       spare_nodes=j.resources.spare_nodes)
         write_record_file(rec / META_FILE, meta.to_json())
         staged.append((rec / "job.yaml", f"{run.run_dir}/job.yaml"))
     for run, extra in zip(runs, files or [()] * len(runs), strict=True):

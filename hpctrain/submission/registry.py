@@ -1,4 +1,5 @@
-"""The run registry: which runs exist, each run's chain of scheduler submissions, states and checkpoints.
+"""The run registry: which runs exist, each run's chain of scheduler submissions, states, checkpoints and the
+nodes it blamed (and, from those, the nodes remembered as bad per site).
 
 SQLite in WAL mode, one file per user (``$HPCTRAIN_REGISTRY``, else ``$HPCTRAIN_HOME/registry.db``, else
 ``~/.local/share/hpctrain/registry.db``); many hpctrain processes may read and write it at once.
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from hpctrain.errors import HpctrainError, UnknownRun
+from hpctrain.nodes.blame import Blame
 from hpctrain.submission.registry_db import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -31,19 +33,23 @@ from hpctrain.submission.registry_db import (
     registry_error,
     registry_file_exists,
     schema_statements,
+    temporary_added_tables,
 )
 from hpctrain.submission.registry_rows import (
     ACTIVE_STATES,
     CREATED,
     DECODERS,
     ENDED_STATES,
+    RUN_TABLES,
     SUBMISSION_KINDS,
     SUBMIT_FAILED,
     TABLES,
     BadRow,
+    BlamedNode,
     CheckpointRecord,
     Run,
     Submission,
+    decode_blame,
     decode_checkpoint,
     decode_run,
     decode_submission,
@@ -179,7 +185,8 @@ class RunRegistry:
             yield
 
     def _tables(self) -> set[str]:
-        return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table' UNION "
+                                               "SELECT name FROM sqlite_temp_master WHERE type = 'table'")}
 
     def _check_version(self, version: int) -> None:
         if version > SCHEMA_VERSION:
@@ -202,6 +209,8 @@ class RunRegistry:
             for statement in schema_statements():
                 self._db.execute(statement)
             return
+        for statement in temporary_added_tables(version):
+            self._db.execute(statement)
         self._check_tables()
 
     def _migrate(self) -> None:
@@ -434,6 +443,60 @@ class RunRegistry:
         rows = self._db.execute("SELECT * FROM checkpoints WHERE run_id = ? ORDER BY step", (run_id,))
         return self._decoded(rows, decode_checkpoint, "checkpoint")
 
+    # --- blamed nodes ------------------------------------------------------------------------------------------
+
+    def record_blames(self, run_id: str, blames: Iterable[Blame]) -> list[Blame]:
+        """Keep the blames of a run's ``blamed-nodes.jsonl`` (one transaction); a blame already kept (same node,
+        kind, source, job and restart) is not kept twice. Returns the ones new to the registry."""
+        blames = list(blames)
+        if not blames:
+            return []
+        now = _now()
+        new: list[Blame] = []
+        with self._write() as db:
+            for b in blames:
+                db.execute("INSERT OR IGNORE INTO blamed_nodes (run_id, node, kind, source, job, restart, cause, ranks,"
+                           " time, recorded) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                           (run_id, b.node, b.kind, b.source, b.job, b.restart, b.cause, json.dumps(list(b.ranks)),
+                            b.time, now))
+                if db.execute("SELECT changes()").fetchone()[0]:
+                    new.append(b)
+        return new
+
+    def blames(self, run_id: str) -> list[Blame]:
+        """The nodes a run blamed, in the order they were blamed."""
+        rows = self._db.execute("SELECT * FROM blamed_nodes WHERE run_id = ? ORDER BY time, rowid", (run_id,))
+        return [found.blame for found in self._decoded(rows, decode_blame, "blamed node")]
+
+    def remembered_nodes(self, site: str) -> dict[str, list[BlamedNode]]:
+        """The nodes remembered as bad on ``site``: node -> its failed blames (the first of each run), for every
+        node blamed as failed in two or more runs of the site since a person last made the registry forget it."""
+        rows = self._db.execute(
+            "SELECT b.* FROM blamed_nodes b JOIN runs r ON r.run_id = b.run_id"
+            " LEFT JOIN forgotten_nodes f ON f.site = r.site AND f.node = b.node"
+            " WHERE r.site = ? AND b.kind = 'failed' AND (f.forgotten IS NULL OR b.recorded > f.forgotten)"
+            " ORDER BY b.node, b.time, b.rowid", (site,))
+        by_node: dict[str, dict[str, BlamedNode]] = {}
+        for found in self._decoded(rows, decode_blame, "blamed node"):
+            by_node.setdefault(found.blame.node, {}).setdefault(found.run_id, found)
+        return {node: list(runs.values()) for node, runs in by_node.items() if len(runs) >= 2}
+
+    def forget_nodes(self, site: str, nodes: Iterable[str] = ()) -> list[str]:
+        """Forget the blames of ``nodes`` (all nodes any run of the site blamed, when none are named) as far as the
+        site's memory goes: from now on only new blames count. Returns the nodes that were remembered."""
+        remembered = self.remembered_nodes(site)
+        names = list(dict.fromkeys(nodes))
+        if not names:
+            rows = self._db.execute("SELECT DISTINCT b.node FROM blamed_nodes b JOIN runs r ON r.run_id = b.run_id"
+                                    " WHERE r.site = ?", (site,))
+            names = [str(row[0]) for row in rows]
+        now = _now()
+        with self._write() as db:
+            for node in names:
+                db.execute("INSERT OR REPLACE INTO forgotten_nodes (site, node, forgotten) VALUES (?,?,?)",
+                           (site, node, now))
+        return [node for node in names if node in remembered]
+
     # --- housekeeping -------------------------------------------------------------------------------------
 
     def integrity_problems(self) -> list[str]:
@@ -469,14 +532,15 @@ class RunRegistry:
         return [r for r in runs if r.run_id in chosen]
 
     def delete_runs(self, run_ids: Iterable[str]) -> int:
-        """Remove runs with their submissions and checkpoint records (one transaction); returns how many."""
+        """Remove runs with their submissions, checkpoint records and blamed nodes (one transaction); returns how
+        many."""
         ids = list(dict.fromkeys(run_ids))
         if not ids:
             return 0
         marks = ",".join("?" * len(ids))
         with self._write() as db:
-            db.execute(f"DELETE FROM checkpoints WHERE run_id IN ({marks})", ids)
-            db.execute(f"DELETE FROM submissions WHERE run_id IN ({marks})", ids)
+            for table in RUN_TABLES:
+                db.execute(f"DELETE FROM {table} WHERE run_id IN ({marks})", ids)
             before = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
             db.execute(f"DELETE FROM runs WHERE run_id IN ({marks})", ids)
             after = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 from hpctrain.errors import HpctrainError
 from hpctrain.files import atomic_path, kind_of
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 _SCHEMA_V1 = """
@@ -63,8 +63,44 @@ CREATE TABLE checkpoints (
 );
 """
 
+# Version 2: the nodes each run blamed (its blamed-nodes.jsonl as polled) and the marks of a person's "forget these
+# nodes" per site (a node is remembered for a site from failed blames in two runs recorded after its mark).
+_SCHEMA_V2 = """
+CREATE TABLE blamed_nodes (
+    run_id   TEXT NOT NULL REFERENCES runs(run_id),
+    node     TEXT NOT NULL,
+    kind     TEXT NOT NULL,
+    source   TEXT NOT NULL,
+    job      TEXT NOT NULL,
+    restart  INTEGER NOT NULL,
+    cause    TEXT NOT NULL,
+    ranks    TEXT NOT NULL DEFAULT '[]',
+    time     REAL NOT NULL,
+    recorded TEXT NOT NULL,
+    PRIMARY KEY (run_id, node, kind, source, job, restart)
+);
+CREATE INDEX blamed_nodes_node ON blamed_nodes(node, kind);
+CREATE TABLE forgotten_nodes (
+    site      TEXT NOT NULL,
+    node      TEXT NOT NULL,
+    forgotten TEXT NOT NULL,
+    PRIMARY KEY (site, node)
+);
+"""
+
+
+
+def _statements(script: str) -> list[str]:
+    return [s for s in script.split(";") if s.strip()]
+
+
+def _add_node_tables(con: sqlite3.Connection) -> None:
+    for statement in _statements(_SCHEMA_V2):
+        con.execute(statement)
+
+
 # version N -> function bringing a version-N database to N+1 (run inside the write transaction).
-MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {}
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {1: _add_node_tables}
 
 
 class RegistryLocked(HpctrainError):
@@ -195,7 +231,14 @@ def connect_read_only(path: Path, timeout: float) -> sqlite3.Connection:
 
 def schema_statements() -> list[str]:
     """The statements that create the current schema's tables and indices."""
-    return [s for s in _SCHEMA_V1.split(";") if s.strip()]
+    return _statements(_SCHEMA_V1) + _statements(_SCHEMA_V2)
+
+
+def temporary_added_tables(version: int) -> list[str]:
+    """The statements creating, as empty TEMP tables, those a registry of schema ``version`` lacks: a read-only
+    connection cannot migrate the file, and an older file has no rows in them."""
+    added = _statements(_SCHEMA_V2) if version < 2 else []
+    return [s.replace("CREATE TABLE", "CREATE TEMP TABLE", 1) for s in added if "CREATE TABLE" in s]
 
 
 def create_database(path: Path) -> None:

@@ -18,12 +18,14 @@ from pathlib import Path
 from hpctrain.errors import HpctrainError
 from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.registry_db import RegistryDamaged, create_database, registry_file_exists
-from hpctrain.submission.registry_rows import COLUMNS, DECODERS, TABLES, BadRow, decode_overrides
+from hpctrain.submission.registry_rows import COLUMNS, DECODERS, RUN_TABLES, TABLES, BadRow, decode_overrides
 
 # Rows probed one by one past a damaged spot before a table's remaining rows are given up.
 PROBE_WINDOW = 1000
 # Damaged spots stepped over in one table before giving up on it.
 MAX_DAMAGED_SPOTS = 64
+# Tables a registry of schema version 1 does not have: a damaged file without them lost nothing there.
+NODE_TABLES = ("blamed_nodes", "forgotten_nodes")
 
 
 @dataclass
@@ -48,7 +50,8 @@ class RepairReport:
         """A few lines for the terminal."""
         if not self.repaired:
             return f"the run registry {self.path} is healthy: nothing to repair"
-        kept = ", ".join(f"{self.kept.get(t, 0)} {t}" for t in TABLES)
+        # The tables of blamed nodes are named only where they held rows (most registries have none).
+        kept = ", ".join(f"{self.kept.get(t, 0)} {t}" for t in TABLES if t not in NODE_TABLES or self.kept.get(t))
         dropped = ", ".join(f"{n} {t}" for t, n in self.dropped.items() if n) or "nothing"
         first = " ".join(self.problems[0].split())
         lines = [f"the run registry {self.path} was damaged: {first}",
@@ -123,6 +126,8 @@ def _salvage_all(work: Path, report: RepairReport) -> dict[str, list[dict[str, o
         for table in TABLES:
             rows, spots, why = _salvage(con, table, list(COLUMNS[table]))
             salvaged[table] = rows
+            if why and table in NODE_TABLES and "no such table" in why:
+                continue
             if why:
                 report.note(f"{table}: {why}")
             elif spots:
@@ -202,7 +207,7 @@ def _fill(fresh: Path, salvaged: dict[str, list[dict[str, object]]], report: Rep
             report.kept[table], report.dropped[table] = kept, dropped
         # Rows whose run was lost cannot be shown or used: they go too; array links to lost runs are cut.
         con.execute("UPDATE runs SET array_parent = NULL WHERE array_parent NOT IN (SELECT run_id FROM runs)")
-        for table in ("submissions", "checkpoints"):
+        for table in RUN_TABLES:
             orphans = con.execute(f"DELETE FROM {table} WHERE run_id NOT IN (SELECT run_id FROM runs)").rowcount
             if orphans:
                 report.kept[table] -= orphans

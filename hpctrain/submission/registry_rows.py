@@ -1,5 +1,5 @@
-"""The run registry's records: runs, their submissions and checkpoints as read from its rows, and the checks
-that turn a row whose values are not what the schema promises (a damaged or hand-edited file) into ``BadRow``.
+"""The run registry's records: runs, their submissions, checkpoints and blamed nodes as read from its rows, and the
+checks that turn a row whose values are not what the schema promises (a damaged or hand-edited file) into ``BadRow``.
 """
 
 from __future__ import annotations
@@ -9,9 +9,12 @@ import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from hpctrain.nodes.blame import KINDS, Blame
 from hpctrain.submission.schedulers.state import JobState
 
-TABLES = ("runs", "submissions", "checkpoints")
+TABLES = ("runs", "submissions", "checkpoints", "blamed_nodes", "forgotten_nodes")
+# Tables of rows that belong to one run (deleted with it, dropped by a repair when their run is lost).
+RUN_TABLES = ("submissions", "checkpoints", "blamed_nodes")
 SUBMISSION_KINDS = ("submit", "requeue", "resubmit", "resume")
 # Run states besides JobState values: nothing submitted yet, or every submission attempt failed.
 CREATED = "created"
@@ -84,7 +87,11 @@ _SUBMISSION_COLUMNS = {"run_id": _TEXT, "seq": _INT, "job_id": _OPT_TEXT, "kind"
                        "ok": _INT, "error": _OPT_TEXT, "state": _OPT_TEXT, "state_reason": _TEXT,
                        "exit_code": _OPT_INT, "restart_count": _INT, "updated_at": _OPT_TEXT}
 _CHECKPOINT_COLUMNS = {"run_id": _TEXT, "step": _INT, "path": _TEXT, "created": _TEXT}
-COLUMNS = {"runs": _RUN_COLUMNS, "submissions": _SUBMISSION_COLUMNS, "checkpoints": _CHECKPOINT_COLUMNS}
+_BLAME_COLUMNS = {"run_id": _TEXT, "node": _TEXT, "kind": _TEXT, "source": _TEXT, "job": _TEXT, "restart": _INT,
+                  "cause": _TEXT, "ranks": _TEXT, "time": (float, int), "recorded": _TEXT}
+_FORGOTTEN_COLUMNS = {"site": _TEXT, "node": _TEXT, "forgotten": _TEXT}
+COLUMNS = {"runs": _RUN_COLUMNS, "submissions": _SUBMISSION_COLUMNS, "checkpoints": _CHECKPOINT_COLUMNS,
+           "blamed_nodes": _BLAME_COLUMNS, "forgotten_nodes": _FORGOTTEN_COLUMNS}
 
 
 def _checked(row: Mapping[str, object] | sqlite3.Row, columns: Mapping[str, tuple[type, ...]]) -> dict[str, object]:
@@ -131,8 +138,40 @@ def decode_checkpoint(row: Mapping[str, object] | sqlite3.Row) -> CheckpointReco
     return CheckpointRecord(v["run_id"], v["step"], v["path"], v["created"])  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True)
+class BlamedNode:
+    """A node a run blamed, as the registry keeps it: the blame and when a poll first recorded it."""
+
+    run_id: str
+    blame: Blame
+    recorded: str
+
+
+def decode_blame(row: Mapping[str, object] | sqlite3.Row) -> BlamedNode:
+    """A blamed_nodes row as a BlamedNode; BadRow when a value is not of its column's type."""
+    v = _checked(row, _BLAME_COLUMNS)
+    try:
+        ranks = json.loads(v["ranks"])  # type: ignore[arg-type]
+    except (ValueError, RecursionError):
+        ranks = None
+    if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise BadRow("ranks is not a list of rank numbers")
+    if v["kind"] not in KINDS:
+        raise BadRow(f"kind {v['kind']!r} is not a kind of blame")
+    blame = Blame(node=v["node"], cause=v["cause"], kind=v["kind"], ranks=tuple(ranks),  # type: ignore[arg-type]
+                  source=v["source"], job=v["job"], restart=v["restart"], time=float(v["time"]))  # type: ignore[arg-type]
+    return BlamedNode(v["run_id"], blame, v["recorded"])  # type: ignore[arg-type]
+
+
+def decode_forgotten(row: Mapping[str, object] | sqlite3.Row) -> tuple[str, str, str]:
+    """A forgotten_nodes row as (site, node, when); BadRow when a value is not text."""
+    v = _checked(row, _FORGOTTEN_COLUMNS)
+    return v["site"], v["node"], v["forgotten"]  # type: ignore[return-value]
+
+
 DECODERS: dict[str, Callable[[Mapping[str, object] | sqlite3.Row], object]] = {
-    "runs": decode_run, "submissions": decode_submission, "checkpoints": decode_checkpoint}
+    "runs": decode_run, "submissions": decode_submission, "checkpoints": decode_checkpoint,
+    "blamed_nodes": decode_blame, "forgotten_nodes": decode_forgotten}
 
 
 def row_name(row: Mapping[str, object] | sqlite3.Row) -> str:

@@ -3,26 +3,35 @@
 Used by ``hpctrain resume RUN`` from the login node or a laptop (the same transport as ``submit``, and the same
 ``stage_and_submit`` path, with the site profile recorded at submit). It refuses a run that is still active,
 one without a checkpoint, and one whose newest checkpoint is its last step; the new job is recorded in the
-run's chain as kind ``resume``.
+run's chain as kind ``resume``. The new job is kept off the nodes the run blamed that its next attempt leaves out,
+the nodes remembered as bad on its site and the nodes named with ``exclude``, less those named with ``include``.
 """
 
 from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hpctrain.checkpoint.manifest import MANIFEST, newest_step
 from hpctrain.errors import CheckpointError, ConfigError, SchedulerError, TransportError
 from hpctrain.exit_codes import EXIT_TRANSPORT
 from hpctrain.submission.api import stage_and_submit
+from hpctrain.submission.blamed_nodes import (
+    checked_node_name,
+    excluded_nodes,
+    left_out_by_run,
+    remembered_words,
+    usable_node_names,
+)
 from hpctrain.submission.failure import NOTE_FILES
 from hpctrain.submission.queue_limits import check_queued_jobs, check_usable_nodes
 from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.registry_rows import Run
 from hpctrain.submission.run_record import SITE_FILE, read_meta, record_dir, run_site
-from hpctrain.submission.schedulers.base import place
+from hpctrain.submission.schedulers.base import get_scheduler, place
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
 
@@ -33,12 +42,14 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Resumed:
-    """What ``resume_run`` submitted: the run, the new job id and the step it will continue from."""
+    """What ``resume_run`` submitted: the run, the new job id, the step it will continue from and the nodes the
+    new job is kept off (node -> why)."""
 
     run: Run
     job_id: str
     from_step: int
     total_steps: int
+    excluded: dict[str, str] = field(default_factory=dict)
 
 
 def checkpoint_dir(job: JobSpec, run_dir: str) -> str:
@@ -90,9 +101,13 @@ def _spec_of(registry: RunRegistry, run: Run, nodes: int | None, walltime: str |
 
 def resume_run(registry: RunRegistry, run_ref: str, *, nodes: int | None = None, walltime: str | None = None,
                queue: str | None = None, ssh_config: str | None = None,
-               pool: TransportPool | None = None) -> Resumed:
+               pool: TransportPool | None = None, exclude: Sequence[str] = (),
+               include: Sequence[str] = ()) -> Resumed:
     """Submit a continuation of ``run_ref`` in its own run directory; see the module docstring."""
     pool = pool or TransportPool()
+    for flag, names in (("--exclude", exclude), ("--include", include)):
+        for name in names:
+            checked_node_name(name, flag)  # before anything is asked of the run's machine
     run = registry.get_run(run_ref)
     cfg = ssh_config or read_meta(registry, run).ssh_config
     view = poll_runs(registry, [run], pool, progress=False, ssh_config=cfg)[0]
@@ -106,6 +121,7 @@ def resume_run(registry: RunRegistry, run_ref: str, *, nodes: int | None = None,
                              hint=f"wait for it to end, or `hpctrain cancel {run.run_id}` first")
     job = _spec_of(registry, run, nodes, walltime, queue)
     site = run_site(registry, run)
+    excluded = nodes_kept_off(registry, run, job.resources.spare_nodes, site.scheduler, exclude, include)
     transport = pool.get(run.remote, cfg)
     ckpt_dir = checkpoint_dir(job, run.run_dir)
     step = newest_checkpoint_step(transport, ckpt_dir)
@@ -125,5 +141,22 @@ def resume_run(registry: RunRegistry, run_ref: str, *, nodes: int | None = None,
     # the previous job's failure note goes, so that this job's status is not read from it.
     (job_id,) = stage_and_submit(registry, transport, site, [run], [job], kind="resume", submit_dir=run.run_dir,
                                  python=sys.executable if run.remote is None else None, ssh_config=cfg,
-                                 remove=list(NOTE_FILES))
-    return Resumed(registry.get_run(run.run_id), job_id, step, job.train.steps)
+                                 remove=list(NOTE_FILES), excluded_nodes=list(excluded))
+    return Resumed(registry.get_run(run.run_id), job_id, step, job.train.steps, excluded)
+
+
+def nodes_kept_off(registry: RunRegistry, run: Run, spare_nodes: int, scheduler_name: str, exclude: Sequence[str],
+                   include: Sequence[str]) -> dict[str, str]:
+    """node -> why, for the nodes a continuation of ``run`` is kept off; a warning where the scheduler cannot keep
+    a job off named nodes and the job has no spare node for the node check to put in their place."""
+    from hpctrain.config.preflight import warn
+
+    by_run = left_out_by_run(usable_node_names(registry.blames(run.run_id)), spare_nodes)
+    remembered = remembered_words(registry.remembered_nodes(run.site))
+    excluded = excluded_nodes(by_run, remembered, exclude, include)
+    scheduler = get_scheduler(scheduler_name)
+    if excluded and not scheduler.excludes_nodes and spare_nodes == 0:
+        warn([f"{scheduler.name} cannot keep a job off named nodes: the scheduler may give "
+              f"{', '.join(excluded)} to the continuation again; set resources.spare_nodes in the job spec so that "
+              "the node check can train on other nodes"])
+    return excluded

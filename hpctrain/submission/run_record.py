@@ -2,7 +2,7 @@
 
 ``<registry dir>/runs/RUN_ID/`` holds what was submitted — ``job.yaml``, ``job.sh``, the resolved site profile
 ``site.yaml`` (so ``resume``/``status``/``cancel`` never need the profile file or name again), ``submit.json``
-(scheduler, ssh config, step count, requeue budget) — and ``progress.json``, the newest metrics record any
+(scheduler, ssh config, step count, requeue budget, spare nodes) — and ``progress.json``, the newest metrics record any
 poll saw and whether it was read after the job ended (so ``hpctrain runs`` shows the progress of runs that have
 ended).
 """
@@ -52,6 +52,7 @@ class RunMeta:
     total_steps: int | None = None
     max_requeues: int | None = None
     no_requeue: str | None = None
+    spare_nodes: int = 0  # nodes asked for beyond the training nodes (a slow node can be left out then)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)

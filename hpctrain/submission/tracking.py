@@ -2,8 +2,8 @@
 
 The call is one small ``sh`` script that runs the back-end's status probes along its fallback chains (Slurm:
 ``sacct`` else ``sacct -c``, then ``squeue`` else ``scontrol``; local: the local controller), and reads the
-end of every run's ``metrics.jsonl``, its exit records and its failure note, so a poll over ssh costs one
-round trip. Nothing here knows a scheduler by name: the back-end declares its probes and their parsers.
+end of every run's ``metrics.jsonl``, its exit records, its failure note and the nodes it blamed, so a poll over
+ssh costs one round trip. Nothing here knows a scheduler by name: the back-end declares its probes and their parsers.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 from hpctrain.errors import HpctrainError, TransportError
 from hpctrain.exit_codes import EXIT_REQUEUE, EXIT_SCHEDULER, EXIT_TRANSPORT
+from hpctrain.nodes.blame import BLAME_FILE, Blame, parse_blames
 from hpctrain.submission.failure import FAILURE_FILE, read_failure
 from hpctrain.submission.marked_sections import split_marked_sections
 from hpctrain.submission.registry import RunRegistry
@@ -32,6 +33,9 @@ METRICS_FILE = "metrics.jsonl"
 STATUS_TIMEOUT_S = 60.0
 EXIT_RECORD_LINES = 64  # the end of a run's EXIT_LOG read per poll: 2 lines per job of its chain
 FAILURE_BYTES = 2048  # a failure note is one line; read no more of it
+# The most read of a run's blamed-nodes.jsonl per poll: a line per blamed node (under 3.5 kB each), so this holds
+# the blames of every node of a big job; a line cut at the end is skipped.
+BLAME_BYTES = 256 * 1024
 # The most read of the end of a metrics file or an exit log per poll: a last line longer than that is no record
 # (it is skipped), and a run directory's files never make a poll's answer big.
 TAIL_BYTES = 64 * 1024
@@ -102,11 +106,12 @@ def combine(job_ids: Iterable[str], accounting: Mapping[str, JobStatus] | None,
 
 
 def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Sequence[str],
-                 records: Sequence[str] = (), notes: Sequence[str] = ()) -> str:
+                 records: Sequence[str] = (), notes: Sequence[str] = (), blames: Sequence[str] = ()) -> str:
     """One POSIX sh script: each chain's commands (``a || b``) with their stdout/stderr/exit status
     between markers, then the last line of each file in ``tails``, the last EXIT_RECORD_LINES lines of each
-    file in ``records`` (of their last TAIL_BYTES) and the first FAILURE_BYTES of each file in ``notes``. Only
-    regular files are read: a FIFO would block the poll, a device (a link to /dev/zero) would never end."""
+    file in ``records`` (of their last TAIL_BYTES), the first FAILURE_BYTES of each file in ``notes`` and the
+    first BLAME_BYTES of each file in ``blames``. Only regular files are read: a FIFO would block the poll, a
+    device (a link to /dev/zero) would never end."""
     lines = [
         't=$(mktemp 2>/dev/null || echo "/tmp/hpctrain-status.$$")',
         f"sec() {{ printf '\\n{POLL_MARK} %s\\n' \"$*\"; }}",
@@ -125,6 +130,9 @@ def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Seque
     for i, path in enumerate(notes):
         q = shlex.quote(path)
         lines.append(f"sec note{i} out; [ -f {q} ] && head -c {FAILURE_BYTES} -- {q} 2>/dev/null")
+    for i, path in enumerate(blames):
+        q = shlex.quote(path)
+        lines.append(f"sec blame{i} out; [ -f {q} ] && head -c {BLAME_BYTES} -- {q} 2>/dev/null")
     lines.append('rm -f "$t"; sec end')
     return "\n".join(lines) + "\n"
 
@@ -132,7 +140,8 @@ def batch_script(chains: Sequence[Sequence[tuple[str, list[str]]]], tails: Seque
 @dataclass(frozen=True)
 class GroupPoll:
     """The answer of one batched poll: job statuses (None when nothing answered), last metrics lines, the
-    exit records and failure notes of the run directories asked for; ``error_code`` fits ``error``."""
+    exit records, failure notes and blamed nodes of the run directories asked for; ``error_code`` fits
+    ``error``."""
 
     statuses: dict[str, JobStatus] | None
     metrics: dict[str, dict[str, Any] | None]
@@ -141,16 +150,18 @@ class GroupPoll:
     records: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # record path -> its JSON lines
     notes: dict[str, str] = field(default_factory=dict)  # failure-note path -> its line ('' when none)
     error_code: int = 0
+    blames: dict[str, list[Blame]] = field(default_factory=dict)  # blamed-nodes.jsonl path -> its blames
 
 
 def poll_scheduler(transport: Transport, scheduler: Scheduler, jobs: Mapping[str, str],
                    metrics_paths: Sequence[str] = (), *, record_paths: Sequence[str] = (),
-                   note_paths: Sequence[str] = (), timeout: float = STATUS_TIMEOUT_S) -> GroupPoll:
+                   note_paths: Sequence[str] = (), blame_paths: Sequence[str] = (),
+                   timeout: float = STATUS_TIMEOUT_S) -> GroupPoll:
     """Status of ``jobs`` (job id -> run directory), the last metrics record of each path, the exit records
-    (EXIT_LOG files) and failure notes asked for, in ONE ``transport.run``."""
+    (EXIT_LOG files), failure notes and blamed-node files asked for, in ONE ``transport.run``."""
     chains: list[list[StatusProbe]] = scheduler.status_probes(jobs) if jobs else []
     names = [[(f"p{c}_{i}", probe.argv) for i, probe in enumerate(chain)] for c, chain in enumerate(chains)]
-    script = batch_script(names, list(metrics_paths), list(record_paths), list(note_paths))
+    script = batch_script(names, list(metrics_paths), list(record_paths), list(note_paths), list(blame_paths))
     try:
         done = run_script(transport, script, timeout=timeout)
     except TransportError as exc:
@@ -191,7 +202,9 @@ def poll_scheduler(transport: Transport, scheduler: Scheduler, jobs: Mapping[str
                                                          + "; ".join(errors))
     records = {path: json_lines(sections.get(f"rec{i}", {}).get("out", "")) for i, path in enumerate(record_paths)}
     notes = {path: read_failure(sections.get(f"note{i}", {}).get("out", "")) for i, path in enumerate(note_paths)}
-    return GroupPoll(statuses, metrics, error, tuple(sources), records, notes, EXIT_SCHEDULER if error else 0)
+    blames = {path: parse_blames(sections.get(f"blame{i}", {}).get("out", "")) for i, path in enumerate(blame_paths)}
+    return GroupPoll(statuses, metrics, error, tuple(sources), records, notes, EXIT_SCHEDULER if error else 0,
+                     blames)
 
 
 def last_json_record(text: str) -> dict[str, Any] | None:
@@ -438,9 +451,13 @@ def _poll_once(registry: RunRegistry, runs: Sequence[Run], pool: TransportPool, 
             continue
         exit_logs = {job: f"{run.run_dir}/{EXIT_LOG}" for job, run in active.items()}
         notes = {job: f"{run.run_dir}/{FAILURE_FILE}" for job, run in active.items()}
+        blamed = {job: f"{run.run_dir}/{BLAME_FILE}" for job, run in active.items()}
         result = poll_scheduler(pool.get(group.remote, group.ssh_config), group.scheduler,
                                 {job: run.run_dir for job, run in active.items()}, list(paths.values()),
-                                record_paths=list(exit_logs.values()), note_paths=list(notes.values()))
+                                record_paths=list(exit_logs.values()), note_paths=list(notes.values()),
+                                blame_paths=list(blamed.values()))
+        for job, path in blamed.items():
+            registry.record_blames(active[job].run_id, result.blames.get(path, []))
         statuses = apply_exit_records(registry, result.statuses, active,
                                       {job: result.records.get(path, []) for job, path in exit_logs.items()})
         statuses = apply_failure_notes(statuses, {job: result.notes.get(path, "") for job, path in notes.items()})

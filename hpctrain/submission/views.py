@@ -1,18 +1,27 @@
 """What ``status``, ``runs`` and ``RunHandle`` show for a run, read from the registry and the run's record.
 
-A view names why a run ended (the ranks' failure note, else the scheduler's words and the exit code) and
-whether it was requeued ("restart 1 of 5"), so a chain of requeues reads as one run going on.
+A view names why a run ended (the ranks' failure note, else the scheduler's words and the exit code, and the node
+blamed for it) and whether it was requeued ("restart 1 of 5"), so a chain of requeues reads as one run going on;
+it lists the nodes the run blamed and those its next attempt leaves out.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hpctrain.errors import HpctrainError
 from hpctrain.exit_codes import EXIT_REQUEUE
+from hpctrain.nodes.blame import Blame
+from hpctrain.submission.blamed_nodes import (
+    failure_blames,
+    left_out_by_run,
+    stragglers,
+    with_blamed_nodes,
+    with_stragglers,
+)
 from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.registry_rows import CREATED, SUBMIT_FAILED, Run, Submission
 from hpctrain.submission.run_record import read_meta, saved_progress
@@ -62,6 +71,7 @@ class RunView:
 
     ``restart``: how many times the current submission was requeued (or resubmitted itself) after a
     checkpoint, of at most ``max_requeues``. ``poll_error_code``: the exit status that fits ``poll_error``.
+    ``blamed``: the nodes the run blamed; ``left_out``: node -> why, for those its next attempt leaves out.
     """
 
     run_id: str
@@ -77,10 +87,13 @@ class RunView:
     restart: int = 0
     max_requeues: int | None = None
     poll_error_code: int = 0
+    blamed: tuple[Blame, ...] = ()
+    left_out: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["progress"] = asdict(self.progress) if self.progress else None
+        d["blamed"] = [{**asdict(b), "ranks": list(b.ranks)} for b in self.blamed]
         return d
 
 
@@ -133,8 +146,14 @@ def view_of(registry: RunRegistry, run: Run, progress: Progress | None = None, p
         reason = _with_restart(reason, run.state, restart, limit, meta.scheduler if meta else None,
                                requeue_cause(chain))
     job_id = next((s.job_id for s in reversed(chain) if s.ok), None)
+    blamed = registry.blames(run.run_id)
+    if run.state in _ENDED_BADLY:
+        reason = with_blamed_nodes(reason, failure_blames(blamed, job_id))
+    elif run.state in _GOING:
+        reason = with_stragglers(reason, stragglers(blamed, job_id))
+    left_out = left_out_by_run(blamed, meta.spare_nodes if meta else 0)
     return RunView(run.run_id, run.name, run.site, run.remote, job_id, run.state, reason, run.run_dir, progress,
-                   poll_error, restart, limit, poll_error_code)
+                   poll_error, restart, limit, poll_error_code, tuple(blamed), left_out)
 
 
 # How a chain entry closed by a requeue the scheduler made (a node failure) ends its reason (tracking.py writes it).
@@ -214,6 +233,7 @@ RANK_NOTE = re.compile(r"rank \d+ ")
 
 _ENDED_BADLY = frozenset(s.value for s in (JobState.FAILED, JobState.TIMEOUT, JobState.CANCELLED,
                                            JobState.PREEMPTED, JobState.MISSING))
+_GOING = frozenset(s.value for s in JobState if s.is_active)
 
 
 def why_it_ended(chain: list[Submission], run: Run, no_requeue: str | None = None) -> str:
