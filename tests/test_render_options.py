@@ -128,7 +128,8 @@ exit 0
 
 @pytest.mark.parametrize(("where", "launcher", "extra"), [
     ("polaris", "mpiexec", {"gpus_per_rank": 1, "queue": "debug", "account": "a"}),
-    ("theta", "aprun", {"nodes": 128, "ranks_per_node": 1, "queue": "default", "account": "a"}),
+    # The stand-in aprun records and exits: no node check step would report (tests/test_node_check.py has those).
+    ("theta", "aprun", {"nodes": 128, "ranks_per_node": 1, "queue": "default", "account": "a", "node_check": False}),
 ])
 def test_ranks_start_in_the_working_directory_and_the_script_stays_in_the_run_directory(
         tmp_path: Path, where: str, launcher: str, extra: dict[str, object]) -> None:

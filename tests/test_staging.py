@@ -216,6 +216,7 @@ def test_hostile_text_in_staging_fields_is_refused_or_inert(tmp_path: Path, sche
         if scheduler != "slurm":
             site["filesystems"] = ["home"]
         job = ffn_job()
+        job["resources"]["node_check"] = False  # the stand-in launchers run no node check step (test_node_check.py)
         node: Any = site if side == "site" else job
         for part in key[:-1]:
             node = node[part]
@@ -307,6 +308,7 @@ def test_staged_script_runs_on_pbs_and_cobalt_stand_ins(tmp_path: Path, schedule
                    "coordinates": f"{shared}/coords.npz"})
     nodes = 2 if mpi == "not-the-launchers" else 1
     job["resources"]["nodes"] = nodes
+    job["resources"]["node_check"] = False  # the stand-in launchers run no node check step (test_node_check.py)
     site = {**site_doc(scheduler, node_local_dir=str(tmp_path / "local"), environment="archive", data=True,
                        archive_cache=str(cache)), "filesystems": ["home"]}
     rendered = render(tmp_path, site, job, python=python)

@@ -116,14 +116,15 @@ def check_devices(kind: str, expected: int) -> tuple[int | None, str | None]:
         return None, None
     import torch
 
-    module = getattr(torch, "xpu" if kind == "xpu" else "cuda", None)
+    backend = "xpu" if kind == "intel" else "cuda"  # ROCm's torch answers as cuda
+    module = getattr(torch, backend, None)
     if module is None or not module.is_available():
         return 0, f"no {kind} device is visible (the node should have {expected})"
     count = int(module.device_count())
     if count < expected:
         return count, f"{count} {kind} devices visible, the job needs {expected}"
     for index in range(expected):
-        device = torch.device("xpu" if kind == "xpu" else "cuda", index)
+        device = torch.device(backend, index)
         try:
             value = float(torch.ones(64, device=device).sum().item())
         except Exception as exc:  # a device that fell off the bus raises from its runtime, any class

@@ -54,8 +54,8 @@ def node_check_lines(job: JobSpec, site: SiteProfile, scheduler: Scheduler, laun
     argv = " ".join([word(python), "-m", "hpctrain.submission.launchers.node_check", "--run-dir",
                      quote_path(run_dir), *(word(w) for w in options)])
     return ["# ---- hpctrain: node check (docs/nodes.md) ----------------------------------------------------------",
-            f"# Every node of the allocation ({res.nodes} training{spares}) checks itself in one step and reports to "
-            "this node;",
+            f"# Every node of the allocation ({res.nodes} to train on{spares}) checks itself in one step and reports "
+            "to this node;",
             f"# a bad node is left out ({TRAINING_NODES_NOTE}) or, with too few healthy ones, the job ends here.",
             f"{argv} -- \\",
             "    " + " ".join(word(w) for w in step) + " \\",
@@ -65,10 +65,11 @@ def node_check_lines(job: JobSpec, site: SiteProfile, scheduler: Scheduler, laun
 TRAINING_NODES_NOTE = "the launch starts on the nodes of ./training-nodes"
 
 
-def excluded_nodes_line(job: JobSpec, python: str) -> list[str]:
+def excluded_nodes_line(job: JobSpec, scheduler: Scheduler, python: str) -> list[str]:
     """Before the requeue: ``hpctrain_excluded_nodes``, the nodes the run blamed (comma-separated), which a scheduler
-    that can exclude nodes hands to the requeued job; none where the job does not check its nodes."""
-    if not job.resources.checks_nodes:
+    that can exclude nodes hands to the requeued job; none where the job does not check its nodes or the scheduler
+    cannot exclude any."""
+    if not job.resources.checks_nodes or not scheduler.excludes_nodes:
         return []
     spares = " --spares" if job.resources.spare_nodes else ""
     return [f"hpctrain_excluded_nodes=$({word(python)} -m hpctrain.nodes.blame --run-dir .{spares} 2>/dev/null)"

@@ -279,7 +279,7 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
                   exit_record=exit_record_line(scheduler.job_id_variable),
                   launch_line=launch_line,
                   launcher_note=launcher_note_line(launcher, interpreter, run_dir),
-                  requeue="\n".join(excluded_nodes_line(job, interpreter) + requeue)).rstrip("\n")
+                  requeue="\n".join(excluded_nodes_line(job, scheduler, interpreter) + requeue)).rstrip("\n")
     note = string.Template(scheduler.script_note).substitute(signal=ckpt.signal, signal_lead_s=ckpt.signal_lead_s)
     text = fill(scheduler.template, folder, directives="\n".join(directives), header="\n".join(header), note=note,
                 prologue=prologue, launch=launch)

@@ -43,6 +43,12 @@ export HPCTRAIN_STOP_SIGNAL=USR2
 export HPCTRAIN_GPU_KIND=intel
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: node check (docs/nodes.md) ----------------------------------------------------------
+# Every node of the allocation (2 to train on) checks itself in one step and reports to this node;
+# a bad node is left out (the launch starts on the nodes of ./training-nodes) or, with too few healthy ones, the job ends here.
+"$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.node_check --run-dir /RUN_DIR --nodes 2 --timeout 120 -- \
+    mpiexec -n 2 --ppn 1 --depth 1 --cpu-bind depth --env OMP_NUM_THREADS=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain.nodes.check --timeout 120 --min-memory-gb 102 --local-dir /tmp:67108864 --devices 12 --device-kind intel \
+    || { status=$?; printf '{"event": "exit", "job": "%s", "status": %s}\n' "${PBS_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true; exit "${status}"; }
 # ---- hpctrain: launch ------------------------------------------------------------------------------------
 # The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
 launcher_pid=

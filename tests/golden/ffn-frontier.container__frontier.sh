@@ -65,6 +65,12 @@ export HPCTRAIN_STOP_SIGNAL=USR2
 export HPCTRAIN_GPU_KIND=amd
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: node check (docs/nodes.md) ----------------------------------------------------------
+# Every node of the allocation (16 to train on) checks itself in one step and reports to this node;
+# a bad node is left out (the launch starts on the nodes of ./training-nodes) or, with too few healthy ones, the job ends here.
+"$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.node_check --run-dir /RUN_DIR --nodes 16 --timeout 120 --lost-nodes-log slurm-"${SLURM_JOB_ID}".out --lost-nodes-pattern 'Node failure on (\S+)' -- \
+    srun --nodes=16 --ntasks=16 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain.nodes.check --timeout 120 --min-memory-gb 51.2 --local-dir /tmp:67108864 --devices 8 --device-kind amd \
+    || { status=$?; printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true; exit "${status}"; }
 # ---- hpctrain: staging to node-local storage (docs/scaling.md, Staging) ------------------------------
 # Copied once per node before the ranks start: the container image.
 # The ranks then read them there instead of from the shared file system.
@@ -176,10 +182,11 @@ fi
 if [ "${status}" -ne 0 ] && [ "${status}" -ne 75 ]; then "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.exit_note --run-dir /RUN_DIR --slurm-job "${SLURM_JOB_ID}" || true; fi
 echo "hpctrain: launcher exited with status ${status} at $(date)"
 printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+hpctrain_excluded_nodes=$("$HOME"/hpctrain-venv/bin/python -m hpctrain.nodes.blame --run-dir . 2>/dev/null) || hpctrain_excluded_nodes=
 restarts="${SLURM_RESTART_COUNT:-0}"
 if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
     echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
-    scontrol requeue "${SLURM_JOB_ID}" && exit 0
+    scontrol requeue "${SLURM_JOB_ID}" && { [ -z "${hpctrain_excluded_nodes:-}" ] || scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${hpctrain_excluded_nodes}" || true; exit 0; }
     echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
 elif [ "${status}" -eq 75 ]; then
     echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2

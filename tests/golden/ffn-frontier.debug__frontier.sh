@@ -65,6 +65,12 @@ export HPCTRAIN_STOP_SIGNAL=USR2
 export HPCTRAIN_GPU_KIND=amd
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: node check (docs/nodes.md) ----------------------------------------------------------
+# Every node of the allocation (2 to train on) checks itself in one step and reports to this node;
+# a bad node is left out (the launch starts on the nodes of ./training-nodes) or, with too few healthy ones, the job ends here.
+"$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.node_check --run-dir /RUN_DIR --nodes 2 --timeout 120 --lost-nodes-log slurm-"${SLURM_JOB_ID}".out --lost-nodes-pattern 'Node failure on (\S+)' -- \
+    srun --nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=1 --kill-on-bad-exit=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain.nodes.check --timeout 120 --min-memory-gb 51.2 --local-dir /tmp:67108864 --devices 8 --device-kind amd \
+    || { status=$?; printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true; exit "${status}"; }
 # ---- hpctrain: launch ------------------------------------------------------------------------------------
 # The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
 launcher_pid=
@@ -94,6 +100,7 @@ fi
 if [ "${status}" -ne 0 ] && [ "${status}" -ne 75 ]; then "$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.exit_note --run-dir /RUN_DIR --slurm-job "${SLURM_JOB_ID}" || true; fi
 echo "hpctrain: launcher exited with status ${status} at $(date)"
 printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true
+hpctrain_excluded_nodes=$("$HOME"/hpctrain-venv/bin/python -m hpctrain.nodes.blame --run-dir . 2>/dev/null) || hpctrain_excluded_nodes=
 if [ "${status}" -eq 75 ]; then
     echo 'hpctrain: stopped at its checkpoint; no requeue: queue '"'"'debug'"'"' of site '"'"'frontier'"'"' forbids job chaining (OLCF Frontier User Guide, '"'"'Scheduling Policy'"'"' (docs.olcf.ornl.gov/systems/frontier_user_guide.html, read 2026-11-28)); resume with: hpctrain resume RUN' >&2
 fi

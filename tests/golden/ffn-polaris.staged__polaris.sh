@@ -46,6 +46,12 @@ export HPCTRAIN_STOP_SIGNAL=USR2
 export HPCTRAIN_GPU_KIND=nvidia
 # Python environment
 source "$HOME"/hpctrain-venv/bin/activate
+# ---- hpctrain: node check (docs/nodes.md) ----------------------------------------------------------
+# Every node of the allocation (2 to train on) checks itself in one step and reports to this node;
+# a bad node is left out (the launch starts on the nodes of ./training-nodes) or, with too few healthy ones, the job ends here.
+"$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.node_check --run-dir /RUN_DIR --nodes 2 --timeout 120 -- \
+    mpiexec -n 2 --ppn 1 --depth 1 --cpu-bind depth --env OMP_NUM_THREADS=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain.nodes.check --timeout 120 --min-memory-gb 51.2 --local-dir /tmp:67108864 --local-dir /local/scratch:67108864 --devices 4 --device-kind nvidia \
+    || { status=$?; printf '{"event": "exit", "job": "%s", "status": %s}\n' "${PBS_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true; exit "${status}"; }
 # ---- hpctrain: staging to node-local storage (docs/scaling.md, Staging) ------------------------------
 # Copied once per node before the ranks start: the Python environment (packed by `hpctrain submit`), 1 input file.
 # The ranks then read them there instead of from the shared file system.

@@ -44,6 +44,12 @@ expected_mpi='CRAY MPICH'
 case "${mpi_library}" in *"${expected_mpi}"*) ;; *)
     echo "hpctrain: WARNING: expected the site's MPI (${expected_mpi}) but mpi4py uses ${mpi_library}; rebuild mpi4py against it (see docs)" >&2 ;;
 esac
+# ---- hpctrain: node check (docs/nodes.md) ----------------------------------------------------------
+# Every node of the allocation (128 to train on) checks itself in one step and reports to this node;
+# a bad node is left out (the launch starts on the nodes of ./training-nodes) or, with too few healthy ones, the job ends here.
+"$HOME"/hpctrain-venv/bin/python -m hpctrain.submission.launchers.node_check --run-dir /RUN_DIR --nodes 128 --timeout 120 -- \
+    aprun -n 128 -N 1 -d 1 -j 1 -cc depth -e OMP_NUM_THREADS=1 "$HOME"/hpctrain-venv/bin/python -m hpctrain.nodes.check --timeout 120 --min-memory-gb 19.2 --local-dir /tmp:67108864 --local-dir /local/scratch:67108864 \
+    || { status=$?; printf '{"event": "exit", "job": "%s", "status": %s}\n' "${COBALT_JOBID:-none}" "${status}" >> job-exit.jsonl 2>/dev/null || true; exit "${status}"; }
 # ---- hpctrain: launch ------------------------------------------------------------------------------------
 # The launcher runs in the background so that this shell can forward SIGUSR2 to it while it waits.
 launcher_pid=
