@@ -97,6 +97,8 @@ def test_the_gatherer_picks_healthy_nodes_and_writes_one_results_file(tmp_path: 
     assert results["training"] == ["n1", "n3"] and results["job"] == "77" and set(results["reports"]) == {
         "n1", "n2", "n3"}
     assert all(isinstance(r.get("offset_s"), float) for r in results["reports"].values())
+    # What the first node handled, counted as it happened: one connection and 2 messages each way per node.
+    assert results["first_node"] == {"connections": 3, "messages_received": 6, "messages_sent": 6}
     assert (tmp_path / "training-nodes").read_text() == "n1\nn3\n"
     assert [(b.node, b.source, b.job) for b in read_blames(tmp_path)] == [("n2", "check", "77")]
 
@@ -131,3 +133,53 @@ def test_nodes_blamed_earlier_and_excluded_ones_are_avoided_and_a_lost_node_is_b
     assert set(results["left_out"]) == {"n2", "n3"}
     blames = read_blames(tmp_path)
     assert [(b.node, b.source) for b in blames] == [("n1", "launcher"), ("n2", "scheduler")]
+
+
+# --- the batch script ------------------------------------------------------------------------------------------
+
+
+def rendered(site_name: str, **resources: object) -> str:
+    from hpctrain.config.job import JobSpec
+    from hpctrain.config.site import load_site
+    from hpctrain.submission.render import render_script
+
+    res = {"nodes": 2, "ranks_per_node": 1, "walltime": "00:30:00", **resources}
+    job = JobSpec.model_validate({"name": "bad-nodes", "model": "resnet",
+                                  "train": {"steps": 1, "batch_per_rank": 1, "lr": 0.1}, "resources": res})
+    site = load_site(site_name)
+    return render_script(job, site, run_dir="/r", spec_path="/r/job.yaml", python="/sw/bin/python").text
+
+
+def test_spare_nodes_are_asked_of_the_scheduler_and_the_launch_starts_on_the_chosen_nodes() -> None:
+    slurm = rendered("ci-cluster", spare_nodes=1)
+    assert "#SBATCH --nodes=3" in slurm
+    check_step, = [ln for ln in slurm.splitlines() if "hpctrain.nodes.check" in ln]
+    assert check_step.lstrip().startswith("srun --nodes=3 --ntasks=3 --ntasks-per-node=1")
+    launch, = [ln for ln in slurm.splitlines() if "-m hpctrain run" in ln]
+    assert launch.startswith("srun --nodes=2 --ntasks=2") and "--nodelist=./training-nodes" in launch
+    assert "--lost-nodes-log slurm-\"${SLURM_JOB_ID}\".out" in slurm
+    assert "ExcNodeList=\"${hpctrain_excluded_nodes}\"" in slurm and "nodes.blame --run-dir . --spares" in slurm
+    pbs = rendered("polaris", spare_nodes=1, queue="debug-scaling", account="a")
+    assert "#PBS -l select=3:" in pbs
+    launch, = [ln for ln in pbs.splitlines() if "-m hpctrain run" in ln]
+    assert launch.startswith("mpiexec -n 2 --ppn 1 --hostfile ./training-nodes"), launch
+    assert "hpctrain_excluded_nodes" not in pbs  # PBS cannot exclude: the spare nodes do it at the start
+
+
+def test_spare_nodes_are_refused_where_the_launcher_cannot_choose_nodes_or_the_queue_is_too_small() -> None:
+    from hpctrain.errors import ConfigError
+
+    with pytest.raises(ConfigError) as aprun:
+        rendered("theta", nodes=128, spare_nodes=2, queue="default", account="a")
+    assert aprun.value.key == "resources.spare_nodes" and "aprun" in aprun.value.message, aprun.value
+    with pytest.raises(ConfigError) as full:
+        rendered("ci-cluster", nodes=5, spare_nodes=1)
+    assert full.value.key == "resources.spare_nodes" and "(5 to train on and 1 spare)" in full.value.message
+
+
+def test_the_check_runs_for_more_than_one_node_unless_turned_off() -> None:
+    assert "hpctrain.nodes.check" in rendered("ci-cluster")
+    assert "hpctrain.nodes.check" not in rendered("ci-cluster", node_check=False)
+    assert "hpctrain.nodes.check" not in rendered("ci-cluster", nodes=1)
+    assert "hpctrain.nodes.check" in rendered("ci-cluster", nodes=1, node_check=True)
+    assert "--timeout 30" in rendered("ci-cluster", node_check_timeout_s=30)

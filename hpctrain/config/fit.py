@@ -67,7 +67,14 @@ def _fit(job: JobSpec, site: SiteProfile) -> Placement:
     choice = None
     if queue is not None:
         assert queue_name is not None
-        choice = choose_queue(site, queue_name, queue, res.nodes, res.walltime)
+        try:
+            choice = choose_queue(site, queue_name, queue, res.allocated_nodes, res.walltime)
+        except FitError as exc:
+            if not res.spare_nodes:
+                raise
+            raise FitError(f"{exc.message} ({res.nodes} to train on and {res.spare_nodes} spare)",
+                           key="resources.spare_nodes" if res.nodes <= queue.max_nodes else exc.key,
+                           hint=exc.hint) from None
     hw_threads = node.cores * node.threads_per_core
     wanted = res.ranks_per_node * res.threads_per_rank
     if wanted > hw_threads:

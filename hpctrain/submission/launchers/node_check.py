@@ -43,21 +43,29 @@ class Gathered:
     """What the nodes reported (by short name) and when the last report came."""
 
     reports: dict[str, dict[str, Any]] = field(default_factory=dict)
+    connections: int = 0  # counted where they happen: what the check costs the first node as N grows
+    received: int = 0
+    sent: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
     all_in: threading.Event = field(default_factory=threading.Event)
 
 
 def _serve_one(conn: socket.socket, gathered: Gathered, expected: set[str], deadline: float) -> None:
+    received = sent = 0
     try:
         conn.settimeout(max(deadline - time.monotonic(), 0.1))
         reader = conn.makefile("rb")
         hello = json.loads(reader.readline(MAX_LINE))
+        received += 1
         conn.sendall(json.dumps({"t1": time.time()}).encode() + b"\n")
+        sent += 1
         report = json.loads(reader.readline(MAX_LINE))
+        received += 1
         if not isinstance(report, dict) or not isinstance(hello, dict):
             return
         node = short_name(str(report.get("node", hello.get("node", ""))))
         conn.sendall(b'{"ok": true}\n')
+        sent += 1
         with gathered.lock:
             gathered.reports[node] = report
             if expected <= set(gathered.reports):
@@ -66,6 +74,9 @@ def _serve_one(conn: socket.socket, gathered: Gathered, expected: set[str], dead
         pass  # a node whose report did not arrive whole is named missing
     finally:
         conn.close()
+        with gathered.lock:
+            gathered.connections, gathered.received, gathered.sent = (
+                gathered.connections + 1, gathered.received + received, gathered.sent + sent)
 
 
 def gather(server: socket.socket, expected: set[str], deadline: float) -> Gathered:
@@ -197,7 +208,9 @@ def run_check(args: argparse.Namespace) -> int:
                             for n, why in failed.items()])
     results = {"job": job, "restart": restart, "elapsed_s": round(elapsed, 3), "allocation": list(allocation),
                "training": list(selection.training), "spares": list(selection.spares),
-               "left_out": selection.left_out, "failed": failed, "reports": gathered.reports}
+               "left_out": selection.left_out, "failed": failed, "reports": gathered.reports,
+               "first_node": {"connections": gathered.connections, "messages_received": gathered.received,
+                              "messages_sent": gathered.sent}}
     write_atomic(run_dir / RESULTS_FILE, json.dumps(results, indent=1) + "\n")
     for line in _summary(selection, allocation, elapsed):
         print(line, flush=True)

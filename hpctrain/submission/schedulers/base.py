@@ -354,8 +354,8 @@ class Scheduler(ABC):
     def check_job(self, job: JobSpec, site: SiteProfile) -> None:
         """Refuse a job this scheduler cannot place (more nodes than it has, per-job options it has not)."""
         res = job.resources
-        if self.max_nodes is not None and res.nodes > self.max_nodes:
-            raise FitError(f"{res.nodes} nodes requested but site {site.name!r} ({self.name}) runs on "
+        if self.max_nodes is not None and res.allocated_nodes > self.max_nodes:
+            raise FitError(f"{res.allocated_nodes} nodes requested but site {site.name!r} ({self.name}) runs on "
                            f"at most {self.max_nodes}", key="resources.nodes",
                            hint=f"set resources.nodes: {self.max_nodes} or choose a cluster site")
         asked = {"exclusive": res.exclusive, "reservation": res.reservation is not None,

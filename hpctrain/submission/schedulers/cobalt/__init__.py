@@ -134,7 +134,7 @@ class Cobalt(Scheduler):
     def render_directives(self, job: JobSpec, site: SiteProfile, placement: Placement,
                           options: RenderOptions) -> list[str]:
         res = job.resources
-        opts = [f"-n {res.nodes}", f"-t {format_minutes(walltime_seconds(res.walltime))}"]
+        opts = [f"-n {res.allocated_nodes}", f"-t {format_minutes(walltime_seconds(res.walltime))}"]
         # A Cobalt reservation is reached through its queue; nodes are always whole (exclusive needs no option).
         queue = res.reservation or queue_submit_name(placement)
         if queue:

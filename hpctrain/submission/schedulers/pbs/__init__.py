@@ -217,7 +217,7 @@ class PBSPro(Scheduler):
         assert isinstance(node.cores, int) and isinstance(node.gpus, int)
         name = directive_word(job.name, what="job name")[:MAX_NAME]
         # The whole node's hardware threads and its GPU packages (Aurora: 6 GPUs, though ranks get 12 tiles).
-        chunk = [str(res.nodes), f"ncpus={node.physical_cores * node.threads_per_core}"]
+        chunk = [str(res.allocated_nodes), f"ncpus={node.physical_cores * node.threads_per_core}"]
         if node.gpus > 0:
             chunk.append(f"ngpus={node.gpus // node.devices_per_gpu}")
         if res.memory_mb is not None:  # whole MiB, rounded up: int(GB) wrote mem=0gb below 1 GB
