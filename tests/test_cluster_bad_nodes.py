@@ -22,6 +22,7 @@ from hpctrain.node_lists import expand_slurm_nodelist
 from hpctrain.nodes.blame import read_blames
 from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import RunRegistry
+from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
 from tests.cluster_support import SITE, Cluster
 from tests.test_requeue_slurm import assert_same_parameters, final_state
@@ -133,3 +134,53 @@ def test_a_node_killed_mid_run_is_named_left_out_and_the_run_ends_as_if_uninterr
     assert blames and blames[0].source == "scheduler" and "lost it" in blames[0].cause, read_blames(run_dir)
     assert "resumed from" in log and f"training finished at step {steps}" in log, log[-3000:]
     assert_same_parameters(final_state(run_dir), final_state(ref_dir))
+
+
+def test_a_node_on_a_slow_link_is_named_a_straggler_and_the_next_restart_leaves_it_out(
+        home: Path, cluster: Cluster) -> None:
+    """3 nodes train and 1 is spare; one training node's link runs at a tenth of the others' rate. The straggler
+    watch names it within 200 steps (metrics, log, status); the checkpoint signal then stops the job, Slurm
+    requeues it with the node excluded (a spare exists), and the run finishes without it."""
+    first, second, slow, spare, out = cluster.nodes[:5]
+    cluster.drain(out, "test: the first allocation is the four others")
+    for node in (first, second, spare):
+        cluster.link(node, "rate", "500mbit")
+    cluster.link(slow, "rate", "50mbit")
+    text = spec_text("straggler", steps=600, spares=1).replace("nodes: 2,", "nodes: 3,")
+    run_dir, run_id, job_id = submit(home, "straggler", text)
+    pool = TransportPool()
+    seen: list[str] = []
+    try:
+        named: dict[str, object] | None = None
+        deadline = time.monotonic() + 900
+        while named is None:  # a hang guard; the step count below is the check
+            assert time.monotonic() < deadline and scontrol(job_id).get("JobState") in ("PENDING", "RUNNING"), seen
+            records = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines()
+                       if ln.strip()] if (run_dir / "metrics.jsonl").exists() else []
+            named = next((r for r in records if r.get("stragglers")), None)
+            with RunRegistry() as reg:
+                (view,) = poll_runs(reg, [reg.get_run(run_id)], pool)
+            seen.append(view.reason)
+            time.sleep(1)
+        assert [s["node"] for s in named["stragglers"]] == [slow], named  # type: ignore[index]
+        assert named["step"] <= 200 and named["stragglers"][0]["what"] == "link", named  # type: ignore[index]
+        with RunRegistry() as reg:
+            (view,) = poll_runs(reg, [reg.get_run(run_id)], pool)
+        assert f"straggler {slow}" in view.reason, view.reason
+        subprocess.run(["scancel", "--batch", "--signal=USR2", job_id], check=True, timeout=15)
+        deadline = time.monotonic() + 300
+        while int(scontrol(job_id).get("Restarts", "0")) < 1:
+            assert time.monotonic() < deadline, f"never requeued: {scontrol(job_id)}"
+            time.sleep(0.5)
+        assert slow in expand_slurm_nodelist(scontrol(job_id)["ExcNodeList"]), scontrol(job_id)
+        subprocess.run(["scontrol", "update", f"NodeName={out}", "State=RESUME"], check=True, timeout=15)
+        view = RunHandle(run_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=15)
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert view.state == "completed", log[-3000:]
+    assert re.search(rf"straggler at step \d+: node {slow}", log), log[-3000:]
+    assert slow not in trained_on(log) and len(trained_on(log)) == 3, log[-3000:]
+    slow_blames = [b for b in read_blames(run_dir) if b.node == slow]
+    assert slow_blames and slow_blames[0].kind == "slow" and slow_blames[0].source == "straggler"
+    assert "resumed from" in log and "training finished at step 600" in log
