@@ -183,3 +183,44 @@ def test_the_check_runs_for_more_than_one_node_unless_turned_off() -> None:
     assert "hpctrain.nodes.check" not in rendered("ci-cluster", nodes=1)
     assert "hpctrain.nodes.check" in rendered("ci-cluster", nodes=1, node_check=True)
     assert "--timeout 30" in rendered("ci-cluster", node_check_timeout_s=30)
+
+
+@pytest.mark.processes
+def test_on_pbs_the_check_chooses_the_nodes_and_mpiexec_gets_them_in_its_host_file(tmp_path: Path) -> None:
+    """PBS Pro with PALS mpiexec, stand-ins (no PBS here): the Polaris profile's script with a spare node runs, its
+    check step starts one check per host of $PBS_NODEFILE (tests/mp_helpers/pals_mpiexec_standin.py), the host with
+    the broken node-local directory is left out and the launch gets the other two in --hostfile."""
+    from hpctrain.config.job import JobSpec
+    from hpctrain.config.site import load_site
+    from hpctrain.submission.render import render_script
+
+    site = load_site("polaris")
+    site = site.model_copy(update={"environment": site.environment.model_copy(update={
+        "venv": None, "setup": [], "modules": []}), "mpi": site.mpi.model_copy(update={"expected_library": None})})
+    job = JobSpec.model_validate({"name": "pbs-spare", "model": "resnet",
+                                  "train": {"steps": 1, "batch_per_rank": 1, "lr": 0.1},
+                                  "resources": {"nodes": 2, "ranks_per_node": 1, "walltime": "00:30:00",
+                                                "spare_nodes": 1, "queue": "debug-scaling", "account": "a",
+                                                "memory_gb": 1}})  # this machine has no Polaris node's memory
+    run_dir, bin_dir, records = tmp_path / "run", tmp_path / "bin", tmp_path / "records"
+    for d in (run_dir, bin_dir, records):
+        d.mkdir()
+    text = render_script(job, site, run_dir=str(run_dir), spec_path=f"{run_dir}/job.yaml", python=sys.executable).text
+    (run_dir / "job.sh").write_text(text)
+    shim = bin_dir / "mpiexec"
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} {REPO / 'tests' / 'mp_helpers' / 'pals_mpiexec_standin.py'} "
+                    '"$@"\n')
+    shim.chmod(0o755)
+    (tmp_path / "nodefile").write_text("x3001\nx3002\nx3003\n")
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "RECORD_DIR": str(records),
+           "PBS_NODEFILE": str(tmp_path / "nodefile"), "PBS_JOBID": "12.polaris-pbs", "BAD_NODE": "x3002",
+           "PYTHONPATH": str(REPO), "LANG": "C.UTF-8"}
+    done = subprocess.run(["bash", str(run_dir / "job.sh")], capture_output=True, text=True, env=env, timeout=300,
+                          cwd=tmp_path, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "node check: x3002 left out: /nonexistent-node-local is not a directory" in done.stdout, done.stdout
+    launch = json.loads((records / "launch.json").read_text())
+    assert launch["hosts"] == ["x3001", "x3003"] and launch["argv"][:6] == ["-n", "2", "--ppn", "1", "--hostfile",
+                                                                         "./training-nodes"], launch
+    (blame,) = read_blames(run_dir)
+    assert (blame.node, blame.job) == ("x3002", "12.polaris-pbs")
