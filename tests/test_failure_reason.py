@@ -270,6 +270,7 @@ def test_srun_report_names_the_first_rank_killed_in_the_last_attempt() -> None:
     assert first_killed_rank(["srun: error: n1: task 1: Exited with exit code 2",
                               "srun: error: n1: task 0: Killed"]) is None
     assert first_killed_rank(["srun: error: n1: task 0: Terminated"]) is None
+    assert first_killed_rank(["srun: error: Node failure on n2", "srun: error: n1: task 0: Killed"]) is None
     assert first_killed_rank(earlier[:1] + attempt[:2]) is None
 
 

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from hpctrain.config.job import JobSpec
 from hpctrain.config.site import SiteProfile
+from hpctrain.exit_codes import EXIT_REQUEUE, REQUEUE_MARKER
 from hpctrain.nodes.check import MIN_FREE_TMP_BYTES
 from hpctrain.submission.schedulers.base import Scheduler, exit_record_line
 from hpctrain.submission.shell import quote_path, word
@@ -44,15 +45,8 @@ def node_check_lines(job: JobSpec, site: SiteProfile, scheduler: Scheduler, laun
     if devices and node.gpu_kind != "none":
         check += ["--devices", str(devices), "--device-kind", node.gpu_kind]
     step = one_per_node(site, launcher, res.allocated_nodes, check, python)
-    options: list[str] = ["--nodes", str(res.nodes), "--timeout", str(res.node_check_timeout_s)]
-    if excluded:
-        options += ["--exclude", ",".join(excluded)]
-    log = scheduler.job_log_word()
-    if log is not None and scheduler.lost_node_pattern:
-        options += ["--lost-nodes-log", log, "--lost-nodes-pattern", scheduler.lost_node_pattern]
+    argv = _gatherer(job, scheduler, python, run_dir, excluded)
     spares = f", {res.spare_nodes} spare" if res.spare_nodes else ""
-    argv = " ".join([word(python), "-m", "hpctrain.submission.launchers.node_check", "--run-dir",
-                     quote_path(run_dir), *(word(w) for w in options)])
     return ["# ---- hpctrain: node check (docs/nodes.md) ----------------------------------------------------------",
             f"# Every node of the allocation ({res.nodes} to train on{spares}) checks itself in one step and reports "
             "to this node;",
@@ -60,6 +54,49 @@ def node_check_lines(job: JobSpec, site: SiteProfile, scheduler: Scheduler, laun
             f"{argv} -- \\",
             "    " + " ".join(word(w) for w in step) + " \\",
             f"    || {{ status=$?; {exit_record_line(scheduler.job_id_variable)}; exit \"${{status}}\"; }}"]
+
+
+def _gatherer(job: JobSpec, scheduler: Scheduler, python: str, run_dir: str, excluded: Sequence[str]) -> str:
+    """The gatherer's command line (hpctrain.submission.launchers.node_check), without its step."""
+    res = job.resources
+    options: list[str] = ["--nodes", str(res.nodes), "--timeout", str(res.node_check_timeout_s)]
+    if excluded:
+        options += ["--exclude", ",".join(excluded)]
+    log = scheduler.job_log_word()
+    if log is not None and scheduler.lost_node_pattern:
+        options += ["--lost-nodes-log", log, "--lost-nodes-pattern", scheduler.lost_node_pattern]
+    return " ".join([word(python), "-m", "hpctrain.submission.launchers.node_check", "--run-dir",
+                     quote_path(run_dir), *(word(w) for w in options)])
+
+
+def relaunch_lines(job: JobSpec, scheduler: Scheduler, python: str, run_dir: str,
+                   excluded: Sequence[str]) -> tuple[str, str]:
+    """With spare nodes: the loop around the launch that starts the ranks again on the spares when the launch
+    failed for a node (blamed by the launcher's report or lost by the scheduler), from the last checkpoint, at
+    most ``spare_nodes`` times; when too few nodes are left the job goes back in the queue (status 75). ("", "")
+    without spare nodes."""
+    spares = job.resources.spare_nodes
+    if not spares or not job.resources.checks_nodes:
+        return "", ""
+    start = "hpctrain_relaunches=0\nwhile :; do  # again on the spare nodes after a node failed (docs/nodes.md)"
+    end = "\n".join([
+        f'if [ "${{status}}" -ne 0 ] && [ "${{status}}" -ne {EXIT_REQUEUE} ] '
+        f'&& [ "${{hpctrain_relaunches}}" -lt {spares} ]; then',
+        "    hpctrain_reselect=0",
+        f"    {_gatherer(job, scheduler, python, run_dir, excluded)} --reselect || hpctrain_reselect=$?",
+        '    if [ "${hpctrain_reselect}" -eq 0 ]; then',
+        "        hpctrain_relaunches=$((hpctrain_relaunches + 1))",
+        '        echo "hpctrain: starting the ranks again from the last checkpoint (relaunch ${hpctrain_relaunches} '
+        f'of {spares})"',
+        f"        rm -f -- {REQUEUE_MARKER}",
+        "        continue",
+        f'    elif [ "${{hpctrain_reselect}}" -eq {EXIT_REQUEUE} ]; then',
+        f"        status={EXIT_REQUEUE}",
+        "    fi",
+        "fi",
+        "break",
+        "done"])
+    return start, end
 
 
 TRAINING_NODES_NOTE = "the launch starts on the nodes of ./training-nodes"

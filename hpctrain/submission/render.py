@@ -32,7 +32,7 @@ from hpctrain.submission.launchers import (
     slurm_threads_per_core,
 )
 from hpctrain.submission.launchers.binding import rank_cpus, rank_devices
-from hpctrain.submission.node_check_lines import excluded_nodes_line, node_check_lines
+from hpctrain.submission.node_check_lines import excluded_nodes_line, node_check_lines, relaunch_lines
 from hpctrain.submission.schedulers.base import RenderOptions, Scheduler, exit_record_line, get_scheduler, place
 from hpctrain.submission.shell import comment, quote, quote_path, word
 from hpctrain.submission.staging import plan_staging, staged_site, staging_lines, training_host_file
@@ -274,7 +274,9 @@ def _render(job: JobSpec, site: SiteProfile, *, run_dir: str, spec_path: str, py
     if job.resources.workdir:
         # A subshell that becomes the launcher: the ranks start there, this shell (logs, exit record) stays put.
         launch_line = f"( cd {quote_path(job.resources.workdir)} && exec {launch_line} )"
+    relaunch_start, relaunch_end = relaunch_lines(job, scheduler, interpreter, run_dir, excluded_nodes)
     launch = fill("launch.tmpl", folder, signal=ckpt.signal, timer=timer, timer_stop=timer_stop,
+                  relaunch_start=relaunch_start, relaunch_end=relaunch_end,
                   requeue_marker=REQUEUE_MARKER, exit_requeue=EXIT_REQUEUE,
                   exit_record=exit_record_line(scheduler.job_id_variable),
                   launch_line=launch_line,

@@ -28,6 +28,7 @@ from hpctrain.nodes.blame import Blame, append_blames
 from hpctrain.submission.failure import OWN, PEER, SIGNAL, noted_level, record_failure
 
 SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>\d[0-9,\-]*): (?P<what>.+?)\s*$")
+NODE_FAILURE = re.compile(r"^srun: error: Node failure on \S+")  # blamed by the node check (source scheduler)
 OOM = re.compile(r"oom[-_ ]kill", re.IGNORECASE)  # slurmstepd: "Detected 1 oom_kill event in StepId=..."
 JOB_START = re.compile(r"^hpctrain: job \S+ starts on ")  # the batch script's first line: this attempt begins
 # What a scheduler stops a job with (cancel, walltime, preemption): not a rank's own death.
@@ -70,12 +71,15 @@ def _tasks(text: str) -> list[int]:
 
 def first_killed_rank(lines: Iterable[str]) -> Killed | None:
     """The first task srun reports killed in the last attempt of a job's output; None when the first task srun
-    reports exited by itself, was stopped by the scheduler, or none is reported."""
+    reports exited by itself, was stopped by the scheduler, none is reported, or srun reports a node lost (its
+    tasks and the others it ended are then the loss's consequence)."""
     attempt: list[str] = []
     for line in lines:
         if JOB_START.match(line):
             attempt = []
         attempt.append(line)
+    if any(NODE_FAILURE.match(line) for line in attempt):
+        return None  # the scheduler lost a node: the tasks srun reports killed are the lost node's consequence
     names = _by_description()
     reports = [(m, names.get(m["what"])) for m in map(SRUN_TASK.match, attempt) if m is not None]
     if not reports:

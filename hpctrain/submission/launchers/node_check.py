@@ -4,6 +4,12 @@ the training nodes are chosen (``hpctrain.nodes.select``), written one per line 
 launch, the results to ``node-check.json`` and each bad node to the run's blame file; with too few healthy nodes
 the run's failure note names them and this exits with EXIT_RUNTIME before any rank starts.
 
+``--reselect`` (after a launch failed, with spare nodes): the nodes blamed for this failure (a rank srun saw
+killed, a node it lost) leave the training nodes and the spares take their places — exit 0, and the script
+starts the ranks again from the last checkpoint in the same allocation; exit EXIT_REQUEUE when too few healthy
+nodes are left (the script requeues the job around them), 1 when no node was blamed (the failure was the
+program's: nothing to replace).
+
 ``python -m hpctrain.submission.launchers.node_check --run-dir DIR --nodes N --timeout S [--exclude NODE,...]
 [--lost-nodes-log FILE --lost-nodes-pattern RE] -- STEP...`` (STEP: the launcher's argv running the check once per
 node). Its cost: one process per node, one connection per node to the first node (a gather), whatever N is.
@@ -27,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.exit_codes import EXIT_RUNTIME
+from hpctrain.exit_codes import EXIT_REQUEUE, EXIT_RUNTIME
 from hpctrain.files import write_atomic
 from hpctrain.job_environment import first_value, job_environments
 from hpctrain.nodes.blame import Blame, append_blames, nodes_to_leave_out, read_blames
 from hpctrain.nodes.check import ADDRESS_ENV, MAX_LINE, RESULTS_FILE, short_name
 from hpctrain.nodes.select import TRAINING_NODES_FILE, Selection, select_nodes
-from hpctrain.submission.failure import OWN, record_failure
+from hpctrain.submission.failure import NOTE_FILES, OWN, record_failure
 
 MAX_OFFSET_S = 5.0  # clocks further apart than this (beyond the round trip) make timestamps and timeouts lie
 
@@ -179,13 +185,63 @@ def failure_text(selection: Selection, failed: dict[str, str]) -> str:
             "node out (or give resources.spare_nodes)")
 
 
-def run_check(args: argparse.Namespace) -> int:
-    run_dir = Path(args.run_dir)
+def this_job() -> tuple[list[str], str, int]:
+    """(the allocation's nodes, the job id, its restart count) from the job environment."""
     environ = os.environ
     envs = job_environments(environ)
     allocation = next((nodes for env in envs if (nodes := env.nodes(environ))), None) or [socket.gethostname()]
     job = next((v for env in envs if (v := first_value(environ, env.job_id))), "") or ""
     restart = int(next((v for env in envs if (v := first_value(environ, env.restart_count))), "0") or 0)
+    return allocation, job, restart
+
+
+def reselect(args: argparse.Namespace) -> int:
+    """After a failed launch: the training nodes without those blamed for it (see the module's docstring)."""
+    run_dir = Path(args.run_dir)
+    allocation, job, restart = this_job()
+    try:
+        previous = json.loads((run_dir / RESULTS_FILE).read_text(encoding="utf-8"))
+        training = (run_dir / TRAINING_NODES_FILE).read_text(encoding="utf-8").split()
+    except (OSError, ValueError):
+        print("hpctrain: no node check of this attempt to start again from", file=sys.stderr, flush=True)
+        return 1
+    blames = read_blames(run_dir)
+    known = {(b.node, b.job, b.restart) for b in blames}
+    lost = lost_nodes(args.lost_nodes_log, args.lost_nodes_pattern) if args.lost_nodes_log else []
+    new = [Blame(node=n, cause="the scheduler lost it under the job (a node failure)", source="scheduler", job=job,
+                 restart=restart) for n in lost if n in training and (n, job, restart) not in known]
+    append_blames(run_dir, new)
+    blames += new
+    now = {b.node: b.cause for b in blames if b.kind == "failed" and (b.job, b.restart) == (job, restart)
+           and b.source in ("launcher", "scheduler") and b.node in training}
+    if not now:
+        print("hpctrain: no node is blamed for the failure: not starting again", file=sys.stderr, flush=True)
+        return 1
+    failed = {**previous.get("failed", {}), **{n: f"blamed earlier in this run ({b.source}: {b.cause})"
+                                                for n, b in nodes_to_leave_out(blames, spares=False).items()}}
+    avoid = {n: f"blamed earlier in this run ({b.source}: {b.cause})"
+             for n, b in nodes_to_leave_out(blames, spares=True).items() if n not in failed}
+    avoid.update({n: "excluded when the run was resumed" for n in args.exclude.split(",") if n})
+    selection = select_nodes(allocation, args.nodes, failed, avoid)
+    named = ", ".join(f"{n} ({why})" for n, why in now.items())
+    if not selection.enough:
+        print(f"hpctrain: {named} failed and too few healthy nodes are left in the allocation: the job goes back "
+              "in the queue without them", file=sys.stderr, flush=True)
+        return EXIT_REQUEUE
+    for name in NOTE_FILES:  # the relaunched ranks' failure, if any, is the run's next note
+        (run_dir / name).unlink(missing_ok=True)
+    write_atomic(run_dir / RESULTS_FILE, json.dumps({**previous, "training": list(selection.training),
+                                                      "spares": list(selection.spares),
+                                                      "left_out": selection.left_out}, indent=1) + "\n")
+    write_atomic(run_dir / TRAINING_NODES_FILE, "".join(f"{n}\n" for n in selection.training))
+    print(f"hpctrain: {named} failed: training again on {', '.join(selection.training)}", flush=True)
+    return 0
+
+
+def run_check(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    environ = os.environ
+    allocation, job, restart = this_job()
     first_node = short_name(socket.gethostname())
     lost = lost_nodes(args.lost_nodes_log, args.lost_nodes_pattern) if args.lost_nodes_log else []
     avoid = _avoid(run_dir, [n for n in args.exclude.split(",") if n], lost, job, restart)
@@ -231,9 +287,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--exclude", default="", help="nodes not to train on where others can, comma-separated")
     parser.add_argument("--lost-nodes-log", default="", help="the job's log, where the launcher names lost nodes")
     parser.add_argument("--lost-nodes-pattern", default=r"Node failure on (\S+)")
+    parser.add_argument("--reselect", action="store_true",
+                        help="after a failed launch: leave out the nodes blamed for it (no check step)")
     parser.add_argument("step", nargs=argparse.REMAINDER, help="-- the launcher's argv running the check per node")
     args = parser.parse_args(argv)
     args.step = args.step[1:] if args.step[:1] == ["--"] else args.step
+    if args.reselect:
+        return reselect(args)
     if not args.step:
         parser.error("give the check step after --")
     return run_check(args)

@@ -126,6 +126,8 @@ class Slurm(Scheduler):
             opts.append(f"--reservation={directive_word(res.reservation, what='reservation')}")
         if res.exclusive:
             opts.append("--exclusive")
+        if res.spare_nodes:  # a node failing under the job ends its step, not the allocation: the spares replace it
+            opts.append("--no-kill")
         if options.excluded_nodes:
             excluded = ",".join(directive_word(n, what="excluded node") for n in options.excluded_nodes)
             opts.append(f"--exclude={excluded}")
