@@ -204,6 +204,10 @@ def test_a_failed_runs_reason_names_the_node_its_job_blamed(tmp_path: Path) -> N
         view = view_of(reg, reg.get_run(rid))
         assert view.reason.startswith("on node03 (rank 2): rank 2 killed by SIGKILL"), view.reason
         assert "node09" not in view.reason  # blamed by an earlier job: not why this one failed
+        # A note that names the node already (srun's report as the batch script writes it) is left as it is.
+        reg.update_states({"77": JobStatus("77", JobState.FAILED, "rank 2 on node03 killed by SIGKILL",
+                                           exit_code=137)})
+        assert view_of(reg, reg.get_run(rid)).reason.startswith("rank 2 on node03 killed by SIGKILL")
 
 
 # --- resume and submit (a Slurm site with a stand-in sbatch) ----------------------------------------------------

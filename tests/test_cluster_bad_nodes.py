@@ -172,7 +172,11 @@ def test_a_node_on_a_slow_link_is_named_a_straggler_and_the_next_restart_leaves_
         while int(scontrol(job_id).get("Restarts", "0")) < 1:
             assert time.monotonic() < deadline, f"never requeued: {scontrol(job_id)}"
             time.sleep(0.5)
-        assert slow in expand_slurm_nodelist(scontrol(job_id)["ExcNodeList"]), scontrol(job_id)
+        # The script sets the excluded nodes just after `scontrol requeue` (a pending job takes them, a running one
+        # does not): wait for that event, while the requeued job is held.
+        while slow not in expand_slurm_nodelist(scontrol(job_id).get("ExcNodeList", "(null)").replace("(null)", "")):
+            assert time.monotonic() < deadline and scontrol(job_id)["JobState"] == "PENDING", scontrol(job_id)
+            time.sleep(0.2)
         subprocess.run(["scontrol", "update", f"NodeName={out}", "State=RESUME"], check=True, timeout=15)
         view = RunHandle(run_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
     finally:
@@ -184,3 +188,38 @@ def test_a_node_on_a_slow_link_is_named_a_straggler_and_the_next_restart_leaves_
     slow_blames = [b for b in read_blames(run_dir) if b.node == slow]
     assert slow_blames and slow_blames[0].kind == "slow" and slow_blames[0].source == "straggler"
     assert "resumed from" in log and "training finished at step 600" in log
+
+
+def test_with_a_spare_a_node_killed_mid_run_is_replaced_inside_the_allocation(home: Path, cluster: Cluster) -> None:
+    """2 nodes train and 1 is spare (Slurm --no-kill: a lost node ends the step, not the allocation). One training
+    node is killed after the first checkpoint: the script blames it, starts the ranks again on the spare from the
+    checkpoint without going back to the queue, and the final weights equal an uninterrupted run's."""
+    steps = 160
+    first, second, spare = cluster.nodes[:3]
+    run_dir, run_id, job_id = submit(home, "relaunch",
+                                     spec_text("relaunch", steps=steps, spares=1, nodes=(first, second, spare)))
+    ref_dir, ref_id, ref_job = submit(home, "reference", spec_text("reference", steps=steps))
+    pool = TransportPool()
+    try:
+        deadline = time.monotonic() + 600
+        while not (run_dir / "checkpoints" / "manifest.json").exists():  # a hang guard
+            assert time.monotonic() < deadline and scontrol(job_id).get("JobState") in ("PENDING", "RUNNING")
+            time.sleep(0.5)
+        training = (run_dir / "training-nodes").read_text().split()
+        assert training == [first, second], training
+        cluster.kill(second)
+        view = RunHandle(run_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
+        ref_view = RunHandle(ref_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
+    finally:
+        subprocess.run(["scancel", job_id, ref_job], timeout=15)
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert view.state == "completed" and ref_view.state == "completed", log[-3000:]
+    assert scontrol(job_id)["Restarts"] == "0", scontrol(job_id)  # never back in the queue
+    assert "starting the ranks again from the last checkpoint (relaunch 1 of 1)" in log, log[-3000:]
+    after = log.split("(relaunch 1 of 1)", 1)[1]
+    assert set(re.findall(r"hpctrain: node \d+ \((\S+)\)", after)) == {first, spare}, log[-3000:]
+    blames = [b for b in read_blames(run_dir) if b.node == second]
+    assert blames and blames[0].kind == "failed", read_blames(run_dir)
+    assert first not in {b.node for b in read_blames(run_dir)}  # the survivor srun ended is not blamed
+    assert "resumed from" in after and f"training finished at step {steps}" in after, log[-3000:]
+    assert_same_parameters(final_state(run_dir), final_state(ref_dir))

@@ -103,8 +103,8 @@ def failure_blames(blames: Iterable[Blame], job: str | None) -> list[Blame]:
 def with_blamed_nodes(reason: str, failed: Sequence[Blame]) -> str:
     """A failed run's reason naming the nodes blamed for it: ``on node03 (rank 2): rank 2 killed by SIGKILL; ...``
     where the reason already tells the cause, else ``bad node node05 (check: ...); exit code 1``."""
-    if not failed:
-        return reason
+    if not failed or all(re.search(rf"\b{re.escape(b.node)}\b", reason) for b in failed):
+        return reason  # the note names them already ("rank 2 on node03 killed by SIGKILL", "node check: node03: ...")
     if len(failed) == 1 and failed[0].cause and failed[0].cause in reason:
         return f"on {failed[0].where}: {reason}"
     label = "bad node" if len(failed) == 1 else "bad nodes"
