@@ -243,7 +243,7 @@ def test_resume_keeps_the_job_off_blamed_named_and_remembered_nodes(
     # What is not asked here: the checkpoint on the run's machine and the queue's limits.
     monkeypatch.setattr(resume, "newest_checkpoint_step", lambda *_: 1)
     monkeypatch.setattr(resume, "check_queued_jobs", lambda *_: None)
-    monkeypatch.setattr(resume, "check_usable_nodes", lambda *_: None)
+    monkeypatch.setattr(resume, "check_usable_nodes", lambda *args: args[4])  # the exclusions, all kept
     spec = tiny_job("resumed", steps=5)
     with RunRegistry() as reg:
         other = _failed_run(reg, spec, fake_slurm, [Blame("node11", "lost its network", source="scheduler")])
@@ -333,3 +333,38 @@ def test_the_report_lists_blamed_nodes_with_cause_ranks_source_and_attempt(tmp_p
         assert text in nodes, text
     empty = page(collect(tmp_path / "none", RunFacts("r", "x"))).split('id="nodes"')[1]
     assert "no node blamed" in empty.split("</section>")[0]
+
+
+def test_exclusions_that_would_leave_too_few_nodes_are_given_up_or_refused_when_a_person_named_them() -> None:
+    """A stand-in transport answers sinfo for ci-cluster's queue with five idle nodes: a 3-node job can be kept off
+    two of them; a 4-node job cannot, so the run's blamed nodes are given up with a warning (a job the scheduler
+    can never place helps no one), and the person's own --exclude is refused."""
+    import subprocess as sp
+
+    from hpctrain.config.fit import check_fit
+    from hpctrain.config.job import JobSpec
+    from hpctrain.config.site import load_site
+    from hpctrain.errors import FitError
+    from hpctrain.submission.queue_limits import check_usable_nodes
+
+    class Sinfo:
+        host = "login"
+
+        def run(self, argv: list[str], **_: object) -> sp.CompletedProcess[str]:
+            assert argv[0] == "sinfo"
+            return sp.CompletedProcess(argv, 0, "".join(f"node0{i}|idle|none\n" for i in range(1, 6)), "")
+
+    site = load_site("ci-cluster")
+
+    def placement(nodes: int) -> object:
+        job = JobSpec.model_validate({"name": "x", "model": "resnet", "train": {"steps": 1, "batch_per_rank": 1,
+                                      "lr": 0.1}, "resources": {"nodes": nodes}})
+        return check_fit(job, site)
+
+    blamed = {"node02": "rank 1 on node02 killed by SIGKILL", "node04": "check: /tmp full"}
+    assert check_usable_nodes(Sinfo(), site, placement(3), 3, blamed) == blamed  # type: ignore[arg-type]
+    with pytest.warns(Warning, match="not keeping the job off node02, node04: queue 'cluster' has 3 usable nodes"):
+        assert check_usable_nodes(Sinfo(), site, placement(4), 4, blamed) == {}  # type: ignore[arg-type]
+    with pytest.raises(FitError, match="3 usable nodes besides node02, node04") as refused:
+        check_usable_nodes(Sinfo(), site, placement(4), 4, blamed, named=["node04"])  # type: ignore[arg-type]
+    assert refused.value.key == "--exclude"

@@ -172,19 +172,21 @@ def test_a_node_on_a_slow_link_is_named_a_straggler_and_the_next_restart_leaves_
         while int(scontrol(job_id).get("Restarts", "0")) < 1:
             assert time.monotonic() < deadline, f"never requeued: {scontrol(job_id)}"
             time.sleep(0.5)
-        # The script sets the excluded nodes just after `scontrol requeue` (a pending job takes them, a running one
-        # does not): wait for that event, while the requeued job is held.
-        while slow not in expand_slurm_nodelist(scontrol(job_id).get("ExcNodeList", "(null)").replace("(null)", "")):
-            assert time.monotonic() < deadline and scontrol(job_id)["JobState"] == "PENDING", scontrol(job_id)
-            time.sleep(0.2)
         subprocess.run(["scontrol", "update", f"NodeName={out}", "State=RESUME"], check=True, timeout=15)
         view = RunHandle(run_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
     finally:
         subprocess.run(["scancel", job_id], timeout=15)
     log = (run_dir / f"slurm-{job_id}.out").read_text()
     assert view.state == "completed", log[-3000:]
+    # The script hands Slurm the excluded nodes with the requeue (a pending job takes them, a running one does not).
+    # The requeue also ends the script, which may win that race on a loaded machine: the next attempt's node check
+    # then leaves the straggler out in its turn (a spare takes its place). Either is the product's doing.
+    excluded = scontrol(job_id).get("ExcNodeList", "(null)").replace("(null)", "")
+    excluded_by_slurm = slow in expand_slurm_nodelist(excluded)
     assert re.search(rf"straggler at step \d+: node {slow}", log), log[-3000:]
     assert slow not in trained_on(log) and len(trained_on(log)) == 3, log[-3000:]
+    last = log.rsplit("hpctrain: job ", 1)[-1]
+    assert excluded_by_slurm or f"node check: {slow} left out: blamed earlier in this run (straggler:" in last, last
     slow_blames = [b for b in read_blames(run_dir) if b.node == slow]
     assert slow_blames and slow_blames[0].kind == "slow" and slow_blames[0].source == "straggler"
     assert "resumed from" in log and "training finished at step 600" in log

@@ -46,12 +46,16 @@ def test_a_node_reports_its_memory_disks_and_import_and_names_what_is_wrong(tmp_
     assert free is not None and free > 0 and problem is None and not list(tmp_path.iterdir())
     free, problem = check_directory(str(tmp_path), 1 << 62)
     assert problem is not None and problem.startswith(f"{tmp_path} has ") and "the job needs" in problem
-    assert check_directory(str(tmp_path / "absent"), 0) == (None, f"{tmp_path / 'absent'} is not a directory")
-    report = check_node(CheckSettings(local_dirs=((str(tmp_path), 0), (str(tmp_path / "absent"), 0)),
+    # Not made yet: its parent takes the probe (staging makes it); a file where it should be is a problem.
+    free, problem = check_directory(str(tmp_path / "absent" / "deeper"), 0)
+    assert free is not None and problem is None and not (tmp_path / "absent").exists()
+    (tmp_path / "file").write_text("not a directory")
+    assert check_directory(str(tmp_path / "file" / "sub"), 0) == (None, f"{tmp_path / 'file'} is not a directory")
+    report = check_node(CheckSettings(local_dirs=((str(tmp_path), 0), (str(tmp_path / "file"), 0)),
                                       min_memory_gb=1e9, import_module="json"), host="n7.example.org")
     assert report.node == "n7" and report.import_s is not None and str(tmp_path) in report.local_free_gb
     assert [p.split(" ")[1:4] for p in report.problems][:1] == [["GB", "of", "memory"]], report.problems
-    assert any("absent is not a directory" in p for p in report.problems), report.problems
+    assert any("file is not a directory" in p for p in report.problems), report.problems
     broken = check_node(CheckSettings(local_dirs=(), import_module="no_such_module_here"))
     assert broken.problems and "cannot import no_such_module_here" in broken.problems[0]
 
@@ -89,7 +93,8 @@ def gatherer(run_dir: Path, nodes: str, needed: int, step: list[str], *extra: st
 
 @pytest.mark.processes
 def test_the_gatherer_picks_healthy_nodes_and_writes_one_results_file(tmp_path: Path) -> None:
-    step = [sys.executable, str(STEP), "n1", f"n2=--local-dir,{tmp_path / 'gone'}:1", "n3"]
+    (tmp_path / "blocked").write_text("a file where a directory should be")
+    step = [sys.executable, str(STEP), "n1", f"n2=--local-dir,{tmp_path / 'blocked'}:1", "n3"]
     done = gatherer(tmp_path, "n[1-3]", 2, step)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "node check of 3 nodes" in done.stdout and "n2 left out:" in done.stdout, done.stdout
@@ -158,7 +163,7 @@ def test_spare_nodes_are_asked_of_the_scheduler_and_the_launch_starts_on_the_cho
     launch, = [ln for ln in slurm.splitlines() if "-m hpctrain run" in ln]
     assert launch.startswith("srun --nodes=2 --ntasks=2") and "--nodelist=./training-nodes" in launch
     assert "--lost-nodes-log slurm-\"${SLURM_JOB_ID}\".out" in slurm
-    assert "ExcNodeList=\"${hpctrain_excluded_nodes}\"" in slurm and "nodes.blame --run-dir . --spares" in slurm
+    assert "update JobId=%s ExcNodeList=%s" in slurm and "nodes.blame --run-dir . --spares" in slurm
     pbs = rendered("polaris", spare_nodes=1, queue="debug-scaling", account="a")
     assert "#PBS -l select=3:" in pbs
     launch, = [ln for ln in pbs.splitlines() if "-m hpctrain run" in ln]
@@ -218,7 +223,7 @@ def test_on_pbs_the_check_chooses_the_nodes_and_mpiexec_gets_them_in_its_host_fi
     done = subprocess.run(["bash", str(run_dir / "job.sh")], capture_output=True, text=True, env=env, timeout=300,
                           cwd=tmp_path, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "node check: x3002 left out: /nonexistent-node-local is not a directory" in done.stdout, done.stdout
+    assert f"node check: x3002 left out: {sys.executable} is not a directory" in done.stdout, done.stdout
     launch = json.loads((records / "launch.json").read_text())
     assert launch["hosts"] == ["x3001", "x3003"] and launch["argv"][:6] == ["-n", "2", "--ppn", "1", "--hostfile",
                                                                          "./training-nodes"], launch

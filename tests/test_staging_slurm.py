@@ -57,7 +57,7 @@ def _ffn_data(shared: Path) -> tuple[Path, Path]:
     return Path(prepared["image"].rsplit(":", 1)[0]), Path(prepared["coordinates"])
 
 
-def _job(tmp: Path, volume: Path, coords: Path, nodes: int) -> Path:
+def _job(tmp: Path, volume: Path, coords: Path, nodes: int, node_check: bool = True) -> Path:
     # /tmp is node-local on these nodes (tempfile's probe goes there): the counter is told so.
     path = tmp / "staged.yaml"
     path.write_text(f"""name: staged
@@ -67,7 +67,7 @@ data:
   train: {{image: "{volume}:image", labels: "{volume}:labels"}}
   coordinates: "{coords}"
 train: {{steps: 3, batch_per_rank: 1, lr: 0.01, log_every: 1}}
-resources: {{nodes: {nodes}, ranks_per_node: 2, walltime: "00:15:00"}}
+resources: {{nodes: {nodes}, ranks_per_node: 2, walltime: "00:15:00", node_check: {str(node_check).lower()}}}
 checkpoint: {{signal_lead_s: 10}}
 env: {{HPCTRAIN_COUNTERS: "1", HPCTRAIN_COUNTERS_LOCAL: "/tmp"}}
 """)
@@ -156,7 +156,8 @@ def test_a_node_that_cannot_stage_ends_the_job_with_its_name(env: Path, cluster:
         assert cluster.run(node, "sh", "-c", f"echo not a directory > {blocked}").returncode == 0
     try:
         with RunRegistry() as reg:
-            run = submit_runs(_job(env, volume, coords, nodes=2), str(_site(env, blocked, data=True)),
+            # Staging's own refusal (the node check, on by default, would name the node before staging runs).
+            run = submit_runs(_job(env, volume, coords, nodes=2, node_check=False), str(_site(env, blocked, data=True)),
                               registry=reg).runs[0]
         handle = RunHandle(run.run_id)
         view = handle.wait(timeout=600, poll_s=2.0, max_poll_s=5.0)

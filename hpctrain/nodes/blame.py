@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -25,6 +26,7 @@ KINDS = ("failed", "slow")
 SOURCES = ("check", "launcher", "scheduler", "straggler", "person")
 MAX_LINE = 3500  # below PIPE_BUF (4096): one write, never interleaved
 MAX_CAUSE = 300
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}")
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--spares", action="store_true", help="the job has spare nodes: leave stragglers out too")
     args = parser.parse_args(argv)
-    print(",".join(nodes_to_leave_out(read_blames(args.run_dir), spares=args.spares)))
+    nodes = [n for n in nodes_to_leave_out(read_blames(args.run_dir), spares=args.spares) if HOST_NAME.fullmatch(n)]
+    print(",".join(nodes))  # host names only: the script hands them to the scheduler's own command language
     return 0
 
 

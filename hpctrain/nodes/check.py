@@ -79,11 +79,13 @@ def gb(nbytes: float) -> str:
 
 
 def check_directory(path: str, need_bytes: int) -> tuple[float | None, str | None]:
-    """(free GB, problem): the directory exists, a file of PROBE_BYTES can be written, synced and read back, and
-    ``need_bytes`` are free beside it."""
+    """(free GB, problem): the directory (or, where it is not made yet, its nearest existing parent) takes a file
+    of PROBE_BYTES written, synced and read back, and has ``need_bytes`` free beside it."""
     directory = Path(path)
+    while not directory.exists() and directory.parent != directory:
+        directory = directory.parent  # not made yet (staging makes it): its nearest existing directory must do
     if not directory.is_dir():
-        return None, f"{path} is not a directory"
+        return None, f"{directory} is not a directory"
     try:
         stat = os.statvfs(directory)
     except OSError as exc:

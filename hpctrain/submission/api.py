@@ -188,7 +188,7 @@ def submit_runs(
         return _dry_run(jobs, site_profile, scheduler, transport, registry, root, base_id, python, command,
                         is_array, excluded)
     check_queued_jobs(transport, site_profile, placement, len(jobs))
-    check_usable_nodes(transport, site_profile, placement, job.resources.allocated_nodes)
+    excluded = check_usable_nodes(transport, site_profile, placement, job.resources.allocated_nodes, excluded)
 
     runs = _register(registry, jobs, site_profile, remote, root, base_id, overrides, assignments)
     job_ids = stage_and_submit(registry, transport, site_profile, runs, jobs, kind="submit",

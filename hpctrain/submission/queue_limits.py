@@ -9,6 +9,8 @@ job is only validated or rendered: the answer is only true at that moment, where
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from hpctrain.config.fit import Placement
 from hpctrain.config.site import SiteProfile
 from hpctrain.errors import FitError, HpctrainError
@@ -57,25 +59,43 @@ def check_queued_jobs(transport: Transport, site: SiteProfile, placement: Placem
                            hint="wait for one to finish or cancel one: hpctrain cancel RUN")
 
 
-def check_usable_nodes(transport: Transport, site: SiteProfile, placement: Placement, nodes: int) -> None:
+def check_usable_nodes(transport: Transport, site: SiteProfile, placement: Placement, nodes: int,
+                       excluded: Mapping[str, str] | None = None, named: Sequence[str] = ()) -> dict[str, str]:
     """Refuse a job of ``nodes`` nodes when fewer of its queue's nodes are usable now (not down, drained or
     failing): it would wait in the queue until someone repairs them. Allocated nodes count as usable: the job
     waits for them as for any other. A scheduler that cannot list nodes, or a listing that fails, leaves it to
-    the scheduler (with a warning for the failure)."""
+    the scheduler (with a warning for the failure).
+
+    ``excluded`` (node -> why) are the nodes the job is to be kept off: returned as they are where enough usable
+    nodes remain without them; where not, the blamed and remembered ones are given up with a warning (a job the
+    scheduler can never place helps no one) and those a person ``named`` are refused."""
+    from hpctrain.config.preflight import warn
+
+    excluded = dict(excluded or {})
     scheduler = get_scheduler(site.scheduler)
     name = placement.execution_queue or placement.queue_name
     if not name or name not in site.queues:
-        return
+        return excluded
     probe = scheduler.nodes_probe(site, name)
     answer = None if probe is None else _ask(transport, probe.argv, probe.name, f"list the nodes of queue {name!r}")
     if probe is None or answer is None:
-        return
+        return excluded
     listed = probe.parse(answer)
     if not listed:  # a queue the scheduler does not know: sbatch says so itself
-        return
+        return excluded
     usable = [n for n in listed if n.usable]
+    others = [n for n in usable if n.name not in excluded]
+    if nodes <= len(others):
+        return excluded
     if nodes <= len(usable):
-        return
+        asked = [n for n in named if n in excluded]
+        if asked:
+            raise FitError(f"the job asks for {nodes} nodes but queue {name!r} of site {site.name!r} has "
+                           f"{len(others)} usable nodes besides {', '.join(excluded)}", key="--exclude",
+                           hint="exclude fewer nodes (--include NODE gives one back)")
+        warn([f"not keeping the job off {', '.join(excluded)}: queue {name!r} has {len(others)} usable nodes "
+              f"besides them and the job needs {nodes}"])
+        return {}
     broken = [n for n in listed if not n.usable]
     shown = ", ".join(f"{n.name} {n.state}" + (f" ({n.reason})" if n.reason else "") for n in broken[:8])
     more = f" and {len(broken) - 8} more" if len(broken) > 8 else ""

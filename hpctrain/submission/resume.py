@@ -136,7 +136,7 @@ def resume_run(registry: RunRegistry, run_ref: str, *, nodes: int | None = None,
     # The continuation is one more job in the queue: refused here when the user's queued jobs fill it.
     placement = place(job, site)
     check_queued_jobs(transport, site, placement, 1)
-    check_usable_nodes(transport, site, placement, job.resources.allocated_nodes)
+    excluded = check_usable_nodes(transport, site, placement, job.resources.allocated_nodes, excluded, exclude)
     # The run dir's job.yaml and job.sh are replaced (the runtime and a PBS/Cobalt resubmission read them);
     # the previous job's failure note goes, so that this job's status is not read from it.
     (job_id,) = stage_and_submit(registry, transport, site, [run], [job], kind="resume", submit_dir=run.run_dir,

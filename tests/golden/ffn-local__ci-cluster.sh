@@ -65,7 +65,11 @@ printf '{"event": "exit", "job": "%s", "status": %s}\n' "${SLURM_JOB_ID:-none}" 
 restarts="${SLURM_RESTART_COUNT:-0}"
 if [ "${status}" -eq 75 ] && [ "${restarts}" -lt 3 ]; then
     echo "hpctrain: stopped at a checkpoint; putting the job back in the queue (restart $((restarts + 1)) of 3)"
-    scontrol requeue "${SLURM_JOB_ID}" && { [ -z "${hpctrain_excluded_nodes:-}" ] || scontrol update JobId="${SLURM_JOB_ID}" ExcNodeList="${hpctrain_excluded_nodes}" || true; exit 0; }
+    if [ -n "${hpctrain_excluded_nodes:-}" ]; then
+        printf 'requeue %s\nupdate JobId=%s ExcNodeList=%s\n' "${SLURM_JOB_ID}" "${SLURM_JOB_ID}" "${hpctrain_excluded_nodes}" | scontrol && exit 0
+    else
+        scontrol requeue "${SLURM_JOB_ID}" && exit 0
+    fi
     echo "hpctrain: could not requeue; continue with: hpctrain resume RUN" >&2
 elif [ "${status}" -eq 75 ]; then
     echo "hpctrain: stopped at a checkpoint and max_requeues (3) is reached; continue with: hpctrain resume RUN" >&2

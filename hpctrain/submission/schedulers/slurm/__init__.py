@@ -224,12 +224,17 @@ class Slurm(Scheduler):
         return ShellWord("slurm-", ("SLURM_JOB_ID",), ".out")  # --output=slurm-%j.out in the run directory
 
     def requeue_lines(self, script_path: str, max_requeues: int) -> list[str]:
-        # The job keeps its id; Slurm counts restarts in SLURM_RESTART_COUNT (the job has --requeue). A requeued job
-        # is pending again: only then does Slurm take its excluded nodes (the run's blamed ones, set before).
-        exclude = ('[ -z "${hpctrain_excluded_nodes:-}" ] || scontrol update JobId="${SLURM_JOB_ID}" '
-                   'ExcNodeList="${hpctrain_excluded_nodes}" || true')
-        return requeue_block("SLURM_RESTART_COUNT", max_requeues,
-                             [f'scontrol requeue "${{SLURM_JOB_ID}}" && {{ {exclude}; exit 0; }}'])
+        # The job keeps its id; Slurm counts restarts in SLURM_RESTART_COUNT (the job has --requeue). Slurm takes a
+        # job's excluded nodes (the run's blamed ones) only while it is pending, so they follow the requeue in the
+        # same scontrol process: the requeue also ends this script, and a second scontrol started after it may not
+        # run at all.
+        return requeue_block("SLURM_RESTART_COUNT", max_requeues, [
+            'if [ -n "${hpctrain_excluded_nodes:-}" ]; then',
+            "    printf 'requeue %s\\nupdate JobId=%s ExcNodeList=%s\\n' \"${SLURM_JOB_ID}\" \"${SLURM_JOB_ID}\" "
+            '"${hpctrain_excluded_nodes}" | scontrol && exit 0',
+            "else",
+            '    scontrol requeue "${SLURM_JOB_ID}" && exit 0',
+            "fi"])
 
 
     # -- discovery (discovery.py) -----------------------------------------------------------------------------
