@@ -13,6 +13,7 @@ import json
 import re
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from hpctrain.submission.api import RunHandle, submit_runs
 from hpctrain.submission.registry import RunRegistry
 from hpctrain.submission.tracking import poll_runs
 from hpctrain.submission.transport import TransportPool
+from hpctrain.submission.views import RunView
 from tests.cluster_support import SITE, Cluster
 from tests.test_requeue_slurm import assert_same_parameters, final_state
 
@@ -59,6 +61,42 @@ def submit(home: Path, name: str, text: str) -> tuple[Path, str, str]:
     return Path(done.runs[0].run_dir), done.runs[0].run_id, job_id
 
 
+def run_to_end(run_dir: Path, run_id: str, job_id: str) -> tuple[RunView, str]:
+    """The run's state once it ended (a hang guard of 600 s) and its job's log."""
+    try:
+        view = RunHandle(run_id).wait(timeout=600, poll_s=1, max_poll_s=3)
+    finally:
+        subprocess.run(["scancel", job_id], timeout=15)
+    return view, (run_dir / f"slurm-{job_id}.out").read_text()
+
+
+def wait_for_a_checkpoint(run_dir: Path, job_id: str) -> None:
+    """Until the run's first checkpoint is committed: a hang guard (the job may wait behind others)."""
+    deadline = time.monotonic() + 600
+    while not (run_dir / "checkpoints" / "manifest.json").exists():
+        assert time.monotonic() < deadline and scontrol(job_id).get("JobState") in ("PENDING", "RUNNING")
+        time.sleep(0.5)
+
+
+def kill_after_a_checkpoint(cluster: Cluster, run_dir: Path, run: tuple[str, str], reference: tuple[str, str],
+                            nodes: Callable[[], list[str]]) -> tuple[list[str], str, str]:
+    """Once the run's first checkpoint is committed, kill the last of its ``nodes()``; wait for the run and its
+    reference to complete. (the nodes, the one killed, the run's log)."""
+    (run_id, job_id), (ref_id, ref_job) = run, reference
+    pool = TransportPool()
+    try:
+        wait_for_a_checkpoint(run_dir, job_id)
+        chosen = nodes()
+        cluster.kill(chosen[-1])
+        view = RunHandle(run_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
+        ref_view = RunHandle(ref_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
+    finally:
+        subprocess.run(["scancel", job_id, ref_job], timeout=15)
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert view.state == "completed" and ref_view.state == "completed", log[-3000:]
+    return chosen, chosen[-1], log
+
+
 def trained_on(log: str) -> set[str]:
     """The nodes the last attempt's ranks ran on (each node's local rank 0 says so)."""
     last = log.rsplit("hpctrain: job ", 1)[-1]
@@ -69,11 +107,7 @@ def test_a_full_tmp_is_named_by_the_check_and_a_spare_node_takes_its_place(home:
     good, bad, spare = cluster.nodes[0], cluster.nodes[1], cluster.nodes[2]
     cluster.fill_tmp(bad)
     run_dir, run_id, job_id = submit(home, "spare", spec_text("spare", steps=30, spares=1, nodes=(good, bad, spare)))
-    try:
-        view = RunHandle(run_id).wait(timeout=600, poll_s=1, max_poll_s=3)
-    finally:
-        subprocess.run(["scancel", job_id], timeout=15)
-    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    view, log = run_to_end(run_dir, run_id, job_id)
     assert view.state == "completed", log[-3000:]
     assert set(expand_slurm_nodelist(scontrol(job_id)["NodeList"])) == {good, bad, spare}
     assert trained_on(log) == {good, spare}, log[-3000:]
@@ -92,11 +126,7 @@ def test_without_a_spare_a_failed_check_ends_the_job_before_training_naming_the_
     good, bad = cluster.nodes[0], cluster.nodes[1]
     cluster.fill_tmp(bad)
     run_dir, run_id, job_id = submit(home, "nospare", spec_text("nospare", steps=30, nodes=(good, bad)))
-    try:
-        view = RunHandle(run_id).wait(timeout=600, poll_s=1, max_poll_s=3)
-    finally:
-        subprocess.run(["scancel", job_id], timeout=15)
-    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    view, log = run_to_end(run_dir, run_id, job_id)
     assert view.state == "failed", log[-3000:]
     assert view.reason.startswith(f"node check: {bad}: /tmp: cannot write"), view.reason
     assert "1 healthy node for 2 needed, no training started" in view.reason, view.reason
@@ -112,21 +142,9 @@ def test_a_node_killed_mid_run_is_named_left_out_and_the_run_ends_as_if_uninterr
     steps = 160  # the node dies once the first checkpoint (step 20) is written: the surviving rank waits there
     run_dir, run_id, job_id = submit(home, "killed", spec_text("killed", steps=steps))
     ref_dir, ref_id, ref_job = submit(home, "reference", spec_text("reference", steps=steps))
-    pool = TransportPool()
-    try:
-        deadline = time.monotonic() + 600
-        while not (run_dir / "checkpoints" / "manifest.json").exists():  # a hang guard: it may wait behind others
-            assert time.monotonic() < deadline and scontrol(job_id).get("JobState") in ("PENDING", "RUNNING")
-            time.sleep(0.5)
-        first = expand_slurm_nodelist(scontrol(job_id)["NodeList"])
-        lost = first[-1]  # not the batch host: the job's script outlives it and Slurm requeues the job
-        cluster.kill(lost)
-        view = RunHandle(run_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
-        ref_view = RunHandle(ref_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
-    finally:
-        subprocess.run(["scancel", job_id, ref_job], timeout=15)
-    log = (run_dir / f"slurm-{job_id}.out").read_text()
-    assert view.state == "completed" and ref_view.state == "completed", log[-3000:]
+    # Not the batch host: the job's script outlives the node and Slurm requeues the job.
+    first, lost, log = kill_after_a_checkpoint(cluster, run_dir, (run_id, job_id), (ref_id, ref_job),
+                                               lambda: expand_slurm_nodelist(scontrol(job_id)["NodeList"]))
     assert int(scontrol(job_id)["Restarts"]) >= 1
     second = trained_on(log)
     assert lost not in second and len(second) == 2, (first, second)
@@ -201,21 +219,9 @@ def test_with_a_spare_a_node_killed_mid_run_is_replaced_inside_the_allocation(ho
     run_dir, run_id, job_id = submit(home, "relaunch",
                                      spec_text("relaunch", steps=steps, spares=1, nodes=(first, second, spare)))
     ref_dir, ref_id, ref_job = submit(home, "reference", spec_text("reference", steps=steps))
-    pool = TransportPool()
-    try:
-        deadline = time.monotonic() + 600
-        while not (run_dir / "checkpoints" / "manifest.json").exists():  # a hang guard
-            assert time.monotonic() < deadline and scontrol(job_id).get("JobState") in ("PENDING", "RUNNING")
-            time.sleep(0.5)
-        training = (run_dir / "training-nodes").read_text().split()
-        assert training == [first, second], training
-        cluster.kill(second)
-        view = RunHandle(run_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
-        ref_view = RunHandle(ref_id, pool=pool).wait(timeout=900, poll_s=1, max_poll_s=3)
-    finally:
-        subprocess.run(["scancel", job_id, ref_job], timeout=15)
-    log = (run_dir / f"slurm-{job_id}.out").read_text()
-    assert view.state == "completed" and ref_view.state == "completed", log[-3000:]
+    training, killed, log = kill_after_a_checkpoint(cluster, run_dir, (run_id, job_id), (ref_id, ref_job),
+                                                    lambda: (run_dir / "training-nodes").read_text().split())
+    assert training == [first, second] and killed == second, training
     assert scontrol(job_id)["Restarts"] == "0", scontrol(job_id)  # never back in the queue
     assert "starting the ranks again from the last checkpoint (relaunch 1 of 1)" in log, log[-3000:]
     after = log.split("(relaunch 1 of 1)", 1)[1]
