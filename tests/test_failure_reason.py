@@ -271,6 +271,11 @@ def test_srun_report_names_the_first_rank_killed_in_the_last_attempt() -> None:
                               "srun: error: n1: task 0: Killed"]) is None
     assert first_killed_rank(["srun: error: n1: task 0: Terminated"]) is None
     assert first_killed_rank(["srun: error: Node failure on n2", "srun: error: n1: task 0: Killed"]) is None
+    # Started again on a spare node inside the allocation: the new launch's report is the one that counts.
+    again = first_killed_rank(["srun: error: n2: task 1: Killed",
+                               "hpctrain: starting the ranks again from the last checkpoint (relaunch 1 of 2)",
+                               "srun: error: n3: task 1: Killed"])
+    assert again is not None and again.node == "n3", again
     assert first_killed_rank(earlier[:1] + attempt[:2]) is None
 
 

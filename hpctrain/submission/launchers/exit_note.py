@@ -30,7 +30,8 @@ from hpctrain.submission.failure import OWN, PEER, SIGNAL, noted_level, record_f
 SRUN_TASK = re.compile(r"^srun: error: (?P<host>\S+): tasks? (?P<tasks>\d[0-9,\-]*): (?P<what>.+?)\s*$")
 NODE_FAILURE = re.compile(r"^srun: error: Node failure on \S+")  # blamed by the node check (source scheduler)
 OOM = re.compile(r"oom[-_ ]kill", re.IGNORECASE)  # slurmstepd: "Detected 1 oom_kill event in StepId=..."
-JOB_START = re.compile(r"^hpctrain: job \S+ starts on ")  # the batch script's first line: this attempt begins
+# The batch script's first line, or its start of the ranks again on spare nodes: this attempt begins.
+JOB_START = re.compile(r"^hpctrain: (job \S+ starts on |starting the ranks again from the last checkpoint)")
 # What a scheduler stops a job with (cancel, walltime, preemption): not a rank's own death.
 STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
                           signal.SIGCONT})
