@@ -23,7 +23,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.job_environment import first_value, job_environments
+from hpctrain.launch_env import job_id_of, restarts_of
 from hpctrain.nodes.blame import Blame, append_blames
 from hpctrain.submission.failure import OWN, PEER, SIGNAL, noted_level, record_failure
 
@@ -125,11 +125,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     line = f"rank {found.rank} on {found.node} {found.cause}"
     record_failure(args.run_dir, line, SIGNAL)
-    environ = os.environ
-    job = next((v for env in job_environments(environ) if (v := first_value(environ, env.job_id))), "")
-    restart = next((v for env in job_environments(environ) if (v := first_value(environ, env.restart_count))), "0")
     append_blames(args.run_dir, [Blame(node=found.node, cause=line, ranks=found.ranks_on_node, source="launcher",
-                                       job=job or "", restart=int(restart or 0))])
+                                       job=job_id_of(os.environ), restart=restarts_of(os.environ))])
     print(f"hpctrain: {line} (srun's report)", file=sys.stderr, flush=True)
     return 0
 

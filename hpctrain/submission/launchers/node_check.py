@@ -35,7 +35,8 @@ from typing import Any
 
 from hpctrain.exit_codes import EXIT_REQUEUE, EXIT_RUNTIME
 from hpctrain.files import write_atomic
-from hpctrain.job_environment import first_value, job_environments
+from hpctrain.job_environment import job_environments
+from hpctrain.launch_env import job_id_of, restarts_of
 from hpctrain.nodes.blame import Blame, append_blames, nodes_to_leave_out, read_blames
 from hpctrain.nodes.check import ADDRESS_ENV, MAX_LINE, RESULTS_FILE, short_name
 from hpctrain.nodes.select import TRAINING_NODES_FILE, Selection, select_nodes
@@ -190,9 +191,7 @@ def this_job() -> tuple[list[str], str, int]:
     environ = os.environ
     envs = job_environments(environ)
     allocation = next((nodes for env in envs if (nodes := env.nodes(environ))), None) or [socket.gethostname()]
-    job = next((v for env in envs if (v := first_value(environ, env.job_id))), "") or ""
-    restart = int(next((v for env in envs if (v := first_value(environ, env.restart_count))), "0") or 0)
-    return allocation, job, restart
+    return allocation, job_id_of(environ), restarts_of(environ)
 
 
 def reselect(args: argparse.Namespace) -> int:
