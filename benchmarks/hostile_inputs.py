@@ -226,7 +226,7 @@ def run_case(case: Case, root: Path, logs: Path) -> Outcome:
     guard.cancel()
     seconds = time.monotonic() - start
     proc.returncode = code = os.waitstatus_to_exitcode(status)
-    with contextlib.suppress(ProcessLookupError):  # the case's whole session is killed: no child outlives it
+    with contextlib.suppress(ProcessLookupError):  # kill the case's whole session, so that no child outlives it
         os.killpg(proc.pid, signal.SIGKILL)
     stdout, stderr = (p.read_text(errors="replace") for p in (out_path, err_path))
     lines = [line for line in stderr.splitlines() if line.strip()] or [
